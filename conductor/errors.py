@@ -1,0 +1,17 @@
+"""User-facing errors: the CLI prints the message and exits non-zero, no traceback."""
+
+
+class ConductorError(Exception):
+    """A problem the user can fix: bad input, bad configuration, a missing key."""
+
+
+class InputError(ConductorError):
+    """A query set that cannot be used as it is."""
+
+
+class PoolError(ConductorError):
+    """A pool file that does not validate."""
+
+
+class PlanError(ValueError):
+    """A plan that does not parse or validate; recorded per plan, never fatal."""

@@ -1,0 +1,229 @@
+"""Workflows (plans): parsing from JSON or the three-list text format, and validation.
+
+A plan is an ordered list of steps. Step i names a worker, gives it an
+instruction, and grants it `access` to earlier steps: their instructions and
+outputs become prior conversation turns. The last step's output is the answer.
+Steps run as soon as every step they can see has finished.
+
+Both formats are accepted from any planner:
+
+JSON:        {"steps": [{"worker": "a", "instruction": "...", "access": []}, ...]}
+three-list:  model_id = ["a", 1]  subtasks = ["...", "..."]  access_list = [[], ["all"]]
+
+Worker references may be ids or 0-based positions in the pool's worker list.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from conductor.errors import PlanError
+from conductor.pool import Pool
+
+DEFAULT_MAX_STEPS = 5
+
+
+@dataclass(frozen=True)
+class Step:
+    worker: str
+    instruction: str
+    access: tuple[int, ...]  # resolved: "all" becomes every earlier index
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"worker": self.worker, "instruction": self.instruction, "access": list(self.access)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[Step, ...]
+
+    def to_json(self) -> str:
+        return orjson.dumps({"steps": [s.to_dict() for s in self.steps]}).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """Load a plan this package serialized itself (already validated)."""
+        data = orjson.loads(text)
+        return cls(tuple(Step(s["worker"], s["instruction"], tuple(s["access"])) for s in data["steps"]))
+
+    @property
+    def workers(self) -> list[str]:
+        return [s.worker for s in self.steps]
+
+
+def parse_plan(text: str, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> Plan:
+    """Parse either format and validate against the pool; raises PlanError."""
+    if not isinstance(text, str) or not text.strip():
+        raise PlanError("empty planner output")
+    raw = _parse_json(text)
+    if raw is None:
+        raw = _parse_three_lists(text)
+    if raw is None:
+        raise PlanError("no plan found: expected JSON with 'steps' or the lists model_id, subtasks, access_list")
+    return validate_plan(raw, pool, max_steps)
+
+
+def validate_plan(raw: Any, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> Plan:
+    if isinstance(raw, dict):
+        raw = raw.get("steps")
+    if not isinstance(raw, list):
+        raise PlanError("'steps' must be a list")
+    if not raw:
+        raise PlanError("plan has no steps")
+    if len(raw) > max_steps:
+        raise PlanError(f"plan has {len(raw)} steps; at most {max_steps} are allowed")
+    ids = pool.ids
+    steps = []
+    for i, s in enumerate(raw):
+        if not isinstance(s, dict):
+            raise PlanError(f"step {i}: must be an object with worker, instruction, access")
+        worker = _resolve_worker(s.get("worker"), ids, i)
+        instruction = s.get("instruction")
+        if not isinstance(instruction, str) or not instruction.strip():
+            raise PlanError(f"step {i}: instruction must be a non-empty string")
+        steps.append(Step(worker, instruction.strip(), _resolve_access(s.get("access", []), i)))
+    return Plan(tuple(steps))
+
+
+def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
+    if isinstance(ref, bool):
+        raise PlanError(f"step {i}: worker must be an id or a number, not {ref!r}")
+    if isinstance(ref, int):
+        if 0 <= ref < len(ids):
+            return ids[ref]
+        raise PlanError(f"step {i}: worker number {ref} is out of range (the pool has workers 0..{len(ids) - 1})")
+    if isinstance(ref, str):
+        ref = ref.strip()
+        if ref in ids:
+            return ref
+        if ref.isdigit() and int(ref) < len(ids):
+            return ids[int(ref)]
+        raise PlanError(f"step {i}: worker {ref!r} is not in the pool (known: {', '.join(ids)})")
+    raise PlanError(f"step {i}: worker is missing")
+
+
+def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
+    if acc is None or acc == "none" or acc == []:
+        return ()
+    if acc == "all":
+        return tuple(range(i))
+    if isinstance(acc, int) and not isinstance(acc, bool):
+        acc = [acc]
+    if not isinstance(acc, (list, tuple)):
+        raise PlanError(f"step {i}: access must be a list of earlier step numbers, \"all\", or empty (got {acc!r})")
+    if "all" in acc:
+        return tuple(range(i))
+    out = set()
+    for a in acc:
+        if isinstance(a, str) and a.strip().isdigit():
+            a = int(a)
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise PlanError(f"step {i}: access entry {a!r} is not a step number")
+        if a < 0:
+            raise PlanError(f"step {i}: access entry {a} is negative")
+        if a >= i:
+            raise PlanError(f"step {i}: access entry {a} refers to a step that is not earlier (steps may only see steps 0..{i - 1})")
+        out.add(a)
+    return tuple(sorted(out))
+
+
+def _parse_json(text: str) -> Any:
+    """Find a JSON plan in text: the whole text, a fenced block, or the last object with 'steps'."""
+    candidates = [text.strip()]
+    candidates += re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.S)
+    start = text.find("{")
+    if start >= 0:
+        candidates.append(text[start: text.rfind("}") + 1])
+    for c in candidates:
+        try:
+            # strict=False: model output often holds raw control characters in strings.
+            data = json.loads(c, strict=False)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and "steps" in data:
+            return data
+        if isinstance(data, list) and data and all(isinstance(s, dict) and "worker" in s for s in data):
+            return data
+    return None
+
+
+_LIST_NAMES = {"model_id": ("model_id", "model_ids", "models"),
+               "subtasks": ("subtasks", "subtask", "instructions"),
+               "access_list": ("access_list", "access", "access_lists")}
+
+
+def _parse_three_lists(text: str) -> list[dict] | None:
+    found = {}
+    for key, names in _LIST_NAMES.items():
+        value = None
+        for name in names:
+            value = _last_assignment(text, name)
+            if value is not None:
+                break
+        found[key] = value
+    if all(v is None for v in found.values()):
+        return None
+    missing = [k for k, v in found.items() if v is None]
+    if missing:
+        raise PlanError(f"three-list plan is missing {', '.join(missing)}")
+    models, subtasks, access = found["model_id"], found["subtasks"], found["access_list"]
+    for name, v in (("model_id", models), ("subtasks", subtasks), ("access_list", access)):
+        if not isinstance(v, list):
+            raise PlanError(f"{name} must be a list")
+    if not (len(models) == len(subtasks) == len(access)):
+        raise PlanError(f"list lengths differ: model_id has {len(models)}, subtasks {len(subtasks)}, access_list {len(access)}")
+    return [{"worker": m, "instruction": s, "access": a} for m, s, a in zip(models, subtasks, access)]
+
+
+def _last_assignment(text: str, name: str) -> Any:
+    matches = list(re.finditer(rf"(?<![A-Za-z_]){re.escape(name)}\s*[=:]\s*\[", text))
+    for m in reversed(matches):
+        literal = _balanced(text, m.end() - 1)
+        if literal is None:
+            raise PlanError(f"{name}: the list is not closed")
+        return _literal(literal, name)
+    return None
+
+
+def _balanced(text: str, start: int) -> str | None:
+    depth, quote, escape = 0, None, False
+    for j in range(start, len(text)):
+        ch = text[j]
+        if quote:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth == 0:
+                return text[start: j + 1]
+    return None
+
+
+def _literal(src: str, name: str) -> Any:
+    try:
+        return json.loads(src, strict=False)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return ast.literal_eval(src)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        pass
+    # Model text may hold raw newlines inside quotes; Python literals reject those.
+    try:
+        return ast.literal_eval(src.replace("\n", "\\n").replace("\r", ""))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise PlanError(f"{name}: not a valid list literal") from None

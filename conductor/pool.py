@@ -1,0 +1,303 @@
+"""The worker pool: which LLMs exist, how to reach them, what they cost, and the
+limits of the providers that serve them. Loaded from one YAML file.
+
+API keys are named by environment variable only (`api_key_env`); the value is
+read at call time and never stored in a `Pool`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from conductor.errors import PoolError
+
+WORKER_KINDS = ("llm", "function", "planner")
+FUNCTION_NAMES = ("vote", "extract")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A rate-limit and budget domain shared by every worker it serves."""
+
+    id: str
+    rpm: float | None = None
+    tpm: float | None = None
+    max_concurrency: int = 16
+    budget_usd: float | None = None
+    timeout_s: float = 120.0
+    max_attempts: int = 6
+    api_key_env: str | None = None
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per token."""
+
+    input: float
+    output: float
+
+
+@dataclass(frozen=True)
+class Worker:
+    id: str
+    provider: str
+    kind: str = "llm"
+    model: str | None = None
+    api_base: str | None = None
+    description: str = ""
+    skills: dict[str, float | None] = field(default_factory=dict)
+    price: Price | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    system: str | None = None
+    function: str | None = None
+    simulate: dict[str, Any] | None = None
+
+    def skill(self, task: str | None) -> float | None:
+        """Expected accuracy on a task tag, None when the pool does not say."""
+        if task is not None and task in self.skills:
+            return self.skills[task]
+        return self.skills.get("default")
+
+
+@dataclass(frozen=True)
+class Pool:
+    workers: tuple[Worker, ...]
+    providers: dict[str, Provider]
+    path: str | None = None
+    replay: dict[str, Any] | None = None  # set when the workers are served from recorded responses
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {w.id: w for w in self.workers})
+
+    def worker(self, worker_id: str) -> Worker:
+        return self._by_id[worker_id]  # type: ignore[attr-defined]
+
+    def has(self, worker_id: str) -> bool:
+        return worker_id in self._by_id  # type: ignore[attr-defined]
+
+    @property
+    def ids(self) -> list[str]:
+        return [w.id for w in self.workers]
+
+    def provider_of(self, worker: Worker) -> Provider:
+        return self.providers[worker.provider]
+
+    def identity_hash(self) -> str:
+        """Hash of what decides results (workers, models, endpoints, params),
+        not of limits or budgets: raising a budget resumes the same run."""
+        ident = [
+            [w.id, w.kind, w.model, w.api_base, w.params, w.system, w.function]
+            for w in self.workers
+        ]
+        return hashlib.sha256(orjson.dumps([ident, self.replay], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def load_pool(path: str | os.PathLike) -> Pool:
+    p = Path(path)
+    if not p.exists():
+        raise PoolError(f"pool file {p}: not found")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise PoolError(f"pool file {p}: not valid YAML: {e}") from None
+    try:
+        return parse_pool(raw, where=str(p))
+    except PoolError as e:
+        raise PoolError(f"pool file {p}: {e}") from None
+
+
+def parse_pool(raw: Any, where: str | None = None) -> Pool:
+    if not isinstance(raw, dict):
+        raise PoolError("the top level must be a mapping with 'workers' and 'providers'")
+    _no_unknown(raw, {"workers", "providers", "version", "replay"}, "")
+    replay = raw.get("replay")
+    if replay is not None and not isinstance(replay, dict):
+        raise PoolError("replay: must be a mapping (see `conductor replay --help`)")
+    providers_raw = raw.get("providers") or {}
+    if not isinstance(providers_raw, dict):
+        raise PoolError("providers: must be a mapping of provider id to settings")
+    providers = {pid: _provider(pid, cfg) for pid, cfg in providers_raw.items()}
+
+    workers_raw = raw.get("workers")
+    if not isinstance(workers_raw, list) or not workers_raw:
+        raise PoolError("workers: must be a non-empty list")
+    workers = []
+    seen: set[str] = set()
+    for i, w in enumerate(workers_raw):
+        worker = _worker(i, w, providers)
+        if worker.id in seen:
+            raise PoolError(f"workers[{i}].id: duplicate worker id {worker.id!r}")
+        seen.add(worker.id)
+        workers.append(worker)
+    # Workers with no provider section share a default one with default limits.
+    for w in workers:
+        if w.provider not in providers:
+            providers[w.provider] = Provider(id=w.provider)
+    return Pool(workers=tuple(workers), providers=providers, path=where, replay=replay)
+
+
+def _provider(pid: Any, cfg: Any) -> Provider:
+    at = f"providers.{pid}"
+    if not isinstance(pid, str) or not _ID_RE.match(pid):
+        raise PoolError(f"{at}: provider id must be a plain name")
+    cfg = cfg or {}
+    if not isinstance(cfg, dict):
+        raise PoolError(f"{at}: must be a mapping")
+    _no_unknown(cfg, {f for f in Provider.__dataclass_fields__ if f != "id"}, at)
+    key_env = cfg.get("api_key_env")
+    if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key_env)):
+        raise PoolError(f"{at}.api_key_env: must be the NAME of an environment variable, not a key")
+    return Provider(
+        id=pid,
+        rpm=_num(cfg, "rpm", at, positive=True),
+        tpm=_num(cfg, "tpm", at, positive=True),
+        max_concurrency=int(_num(cfg, "max_concurrency", at, positive=True, default=16)),
+        budget_usd=_num(cfg, "budget_usd", at, minimum=0.0),
+        timeout_s=_num(cfg, "timeout_s", at, positive=True, default=120.0),
+        max_attempts=int(_num(cfg, "max_attempts", at, positive=True, default=6)),
+        api_key_env=key_env,
+    )
+
+
+def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
+    at = f"workers[{i}]"
+    if not isinstance(w, dict):
+        raise PoolError(f"{at}: must be a mapping")
+    wid = w.get("id")
+    if not isinstance(wid, str) or not _ID_RE.match(wid):
+        raise PoolError(f"{at}.id: required, letters, digits and _.:- only (got {wid!r})")
+    at = f"workers[{i}] ({wid})"
+    _no_unknown(w, set(Worker.__dataclass_fields__), at)
+    kind = w.get("kind", "llm")
+    if kind not in WORKER_KINDS:
+        raise PoolError(f"{at}.kind: must be one of {', '.join(WORKER_KINDS)} (got {kind!r})")
+    model = w.get("model")
+    function = w.get("function")
+    if kind == "llm":
+        if not isinstance(model, str) or not model.strip():
+            raise PoolError(f"{at}.model: required for an llm worker (a litellm model string such as 'openai/gpt-4o')")
+    if kind == "function":
+        function = function or wid
+        if function not in FUNCTION_NAMES:
+            raise PoolError(f"{at}.function: must be one of {', '.join(FUNCTION_NAMES)} (got {function!r})")
+    provider = w.get("provider")
+    if provider is None:
+        provider = "local" if kind == "function" else (model.split("/", 1)[0] if model and "/" in model else "default")
+    if not isinstance(provider, str):
+        raise PoolError(f"{at}.provider: must be a provider id")
+    api_base = w.get("api_base")
+    if api_base is not None:
+        if not isinstance(api_base, str):
+            raise PoolError(f"{at}.api_base: must be a URL string")
+        api_base = _expand_env(api_base, f"{at}.api_base")
+        if not re.match(r"^https?://", api_base):
+            raise PoolError(f"{at}.api_base: must start with http:// or https:// (got {api_base!r})")
+    description = w.get("description", "")
+    if not isinstance(description, str):
+        raise PoolError(f"{at}.description: must be a string")
+    params = w.get("params") or {}
+    if not isinstance(params, dict):
+        raise PoolError(f"{at}.params: must be a mapping of sampling parameters")
+    for bad in ("api_key", "api_base", "messages", "model"):
+        if bad in params:
+            raise PoolError(f"{at}.params.{bad}: not allowed here" + (" (use the provider's api_key_env)" if bad == "api_key" else ""))
+    system = w.get("system")
+    if system is not None and not isinstance(system, str):
+        raise PoolError(f"{at}.system: must be a string")
+    simulate = w.get("simulate")
+    if simulate is not None and not isinstance(simulate, dict):
+        raise PoolError(f"{at}.simulate: must be a mapping")
+    return Worker(
+        id=wid,
+        provider=provider,
+        kind=kind,
+        model=model,
+        api_base=api_base,
+        description=description.strip(),
+        skills=_skills(w.get("skills"), at),
+        price=_price(w.get("price"), at),
+        params=params,
+        system=system,
+        function=function,
+        simulate=simulate,
+    )
+
+
+def _skills(raw: Any, at: str) -> dict[str, float | None]:
+    if raw is None:
+        return {}
+    if isinstance(raw, list):
+        if not all(isinstance(t, str) for t in raw):
+            raise PoolError(f"{at}.skills: a list must hold task tags (strings)")
+        return {t: None for t in raw}
+    if isinstance(raw, dict):
+        out: dict[str, float | None] = {}
+        for tag, acc in raw.items():
+            if acc is not None and (not isinstance(acc, (int, float)) or isinstance(acc, bool) or not 0 <= acc <= 1):
+                raise PoolError(f"{at}.skills.{tag}: expected accuracy must be a number in [0, 1] (got {acc!r})")
+            out[str(tag)] = None if acc is None else float(acc)
+        return out
+    raise PoolError(f"{at}.skills: must be a list of task tags or a mapping of tag to expected accuracy")
+
+
+def _price(raw: Any, at: str) -> Price | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise PoolError(f"{at}.price: must be a mapping, e.g. {{input_per_mtok: 0.15, output_per_mtok: 0.6}}")
+    at = f"{at}.price"
+    _no_unknown(raw, {"input_per_mtok", "output_per_mtok", "input_per_token", "output_per_token"}, at)
+    per_tok = {"input_per_token", "output_per_token"} & raw.keys()
+    per_m = {"input_per_mtok", "output_per_mtok"} & raw.keys()
+    if per_tok and per_m:
+        raise PoolError(f"{at}: give prices per token or per million tokens, not both")
+    if per_m:
+        return Price(_num(raw, "input_per_mtok", at, minimum=0.0, required=True) / 1e6,
+                     _num(raw, "output_per_mtok", at, minimum=0.0, required=True) / 1e6)
+    return Price(_num(raw, "input_per_token", at, minimum=0.0, required=True),
+                 _num(raw, "output_per_token", at, minimum=0.0, required=True))
+
+
+def _num(cfg: dict, key: str, at: str, *, positive: bool = False, minimum: float | None = None,
+         default: float | None = None, required: bool = False) -> Any:
+    if key not in cfg or cfg[key] is None:
+        if required:
+            raise PoolError(f"{at}.{key}: required")
+        return default
+    v = cfg[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise PoolError(f"{at}.{key}: must be a number (got {v!r})")
+    if positive and v <= 0:
+        raise PoolError(f"{at}.{key}: must be greater than 0 (got {v!r})")
+    if minimum is not None and v < minimum:
+        raise PoolError(f"{at}.{key}: must be at least {minimum} (got {v!r})")
+    return v
+
+
+def _no_unknown(cfg: dict, allowed: set[str], at: str) -> None:
+    unknown = sorted(set(map(str, cfg)) - allowed)
+    if unknown:
+        where = f"{at}." if at else ""
+        raise PoolError(f"{where}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def _expand_env(value: str, at: str) -> str:
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise PoolError(f"{at}: environment variable {name} is not set and has no default")
+
+    return _ENV_RE.sub(sub, value)

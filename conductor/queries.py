@@ -1,0 +1,132 @@
+"""Query sets: Parquet files of prompts, validated before anything is written.
+
+Every problem found is reported at once, naming the file, the column and the
+offending ids, so that a user fixes a file in one pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from conductor.errors import InputError
+
+TASKS = ("math", "choice", "exact")
+COLUMNS = ("query_id", "prompt", "task", "reference", "metadata")
+SCHEMA = pa.schema([(c, pa.string()) for c in COLUMNS])
+_SHOW = 5
+
+
+def load_queries(path: str | Path) -> pa.Table:
+    """Read and validate a query set; returns a table with exactly `SCHEMA`."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"query set {path}: file not found")
+    if path.is_dir():
+        raise InputError(f"query set {path}: is a folder; give one Parquet file")
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for a bad file
+        raise InputError(f"query set {path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    return validate(table, str(path))
+
+
+def validate(table: pa.Table, where: str) -> pa.Table:
+    problems: list[str] = []
+    names = set(table.column_names)
+    for col in ("query_id", "prompt"):
+        if col not in names:
+            problems.append(f"column '{col}' is missing (columns present: {', '.join(table.column_names) or 'none'})")
+    if problems:
+        raise InputError(f"query set {where}: " + "; ".join(problems))
+
+    cols = {}
+    for col in COLUMNS:
+        if col not in names:
+            cols[col] = pa.nulls(table.num_rows, pa.string())
+            continue
+        arr = table.column(col)
+        if col == "query_id" and (pa.types.is_integer(arr.type)):
+            arr = pc.cast(arr, pa.string())
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_null(arr.type)):
+            problems.append(f"column '{col}' must hold strings, not {arr.type}")
+            continue
+        cols[col] = pc.cast(arr, pa.string()).combine_chunks()
+    if problems:
+        raise InputError(f"query set {where}: " + "; ".join(problems))
+
+    ids = cols["query_id"]
+    null_ids = pc.sum(pc.is_null(ids)).as_py() or 0
+    if null_ids:
+        rows = _rows(pc.is_null(ids))
+        problems.append(f"column 'query_id' has {null_ids} null value(s) at row(s) {rows}")
+    else:
+        empty_ids = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(ids)), 0)
+        if pc.any(empty_ids).as_py():
+            problems.append(f"column 'query_id' has empty id(s) at row(s) {_rows(empty_ids)}")
+        counts = pc.value_counts(ids)
+        dup = [v["values"] for v in counts.to_pylist() if v["counts"] > 1]
+        if dup:
+            problems.append(f"column 'query_id' has {len(dup)} duplicate id(s): {_list(dup)}")
+
+    prompt = cols["prompt"]
+    bad_prompt = pc.or_kleene(pc.is_null(prompt), pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(prompt)), 0))
+    bad_prompt = pc.fill_null(bad_prompt, True)
+    if pc.any(bad_prompt).as_py():
+        problems.append(f"column 'prompt' is null or empty for query_id(s) {_ids(ids, bad_prompt)}")
+
+    task = cols["task"]
+    bad_task = pc.and_(pc.is_valid(task), pc.invert(pc.is_in(task, pa.array(TASKS))))
+    bad_task = pc.fill_null(bad_task, False)
+    if pc.any(bad_task).as_py():
+        values = sorted(set(pc.filter(task, bad_task).to_pylist()))
+        problems.append(
+            f"column 'task' has unknown value(s) {_list(values)} for query_id(s) {_ids(ids, bad_task)} "
+            f"(allowed: {', '.join(TASKS)} or null)")
+
+    meta = cols["metadata"]
+    bad_meta = [i for i, m in enumerate(meta.to_pylist()) if m is not None and not _is_json(m)]
+    if bad_meta:
+        mask = pc.is_in(pa.array(range(len(meta))), pa.array(bad_meta))
+        problems.append(f"column 'metadata' is not valid JSON for query_id(s) {_ids(ids, mask)}")
+
+    if problems:
+        raise InputError(f"query set {where}: " + "; ".join(problems))
+    if table.num_rows == 0:
+        raise InputError(f"query set {where}: has no rows")
+    return pa.table(cols, schema=SCHEMA)
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _is_json(s: str) -> bool:
+    try:
+        orjson.loads(s)
+        return True
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _rows(mask: pa.Array) -> str:
+    idx = [i for i, v in enumerate(mask.to_pylist()) if v]
+    return _list(idx)
+
+
+def _ids(ids: pa.Array, mask: pa.Array) -> str:
+    return _list(pc.filter(ids, mask).to_pylist())
+
+
+def _list(values: list) -> str:
+    shown = ", ".join(repr(v) for v in values[:_SHOW])
+    return shown + (f" and {len(values) - _SHOW} more" if len(values) > _SHOW else "")
