@@ -1,0 +1,12 @@
+"""The simulated worker pool: an OpenAI-compatible HTTP server on loopback that
+answers the questions of known query sets, right with a configured probability
+per worker and task, with configurable latency and faults (rate limits, errors,
+hangs, dropped connections, API-key checks). litellm reaches it through its
+ordinary OpenAI-compatible path (model "openai/<name>", api_base "<url>/v1").
+
+Start it with `conductor sim` or, from Python, `start_sim(...)`.
+"""
+
+from conductor.sim.process import SimHandle, start_sim
+
+__all__ = ["SimHandle", "start_sim"]

@@ -1,0 +1,5 @@
+import sys
+
+from conductor.sim.main import main
+
+sys.exit(main())

@@ -1,0 +1,207 @@
+"""The simulated planner: a model with `simulate: {role: planner}` answers
+planning prompts (conductor.planners.prompt) with a plan.
+
+- With `response_format: {type: json_schema}`: a plan valid under the request's
+  schema. Workers come from the schema's enum, step counts from its item
+  limits, access entries from each position's enum (earlier steps only), and
+  instructions are fitted to its pattern.
+- Without it: one short reasoning line, then the three lists
+  (model_id, subtasks, access_list) of the free mode.
+
+The plan is random but sensible, so that executing it means something: the
+first step solves the question (quoted verbatim when the schema allows, so the
+simulated workers recognize it), later steps solve again, check an earlier
+step, vote over all of them, or, with probability `replan_rate`, hand the rest
+to a planner worker. Kinds are read from the prompt's worker list
+("3. vote [function]: ..."). Like every simulated answer, the plan is a pure
+function of (seed, model, request), so a repeated request gets the same plan
+and a different `seed` in the request gets another one.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+import orjson
+
+_WORKER_LINE = re.compile(r"(?m)^(\d+)\. (\S+) \[(llm|function|planner)\]:(.*)$")
+_QUESTION = re.compile(r"Question:\n(.*?)\n\n(?:Write the plan|Work done so far:)", re.S)
+_TASK = re.compile(r"Task type: (\w+)")
+_ANSWER = {"math": "<number>", "choice": "<letter>", "exact": "<answer>"}
+# Printable ASCII without '"' and '\': what the planner schema's instructions allow.
+_UNSAFE = re.compile(r'[^ !#-\[\]-~]')
+_MAX_STEPS = 3  # plans the sim writes have at most this many steps
+
+
+def plan_reply(messages: list[dict[str, Any]], texts: list[str], body: dict[str, Any], rng: random.Random,
+               replan_rate: float = 0.0) -> str:
+    """The planner's completion for one chat request."""
+    system = "\n".join(t for m, t in zip(messages, texts) if m.get("role") == "system")
+    user = next((t for m, t in zip(reversed(messages), reversed(texts)) if m.get("role") == "user"), "")
+    m = _QUESTION.search(user)
+    question = m.group(1).strip() if m else user.strip()
+    t = _TASK.search(user)
+    task = t.group(1) if t else None
+    kinds = {wid: kind for _, wid, kind, _ in _WORKER_LINE.findall(system)}
+    voters = {wid for _, wid, kind, desc in _WORKER_LINE.findall(system)
+              if kind == "function" and "most common" in desc}
+    replan = "Work done so far:" in user
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") == "json_schema":
+        schema = (rf.get("json_schema") or {}).get("schema") or {}
+        if _is_plan_schema(schema):
+            return orjson.dumps(_schema_plan(schema, kinds, voters, question, task, replan, rng,
+                                             replan_rate)).decode()
+        return orjson.dumps(instance(schema, rng)).decode()
+    ids = list(kinds) or ["0"]
+    steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, _MAX_STEPS)
+    reasoning = (f"Reasoning: {'the remaining work' if replan else 'this question'} needs {len(steps)} "
+                 f"step(s): {', '.join(s['role'] for s in steps)}.")
+    return "\n".join([
+        reasoning,
+        "model_id = " + orjson.dumps([s["worker"] for s in steps]).decode(),
+        "subtasks = " + orjson.dumps([s["instruction"] for s in steps]).decode(),
+        "access_list = " + orjson.dumps([s["access"] for s in steps]).decode(),
+    ])
+
+
+def token_logprobs(content: str, rng: random.Random) -> dict[str, Any]:
+    """OpenAI-style `logprobs` for a completion: 4-character tokens with made-up log-probabilities."""
+    tokens = [content[i:i + 4] for i in range(0, len(content), 4)] or [""]
+    return {"content": [{"token": tok, "logprob": round(-rng.random() * 0.5, 6), "bytes": list(tok.encode()),
+                         "top_logprobs": []} for tok in tokens]}
+
+
+# ---- the plan ---------------------------------------------------------------
+
+def _draft(ids: list[str], kinds: dict[str, str], voters: set[str], question: str, task: str | None,
+           replan: bool, rng: random.Random, replan_rate: float, max_steps: int) -> list[dict[str, Any]]:
+    """Steps as {worker, instruction, access, role}; workers from `ids` only."""
+    llms = [w for w in ids if kinds.get(w, "llm") == "llm"] or list(ids)
+    planners = [w for w in ids if kinds.get(w) == "planner"]
+    votes = [w for w in ids if w in voters]
+    answer = f" End with a final line Answer: {_ANSWER.get(task, '<answer>')}"
+    n = rng.randint(1, max(1, max_steps))
+    first = (f"Check the work done so far on this question, then answer it: {question}{answer}" if replan
+             else f"{question}{answer}")
+    steps = [{"worker": rng.choice(llms), "instruction": first, "access": [], "role": "solve"}]
+    for i in range(1, n):
+        last = i == n - 1
+        if planners and rng.random() < replan_rate:
+            steps.append({"worker": rng.choice(planners), "access": list(range(i)), "role": "re-plan",
+                          "instruction": f"Plan and run a check of the answers above to this question: {question}"})
+        elif votes and last and i >= 2 and rng.random() < 0.5:
+            steps.append({"worker": rng.choice(votes), "access": list(range(i)), "role": "vote",
+                          "instruction": "Pick the answer most of the steps above agree on."})
+        elif rng.random() < 0.5:
+            steps.append({"worker": rng.choice(llms), "access": [i - 1], "role": "check",
+                          "instruction": f"Check the solution above to this question and correct it if it is "
+                                         f"wrong: {question}{answer}"})
+        else:
+            steps.append({"worker": rng.choice(llms), "access": [], "role": "solve",
+                          "instruction": f"{question}{answer}"})
+    return steps
+
+
+def _is_plan_schema(schema: dict[str, Any]) -> bool:
+    steps = (schema.get("properties") or {}).get("steps") or {}
+    items = steps.get("prefixItems") or ([steps["items"]] if isinstance(steps.get("items"), dict) else [])
+    return bool(items) and all(
+        {"worker", "instruction", "access"} <= set((s.get("properties") or {})) for s in items)
+
+
+def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str], question: str,
+                 task: str | None, replan: bool, rng: random.Random, replan_rate: float) -> dict[str, Any]:
+    steps_schema = schema["properties"]["steps"]
+    prefix = steps_schema.get("prefixItems")
+    at = (lambda i: prefix[i]) if prefix else (lambda i: steps_schema["items"])
+    most = steps_schema.get("maxItems", len(prefix) if prefix else _MAX_STEPS)
+    if prefix:
+        most = min(most, len(prefix))
+    least = steps_schema.get("minItems", 1)
+    ids = list(at(0)["properties"]["worker"].get("enum") or kinds or ["0"])
+    steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, min(most, _MAX_STEPS))
+    while len(steps) < least:
+        steps.append(dict(steps[0]))
+    out = []
+    for i, s in enumerate(steps[:most]):
+        props = at(i)["properties"]
+        enum = props["worker"].get("enum")
+        worker = s["worker"] if not enum or s["worker"] in enum else rng.choice(enum)
+        out.append({"worker": worker, "instruction": fit(s["instruction"], props["instruction"]),
+                    "access": _fit_access(s["access"], props["access"])})
+    return {"steps": out}
+
+
+def fit(text: str, schema: dict[str, Any]) -> str:
+    """`text`, changed as little as needed to match the schema's pattern and length."""
+    pattern = schema.get("pattern")
+    most = schema.get("maxLength")
+    candidate = text[:most] if most else text
+    if pattern is None or re.search(pattern, candidate):
+        return candidate
+    candidate = " ".join(_UNSAFE.sub(" ", candidate).split())
+    lo, hi = 1, len(candidate)
+    if re.search(pattern, candidate):
+        return candidate
+    best = None
+    while lo <= hi:  # the longest prefix that matches: patterns here bound the length
+        mid = (lo + hi) // 2
+        if re.search(pattern, candidate[:mid].rstrip()):
+            best, lo = candidate[:mid].rstrip(), mid + 1
+        else:
+            hi = mid - 1
+    return best if best is not None else "Answer the question."
+
+
+def _fit_access(access: list[int], schema: dict[str, Any]) -> list[Any]:
+    enum = (schema.get("items") or {}).get("enum")
+    allowed = [a for a in access if enum is None or a in enum]
+    most = schema.get("maxItems")
+    return allowed[:most] if most is not None else allowed
+
+
+# ---- any other schema --------------------------------------------------------
+
+def instance(schema: Any, rng: random.Random, depth: int = 0) -> Any:
+    """A random document valid under a simple JSON schema (types, enum, const,
+    properties/required, items/prefixItems, min/max items, numeric bounds)."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return rng.choice(schema["enum"])
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return instance(rng.choice(schema[key]), rng, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = rng.choice([k for k in kind if k != "null"] or kind)
+    if kind == "object" or (kind is None and "properties" in schema):
+        props = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        return {k: instance(v, rng, depth + 1) for k, v in props.items() if k in required or rng.random() < 0.5}
+    if kind == "array":
+        prefix = schema.get("prefixItems") or []
+        items = schema.get("items")
+        least = schema.get("minItems", 0)
+        most = schema.get("maxItems", max(least, len(prefix), 3))
+        if items is False:
+            most = min(most, len(prefix))
+        n = rng.randint(least, max(least, min(most, least + 3)))
+        return [instance(prefix[i] if i < len(prefix) else items, rng, depth + 1) for i in range(n)]
+    if kind == "integer":
+        lo, hi = schema.get("minimum", 0), schema.get("maximum", 100)
+        return rng.randint(int(lo), int(hi))
+    if kind == "number":
+        return rng.uniform(schema.get("minimum", 0.0), schema.get("maximum", 1.0))
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "string":
+        return fit("simulated text", schema)
+    return None

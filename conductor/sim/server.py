@@ -1,0 +1,342 @@
+"""The simulated worker pool as an OpenAI-compatible HTTP server (aiohttp).
+
+Endpoints: POST /v1/chat/completions, GET /v1/models, GET /health, and for
+tests and benchmarks GET /admin/log, POST /admin/reset, GET|POST /admin/faults.
+Faults and latency are random (seeded); the answer is a pure function of the
+request, see `answers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import math
+import random
+import time
+from collections import Counter, deque
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from conductor.sim.answers import draw, reply
+from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, effective_faults,
+                                  Faults)
+from conductor.sim.index import QueryIndex
+from conductor.sim.planner import plan_reply, token_logprobs
+
+FINGERPRINT = "conductor-sim"
+MAX_TIMES = 100_000
+# Request fields that do not change what a model would answer.
+_NOT_SAMPLING = frozenset({"model", "stream", "stream_options", "user", "metadata"})
+_JSON = "application/json"
+
+
+class RequestLog:
+    """What the server saw, for tests and benchmarks to check from outside."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = 0
+        self.by_model: Counter[str] = Counter()
+        self.by_status: Counter[str] = Counter()
+        self.by_body: Counter[str] = Counter()
+        self.accepted_times: dict[str, deque[float]] = {}
+        # 200 responses per client request id (header x-conductor-request), so a
+        # test can tell whether a call the client had finished was sent again.
+        self.by_request_key: Counter[str] = Counter()
+
+    def request(self, body_sha: str, model: str | None) -> None:
+        self.total += 1
+        self.by_body[body_sha] += 1
+        if model is not None:
+            self.by_model[model] += 1
+
+    def status(self, status: str, model: str | None = None, received: float | None = None) -> None:
+        self.by_status[status] += 1
+        if status == "200" and model is not None and received is not None:
+            times = self.accepted_times.get(model)
+            if times is None:
+                times = self.accepted_times[model] = deque(maxlen=MAX_TIMES)
+            times.append(received)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total": self.total, "by_model": dict(self.by_model), "by_status": dict(self.by_status),
+                "by_body": dict(self.by_body), "by_request_key": dict(self.by_request_key),
+                "accepted_times": {m: list(t) for m, t in self.accepted_times.items()}}
+
+
+class SimServer:
+    def __init__(self, models: dict[str, ModelSpec], index: QueryIndex, *, seed: int = 0,
+                 overrides: dict[str, dict[str, float | None]] | None = None,
+                 keys: dict[str, str] | None = None):
+        self.models = models
+        self.index = index
+        self.seed = seed
+        self.log = RequestLog()
+        self._start_overrides = {m: dict(v) for m, v in (overrides or {}).items()}
+        self._overrides = {m: dict(v) for m, v in self._start_overrides.items()}
+        self._faults: dict[str, Faults] = {}
+        self._keys = {m: k.encode() for m, k in (keys or {}).items()}
+        self._windows: dict[str, deque[float]] = {m: deque() for m in models}
+        self._rng = random.Random(seed)
+        self._model_list = orjson.dumps({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": FINGERPRINT} for m in models]})
+
+    # -- configuration -------------------------------------------------------
+
+    def requires_key(self, model: str) -> bool:
+        return model in self._keys
+
+    def faults(self, model: str) -> Faults:
+        f = self._faults.get(model)
+        if f is None:
+            f = self._faults[model] = effective_faults(self.models[model], self._overrides)
+        return f
+
+    def set_faults(self, model: str, values: dict[str, Any]) -> None:
+        if model != "*" and model not in self.models:
+            raise SimConfigError(f"faults: unknown model {model!r} (served: {', '.join(self.models)}, or '*')")
+        if "require_key_env" in values:
+            raise SimConfigError("faults.require_key_env: the key is read at start; restart the server to change it")
+        checked = check_overrides(values, "faults")
+        layer = self._overrides.setdefault(model, {})
+        for k, v in checked.items():
+            if v is None:
+                layer.pop(k, None)
+            else:
+                layer[k] = v
+        self._faults.clear()
+
+    def clear_faults(self) -> None:
+        self._overrides = {m: dict(v) for m, v in self._start_overrides.items()}
+        self._faults.clear()
+
+    def faults_json(self) -> dict[str, Any]:
+        return {"overrides": self._overrides, "effective": {m: asdict(self.faults(m)) for m in self.models}}
+
+    # -- handlers ------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        received = time.time()
+        raw = await request.read()
+        log = self.log
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            log.request(hashlib.sha256(raw).hexdigest(), None)
+            return self._error(400, f"We could not parse the JSON body of your request ({e}).", "invalid_request_error")
+        model = body.get("model") if isinstance(body, dict) else None
+        log.request(hashlib.sha256(raw).hexdigest(), model if isinstance(model, str) else None)
+        if not isinstance(body, dict):
+            return self._error(400, "The request body must be a JSON object.", "invalid_request_error")
+        if not isinstance(model, str) or not model:
+            return self._error(400, "You must provide a model parameter.", "invalid_request_error", param="model")
+        spec = self.models.get(model)
+        if spec is None:
+            return self._error(404, f"The model `{model}` does not exist or you do not have access to it.",
+                               "invalid_request_error", code="model_not_found", model=model)
+        expected = self._keys.get(model)
+        if expected is not None and not self._authorized(request, expected):
+            return self._error(401, "Incorrect API key provided", "invalid_request_error",
+                               code="invalid_api_key", model=model)
+        problem = _check_request(body)
+        if problem:
+            return self._error(400, problem[1], "invalid_request_error", param=problem[0], model=model)
+
+        f = self.faults(model)
+        if f.fail_status is not None:
+            return self._error(int(f.fail_status), f"Simulated failure with status {int(f.fail_status)}.",
+                               "invalid_request_error" if f.fail_status < 500 else "server_error", model=model)
+        if f.rpm is not None:
+            limited = self._rpm_check(model, f)
+            if limited is not None:
+                return limited
+        # One draw splits requests into drop | error | rate limit | hang | normal;
+        # rates summing past 1 leave nothing for the later ones.
+        u = self._rng.random()
+        if u < f.drop_rate:
+            self._admit(model, f)
+            log.status("dropped", model)
+            if request.transport is not None:
+                request.transport.abort()
+            raise web.HTTPInternalServerError()  # never reaches the client: the connection is gone
+        u -= f.drop_rate
+        if u < f.error_rate:
+            self._admit(model, f)
+            status = self._rng.choice((500, 502, 503))
+            return self._error(status, "The server had an error while processing your request. (simulated)",
+                               "server_error", model=model)
+        u -= f.error_rate
+        if u < f.rate_limit_rate:
+            wait_ms = f.retry_after_ms
+            return self._error(429, f"Rate limit reached for {model}. Please try again in {wait_ms / 1000:g}s. "
+                                    "(simulated)", "requests", code="rate_limit_exceeded", model=model,
+                               headers={"Retry-After": str(max(1, math.ceil(wait_ms / 1000))),
+                                        "retry-after-ms": str(int(wait_ms))})
+        u -= f.rate_limit_rate
+        hang = u < f.hang_rate
+        self._admit(model, f)
+
+        messages = body["messages"]
+        texts = [_text(m.get("content")) for m in messages]
+        request_hash = hashlib.sha256(orjson.dumps(
+            {k: v for k, v in body.items() if k not in _NOT_SAMPLING}, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        rng = draw(self.seed, model, request_hash)
+        logprobs = None
+        if spec.role == "planner":
+            content = plan_reply(messages, texts, body, rng, spec.replan_rate)
+            if body.get("logprobs"):
+                logprobs = token_logprobs(content, rng)
+        else:
+            known = self.index.find(texts)
+            content, _ = reply(known, spec.skill_for(known.task if known else None), rng, self.index)
+        prompt_tokens = math.ceil(sum(map(len, texts)) / 4)
+        completion_tokens = math.ceil(len(content) / 4)
+
+        delay = self._latency(f, completion_tokens) + (f.hang_s if hang else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if request.transport is None:  # the client gave up while we were "thinking"
+            log.status("499", model)
+            return web.Response(status=499)
+        log.status("200", model, received)
+        if (request_key := request.headers.get("x-conductor-request")) is not None:
+            log.by_request_key[request_key] += 1
+        payload = {
+            "id": f"chatcmpl-sim-{request_hash[:24]}",
+            "object": "chat.completion",
+            "created": int(received),
+            "model": model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "logprobs": logprobs, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+        return web.Response(body=orjson.dumps(payload), content_type=_JSON,
+                            headers={"x-conductor-simulated": "1"})
+
+    async def models_list(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._model_list, content_type=_JSON)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(body=b'{"ok":true}', content_type=_JSON)
+
+    async def admin_log(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.log.to_json()), content_type=_JSON)
+
+    async def admin_reset(self, request: web.Request) -> web.Response:
+        """Clears the request log and the rpm windows (not the fault overrides)."""
+        self.log.reset()
+        for w in self._windows.values():
+            w.clear()
+        return web.Response(body=b'{"ok":true}', content_type=_JSON)
+
+    async def admin_faults(self, request: web.Request) -> web.Response:
+        if request.method == "POST":
+            try:
+                body = orjson.loads(await request.read() or b"{}")
+                if not isinstance(body, dict):
+                    raise SimConfigError("faults: the body must be a JSON object")
+                if body.pop("clear", False):
+                    self.clear_faults()
+                model = body.pop("model", "*")
+                if body:
+                    self.set_faults(model, body)
+            except (orjson.JSONDecodeError, SimConfigError) as e:
+                return self._error(400, str(e), "invalid_request_error")
+        return web.Response(body=orjson.dumps(self.faults_json()), content_type=_JSON)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _authorized(self, request: web.Request, expected: bytes) -> bool:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, given = auth.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+
+    def _rpm_check(self, model: str, f: Faults) -> web.Response | None:
+        window = self._windows[model]
+        now = time.monotonic()
+        while window and window[0] <= now - f.rpm_window_s:
+            window.popleft()
+        if len(window) < f.rpm:  # type: ignore[operator]
+            return None
+        wait = max(0.001, window[0] + f.rpm_window_s - now)
+        limit = f"{f.rpm:g}"
+        return self._error(
+            429, f"Rate limit reached for {model} on requests per min (RPM): Limit {limit}, Used {len(window)}. "
+                 f"Please try again in {wait:.3f}s. (simulated)",
+            "requests", code="rate_limit_exceeded", model=model,
+            headers={"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(math.ceil(wait * 1000)),
+                     "x-ratelimit-limit-requests": limit, "x-ratelimit-remaining-requests": "0",
+                     "x-ratelimit-reset-requests": f"{wait:.3f}s"})
+
+    def _admit(self, model: str, f: Faults) -> None:
+        if f.rpm is not None:
+            self._windows[model].append(time.monotonic())
+
+    def _latency(self, f: Faults, completion_tokens: int) -> float:
+        mean, sd = f.latency_ms, f.latency_sd_ms
+        ms = 0.0
+        if mean > 0:
+            if sd > 0:
+                sigma2 = math.log1p((sd / mean) ** 2)
+                ms = self._rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
+            else:
+                ms = mean
+        return (ms + f.per_token_ms * completion_tokens) / 1000.0
+
+    def _error(self, status: int, message: str, type_: str, *, param: str | None = None,
+               code: str | None = None, model: str | None = None,
+               headers: dict[str, str] | None = None) -> web.Response:
+        self.log.status(str(status), model)
+        body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+        h = {"x-conductor-simulated": "1"}
+        if headers:
+            h.update(headers)
+        return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON, headers=h)
+
+
+def _check_request(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(param, message) of the first problem, or None."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages", "'messages' is required and must be a non-empty array."
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"messages[{i}]", f"messages[{i}] must be an object with a string 'role'."
+        c = m.get("content")
+        if c is not None and not isinstance(c, (str, list)):
+            return f"messages[{i}].content", f"messages[{i}].content must be a string or an array of parts."
+    if body.get("stream"):
+        return "stream", "This simulated server supports only non-streaming requests ('stream': false)."
+    n = body.get("n")
+    if n is not None and n != 1:
+        return "n", "This simulated server supports only n=1."
+    return None
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def build_app(server: SimServer) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_post("/chat/completions", server.chat)
+    app.router.add_get("/v1/models", server.models_list)
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/admin/log", server.admin_log)
+    app.router.add_post("/admin/reset", server.admin_reset)
+    app.router.add_get("/admin/faults", server.admin_faults)
+    app.router.add_post("/admin/faults", server.admin_faults)
+    return app
