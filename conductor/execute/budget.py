@@ -1,0 +1,84 @@
+"""USD budgets per provider and per run that hold under any concurrency.
+
+Before a call is sent, its worst-case cost (prompt tokens x input price +
+max_tokens x output price) is reserved against every cap it falls under; the
+reservation becomes the real cost when the response arrives. A call that does
+not fit waits while other reservations are pending (they usually settle for
+less), and is refused only when it cannot fit even after they have settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+
+class BudgetExhausted(Exception):
+    def __init__(self, cap: str, limit: float, spent: float, need: float):
+        super().__init__(
+            f"budget exhausted: {cap} cap ${limit:.4f}, spent ${spent:.4f}, this call needs up to ${need:.4f}")
+        self.cap = cap
+
+
+@dataclass
+class Cap:
+    name: str
+    limit: float | None
+    spent: float = 0.0
+    reserved: float = 0.0
+
+    def fits(self, amount: float) -> bool:
+        return self.limit is None or self.spent + self.reserved + amount <= self.limit + 1e-12
+
+    def could_fit(self, amount: float) -> bool:
+        return self.limit is None or self.spent + amount <= self.limit + 1e-12
+
+
+@dataclass
+class Reservation:
+    caps: list[Cap]
+    amount: float
+    settled: bool = field(default=False)
+
+
+class Ledger:
+    def __init__(self, provider_limits: dict[str, float | None], run_limit: float | None = None,
+                 spent: dict[str, float] | None = None):
+        """`spent` carries what earlier attempts of the same run already paid (resume)."""
+        spent = spent or {}
+        self.run = Cap("run", run_limit, sum(spent.values()))
+        self.providers = {p: Cap(f"provider {p}", lim, spent.get(p, 0.0)) for p, lim in provider_limits.items()}
+        self._changed = asyncio.Condition()
+
+    async def reserve(self, provider: str, amount: float) -> Reservation:
+        caps = [self.providers[provider], self.run]
+        async with self._changed:
+            while True:
+                if all(c.fits(amount) for c in caps):
+                    for c in caps:
+                        c.reserved += amount
+                    return Reservation(caps, amount)
+                blocking = next(c for c in caps if not c.fits(amount))
+                if not blocking.could_fit(amount) or blocking.reserved <= 0:
+                    raise BudgetExhausted(blocking.name, blocking.limit or 0.0, blocking.spent, amount)
+                await self._changed.wait()
+
+    async def settle(self, r: Reservation, actual: float) -> None:
+        """Turn a reservation into spend (0 for a call that never got an answer)."""
+        if r.settled:
+            return
+        r.settled = True
+        async with self._changed:
+            for c in r.caps:
+                c.reserved -= r.amount
+                c.spent += actual
+            self._changed.notify_all()
+
+    def record(self, provider: str, amount: float) -> None:
+        """Spend that needed no reservation (no budget in force)."""
+        self.providers[provider].spent += amount
+        self.run.spent += amount
+
+    def summary(self) -> list[dict]:
+        return [{"cap": c.name, "limit_usd": c.limit, "spent_usd": round(c.spent, 6)}
+                for c in [*self.providers.values(), self.run]]

@@ -1,0 +1,66 @@
+"""A persistent response cache in SQLite, shared by runs and processes.
+
+The key covers everything that decides a response: model, api_base, the full
+message list (system prompt included) and every sampling parameter. Entries are
+committed as responses arrive (WAL mode), so they survive a crash, and several
+processes can share one file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+KEY_VERSION = 1
+
+
+def cache_key(model: str, api_base: str | None, messages: list[dict], params: dict[str, Any]) -> str:
+    doc = {"v": KEY_VERSION, "model": model, "api_base": (api_base or "").rstrip("/"),
+           "messages": messages, "params": params}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    usage_estimated: bool
+    simulated: bool
+    cost_usd: float | None
+    latency_s: float
+    logprob: float | None = None  # of the completion, when the provider sent log-probabilities
+    attempts: int = 1  # sends it took, so a resumed run can record a call it paid for but never logged
+
+
+class Cache:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a process kill
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, value BLOB, created REAL)")
+
+    def get(self, key: str) -> Entry | None:
+        row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        return Entry(**orjson.loads(row[0]))
+
+    def put(self, key: str, model: str, entry: Entry) -> None:
+        value = orjson.dumps(entry.__dict__)
+        self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", (key, model, value, time.time()))
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT count(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()

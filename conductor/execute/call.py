@@ -1,0 +1,175 @@
+"""The one function through which every provider call goes.
+
+litellm's own retries are off (`num_retries=0`, `max_retries=0`): a retry that
+happens inside the call bypasses our rate limiter and budget. Failures come
+back as a `CallFailure` that says whether to retry and how long the provider
+asked us to wait.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+import litellm  # noqa: E402
+
+# litellm prints a "Give Feedback" banner to stdout on every exception unless
+# told not to; a batch job's output must stay clean. This is the library's only
+# switch for it.
+litellm.suppress_debug_info = True
+
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529}
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    model: str
+    messages: list[dict[str, str]]
+    params: dict[str, Any] = field(default_factory=dict)
+    api_base: str | None = None
+    timeout_s: float = 120.0
+    request_id: str | None = None  # sent as X-Conductor-Request to OpenAI-compatible endpoints, for tracing
+
+
+@dataclass(frozen=True)
+class CallResponse:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    usage_estimated: bool
+    simulated: bool
+    finish_reason: str | None = None
+    logprob: float | None = None  # sum of the sampled tokens' log-probabilities, when the provider sent them
+
+
+class CallFailure(Exception):
+    """A failed call, classified. `message` never holds the API key."""
+
+    def __init__(self, kind: str, message: str, status: int | None = None,
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.kind = kind  # rate_limit | server | timeout | connection | auth | client | other
+        self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in ("rate_limit", "server", "timeout", "connection")
+
+
+async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
+    try:
+        resp = await litellm.acompletion(
+            model=req.model,
+            messages=req.messages,
+            api_base=req.api_base,
+            api_key=api_key,
+            timeout=req.timeout_s,
+            num_retries=0,
+            max_retries=0,
+            **({"extra_headers": {"X-Conductor-Request": req.request_id}} if req.request_id and req.api_base else {}),
+            **req.params,
+        )
+    except Exception as e:  # litellm maps provider errors onto many classes
+        raise classify(e, api_key) from None
+    choice = resp.choices[0]
+    text = choice.message.content or ""
+    usage = getattr(resp, "usage", None)
+    pt = getattr(usage, "prompt_tokens", None) if usage else None
+    ct = getattr(usage, "completion_tokens", None) if usage else None
+    headers = (getattr(resp, "_hidden_params", None) or {}).get("additional_headers") or {}
+    # A server that only estimated the usage it reports says so (the replay server does).
+    estimated = pt is None or ct is None or headers.get("llm_provider-x-conductor-usage-estimated") == "1"
+    if pt is None:
+        pt = estimate_tokens(req.messages)
+    if ct is None:
+        ct = math.ceil(len(text) / 4)
+    simulated = (getattr(resp, "system_fingerprint", None) == "conductor-sim"
+                 or headers.get("llm_provider-x-conductor-simulated") == "1")
+    return CallResponse(text, int(pt), int(ct), estimated, simulated, getattr(choice, "finish_reason", None),
+                        completion_logprob(choice))
+
+
+def completion_logprob(choice: Any) -> float | None:
+    """Sum of the per-token log-probabilities in an OpenAI-style choice; None without them."""
+    lp = getattr(choice, "logprobs", None)
+    if lp is None and isinstance(choice, dict):
+        lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else getattr(lp, "content", None)
+    if not content:
+        return None
+    total = 0.0
+    for tok in content:
+        v = tok.get("logprob") if isinstance(tok, dict) else getattr(tok, "logprob", None)
+        if not isinstance(v, (int, float)):
+            return None
+        total += float(v)
+    return total
+
+
+def classify(e: Exception, api_key: str | None) -> CallFailure:
+    status = getattr(e, "status_code", None)
+    if not isinstance(status, int):
+        status = None
+    message = redact(f"{type(e).__name__}: {e}", api_key)
+    retry_after = _retry_after(getattr(e, "litellm_response_headers", None))
+    name = type(e).__name__
+    if status == 429 or name == "RateLimitError":
+        return CallFailure("rate_limit", message, 429, retry_after)
+    if name in ("Timeout", "APITimeoutError") or status == 408:
+        return CallFailure("timeout", message, status, retry_after)
+    # litellm reports a dropped or refused connection as a 500 "Connection error."
+    if name == "APIConnectionError" or isinstance(e, (ConnectionError, OSError)) or "Connection error" in str(e):
+        return CallFailure("connection", message, status, retry_after)
+    if status in (401, 403) or name in ("AuthenticationError", "PermissionDeniedError"):
+        return CallFailure("auth", message, status)
+    if status is not None and status in RETRYABLE_STATUS:
+        return CallFailure("server", message, status, retry_after)
+    if status is not None and 500 <= status < 600:
+        return CallFailure("server", message, status, retry_after)
+    if status is not None and 400 <= status < 500:
+        return CallFailure("client", message, status)
+    if name in ("InternalServerError", "ServiceUnavailableError", "BadGatewayError"):
+        return CallFailure("server", message, status, retry_after)
+    return CallFailure("other", message, status)
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds to wait, from `retry-after-ms` or `Retry-After` (seconds or an HTTP date)."""
+    if not headers:
+        return None
+    get = headers.get
+    ms = get("retry-after-ms") or get("Retry-After-Ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    ra = get("retry-after") or get("Retry-After")
+    if ra:
+        try:
+            return max(0.0, float(ra))
+        except ValueError:
+            from email.utils import parsedate_to_datetime
+            try:
+                return max(0.0, parsedate_to_datetime(ra).timestamp() - time.time())
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    for s in secrets:
+        if s and len(s) >= 4:
+            text = text.replace(s, "***")
+    return text
+
+
+def estimate_tokens(messages: list[dict[str, str]]) -> int:
+    """Characters / 4 plus a few tokens of framing per message: cheap, and close
+    enough for rate limits and budget reservations, which reconcile afterwards."""
+    return sum(math.ceil(len(m.get("content") or "") / 4) + 4 for m in messages)

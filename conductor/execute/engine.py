@@ -1,0 +1,496 @@
+"""The async executor: runs plans' steps as calls to their workers, under the
+providers' limits and budgets, through the cache, writing every finished step
+and plan to the journal as it happens.
+
+Plans stream in from an iterator and at most `max_plans_in_flight` are held at
+once, so memory stays flat however large the run. Within a plan, a step starts
+as soon as every step it can see has finished.
+
+A step given to a worker of kind "planner" re-plans: a `Replanner` writes a
+sub-workflow over the outputs the step sees, which runs one level deeper (trace
+paths "2.plan" for the planning, "2.0", "2.1", ... for its steps, at most
+`max_depth` levels); its last output is the step's output. LLM planners make
+that call through `call_worker` like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Iterable
+
+from conductor.context import step_messages
+from conductor.execute.budget import BudgetExhausted, Ledger
+from conductor.execute.cache import Cache, Entry, cache_key
+from conductor.execute.call import CallFailure, CallRequest, CallResponse, complete, estimate_tokens, redact
+from conductor.execute.journal import Journal, ResumeState
+from conductor.execute.limits import ProviderLimiter
+from conductor.execute.prices import call_cost, resolve_price
+from conductor.plans import Plan, Step
+from conductor.pool import Pool, Worker
+from conductor.progress import Progress
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    plan_id: str
+    query_id: str
+    query_index: int
+    sample: int
+    task: str | None
+    prompt: str
+    plan: Plan | None
+    error: str | None = None  # why the plan is invalid
+
+
+@dataclass(frozen=True)
+class ExecOptions:
+    run_id: str
+    refresh: bool = False  # ignore cached answers (still store fresh ones)
+    run_budget_usd: float | None = None
+    default_max_tokens: int = 1024
+    max_plans_in_flight: int | None = None
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    seed: int = 0
+
+
+# A worker of kind "function" runs locally: (function name, step, granted outputs in order, task) -> text.
+FunctionRunner = Callable[[str, Step, list[str], "str | None"], str]
+
+
+@dataclass
+class ReplanRequest:
+    """A step assigned to a worker of kind "planner": write the workflow that does its work."""
+
+    job: PlanJob
+    path: str  # the re-planning step, e.g. "2" (or "2.1" inside a sub-workflow)
+    depth: int  # the step's depth; its sub-workflow runs at depth + 1
+    step: Step
+    worker: Worker  # the pool's planner worker the step names
+    prior: list[tuple[str, str]]  # (instruction, output) of the steps it has access to
+    may_replan: bool  # whether the sub-workflow may itself hold re-planning steps (max_depth)
+    # Set by a replanner that wrote the planning row itself (through call_worker,
+    # with the sub-plan accepted); otherwise the executor writes it.
+    recorded: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # raw text, tokens: for the row the executor writes
+
+    @property
+    def plan_path(self) -> str:
+        """Trace path of the planning itself: "2.plan"; its steps are "2.0", "2.1", ..."""
+        return f"{self.path}.plan"
+
+
+# A worker of kind "planner" re-plans: (executor, request) -> the validated sub-plan.
+# Raise StepFailed (status kept) or any exception (status "error") to fail the step.
+Replanner = Callable[["Executor", ReplanRequest], Awaitable[Plan]]
+
+
+class StepFailed(Exception):
+    def __init__(self, status: str, message: str, attempts: int = 0, extra: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.attempts = attempts
+        self.extra = extra  # row fields for the failed step's trace row (the sub-plan that failed)
+
+
+class Executor:
+    def __init__(self, pool: Pool, journal: Journal, options: ExecOptions, *,
+                 cache: Cache | None = None, run_cache: Cache | None = None,
+                 progress: Progress | None = None,
+                 spent: dict[str, float] | None = None, paid: set[str] | None = None,
+                 functions: FunctionRunner | None = None, replanner: Replanner | None = None,
+                 max_depth: int = 1):
+        self.pool = pool
+        self.journal = journal
+        self.opt = options
+        self.cache = cache  # shared across runs; None with --no-cache
+        self.run_cache = run_cache  # this run's answers, so a resumed run never pays twice
+        self._paid = set(paid or ())  # run-cache keys whose paid call has a trace row
+        self.progress = progress or Progress(enabled=False)
+        self.functions = functions
+        self.replanner = replanner
+        self.max_depth = max_depth
+        self.prices = {w.id: resolve_price(w) for w in pool.workers}
+        self.limiters = {pid: ProviderLimiter(p) for pid, p in pool.providers.items()}
+        self.ledger = Ledger({pid: p.budget_usd for pid, p in pool.providers.items()},
+                             options.run_budget_usd, spent)
+        self._budgeted = {pid for pid, p in pool.providers.items()
+                          if p.budget_usd is not None or options.run_budget_usd is not None}
+        self._inflight: dict[str, asyncio.Future] = {}
+        self._dead: dict[str, str] = {}  # worker or provider id -> why every call to it fails
+        self._sub_plans: dict[str, dict[str, str]] = {}  # from the journal: plan id -> step path -> sub-plan
+        self._rng = random.Random(options.seed)
+
+    # ---- plans -----------------------------------------------------------
+
+    async def run(self, jobs: Iterable[PlanJob], resume: ResumeState | None = None) -> None:
+        resume = resume or ResumeState()
+        self._sub_plans = resume.sub_plans
+        limit = self.opt.max_plans_in_flight or max(
+            32, min(4096, 4 * sum(p.max_concurrency for p in self.pool.providers.values())))
+        slots = asyncio.Semaphore(limit)
+        tasks: set[asyncio.Task] = set()
+        failure: list[BaseException] = []
+
+        def done(t: asyncio.Task) -> None:
+            tasks.discard(t)
+            slots.release()
+            if not t.cancelled() and t.exception() is not None:
+                failure.append(t.exception())
+
+        for job in jobs:
+            if job.plan_id in resume.finished:
+                continue
+            await slots.acquire()
+            if failure:
+                break
+            t = asyncio.create_task(self._run_plan(job, resume.outputs.pop(job.plan_id, {})))
+            tasks.add(t)
+            t.add_done_callback(done)
+        while tasks:
+            await asyncio.wait(set(tasks))
+        self.progress.close()
+        if failure:
+            raise failure[0]
+
+    async def _run_plan(self, job: PlanJob, restored: dict[str, str]) -> None:
+        t0 = time.time()
+        if job.plan is None:
+            self._finish_plan(job, "invalid_plan", None, job.error, [], t0)
+            return
+        rows = await self.run_steps(job, job.plan, restored, prefix="", depth=0)
+        last = rows[-1] if rows else None
+        failed = next((r for r in rows if r["status"] not in ("ok", "skipped")), None)
+        self._sub_plans.pop(job.plan_id, None)
+        if failed is None and last is not None and last["status"] == "ok":
+            self._finish_plan(job, "ok", last["response_text"], None, rows, t0)
+        else:
+            status = failed["status"] if failed else "error"
+            self._finish_plan(job, status, None, failed["error"] if failed else "no output", rows, t0)
+
+    async def run_steps(self, job: PlanJob, plan: Plan, restored: dict[str, str], prefix: str,
+                        depth: int) -> list[dict[str, Any]]:
+        """Run a plan's steps; returns one row per step (restored steps included, marked)."""
+        steps = plan.steps
+        outputs: dict[int, str] = {}
+        rows: dict[int, dict[str, Any]] = {}
+        futures: dict[int, asyncio.Future] = {}
+        stop = asyncio.Event()
+
+        async def run_one(i: int) -> None:
+            step = steps[i]
+            path = f"{prefix}{i}"
+            for j in step.access:
+                await futures[j]
+            if path in restored:
+                outputs[i] = restored[path]
+                rows[i] = {"status": "ok", "response_text": restored[path], "restored": True, "error": None}
+                return
+            if stop.is_set() or any(rows[j]["status"] != "ok" for j in step.access):
+                rows[i] = self._log_step(job, path, depth, step, status="skipped",
+                                         error="an earlier step of this plan failed")
+                return
+            try:
+                rows[i] = await self._run_step(job, plan, i, outputs, restored, path, depth)
+                outputs[i] = rows[i]["response_text"]
+            except StepFailed as f:
+                rows[i] = self._log_step(job, path, depth, step, status=f.status, error=str(f),
+                                         attempts=f.attempts, extra=f.extra)
+            if rows[i]["status"] != "ok":
+                stop.set()
+
+        for i in range(len(steps)):
+            futures[i] = asyncio.ensure_future(run_one(i))
+        await asyncio.gather(*futures.values())
+        return [rows[i] for i in range(len(steps))]
+
+    def _finish_plan(self, job: PlanJob, status: str, answer: str | None, error: str | None,
+                     rows: list[dict[str, Any]], t0: float) -> None:
+        t1 = time.time()
+        called = [r for r in rows if not r.get("restored") and r["status"] != "skipped"]
+        self.journal.plan({
+            "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
+            "query_index": job.query_index, "sample": job.sample, "status": status,
+            "final_answer": answer, "error": error,
+            "calls": sum(1 for r in called if r.get("attempts")),
+            "cache_hits": sum(1 for r in called if r.get("cache_hit")),
+            "started_at": _ts(t0), "ended_at": _ts(t1), "wall_time_s": round(t1 - t0, 6),
+        })
+        self.progress.c.plans_done += 1
+        self.progress.tick()
+
+    # ---- steps -----------------------------------------------------------
+
+    async def _run_step(self, job: PlanJob, plan: Plan, i: int, outputs: dict[int, str],
+                        restored: dict[str, str], path: str, depth: int) -> dict[str, Any]:
+        step = plan.steps[i]
+        worker = self.pool.worker(step.worker)
+        if worker.kind == "function":
+            return self._run_function(job, plan, i, outputs, path, depth, worker)
+        if worker.kind == "planner":
+            return await self._replan(job, plan, i, outputs, restored, path, depth)
+        messages = step_messages(step, plan.steps, outputs, worker.system)
+        return await self.call_worker(job, path, depth, step, worker, messages)
+
+    async def call_worker(self, job: PlanJob, path: str, depth: int, step: Step, worker: Worker,
+                          messages: list[dict[str, str]], *, params: dict[str, Any] | None = None,
+                          accept: Callable[[Entry], dict[str, Any] | None] | None = None) -> dict[str, Any]:
+        """One step's call: cache, budget, limits, retries. Raises StepFailed.
+
+        `params` add to (and override) the worker's sampling parameters; they are
+        part of the cache key. `accept(entry)` sees the response before its row
+        is written and returns extra row fields (sub_plan); if it raises
+        StepFailed, the row is written with that status and error (the paid
+        response stays cached) and the failure propagates.
+        """
+        params = {**worker.params, **(params or {})}
+        params.setdefault("max_tokens", self.opt.default_max_tokens)
+        key = cache_key(worker.model, worker.api_base, messages, params)
+        t0 = time.time()
+        for cache in (self.run_cache, None if self.opt.refresh else self.cache):
+            hit = cache.get(key) if cache is not None else None
+            if hit is None:
+                continue
+            if cache is self.run_cache and key not in self._paid:
+                return self._claim_row(job, path, depth, step, worker, key, hit, t0, accept)
+            return self._cached_row(job, path, depth, step, worker, key, hit, t0, accept)
+        if key in self._inflight:  # the same request is already on its way: share its answer
+            entry = await asyncio.shield(self._inflight[key])
+            if entry is None:
+                raise StepFailed("error", "an identical request in this run failed")
+            return self._cached_row(job, path, depth, step, worker, key, entry, t0, accept)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        try:
+            resp, attempts, latency = await self._call_with_retries(worker, messages, params, key)
+        except BaseException:
+            fut.set_result(None)
+            raise
+        finally:
+            del self._inflight[key]
+        cost = call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens)
+        entry = Entry(resp.text, resp.prompt_tokens, resp.completion_tokens, resp.usage_estimated,
+                      resp.simulated, cost, latency, resp.logprob, attempts)
+        for cache in (self.run_cache, self.cache):
+            if cache is not None:
+                cache.put(key, worker.model, entry)
+        self._paid.add(key)
+        fut.set_result(entry)
+        c = self.progress.c
+        c.calls += 1
+        c.usd += cost or 0.0
+        return self._accepted_row(job, path, depth, step, worker, accept, attempts=attempts,
+                                  request_key=key, entry=entry, cost=cost, started=t0)
+
+    def _accepted_row(self, job: PlanJob, path: str, depth: int, step: Step, worker: Worker, accept,
+                      **row: Any) -> dict[str, Any]:
+        extra, failure = None, None
+        if accept is not None:
+            try:
+                extra = accept(row["entry"])
+            except StepFailed as f:
+                failure = f
+        if failure is None:
+            return self._log_step(job, path, depth, step, worker=worker, status="ok", extra=extra, **row)
+        self._log_step(job, path, depth, step, worker=worker, status=failure.status, error=str(failure), **row)
+        raise StepFailed(failure.status, str(failure), row.get("attempts", 0))
+
+    async def _call_with_retries(self, worker: Worker, messages: list[dict[str, str]],
+                                 params: dict[str, Any], key: str) -> tuple[CallResponse, int, float]:
+        provider = self.pool.provider_of(worker)
+        for dead in (worker.id, provider.id):
+            if dead in self._dead:
+                raise StepFailed("error", self._dead[dead])
+        api_key = os.environ.get(provider.api_key_env) if provider.api_key_env else None
+        if api_key is None and worker.api_base:
+            api_key = "no-key"  # OpenAI-compatible local servers need some value
+        req = CallRequest(worker.model, messages, params, worker.api_base, provider.timeout_s, key)
+        est_in = estimate_tokens(messages)
+        est_tokens = est_in + params["max_tokens"]
+        reservation = None
+        if provider.id in self._budgeted:
+            price = self.prices[worker.id]
+            if price is None:
+                raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
+                                          f"cannot run under a budget; add price: {{input_per_mtok, "
+                                          f"output_per_mtok}} to it in the pool file")
+            worst = est_in * 2 * price.input + params["max_tokens"] * price.output  # x2: chars/4 can undercount
+            try:
+                reservation = await self.ledger.reserve(provider.id, worst)
+            except BudgetExhausted as e:
+                self.progress.c.budget_blocked += 1
+                raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}") from None
+        limiter = self.limiters[provider.id]
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                try:
+                    async with limiter.slot(est_tokens):
+                        t = time.monotonic()
+                        resp = await complete(req, api_key)
+                except CallFailure as f:
+                    limiter.settle_tokens(est_tokens, 0)
+                    if not f.retryable or attempt >= provider.max_attempts:
+                        raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
+                                         attempt) from None
+                    self.progress.c.retries += 1
+                    await asyncio.sleep(self._backoff(attempt, f.retry_after, limiter))
+                    continue
+                limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
+                if reservation is not None:
+                    await self.ledger.settle(
+                        reservation, call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens))
+                    reservation = None
+                elif (cost := call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens)):
+                    self.ledger.record(provider.id, cost)
+                return resp, attempt, time.monotonic() - t
+        finally:
+            if reservation is not None:
+                await self.ledger.settle(reservation, 0.0)
+
+    def _backoff(self, attempt: int, retry_after: float | None, limiter: ProviderLimiter) -> float:
+        if retry_after is not None:
+            limiter.pause(retry_after)
+            return retry_after * (1 + 0.1 * self._rng.random())
+        cap = min(self.opt.backoff_max_s, self.opt.backoff_base_s * 2 ** (attempt - 1))
+        return cap * (0.5 + 0.5 * self._rng.random())
+
+    def _failure_message(self, worker: Worker, provider, f: CallFailure, attempts: int) -> str:
+        where = f"worker {worker.id} ({worker.model})"
+        if f.kind == "auth":
+            env = provider.api_key_env
+            why = (f"the provider rejected the API key from environment variable {env}" if env else
+                   "the provider rejected the request's credentials (set api_key_env for provider "
+                   f"{provider.id} in the pool file)")
+            msg = f"{where}: {why} (HTTP {f.status})"
+            self._dead[provider.id] = msg
+            return msg
+        if f.status == 404:
+            msg = f"{where}: the provider does not know this model (HTTP 404): {f}"
+            self._dead[worker.id] = msg
+            return msg
+        if f.retryable:
+            return f"{where}: gave up after {attempts} attempts: {f}"
+        return f"{where}: {f}"
+
+    def _run_function(self, job: PlanJob, plan: Plan, i: int, outputs: dict[int, str], path: str,
+                      depth: int, worker: Worker) -> dict[str, Any]:
+        step = plan.steps[i]
+        if self.functions is None:
+            raise StepFailed("error", f"worker {worker.id}: function workers are not available")
+        t0 = time.time()
+        try:
+            text = self.functions(worker.function, step, [outputs[j] for j in step.access], job.task)
+        except ValueError as e:
+            raise StepFailed("error", f"worker {worker.id} ({worker.function}): {e}") from None
+        entry = Entry(text, 0, 0, False, False, 0.0, time.time() - t0)
+        return self._log_step(job, path, depth, step, worker=worker, status="ok", attempts=0,
+                              entry=entry, cost=0.0, started=t0)
+
+    async def _replan(self, job: PlanJob, plan: Plan, i: int, outputs: dict[int, str],
+                      restored: dict[str, str], path: str, depth: int) -> dict[str, Any]:
+        """A planner step: plan a sub-workflow over the outputs the step sees, run it
+        at depth + 1 (paths "<path>.0", ...), and return its last output. The
+        planning gets its own row at "<path>.plan" holding the sub-plan, which a
+        resumed run restores instead of planning again."""
+        step = plan.steps[i]
+        worker = self.pool.worker(step.worker)
+        if depth >= self.max_depth:
+            raise StepFailed("error", f"worker {step.worker}: step {path} would re-plan at depth {depth + 1}, "
+                                      f"deeper than the maximum depth {self.max_depth} (raise it with --max-depth)")
+        t0 = time.time()
+        prior = [(plan.steps[j].instruction, outputs[j]) for j in step.access]
+        req = ReplanRequest(job, path, depth, step, worker, prior, may_replan=depth + 1 < self.max_depth)
+        stored = self._sub_plans.get(job.plan_id, {}).get(req.plan_path)
+        if stored is not None:
+            sub = Plan.from_json(stored)
+        else:
+            if self.replanner is None:
+                raise StepFailed("error", f"worker {step.worker}: no planner is configured for re-planning steps")
+            try:
+                sub = await self.replanner(self, req)
+            except StepFailed as f:
+                raise StepFailed(f.status, f"worker {step.worker}: re-planning step {path} failed: {f}",
+                                 f.attempts) from None
+            except Exception as e:  # a bad sub-plan fails this step, not the batch
+                raise StepFailed("error", f"worker {step.worker}: re-planning step {path} failed: "
+                                          f"{type(e).__name__}: {e}") from None
+            if not req.recorded:
+                info = req.info
+                entry = Entry(info.get("text") or sub.to_json(), info.get("prompt_tokens") or 0,
+                              info.get("completion_tokens") or 0, False, False, 0.0, time.time() - t0,
+                              info.get("logprob"))
+                self._log_step(job, req.plan_path, depth + 1, step, worker=worker, status="ok", attempts=0,
+                               entry=entry, cost=0.0, started=t0, extra={"sub_plan": sub.to_json()},
+                               model=info.get("model"))
+        rows = await self.run_steps(job, sub, restored, prefix=f"{path}.", depth=depth + 1)
+        failed = (next((r for r in rows if r["status"] not in ("ok", "skipped")), None)
+                  or next((r for r in rows if r["status"] != "ok"), None))
+        if failed is not None:
+            raise StepFailed(failed["status"], f"sub-workflow of step {path} failed: {failed['error']}",
+                             extra={"sub_plan": sub.to_json()})
+        entry = Entry(rows[-1]["response_text"], 0, 0, False, False, 0.0, time.time() - t0)
+        return self._log_step(job, path, depth, step, worker=worker, status="ok",
+                              attempts=0, entry=entry, cost=0.0, started=t0,
+                              extra={"sub_plan": sub.to_json()})
+
+    # ---- trace rows ------------------------------------------------------
+
+    def _claim_row(self, job, path, depth, step, worker, key, entry: Entry, t0, accept=None) -> dict[str, Any]:
+        """The row of a call this run paid for in a process killed before it logged
+        the call: recorded as the paid call it was, so no spend goes missing."""
+        self._paid.add(key)
+        if entry.cost_usd:
+            self.ledger.record(self.pool.provider_of(worker).id, entry.cost_usd)
+        c = self.progress.c
+        c.calls += 1
+        c.usd += entry.cost_usd or 0.0
+        return self._accepted_row(job, path, depth, step, worker, accept, attempts=entry.attempts,
+                                  request_key=key, entry=entry, cost=entry.cost_usd, started=t0)
+
+    def _cached_row(self, job, path, depth, step, worker, key, entry: Entry, t0, accept=None) -> dict[str, Any]:
+        self.progress.c.cache_hits += 1
+        return self._accepted_row(job, path, depth, step, worker, accept, attempts=0,
+                                  request_key=key, entry=entry, cost=0.0, started=t0, cache_hit=True)
+
+    def _log_step(self, job: PlanJob, path: str, depth: int, step: Step, *, status: str,
+                  worker: Worker | None = None, error: str | None = None, attempts: int = 0,
+                  request_key: str | None = None, entry: Entry | None = None, cost: float | None = None,
+                  started: float | None = None, cache_hit: bool = False,
+                  extra: dict[str, Any] | None = None, model: str | None = None) -> dict[str, Any]:
+        worker = worker or self.pool.worker(step.worker)
+        now = time.time()
+        if status not in ("ok", "skipped"):
+            self.progress.c.errors += 1
+        row = {
+            "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
+            "query_index": job.query_index, "sample": job.sample,
+            "step": int(head) if (head := path.split(".", 1)[0]).isdigit() else None,  # None: a planning call
+            "step_path": path, "depth": depth,
+            "worker": worker.id, "model": model or worker.model, "provider": worker.provider,
+            "status": status, "error": error, "attempts": attempts, "cache_hit": cache_hit,
+            "prompt_tokens": entry.prompt_tokens if entry else None,
+            "completion_tokens": entry.completion_tokens if entry else None,
+            "usage_estimated": entry.usage_estimated if entry else None,
+            "cost_usd": cost,
+            "original_cost_usd": entry.cost_usd if entry else None,
+            "latency_s": round(entry.latency_s, 6) if entry else None,
+            "started_at": _ts(started or now), "ended_at": _ts(now),
+            "instruction": step.instruction,
+            "response_text": entry.text if entry else None,
+            "simulated": entry.simulated if entry else None,
+            "request_key": request_key,
+            "sub_plan": (extra or {}).get("sub_plan"),
+        }
+        self.journal.step(row)
+        return row
+
+
+def _ts(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat()

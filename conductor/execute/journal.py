@@ -1,0 +1,116 @@
+"""The run journal: every finished step and plan, appended as one JSON line the
+moment it finishes. A run killed at any point restarts from it: finished plans
+are skipped, finished steps of unfinished plans are restored, and what was
+paid is counted against the budget again.
+
+Lines are flushed to the OS as they are written, which survives a killed
+process (not a power cut). A line torn by a kill is cut off on reopening.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+# Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
+FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan"}
+STEPS_FILE = "steps.jsonl"
+PLANS_FILE = "plans.jsonl"
+
+
+@dataclass
+class ResumeState:
+    finished: set[str] = field(default_factory=set)  # plan ids with a final status
+    outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # plan id -> step path -> output
+    spent: dict[str, float] = field(default_factory=dict)  # provider -> USD already paid
+    # plan id -> step path -> the sub-workflow (JSON) a re-planning step wrote, so a
+    # resumed run runs the same sub-workflow instead of planning it again
+    sub_plans: dict[str, dict[str, str]] = field(default_factory=dict)
+    # request keys whose paid call has a row; a run-cache answer for any other key
+    # was paid by a process killed before it logged the call
+    paid: set[str] = field(default_factory=set)
+    steps_logged: int = 0
+    plans_logged: int = 0
+
+
+class Journal:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._steps = _open_append(folder / STEPS_FILE)
+        self._plans = _open_append(folder / PLANS_FILE)
+
+    def step(self, row: dict[str, Any]) -> None:
+        _write(self._steps, row)
+
+    def plan(self, row: dict[str, Any]) -> None:
+        _write(self._plans, row)
+
+    def close(self) -> None:
+        self._steps.close()
+        self._plans.close()
+
+
+def load_state(folder: Path) -> ResumeState:
+    state = ResumeState()
+    for row in _read(folder / PLANS_FILE):
+        state.plans_logged += 1
+        if row["status"] in FINAL_PLAN_STATUSES:
+            state.finished.add(row["plan_id"])
+        else:
+            state.finished.discard(row["plan_id"])
+    for row in _read(folder / STEPS_FILE):
+        state.steps_logged += 1
+        if row.get("cost_usd") and not row.get("cache_hit"):
+            state.spent[row["provider"]] = state.spent.get(row["provider"], 0.0) + row["cost_usd"]
+        if row.get("attempts") and row.get("request_key"):
+            state.paid.add(row["request_key"])
+        if row["status"] == "ok" and row["plan_id"] not in state.finished:
+            state.outputs.setdefault(row["plan_id"], {})[row["step_path"]] = row["response_text"]
+            if row.get("sub_plan"):
+                state.sub_plans.setdefault(row["plan_id"], {})[row["step_path"]] = row["sub_plan"]
+    return state
+
+
+def _write(f: IO[bytes], row: dict[str, Any]) -> None:
+    row["_seq"] = time.time_ns()
+    f.write(orjson.dumps(row) + b"\n")
+    f.flush()
+
+
+def _open_append(path: Path) -> IO[bytes]:
+    if path.exists() and path.stat().st_size:
+        _cut_torn_tail(path)
+    return open(path, "ab")
+
+
+def _cut_torn_tail(path: Path) -> None:
+    with open(path, "rb+") as f:
+        end = f.seek(0, 2)
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        pos = end
+        while pos > 0:
+            size = min(1 << 16, pos)
+            pos -= size
+            f.seek(pos)
+            nl = f.read(size).rfind(b"\n")
+            if nl >= 0:
+                f.truncate(pos + nl + 1)
+                return
+        f.truncate(0)
+
+
+def _read(path: Path):
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break  # torn by a kill
+            yield orjson.loads(line)
