@@ -1,0 +1,43 @@
+"""The `conductor` command. Each subcommand lives in its own module of this
+package and exposes `register(subparsers)`; modules are found automatically,
+so adding a command touches no shared file."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+
+from conductor.errors import ConductorError
+
+# litellm fetches its price map from the network at import unless told not to.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="conductor", description="Plan and run LLM workflows over query sets, in batch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if mod.name.startswith("_"):
+            continue
+        importlib.import_module(f"{__name__}.{mod.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConductorError as e:
+        print(f"conductor: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""Answer graders: read the final answer out of a model response and judge it.
+
+Extraction is hand-written, because it must know the forms models really answer
+in: a JSON "answer" field, an "Answer: ..." line (what our own workers are asked
+to end with), "The answer is (C)", \\boxed{...}, a bare letter, a last number.
+Mathematical equivalence is left to math-verify; a cheap exact comparison of
+plain numbers runs first because nearly every math answer is one, and it keeps
+grading tens of thousands of rows fast.
+
+Tasks: "math" (a number or expression), "choice" (a letter A-J), "exact"
+(normalized string equality). No task or no reference: nothing to grade by,
+so `correct` is None.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+import threading
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+TASKS = ("math", "choice", "exact")
+
+# math-verify bounds its own work with signal.alarm, which only the main thread
+# may use; elsewhere it runs without a timeout, so inputs on which its parser is
+# known to blow up (long, deeply nested, exponent towers) never reach it.
+_MV_TIMEOUT_S = 2
+_MV_MAX_CHARS = 200
+_MV_MAX_DEPTH = 12
+_REL_TOL = Fraction(1, 10**6)
+
+
+@dataclass(frozen=True)
+class Grade:
+    answer: str | None      # the extracted final answer (normalized form), None when none found
+    parsed: bool            # an answer was found
+    correct: bool | None    # None when there is no reference or no task to grade by
+
+
+def grade(task: str | None, response: str | None, reference: str | None) -> Grade:
+    """Extract the final answer of `response` and judge it against `reference`."""
+    _check_task(task)
+    answer = extract_answer(response or "", task)
+    if task is None or reference is None:
+        return Grade(answer, answer is not None, None)
+    if task == "exact":
+        ref = _normalize_text(reference)
+        ok = answer is not None and answer == ref
+        if not ok and response:
+            ok = _normalize_text(response) == ref  # a bare reply that is the answer itself
+        return Grade(answer, answer is not None, ok)
+    if answer is None:
+        return Grade(None, False, False)
+    if task == "choice":
+        ref = _choice_from_span(reference.strip()) or reference.strip().upper()
+        return Grade(answer, True, answer == ref)
+    ref = _math_answer(reference)
+    return Grade(answer, True, ref is not None and _math_equal(ref, answer))
+
+
+def answers_agree(task: str | None, a: str | None, b: str | None) -> bool:
+    """Whether two responses (or two extracted answers) give the same final answer."""
+    _check_task(task)
+    x, y = extract_answer(a or "", task), extract_answer(b or "", task)
+    if x is None or y is None:
+        return False
+    if task == "math":
+        return _math_equal(x, y) or _math_equal(y, x)
+    if task is None:
+        return _normalize_text(x) == _normalize_text(y)
+    return x == y
+
+
+def extract_answer(text: str | None, task: str | None) -> str | None:
+    """The final answer in `text`, in normalized form for `task`; None when there is none.
+
+    Normalized forms: math, a plain number ("1234.5") when the answer is one, else
+    the answer's expression; choice, the upper-case letter; exact, the case-folded
+    text without punctuation, articles or extra spaces; no task, the answer's text
+    as written. Extracting again from a normalized answer gives it back.
+    """
+    _check_task(task)
+    if not text or not text.strip():
+        return None
+    if task == "choice":
+        return _choice_answer(text)
+    span = _final_span(text)
+    if task == "math":
+        if span is not None:
+            return _math_answer(span)
+        return _math_answer(_last_line(text), lead=False)
+    span = span if span is not None else _last_line(text)
+    if span is None:
+        return None
+    if task == "exact":
+        return _normalize_text(span) or None
+    return _strip_markup(span) or None
+
+
+def _check_task(task: str | None) -> None:
+    if task is not None and task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)} or None")
+
+
+# ---------------------------------------------------------------- locating the answer
+
+_ANSWER_LINE = re.compile(
+    r"(?im)^[#>*_\-\t ]*(?:final[\t ]+|correct[\t ]+)?answer[*_]*[\t ]*(?:is[\t ]*)?[:：][*_]*[\t ]*(.*)$")
+_ANSWER_IS = re.compile(r"(?i)\banswer\s+is\b[\s:]*(.+)")
+_JSON_KEY = re.compile(r'(?i)"answer"\s*:\s*')
+
+
+def _final_span(text: str) -> str | None:
+    """The raw text of the final answer, found by the strongest marker present."""
+    span = _json_answer(text)
+    if span is not None:
+        return span
+    lines = _answer_lines(text)
+    if lines:
+        return lines[-1]
+    boxed = _boxed_contents(text)
+    if boxed:
+        return boxed[-1]
+    found = _ANSWER_IS.findall(text)
+    if found:
+        return _first_sentence(found[-1])
+    return None
+
+
+def _answer_lines(text: str) -> list[str]:
+    """What follows each "Answer:" marker; an empty marker line takes the next line."""
+    out = []
+    for m in _ANSWER_LINE.finditer(text):
+        span = m.group(1).strip()
+        if not span:
+            span = _last_line(text[m.end():].strip().split("\n", 1)[0]) or ""
+        if span:
+            out.append(span)
+    return out
+
+
+def _last_line(text: str) -> str | None:
+    rows = [r.strip() for r in text.strip().splitlines() if r.strip()]
+    return rows[-1] if rows else None
+
+
+def _json_answer(text: str) -> str | None:
+    """The "answer" value of the last JSON object that has one; tolerant of broken JSON."""
+    if '"answer"' not in text.lower():
+        return None
+    found = None
+    decoder = json.JSONDecoder(strict=False)
+    starts = [m.start() for m in re.finditer(r"\{", text)][:200]
+    pos_done = -1
+    for i in starts:
+        if i < pos_done:
+            continue
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except ValueError:
+            continue
+        pos_done = end
+        if isinstance(obj, dict):
+            value = next((v for k, v in obj.items() if str(k).lower() == "answer"), None)
+            if _is_filled(value):
+                found = value
+    if found is not None:
+        if isinstance(found, (list, dict)):
+            return json.dumps(found)
+        return str(found)
+    # Malformed JSON: read the value after the last "answer": by hand.
+    keys = list(_JSON_KEY.finditer(text))
+    if not keys:
+        return None
+    rest = text[keys[-1].end():]
+    if rest.startswith('"'):
+        m = re.match(r'"((?:[^"\\]|\\.)*)"', rest, re.S)
+        value = m.group(1) if m else rest[1:].split("\n")[0]
+        return value.replace('\\"', '"').replace("\\\\", "\\").strip()
+    m = re.match(r"([^,}\n]*)", rest)
+    value = m.group(1).strip() if m else ""
+    return value or None
+
+
+def _is_filled(value: object) -> bool:
+    """False for a missing answer or a template's placeholder such as "___"."""
+    return value is not None and bool(re.search(r"\w", str(value).replace("_", "")))
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every \\boxed{...} / \\fbox{...}, nested braces respected."""
+    out = []
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            out.append(text[m.end():i - 1].strip())
+    return out
+
+
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "no", "approx", "etc", "prof"}
+
+
+def _first_sentence(s: str) -> str:
+    """Up to the first full stop that ends a sentence: not a decimal point, an
+    initial ("F. Scott Fitzgerald") or a common abbreviation."""
+    s = s.strip().split("\n")[0]
+    for m in re.finditer(r"(\S*)\.(?=\s|$)", s):
+        word = m.group(1).lower().lstrip("([\"'")
+        if len(word) > 1 and word not in _ABBREVIATIONS and not word[-1].isdigit():
+            return s[:m.end() - 1].strip()
+    return s.strip()
+
+
+def _strip_markup(s: str) -> str:
+    s = s.strip()
+    boxed = _boxed_contents(s)
+    if boxed:
+        s = boxed[-1]
+    s = re.sub(r"\\(?:text(?:bf|rm)?|mathrm)\{([^{}]*)\}", r"\1", s)
+    s = s.strip().strip("*_`").strip()
+    if len(s) >= 2 and s[0] == s[-1] == "$" and "$" not in s[1:-1]:
+        s = s[1:-1].strip()
+    for a, b in (("\\(", "\\)"), ("\\[", "\\]")):
+        if s.startswith(a) and s.endswith(b):
+            s = s[2:-2].strip()
+    return s.rstrip(".").strip()
+
+
+# ---------------------------------------------------------------- choice
+
+
+_LETTER = re.compile(r"""^(?:[\s*_`"'$}:]|\\[(\[]|\\(?:boxed|text|textbf|mathrm)\{)*
+    (?:\(([A-J])(?:\)|$)|\[([A-J])\]|
+       ([A-J])(?=$|[\s*_`"'$}]*$|[.:)\]}]|\s*\\[)\]]|\s*[-–—]\s|,(?!\s*\(?[A-J]\b)))""", re.X)
+
+
+def _choice_from_span(span: str) -> str | None:
+    """The letter an answer span starts with: "C", "(C) text", "C. text", "**C**", "\\boxed{C}"."""
+    m = _LETTER.match(span)
+    if m:
+        return next(g for g in m.groups() if g)
+    m = (re.match(r"(?i)^\W*(?:option|choice)\s*\(?([A-J])\b", span)
+         or re.match(r"^[\W_]*\(?([a-j])\)?[\W_]*$", span))  # "option c", a lone lower-case "c"
+    return m.group(1).upper() if m else None
+
+
+def _choice_answer(text: str) -> str | None:
+    span = _json_answer(text)
+    if span is not None:
+        return _choice_from_span(span.strip()) or (_choice_answer(span) if span != text else None)
+    for span in reversed(_answer_lines(text)):
+        letter = _choice_from_span(span)
+        if letter:
+            return letter
+    for m in re.finditer(r"(?i)\banswer\s+is\b(?=[\s:]*(.{0,40}))", text, re.S):
+        letter = _choice_from_span(m.group(1))
+        if letter:
+            return letter
+    for b in reversed(_boxed_contents(text)):
+        letter = _choice_from_span(b)
+        if letter:
+            return letter
+    # No marker: a reply that is just the option ("C", "(C) text", "**C**"), or
+    # ends on a line naming one; a run of such lines is a list of options, not an answer.
+    rows = [r.strip() for r in text.strip().splitlines() if r.strip()]
+    # A line ending in ":" ("A. Begging the Question:") heads a discussion of that option.
+    letters = [None if r.endswith(":") else _choice_from_span(r) for r in rows]
+    if sum(1 for x in letters if x) == 1 and (letters[0] or letters[-1]):
+        return letters[0] or letters[-1]
+    return None
+
+
+# ---------------------------------------------------------------- math
+
+_NUM = r"[-−]?(?:\d+(?:\.\d+)?|\.\d+)"
+_PLAIN = re.compile(rf"^{_NUM}(?:/{_NUM})?$")  # an integer, a decimal or a simple fraction
+_WITH_UNIT = re.compile(rf"^({_NUM}(?:/{_NUM})?)\s*%?\s*[^\d\s=+*^\\(][^\d=+*^\\]*$")
+_FIRST = re.compile(rf"(?<![\w.]){_NUM}(?:/\d+(?![\d.]))?")
+_MATH_CHARS = re.compile(r"[\w\s+\-*/^()\[\]{}.,×÷·√π\\|!<>]*")
+_CURRENCY = re.compile(r"[$€£¥₹₩₽¢]")
+
+
+def _clean_numbers(s: str) -> str:
+    s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)  # thousands separators
+    s = re.sub(r"(?<=\d)[\u00a0\u202f](?=\d{3}(?!\d))", "", s)
+    return s.replace("−", "-")
+
+
+def _is_expression(s: str) -> bool:
+    """Maths rather than prose: no word of two letters or more outside LaTeX commands."""
+    if not re.search(r"\d|\\[A-Za-z]", s) or not _MATH_CHARS.fullmatch(s):
+        return False
+    return not re.search(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", " ", s))
+
+
+def _math_answer(span: str | None, lead: bool = True) -> str | None:
+    """Normalize a math answer: a plain number or fraction when the answer states one,
+    else its expression (for math-verify); None when it holds no number at all.
+    Among words, a marked answer ("Answer: 18 eggs") leads with its number; an
+    unmarked last line ("So she has 18 eggs left") ends with it."""
+    if span is None:
+        return None
+    s = _clean_numbers(_strip_markup(span))
+    s = re.sub(r"\\[$%]", lambda m: m.group(0)[1], s)
+    s = re.sub(r"\\(?:,|;|!|quad|qquad)", " ", s)
+    s = _CURRENCY.sub("", s).strip()
+    if "=" in s:  # "x = 18", "12 + 6 = 18": the value after the last equals sign
+        tail = s.rsplit("=", 1)[1].strip()
+        if tail:
+            s = tail
+    s = s.strip().rstrip(".").strip()
+    bare = s[:-1].strip() if s.endswith("%") else s
+    if _PLAIN.match(bare):
+        return _canonical(bare)
+    m = _WITH_UNIT.match(s)  # "18 dollars", "1/2 cup", "12.5 m/s"
+    if m:
+        return _canonical(m.group(1))
+    if _is_expression(s):
+        return s
+    found = [m.group(0) for m in _FIRST.finditer(s)]
+    if not found:
+        return None
+    return _canonical(found[0] if lead else found[-1])
+
+
+def _canonical(num: str) -> str:
+    num = num.replace("−", "-")
+    if "/" in num:
+        return num
+    try:
+        d = Decimal(num)
+    except InvalidOperation:
+        return num
+    if d == d.to_integral_value():
+        return str(d.quantize(Decimal(1)))
+    return format(d.normalize(), "f")
+
+
+def _math_equal(ref: str, answer: str) -> bool:
+    """Plain numbers and fractions compare exactly (to a relative 1e-6); anything
+    else goes to math-verify."""
+    a, b = _fraction(ref), _fraction(answer)
+    if a is not None and b is not None:
+        return abs(a - b) <= _REL_TOL * max(1, abs(a))
+    return _verify(ref, answer)
+
+
+def _fraction(s: str) -> Fraction | None:
+    if not _PLAIN.match(s):
+        return None
+    num, _, den = s.partition("/")
+    try:
+        return Fraction(num) / Fraction(den) if den else Fraction(num)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _too_complex(s: str) -> bool:
+    """Inputs on which math-verify's parser blows up: long, deeply nested, exponent towers."""
+    depth = deepest = 0
+    for ch in s:
+        depth += 1 if ch in "({[" else -1 if ch in ")}]" else 0
+        deepest = max(deepest, depth)
+    return len(s) > _MV_MAX_CHARS or deepest > _MV_MAX_DEPTH or s.count("^") > 3
+
+
+def _verify(ref: str, answer: str) -> bool:
+    from math_verify import parse, verify  # imported late: it pulls in sympy (~1 s)
+
+    if _too_complex(ref) or _too_complex(answer):
+        return False
+    in_main = threading.current_thread() is threading.main_thread()
+    t = _MV_TIMEOUT_S if in_main else None
+    try:
+        gold = parse(f"${ref}$", parsing_timeout=t)
+        pred = parse(f"${answer}$", parsing_timeout=t)
+        if not gold or not pred:
+            return False
+        return bool(verify(gold, pred, timeout_seconds=t))
+    except Exception:  # math-verify raises for odd inputs despite raise_on_error=False
+        return False
+
+
+# ---------------------------------------------------------------- exact
+
+_PUNCT = re.compile(f"[{re.escape(string.punctuation)}‘’“”–—…]")
+_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+
+
+def _normalize_text(s: str) -> str:
+    s = _strip_markup(s).casefold()
+    s = _PUNCT.sub(" ", s)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())

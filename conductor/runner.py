@@ -1,0 +1,400 @@
+"""The four stages of a run (plan, execute, grade, report), each resumable.
+
+The CLI, the Dagster assets and the benchmarks call these functions; none of
+them holds logic of its own. A run's id defaults to a digest of what decides
+its results (query file, pool workers, planner, samples, seed), so running the
+same command again continues the same run instead of paying for it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from conductor import __version__, schemas
+from conductor.errors import ConductorError, PlanError
+from conductor.execute.cache import Cache
+from conductor.execute.engine import ExecOptions, Executor, PlanJob
+from conductor.execute.journal import Journal, load_state
+from conductor.execute.prices import resolve_price
+from conductor.planners import make_planner
+from conductor.planners.base import Planner, Query
+from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
+from conductor.pool import Pool, load_pool
+from conductor.progress import Progress
+from conductor.queries import file_digest, load_queries
+from conductor.rewards import RewardScheme, group_advantages, score
+from conductor.store import RunDir, finalize_journal, refresh_catalog, rows_to_table, write_atomic, write_table
+
+
+@dataclass
+class RunConfig:
+    queries: Path
+    pool: Path
+    data_dir: Path = Path("data")
+    run_id: str | None = None
+    samples: int = 1
+    planner: str = "embedded"
+    planner_options: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    max_steps: int = DEFAULT_MAX_STEPS
+    cache: bool = True
+    cache_path: Path | None = None  # default: <data_dir>/cache.sqlite
+    refresh: bool = False
+    budget_usd: float | None = None  # per run, on top of the pool's per-provider budgets
+    max_depth: int = 1  # re-planning levels: a planner step's sub-workflow is level 1
+    plan_chunk: int = 50_000
+    rewards: RewardScheme = field(default_factory=RewardScheme)
+    progress: bool = True
+
+
+@dataclass
+class Run:
+    """A prepared run: validated inputs and the folder its outputs go to."""
+
+    config: RunConfig
+    pool: Pool
+    queries: pa.Table
+    dir: RunDir
+    resumed: bool
+
+
+def prepare(cfg: RunConfig) -> Run:
+    """Validate every input before anything is written; create or reopen the run."""
+    if cfg.samples < 1:
+        raise ConductorError(f"--samples must be at least 1 (got {cfg.samples})")
+    if cfg.max_steps < 1:
+        raise ConductorError(f"--max-steps must be at least 1 (got {cfg.max_steps})")
+    if cfg.max_depth < 0:
+        raise ConductorError(f"--max-depth must be at least 0 (got {cfg.max_depth})")
+    queries = load_queries(cfg.queries)
+    pool = load_pool(cfg.pool)
+    fingerprint = {
+        "queries_sha256": file_digest(cfg.queries),
+        "pool_identity": pool.identity_hash(),
+        "planner": cfg.planner, "planner_options": cfg.planner_options,
+        "samples": cfg.samples, "seed": cfg.seed, "max_steps": cfg.max_steps,
+    }
+    digest = hashlib.sha256(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
+    run_id = cfg.run_id or f"{Path(cfg.queries).stem}-{digest[:10]}"
+    if not _valid_run_id(run_id):
+        raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
+    run = RunDir(cfg.data_dir, run_id)
+    if run.exists():
+        old = run.read_manifest()
+        if old.get("fingerprint") != digest:
+            raise ConductorError(
+                f"run {run_id} already exists at {run.path} with other inputs or settings; "
+                f"choose another --run-id (or omit it to get one derived from the inputs)")
+        return Run(cfg, pool, queries, run, resumed=True)
+    run.write_manifest({
+        "run_id": run_id, "status": "created", "created_at": _now(), "fingerprint": digest,
+        "conductor_version": __version__,
+        "inputs": {"queries": str(Path(cfg.queries).resolve()), "pool": str(Path(cfg.pool).resolve()),
+                   **fingerprint},
+    })
+    return Run(cfg, pool, queries, run, resumed=False)
+
+
+# ---- plan -------------------------------------------------------------------
+
+def plan_stage(run: Run, planner: Planner | None = None) -> Path:
+    """Write plans.parquet: K drafts per query, parsed and validated. Reused if present."""
+    out = run.dir.table("plans")
+    if out.exists():
+        return out
+    cfg = run.config
+    own = planner is None
+    planner = planner or configured_planner(cfg)
+    try:
+        return _plan(run, planner, out)
+    finally:
+        if own:
+            close_planner(planner)
+
+
+def configured_planner(cfg: RunConfig) -> Planner:
+    """The planner the configuration names; model planners get the run's max_steps unless set."""
+    options = dict(cfg.planner_options)
+    if cfg.planner in ("vllm", "llm"):
+        options.setdefault("max_steps", cfg.max_steps)
+    return make_planner(cfg.planner, **options)
+
+
+def planning_dir(run: Run) -> Path:
+    """Journal and run cache of a planner that calls models through the executor."""
+    return run.dir.work / "planner"
+
+
+def bind_planner(run: Run, planner: Any) -> None:
+    """Give a planner that wants it (an optional `bind` method) the run's context."""
+    bind = getattr(planner, "bind", None)
+    if callable(bind):
+        cfg = run.config
+        bind(work_dir=planning_dir(run), cache_path=_cache_path(cfg) if cfg.cache else None,
+             run_id=run.dir.run_id, seed=cfg.seed, refresh=cfg.refresh, budget_usd=cfg.budget_usd,
+             progress=cfg.progress)
+
+
+def close_planner(planner: Any) -> None:
+    """Free what a planner holds (a vLLM engine and its worker processes)."""
+    close = getattr(planner, "close", None)
+    if callable(close):
+        close()
+
+
+def _cache_path(cfg: RunConfig) -> Path:
+    return cfg.cache_path or Path(cfg.data_dir) / "cache.sqlite"
+
+
+def _plan(run: Run, planner: Planner, out: Path) -> Path:
+    cfg = run.config
+    bind_planner(run, planner)
+    run.dir.set_status("planning")
+    parts = []
+    n = run.queries.num_rows
+    for start in range(0, n, cfg.plan_chunk):
+        part = run.dir.work / "plan_parts" / f"part-{start // cfg.plan_chunk:05d}.parquet"
+        if not part.exists():
+            chunk = run.queries.slice(start, cfg.plan_chunk)
+            queries = [Query(index=start + i, **row) for i, row in enumerate(chunk.to_pylist())]
+            drafts = planner.plan(queries, run.pool, cfg.samples)
+            if len(drafts) != len(queries) or any(len(d) != cfg.samples for d in drafts):
+                raise ConductorError(f"planner {planner.name} returned the wrong number of plans")
+            write_table(part, rows_to_table(_plan_rows(run, planner.name, queries, drafts), schemas.PLANS))
+        parts.append(part)
+    table = pa.concat_tables([pq.read_table(p) for p in parts]) if parts else schemas.PLANS.empty_table()
+    write_table(out, table)
+    run.dir.set_status("planned")
+    return out
+
+
+def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> list[dict[str, Any]]:
+    rows = []
+    for q, ds in zip(queries, drafts):
+        for k, d in enumerate(ds):
+            plan, error = None, d.info.get("error") if not d.text else None
+            if error is None:
+                try:
+                    plan = parse_plan(d.text, run.pool, run.config.max_steps)
+                except PlanError as e:
+                    error = str(e)
+            rows.append({
+                "run_id": run.dir.run_id, "plan_id": f"{q.query_id}#{k}", "query_id": q.query_id,
+                "query_index": q.index, "sample": k, "task": q.task, "planner": planner_name,
+                "template_version": d.template_version, "planner_prompt": d.prompt, "raw_text": d.text,
+                "valid": plan is not None, "error": error,
+                "steps_json": plan.to_json() if plan else None,
+                "n_steps": len(plan.steps) if plan else None,
+                "workers": plan.workers if plan else None,
+                "prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+                "logprob": d.logprob, "propensity": d.propensity,
+                "info_json": orjson.dumps(d.info, default=str).decode() if d.info else None,
+            })
+    return rows
+
+
+# ---- execute ----------------------------------------------------------------
+
+def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
+                  planner: Planner | None = None) -> Path:
+    """Run every plan not yet finished; then write traces.parquet and results.parquet.
+
+    Steps assigned to a planner worker re-plan with `replanner`, else with the
+    replanner of `planner` (the object that planned, to share a loaded engine),
+    else with that of the configured planner. What planning already spent
+    counts against the run's and the providers' budgets."""
+    cfg = run.config
+    plans_path = run.dir.table("plans")
+    check_ready(run, plans_path)
+    state = load_state(run.dir.work)
+    spent = dict(state.spent)
+    if planning_dir(run).exists():
+        for pid, usd in load_state(planning_dir(run)).spent.items():
+            spent[pid] = spent.get(pid, 0.0) + usd
+    own_planner = None
+    if replanner is None and any(w.kind == "planner" for w in run.pool.workers):
+        from conductor.planners.replan import make_replanner
+
+        replanner = make_replanner(planner, run.pool, cfg.max_steps) if planner is not None else None
+        if replanner is None:
+            own_planner = configured_planner(cfg)
+            replanner = make_replanner(own_planner, run.pool, cfg.max_steps)
+    extend = getattr(replanner, "extend_pool", None)
+    pool = extend(run.pool) if callable(extend) else run.pool
+    cache = Cache(_cache_path(cfg)) if cfg.cache else None
+    run_cache = Cache(run.dir.work / "responses.sqlite")
+    journal = Journal(run.dir.work)
+    progress = progress or Progress(enabled=cfg.progress)
+    progress.c.plans_total = pq.ParquetFile(plans_path).metadata.num_rows
+    progress.c.plans_done = len(state.finished)
+    progress.c.usd = sum(state.spent.values())
+    from conductor.functions import run_function
+
+    executor = Executor(
+        pool, journal,
+        ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=cfg.budget_usd, seed=cfg.seed),
+        cache=cache, run_cache=run_cache, progress=progress, spent=spent, paid=state.paid,
+        functions=run_function,
+        replanner=replanner, max_depth=cfg.max_depth)
+    run.dir.set_status("executing")
+    try:
+        asyncio.run(executor.run(_jobs(run, plans_path), state))
+    finally:
+        journal.close()
+        run_cache.close()
+        if cache is not None:
+            cache.close()
+        if own_planner is not None:
+            close_planner(own_planner)
+    finalize_journal(run.dir)
+    run.dir.set_status("executed", spend=executor.ledger.summary())
+    return run.dir.table("results")
+
+
+def check_ready(run: Run, plans_path: Path) -> None:
+    """Refuse to start, before any call, what would fail or overspend anyway."""
+    used = set()
+    for batch in pq.ParquetFile(plans_path).iter_batches(columns=["workers"], batch_size=65536):
+        for ws in batch.column(0).to_pylist():
+            used.update(ws or ())
+    problems = []
+    budget_on = run.config.budget_usd is not None
+    for pid, provider in run.pool.providers.items():
+        workers = [w for w in run.pool.workers if w.provider == pid and w.id in used]
+        if not workers:
+            continue
+        if provider.api_key_env and not os.environ.get(provider.api_key_env):
+            problems.append(f"provider {pid}: environment variable {provider.api_key_env} is not set "
+                            f"(needed by {', '.join(w.id for w in workers)})")
+        if provider.budget_usd is not None or budget_on:
+            unpriced = [w.id for w in workers if w.kind != "function" and w.model and resolve_price(w) is None]
+            if unpriced:
+                problems.append(f"provider {pid}: no known price for worker(s) {', '.join(unpriced)}, so they "
+                                f"cannot run under a budget; add price: {{input_per_mtok, output_per_mtok}} "
+                                f"in the pool file")
+    if problems:
+        raise ConductorError("cannot start executing (plans are saved; fix this and rerun): " + "; ".join(problems))
+
+
+def _jobs(run: Run, plans_path: Path) -> Iterator[PlanJob]:
+    prompts = run.queries.column("prompt")
+    cols = ["plan_id", "query_id", "query_index", "sample", "task", "steps_json", "error"]
+    for batch in pq.ParquetFile(plans_path).iter_batches(columns=cols, batch_size=4096):
+        for r in batch.to_pylist():
+            plan = Plan.from_json(r["steps_json"]) if r["steps_json"] else None
+            yield PlanJob(r["plan_id"], r["query_id"], r["query_index"], r["sample"], r["task"],
+                          prompts[r["query_index"]].as_py(), plan, r["error"])
+
+
+# ---- grade ------------------------------------------------------------------
+
+def grade_stage(run: Run) -> Path:
+    """Write rewards.parquet from results.parquet and the query set's references."""
+    cfg = run.config
+    refs = run.queries.select(["query_id", "task", "reference"]).to_pylist()
+    results = pq.read_table(run.dir.table("results"),
+                            columns=["plan_id", "query_id", "query_index", "sample", "status",
+                                     "final_answer", "cost_usd"]).to_pylist()
+    rows = []
+    for r in results:
+        q = refs[r["query_index"]]  # results carry the query's row index
+        s = score(r["status"], q["task"], q["reference"], r["final_answer"], r["cost_usd"], cfg.rewards)
+        rows.append({"run_id": run.dir.run_id, "plan_id": r["plan_id"], "query_id": r["query_id"],
+                     "query_index": r["query_index"], "sample": r["sample"], "task": q["task"],
+                     "status": r["status"], "reference": q["reference"], "cost_usd": r["cost_usd"], **s})
+    _add_advantages(rows, cfg.rewards.eps)
+    out = run.dir.table("rewards")
+    write_table(out, rows_to_table(rows, schemas.REWARDS))
+    run.dir.set_status("graded")
+    return out
+
+
+def _add_advantages(rows: list[dict[str, Any]], eps: float) -> None:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["query_id"], []).append(r)
+    for group in groups.values():
+        for r, a in zip(group, group_advantages([r["reward"] for r in group], eps)):
+            r["advantage"] = a
+
+
+# ---- report -----------------------------------------------------------------
+
+def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
+    """Summarize the run, store the summary, and refresh the DuckDB catalog."""
+    plans = pq.read_table(run.dir.table("plans"), columns=["valid"])
+    results = pq.read_table(run.dir.table("results"))
+    rewards = pq.read_table(run.dir.table("rewards"), columns=["correct", "reward"])
+    n_queries = run.queries.num_rows
+    planning = sum(load_state(planning_dir(run)).spent.values())  # LLM planners' own calls
+    cost = (pc.sum(results.column("cost_usd")).as_py() or 0.0) + planning
+    unpriced = pc.sum(pc.is_null(results.column("cost_usd"))).as_py()
+    tokens = (pc.sum(results.column("prompt_tokens")).as_py() or 0) + (pc.sum(results.column("completion_tokens")).as_py() or 0)
+    correct = rewards.column("correct").drop_null()
+    statuses = {d["values"]: d["counts"] for d in pc.value_counts(results.column("status")).to_pylist()}
+    manifest = run.dir.read_manifest()
+    summary = {
+        "run_id": run.dir.run_id,
+        "queries": n_queries,
+        "plans": plans.num_rows,
+        "valid_plans": pc.sum(plans.column("valid")).as_py() or 0,
+        "statuses": statuses,
+        "calls": pc.sum(results.column("calls")).as_py() or 0,
+        "cache_hits": pc.sum(results.column("cache_hits")).as_py() or 0,
+        "graded": len(correct),
+        "accuracy": (pc.sum(correct).as_py() or 0) / len(correct) if len(correct) else None,
+        "mean_reward": pc.mean(rewards.column("reward")).as_py(),
+        "cost_usd": cost,
+        "planning_cost_usd": planning,
+        "cost_per_query_usd": cost / n_queries if n_queries else None,
+        "plans_without_price": unpriced,
+        "tokens_per_query": tokens / n_queries if n_queries else None,
+        "wall_time_s": wall_time_s,
+        "spend": manifest.get("spend", []),
+        "outputs": str(run.dir.path),
+    }
+    write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    complete = "budget_exhausted" not in statuses
+    run.dir.set_status("complete" if complete else "incomplete", summary=summary)
+    summary["catalog"] = str(refresh_catalog(run.config.data_dir))
+    return summary
+
+
+def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    own = planner is None
+    # Created here, not per stage, so that re-planning steps reuse it (a loaded
+    # vLLM engine); and before the run folder, so that a bad setting writes nothing.
+    planner = planner or configured_planner(cfg)
+    run = prepare(cfg)
+    try:
+        plan_stage(run, planner)
+        execute_stage(run, replanner=replanner, planner=planner)
+    finally:
+        if own:
+            close_planner(planner)
+    grade_stage(run)
+    summary = report_stage(run, wall_time_s=round(time.monotonic() - t0, 3))
+    summary["resumed"] = run.resumed
+    return summary
+
+
+def _valid_run_id(s: str) -> bool:
+    return bool(s) and len(s) <= 128 and all(c.isalnum() or c in "-_." for c in s) and not s.startswith(".")
+
+
+def _now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat()

@@ -1,0 +1,200 @@
+"""Where a run's outputs live, and the DuckDB catalog over all runs.
+
+data/runs/<run_id>/
+  manifest.json          inputs, configuration, status
+  plans.parquet          one row per sampled plan
+  traces.parquet         one row per step
+  results.parquet        one row per plan
+  rewards.parquet        one row per plan, graded
+  summary.json           the printed summary, as data
+  work/                  the journal the run resumes from (safe to delete once complete)
+data/conductor.duckdb    views plans, traces, results, rewards, runs over every run's files
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from conductor import schemas
+from conductor.errors import ConductorError
+
+CATALOG = "conductor.duckdb"
+
+
+class RunDir:
+    def __init__(self, data_dir: str | Path, run_id: str):
+        self.data_dir = Path(data_dir).resolve()
+        self.run_id = run_id
+        self.path = self.data_dir / "runs" / run_id
+        self.work = self.path / "work"
+
+    def table(self, name: str) -> Path:
+        return self.path / f"{name}.parquet"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    def exists(self) -> bool:
+        return self.manifest_path.exists()
+
+    def read_manifest(self) -> dict[str, Any]:
+        return orjson.loads(self.manifest_path.read_bytes())
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        manifest["updated_at"] = _now()
+        write_atomic(self.manifest_path, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+
+    def set_status(self, status: str, **extra: Any) -> None:
+        m = self.read_manifest()
+        m["status"] = status
+        m.update(extra)
+        self.write_manifest(m)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    """Write zstd Parquet under a temporary name, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def finalize_journal(run: RunDir) -> None:
+    """Turn the journal into traces.parquet and results.parquet: the latest line
+    per step and per plan wins, rows sorted by query then sample then step.
+    DuckDB streams and spills, so memory stays bounded for large runs."""
+    from conductor.execute.journal import PLANS_FILE, STEPS_FILE
+
+    steps_cols = {**schemas.duckdb_columns(schemas.TRACES), "_seq": "BIGINT"}
+    plan_cols = {"run_id": "VARCHAR", "plan_id": "VARCHAR", "query_id": "VARCHAR", "query_index": "BIGINT",
+                 "sample": "INTEGER", "status": "VARCHAR", "final_answer": "VARCHAR", "error": "VARCHAR",
+                 "wall_time_s": "DOUBLE", "started_at": "TIMESTAMPTZ", "ended_at": "TIMESTAMPTZ", "_seq": "BIGINT"}
+    for name in (STEPS_FILE, PLANS_FILE):
+        (run.work / name).touch()
+    con = _scratch(run)
+    try:
+        con.execute(f"""
+            CREATE TEMP VIEW steps AS
+            SELECT * EXCLUDE (_seq) FROM read_json({_q(run.work / STEPS_FILE)}, format='newline_delimited',
+                columns={_struct(steps_cols)}, ignore_errors=true)
+            QUALIFY row_number() OVER (PARTITION BY plan_id, step_path ORDER BY _seq DESC) = 1""")
+        con.execute(f"""
+            CREATE TEMP VIEW plan_rows AS
+            SELECT * EXCLUDE (_seq) FROM read_json({_q(run.work / PLANS_FILE)}, format='newline_delimited',
+                columns={_struct(plan_cols)}, ignore_errors=true)
+            QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY _seq DESC) = 1""")
+        _copy(con, "SELECT * FROM steps ORDER BY query_index, sample, step_path", run.table("traces"))
+        _copy(con, """
+            SELECT p.run_id, p.plan_id, p.query_id, p.query_index, p.sample, p.status, p.final_answer, p.error,
+                   CASE WHEN coalesce(s.unpriced, 0) > 0 THEN NULL ELSE coalesce(s.cost_usd, 0) END AS cost_usd,
+                   coalesce(s.prompt_tokens, 0) AS prompt_tokens,
+                   coalesce(s.completion_tokens, 0) AS completion_tokens,
+                   coalesce(s.calls, 0)::INTEGER AS calls, coalesce(s.cache_hits, 0)::INTEGER AS cache_hits,
+                   p.wall_time_s, p.started_at, p.ended_at
+            FROM plan_rows p LEFT JOIN (
+                SELECT plan_id, sum(cost_usd) AS cost_usd,
+                       count(*) FILTER (WHERE cost_usd IS NULL AND attempts > 0) AS unpriced,
+                       sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens,
+                       count(*) FILTER (WHERE attempts > 0) AS calls,
+                       count(*) FILTER (WHERE cache_hit) AS cache_hits
+                FROM steps GROUP BY plan_id) s USING (plan_id)
+            ORDER BY p.query_index, p.sample""", run.table("results"))
+    finally:
+        con.close()
+    _check_schema(run.table("traces"), schemas.TRACES)
+    _check_schema(run.table("results"), schemas.RESULTS)
+
+
+def _scratch(run: RunDir) -> duckdb.DuckDBPyConnection:
+    tmp = run.work / "duckdb_tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(":memory:")
+    con.execute(f"SET temp_directory = {_q(tmp)}")
+    con.execute("SET memory_limit = '512MB'")
+    con.execute("SET preserve_insertion_order = false")
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
+def _copy(con: duckdb.DuckDBPyConnection, query: str, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    con.execute(f"COPY ({query}) TO {_q(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+    os.replace(tmp, path)
+
+
+def _check_schema(path: Path, schema: pa.Schema) -> None:
+    """Cast what DuckDB wrote to the declared schema (it may pick other widths)."""
+    table = pq.read_table(path)
+    if table.schema.equals(schema):
+        return
+    table = table.select(schema.names).cast(schema)
+    write_table(path, table)
+
+
+def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
+    """(Re)create the catalog's views over every run's Parquet files. The catalog
+    holds no data, so rebuilding it is always safe."""
+    data_dir = Path(data_dir).resolve()
+    db = data_dir / CATALOG
+    runs = data_dir / "runs"
+    last: Exception | None = None
+    for i in range(attempts):
+        try:
+            con = duckdb.connect(str(db))
+            break
+        except duckdb.IOException as e:  # another process holds the file
+            last = e
+            time.sleep(0.25 * (i + 1))
+    else:
+        raise ConductorError(f"cannot open {db}: {last}")
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        for name in schemas.TABLES:
+            pattern = runs / "*" / f"{name}.parquet"
+            if any(runs.glob(f"*/{name}.parquet")):
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS "
+                            f"SELECT * FROM read_parquet({_q(pattern)}, union_by_name = true)")
+            else:
+                con.execute(f"DROP VIEW IF EXISTS {name}")
+        if any(runs.glob("*/manifest.json")):
+            con.execute(f"""CREATE OR REPLACE VIEW runs AS
+                SELECT run_id, status, created_at, updated_at, inputs, summary
+                FROM read_json({_q(runs / '*' / 'manifest.json')}, format='auto', union_by_name=true,
+                               columns={{run_id: 'VARCHAR', status: 'VARCHAR', created_at: 'TIMESTAMPTZ',
+                                         updated_at: 'TIMESTAMPTZ', inputs: 'JSON', summary: 'JSON'}})""")
+    finally:
+        con.close()
+    return db
+
+
+def _q(path: Path | str) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _struct(cols: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{_q(k)}: {_q(v)}" for k, v in cols.items()) + "}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
