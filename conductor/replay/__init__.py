@@ -1,0 +1,15 @@
+"""Replay pools: workers that answer with real recorded model outputs.
+
+The shared replay tables (../shared/replay) hold real responses of real models
+to benchmark questions. `conductor replay` turns one into a query set, a pool
+file (prices imported from prices.csv, a `replay:` block naming the table) and
+an OpenAI-compatible server that answers exactly what was recorded and nothing
+else. Plans over such a pool run through the ordinary executor, so cost, traces
+and rewards come out as in any run.
+
+Start the server with `conductor replay serve` or, from Python, `start_replay(...)`.
+"""
+
+from conductor.replay.process import ReplayHandle, start_replay
+
+__all__ = ["ReplayHandle", "start_replay"]

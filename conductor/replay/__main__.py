@@ -1,0 +1,5 @@
+import sys
+
+from conductor.replay.main import main
+
+sys.exit(main())
