@@ -1,0 +1,47 @@
+"""The planner seam: a batch of queries in, K plan drafts per query out.
+
+Every back end (the embedded policy, vLLM, an LLM through litellm) implements
+`Planner.plan`. Drafts carry the raw text; parsing and validation happen once,
+in `conductor.plans`, whatever wrote the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from conductor.pool import Pool
+
+
+@dataclass(frozen=True)
+class Query:
+    query_id: str
+    prompt: str
+    task: str | None = None
+    reference: str | None = None
+    metadata: str | None = None
+    index: int = 0  # row position in the query set, for stable output order
+
+
+@dataclass
+class PlanDraft:
+    """One sampled plan, as the planner wrote it."""
+
+    text: str
+    prompt: str | None = None  # what the planner was asked (RL export needs it)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    logprob: float | None = None  # cumulative log-probability of `text` (LLM planners)
+    propensity: float | None = None  # probability of this plan under the policy (embedded)
+    template_version: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # back-end specifics, stored as JSON
+
+
+class Planner(Protocol):
+    """Plans whole batches: back ends batch internally (one vLLM call per batch)."""
+
+    name: str
+
+    def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
+        """Return, for each query in order, exactly `samples` drafts."""
+        ...

@@ -1,0 +1,310 @@
+"""The embedded planner: a policy over plan templates that needs no GPU and no weights.
+
+Templates: one worker solves; one solves and another verifies; several solve in
+parallel and an aggregating step decides. Each candidate plan gets an expected
+accuracy from the pool's `skills` and an expected cost from its prices; the
+utility is accuracy - cost_weight * USD. K=1 takes the best candidate; K>1 samples
+candidates from a softmax over utilities and logs each draw's propensity.
+
+When a learned policy exists for the pool (`conductor policy train`, see
+conductor/policy), it replaces that prior: its candidate actions, its greedy
+choice, epsilon-greedy draws for K>1. The prior remains the fallback for a pool,
+or a task, that has no learned policy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Sequence
+
+import orjson
+
+from conductor.planners.base import PlanDraft, Query
+from conductor.pool import Pool, Worker
+
+TEMPLATE_VERSION = "embedded-v1"
+
+# The graders read a final "Answer: ..." line first; every instruction asks for one.
+ANSWER_LINE = {
+    "math": "End with a final line of the form 'Answer: <number>'.",
+    "choice": "End with a final line of the form 'Answer: <letter>'.",
+    "exact": "End with a final line of the form 'Answer: <answer>'.",
+}
+SOLVE = {"math": "Solve the problem step by step.", "choice": "Think it through.", "exact": "Answer concisely."}
+VERIFY = ("Check the solution above step by step. If it is correct, restate its final answer; "
+          "if it is wrong, solve the problem correctly.")
+AGGREGATE = ("Several independent solutions to the same problem are above. Decide which final "
+             "answer is correct, checking the reasoning where they disagree.")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    template: str
+    solvers: tuple[str, ...]
+    finisher: str | None  # verifier or aggregator
+    accuracy: float
+    cost: float
+
+
+@dataclass(frozen=True)
+class EmbeddedConfig:
+    cost_weight: float = 10.0  # accuracy points traded per USD of expected cost
+    temperature: float = 0.05  # softmax temperature over utilities when sampling K>1
+    default_skill: float = 0.5  # expected accuracy when the pool says nothing
+    listed_skill: float = 0.7  # when a skill tag is listed without a number
+    expected_output_tokens: int = 300
+    ensemble_size: int = 3
+    templates: tuple[str, ...] = ("single", "verify", "ensemble")
+    seed: int = 0
+    # Learned policy: "auto" uses the newest artifact for this pool under the default folder
+    # ($CONDUCTOR_POLICY_DIR, else data/policy) if there is one; "none" plans with the prior;
+    # a path names a policy folder (a root, a pool's folder, or one version).
+    policy: str | None = "auto"
+    # K>1: share of draws spread evenly over the candidates (default: 0.2 with a learned policy;
+    # none with the prior, whose softmax already explores). 1.0 draws uniformly.
+    explore: float | None = None
+    # Without a learned policy: "templates" (the prior's own candidates) or "bandit" (the policy's
+    # action set, scored by the prior): what a first round of rollouts should explore.
+    candidates: str = "templates"
+
+    def __post_init__(self) -> None:
+        if self.explore is not None and not 0.0 <= float(self.explore) <= 1.0:
+            raise ValueError(f"explore must be between 0 and 1 (got {self.explore!r})")
+        if self.candidates not in ("templates", "bandit"):
+            raise ValueError(f"candidates must be templates or bandit (got {self.candidates!r})")
+
+
+class EmbeddedPlanner:
+    name = "embedded"
+
+    def __init__(self, config: EmbeddedConfig | None = None):
+        self.config = config or EmbeddedConfig()
+        self._learned: dict[str, object] = {}  # pool key -> loaded artifact (or None)
+
+    def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
+        solvers = [w for w in pool.workers if w.kind == "llm"]
+        voters = [w for w in pool.workers if w.kind == "function" and w.function == "vote"]
+        if not solvers:
+            return [[_invalid("the pool has no llm workers to plan with") for _ in range(samples)] for _ in queries]
+        # A replay pool answers only recorded (model, question) pairs: plan each query with
+        # the workers that recorded it, the prompt as is, and no step a model must write anew.
+        recorded = _replay_servable(pool)
+        learned = self.learned_policy(pool)
+        out = []
+        for q in queries:
+            qs = solvers if recorded is None else [w for w in solvers if w.id in recorded.get(q.prompt, ())]
+            if not qs:
+                out.append([_invalid("no worker of this replay pool has a recorded response to this query")
+                            for _ in range(samples)])
+                continue
+            if learned is not None:
+                drafts = self._choose_learned(q, learned, {w.id for w in qs}, samples, pool,
+                                              replay=recorded is not None)
+                if drafts is not None:
+                    out.append(drafts)
+                    continue
+            if self.config.candidates == "bandit":
+                cands = self._bandit_candidates(q, pool, {w.id for w in qs})
+            else:
+                cands = self.candidates(q, qs, voters, replay=recorded is not None)
+            out.append(self._choose(q, cands, samples, replay=recorded is not None))
+        return out
+
+    def learned_policy(self, pool: Pool):
+        """The learned policy planning uses for this pool (conductor.policy.artifact), or None."""
+        from conductor.policy.artifact import find, load, pool_key
+
+        setting = self.config.policy
+        if setting is None or str(setting).lower() in ("none", "prior", "off"):
+            return None
+        key = pool_key(pool)
+        if key not in self._learned:
+            where = None if str(setting).lower() == "auto" else setting
+            folder = find(pool, where)
+            if folder is None and where is not None:
+                from conductor.errors import ConductorError
+
+                raise ConductorError(f"planner option policy={setting}: no policy artifact there for this pool")
+            self._learned[key] = load(folder, pool) if folder is not None else None
+        return self._learned[key]
+
+    def _choose_learned(self, q: Query, learned, allowed: set[str], samples: int, pool: Pool,
+                        replay: bool) -> list[PlanDraft] | None:
+        from conductor.policy import planning
+
+        acts = planning.candidates(learned, q, allowed)
+        if acts is None:
+            return None  # the policy knows nothing of this task: the prior plans it
+        explore = self.config.explore
+        if explore is None:
+            explore = planning.DEFAULT_EXPLORE if samples > 1 else 0.0
+        picks = planning.choose(learned, q, acts, samples, explore, self.config.seed)
+        drafts = []
+        for p in picks:
+            c = self._estimate(q, pool, p.action.shape, p.action.solvers, p.action.finisher)
+            d = self._draft(q, c, p.propensity, replay)
+            d.info.update(policy=learned.label, greedy=p.greedy, explore=explore, candidates=len(acts))
+            drafts.append(d)
+        return drafts
+
+    def _bandit_candidates(self, q: Query, pool: Pool, allowed: set[str]) -> list[Candidate]:
+        from conductor.policy.actions import action_set, servable
+
+        acts = servable(action_set(pool, q.task), allowed)
+        return [self._estimate(q, pool, a.shape, a.solvers, a.finisher) for a in acts]
+
+    def _estimate(self, q: Query, pool: Pool, template: str, solvers: tuple[str, ...],
+                  finisher: str | None) -> Candidate:
+        """A candidate with the prior's expected accuracy and cost (as `candidates` computes them)."""
+        cfg = self.config
+        n_in = len(q.prompt) // 4 + 40
+        acc = [self._skill(pool.worker(w), q.task) for w in solvers]
+        cost = sum(_cost(pool.worker(w), n_in, cfg.expected_output_tokens) for w in solvers)
+        if template == "verify":
+            b = pool.worker(finisher)
+            ab = self._skill(b, q.task)
+            p = acc[0] * (1 - 0.2 * (1 - ab)) + (1 - acc[0]) * 0.5 * ab
+            cost += _cost(b, 2 * n_in + cfg.expected_output_tokens, cfg.expected_output_tokens)
+        elif template == "ensemble":
+            p = _majority(acc)
+            f = pool.worker(finisher)
+            if f.kind != "function":
+                cost += _cost(f, len(solvers) * (n_in + cfg.expected_output_tokens), cfg.expected_output_tokens)
+        else:
+            p = acc[0]
+        return Candidate(template, tuple(solvers), finisher, p, cost)
+
+    def candidates(self, q: Query, solvers: list[Worker], voters: list[Worker], *,
+                   replay: bool = False) -> list[Candidate]:
+        """Candidate plans; with `replay`, only single workers and ensembles closed by a vote."""
+        cfg = self.config
+        acc = {w.id: self._skill(w, q.task) for w in solvers}
+        n_in = len(q.prompt) // 4 + 40
+        cost = {w.id: _cost(w, n_in, cfg.expected_output_tokens) for w in solvers}
+        ranked = sorted(solvers, key=lambda w: -acc[w.id])
+        cands: list[Candidate] = []
+        if "single" in cfg.templates:
+            cands += [Candidate("single", (w.id,), None, acc[w.id], cost[w.id]) for w in solvers]
+        if "verify" in cfg.templates and len(solvers) > 1 and not replay:
+            # Verify a cheap-or-good solver with one of the strongest checkers.
+            first = sorted(solvers, key=lambda w: -(acc[w.id] - cfg.cost_weight * cost[w.id]))[:4]
+            for a in first:
+                for b in ranked[:3]:
+                    if a.id == b.id:
+                        continue
+                    p = acc[a.id] * (1 - 0.2 * (1 - acc[b.id])) + (1 - acc[a.id]) * 0.5 * acc[b.id]
+                    c = cost[a.id] + _cost(b, 2 * n_in + cfg.expected_output_tokens, cfg.expected_output_tokens)
+                    cands.append(Candidate("verify", (a.id,), b.id, p, c))
+        k = cfg.ensemble_size
+        if "ensemble" in cfg.templates and len(solvers) >= k and (voters or not replay):
+            by_value = sorted(solvers, key=lambda w: -(acc[w.id] - cfg.cost_weight * cost[w.id]))
+            groups = {tuple(w.id for w in ranked[:k]), tuple(w.id for w in by_value[:k])}
+            for group in sorted(groups):
+                p = _majority([acc[g] for g in group])
+                c = sum(cost[g] for g in group)
+                if voters:
+                    finisher = voters[0].id
+                else:
+                    finisher = ranked[0].id
+                    c += _cost(ranked[0], k * (n_in + cfg.expected_output_tokens), cfg.expected_output_tokens)
+                cands.append(Candidate("ensemble", group, finisher, p, c))
+        return cands
+
+    def _choose(self, q: Query, cands: list[Candidate], samples: int, replay: bool = False) -> list[PlanDraft]:
+        cfg = self.config
+        utils = [c.accuracy - cfg.cost_weight * c.cost for c in cands]
+        if samples == 1:
+            best = max(range(len(cands)), key=lambda i: (utils[i], -i))
+            return [self._draft(q, cands[best], 1.0, replay)]
+        top = max(utils)
+        weights = [math.exp((u - top) / max(cfg.temperature, 1e-9)) for u in utils]
+        total = sum(weights)
+        probs = [w / total for w in weights]
+        if cfg.explore:  # mix in uniform exploration; the propensity is the mixture's probability
+            probs = [(1 - cfg.explore) * p + cfg.explore / len(probs) for p in probs]
+        rng = random.Random(_seed(cfg.seed, q.query_id))
+        picks = rng.choices(range(len(cands)), weights=probs, k=samples)
+        return [self._draft(q, cands[i], probs[i], replay) for i in picks]
+
+    def _draft(self, q: Query, c: Candidate, propensity: float, replay: bool = False) -> PlanDraft:
+        text = orjson.dumps({"steps": self.steps(q, c, replay=replay)}).decode()
+        return PlanDraft(
+            text=text,
+            propensity=propensity,
+            template_version=TEMPLATE_VERSION,
+            info={"template": c.template, "expected_accuracy": round(c.accuracy, 4),
+                  "expected_cost_usd": c.cost, "action": _action_key(c), "policy": "prior"},
+        )
+
+    def steps(self, q: Query, c: Candidate, *, replay: bool = False) -> list[dict]:
+        solve = q.prompt if replay else solve_instruction(q)  # a recorded answer needs the question verbatim
+        steps = [{"worker": w, "instruction": solve, "access": []} for w in c.solvers]
+        if c.template == "verify":
+            steps.append({"worker": c.finisher, "instruction": _with_format(VERIFY, q.task), "access": [0]})
+        elif c.template == "ensemble":
+            steps.append({"worker": c.finisher, "instruction": _with_format(AGGREGATE, q.task), "access": "all"})
+        return steps
+
+    def _skill(self, w: Worker, task: str | None) -> float:
+        s = w.skill(task)
+        if s is not None:
+            return s
+        if task is not None and task in w.skills:
+            return self.config.listed_skill
+        return self.config.default_skill
+
+
+def solve_instruction(q: Query) -> str:
+    """The prompt itself, plus the answer-line convention the graders read."""
+    if q.task not in ANSWER_LINE:
+        return q.prompt
+    return f"{q.prompt}\n\n{SOLVE[q.task]} {ANSWER_LINE[q.task]}"
+
+
+def _with_format(text: str, task: str | None) -> str:
+    return f"{text} {ANSWER_LINE[task]}" if task in ANSWER_LINE else text
+
+
+def _cost(w: Worker, tokens_in: int, tokens_out: int) -> float:
+    if w.price is None:
+        return 0.0
+    return tokens_in * w.price.input + tokens_out * w.price.output
+
+
+def _majority(ps: list[float]) -> float:
+    """Probability that more than half of independent solvers are right."""
+    n = len(ps)
+    total = 0.0
+    for k in range(n // 2 + 1, n + 1):
+        for right in combinations(range(n), k):
+            p = 1.0
+            for i in range(n):
+                p *= ps[i] if i in right else 1 - ps[i]
+            total += p
+    return total
+
+
+def _seed(seed: int, query_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{query_id}".encode()).digest()[:8], "big")
+
+
+def _replay_servable(pool: Pool) -> dict[str, frozenset[str]] | None:
+    """For a replay pool, prompt -> ids of the workers with a recorded response; else None."""
+    if pool.replay is None:
+        return None
+    from conductor.replay.tables import servable
+
+    return servable(pool)
+
+
+def _action_key(c: Candidate) -> str:
+    """The candidate's name in the learned policy's action space (conductor.policy.actions)."""
+    return f"{c.template}:{'+'.join(c.solvers)}" + (f">{c.finisher}" if c.finisher else "")
+
+
+def _invalid(reason: str) -> PlanDraft:
+    return PlanDraft(text="", template_version=TEMPLATE_VERSION, info={"error": reason})

@@ -1,0 +1,308 @@
+"""A planner that is any chat model litellm reaches: a hosted frontier model, or a
+vLLM (or other OpenAI-compatible) server.
+
+It reads the same prompt as the vLLM planner (conductor.planners.prompt) and is
+held to the same schema: `response_format` carries `plan_schema` as a JSON
+schema where the model supports it (`structured`: auto asks litellm, on forces
+it, off never); otherwise it writes the free mode's three lists, which
+conductor.plans parses.
+
+Its calls are ordinary executor calls (`Executor.call_worker`), so they share
+everything the workers' calls get: the response cache, the provider's rate
+limits and budget, the run's USD cap, retries, and a journal. The planner's
+journal and run cache live in their own folder (the runner binds it to
+`<run>/work/planner/`), so a killed planning stage resumes without paying twice,
+and execute_stage counts what planning spent against the same budgets.
+
+The model is a pool worker of kind "planner" (`worker=<id>`: its provider's
+limits and budget apply), or a litellm model string (`model=...`), which adds
+an implicit planner worker on its own provider with default limits (or on the
+pool's provider of the same name). Sample k of a query sends `seed + k`, so K
+samples are K distinct requests (and cache entries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import orjson
+
+from conductor.errors import ConductorError, PoolError
+from conductor.execute.cache import Cache, Entry
+from conductor.execute.engine import ExecOptions, Executor, PlanJob, StepFailed
+from conductor.execute.journal import Journal, load_state
+from conductor.planners import prompt as prompts
+from conductor.planners.base import PlanDraft, Query
+from conductor.planners.schema import max_plan_chars, plan_schema
+from conductor.plans import DEFAULT_MAX_STEPS, Step
+from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool
+from conductor.progress import Progress
+
+IMPLICIT_WORKER = "conductor-planner"
+FREE_MAX_TOKENS = 2048
+SWITCHES = ("auto", "on", "off")
+
+
+@dataclass
+class LLMPlannerConfig:
+    model: str | None = None  # litellm model string (adds an implicit planner worker)
+    worker: str | None = None  # or: id of a pool worker of kind "planner"
+    api_base: str | None = None  # with `model`: an OpenAI-compatible endpoint
+    provider: str | None = None  # with `model`: provider id (default: the model string's prefix)
+    api_key_env: str | None = None  # with `model`, on a provider the pool lacks: NAME of the key's env variable
+    price: dict[str, float] | None = None  # with `model`: {input_per_mtok, output_per_mtok}
+    structured: str = "auto"  # response_format json_schema: auto | on | off
+    strict: bool = True  # json_schema "strict" flag
+    temperature: float | None = None  # None: the worker's params, else 1.0
+    top_p: float | None = None
+    max_tokens: int | None = None  # None: the worker's params, else the schema's bound / 2048
+    logprobs: str = "auto"  # request log-probabilities: auto (where litellm says supported) | on | off
+    seed: int | None = None  # sample k sends seed + k; None: the run's seed
+    max_steps: int = DEFAULT_MAX_STEPS
+    instruction_chars: int = prompts.DEFAULT_INSTRUCTION_CHARS
+    kinds: tuple[str, ...] = WORKER_KINDS  # worker kinds a plan may use
+    max_in_flight: int | None = None  # drafts planned at once; None: from the provider's concurrency
+
+    def __post_init__(self) -> None:
+        if self.model is not None and self.worker is not None:
+            raise ConductorError("LLM planner: give either model (a litellm model string) or worker "
+                                 "(a pool worker of kind planner), not both")
+        for name in ("structured", "logprobs"):
+            value = getattr(self, name)
+            if isinstance(value, bool):  # YAML reads on/off as booleans
+                value = "on" if value else "off"
+                setattr(self, name, value)
+            if value not in SWITCHES:
+                raise ConductorError(f"LLM planner: {name} must be one of {', '.join(SWITCHES)} (got {value!r})")
+        if self.max_steps < 1:
+            raise ConductorError(f"LLM planner: max_steps must be at least 1 (got {self.max_steps})")
+        self.kinds = tuple(self.kinds)
+        bad = sorted(set(self.kinds) - set(WORKER_KINDS))
+        if bad:
+            raise ConductorError(f"LLM planner: unknown worker kind(s) {', '.join(bad)} in kinds")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Run context for the planner's executor (set by the runner through `bind`)."""
+
+    work_dir: Path | None = None  # journal and run cache; None: a temporary folder
+    cache_path: Path | None = None  # the shared response cache; None: none
+    run_id: str = "planning"
+    seed: int = 0
+    refresh: bool = False
+    budget_usd: float | None = None
+    progress: bool = False
+
+
+class LLMPlanner:
+    name = "llm"
+
+    def __init__(self, config: LLMPlannerConfig | None = None):
+        self.config = config or LLMPlannerConfig()
+        self.binding = Binding()
+
+    def bind(self, **context: Any) -> None:
+        """Where the planner's journal, run cache and shared cache live, and the
+        run's seed, budget and refresh setting (see `Binding`)."""
+        self.binding = Binding(**context)
+
+    # ---- the model --------------------------------------------------------
+
+    def resolve(self, pool: Pool) -> tuple[Worker, Pool]:
+        """The planner's worker, and the pool its calls run in (with the implicit worker if any)."""
+        c = self.config
+        if c.worker is not None:
+            if not pool.has(c.worker):
+                raise ConductorError(f"LLM planner: worker {c.worker!r} is not in the pool "
+                                     f"(known: {', '.join(pool.ids)})")
+            w = pool.worker(c.worker)
+            if w.kind != "planner" or not w.model:
+                raise ConductorError(f"LLM planner: worker {c.worker} must be of kind planner and name a model "
+                                     f"(it is of kind {w.kind}{'' if w.model else ', without a model'})")
+            return w, pool
+        if c.model is not None:
+            return self._implicit(pool)
+        own = [w for w in pool.workers if w.kind == "planner" and w.model]
+        if len(own) == 1:
+            return own[0], pool
+        raise ConductorError(
+            "LLM planner: name its model with --planner-model (a litellm model string) or a pool worker of "
+            "kind planner with --planner-option worker=<id>"
+            + (f" (the pool has several: {', '.join(w.id for w in own)})" if own else ""))
+
+    def extend_pool(self, pool: Pool) -> Pool:
+        """The pool with the planner's implicit worker, for executors that call it."""
+        return self.resolve(pool)[1] if self.config.model is not None else pool
+
+    def _implicit(self, pool: Pool) -> tuple[Worker, Pool]:
+        """A planner worker for `model`, on the pool's provider of that name or a new one with default limits."""
+        c = self.config
+        model = c.model or ""
+        wid = IMPLICIT_WORKER
+        while pool.has(wid):
+            wid += "_"
+        pid = c.provider or (model.split("/", 1)[0] if "/" in model else "default")
+        spec: dict[str, Any] = {"id": wid, "kind": "planner", "model": model, "provider": pid,
+                                "description": "the run's planner"}
+        if c.api_base:
+            spec["api_base"] = c.api_base
+        if c.price is not None:
+            spec["price"] = c.price
+        provider = {"api_key_env": c.api_key_env} if c.api_key_env else {}
+        try:  # the pool file's own checks, so a bad setting gets the same message
+            parsed = parse_pool({"workers": [spec], "providers": {pid: provider}})
+        except PoolError as e:
+            raise ConductorError(f"LLM planner: {e}") from None
+        worker = parsed.workers[0]
+        providers = {pid: parsed.providers[pid], **pool.providers}
+        return worker, Pool(workers=(*pool.workers, worker), providers=providers, path=pool.path,
+                            replay=pool.replay)
+
+    def structured_for(self, worker: Worker) -> bool:
+        s = self.config.structured
+        if s != "auto":
+            return s == "on"
+        try:
+            import litellm
+
+            return bool(litellm.supports_response_schema(model=worker.model))
+        except Exception:  # unknown model or provider: litellm cannot tell
+            return False
+
+    def request_params(self, pool: Pool, worker: Worker, structured: bool,
+                       kinds: Sequence[str] | None = None) -> dict[str, Any]:
+        """Sampling parameters and response format for the planner's calls (seed added per sample)."""
+        c = self.config
+        kinds = tuple(kinds or c.kinds)
+        supported = _supported_params(worker.model or "")
+        params: dict[str, Any] = {
+            "temperature": c.temperature if c.temperature is not None else worker.params.get("temperature", 1.0)}
+        if c.top_p is not None:
+            params["top_p"] = c.top_p
+        max_tokens = c.max_tokens or worker.params.get("max_tokens")
+        if structured:
+            schema = plan_schema(pool, c.max_steps, c.instruction_chars, kinds=kinds)
+            params["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": "plan", "schema": schema, "strict": c.strict}}
+            max_tokens = max_tokens or max_plan_chars(pool, c.max_steps, c.instruction_chars, kinds=kinds) + 16
+        params["max_tokens"] = max_tokens or FREE_MAX_TOKENS
+        if c.logprobs == "on" or (c.logprobs == "auto" and supported is not None and "logprobs" in supported):
+            params["logprobs"] = True
+        if supported is not None and "seed" not in supported:
+            # The seed still tells the K samples apart in the cache key; litellm
+            # drops it (and any other parameter the provider lacks) from the request.
+            params["drop_params"] = True
+        return params
+
+    # ---- planning ---------------------------------------------------------
+
+    def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
+        if samples < 1:
+            raise ConductorError(f"LLM planner: samples must be at least 1 (got {samples})")
+        if not queries:
+            return []
+        c = self.config
+        if not prompts.planner_workers(pool, c.kinds):
+            err = f"the pool has no workers of kind {', '.join(c.kinds)} to plan with"
+            return [[_invalid(None, err, {}) for _ in range(samples)] for _ in queries]
+        worker, exec_pool = self.resolve(pool)
+        b = self.binding
+        provider = exec_pool.provider_of(worker)
+        if (b.budget_usd is not None or provider.budget_usd is not None):
+            from conductor.execute.prices import resolve_price
+
+            if resolve_price(worker) is None:
+                raise ConductorError(f"LLM planner: no known price for model {worker.model}, so it cannot plan "
+                                     f"under a budget; give it a price (pool worker price, or "
+                                     f"--planner-option price={{input_per_mtok: ..., output_per_mtok: ...}})")
+        return asyncio.run(self._plan_all(queries, pool, exec_pool, worker, samples))
+
+    async def _plan_all(self, queries: Sequence[Query], pool: Pool, exec_pool: Pool, worker: Worker,
+                        samples: int) -> list[list[PlanDraft]]:
+        c, b = self.config, self.binding
+        structured = self.structured_for(worker)
+        mode = "structured" if structured else "free"
+        params = self.request_params(pool, worker, structured)
+        base_seed = c.seed if c.seed is not None else b.seed
+        tmp = tempfile.TemporaryDirectory(prefix="conductor-planner-") if b.work_dir is None else None
+        work = Path(tmp.name) if tmp is not None else Path(b.work_dir)
+        state = load_state(work)
+        journal = Journal(work)
+        run_cache = Cache(work / "responses.sqlite")
+        cache = Cache(b.cache_path) if b.cache_path is not None else None
+        progress = Progress(label="plan", enabled=b.progress)
+        progress.c.plans_total = len(queries) * samples
+        ex = Executor(exec_pool, journal, ExecOptions(run_id=b.run_id, refresh=b.refresh,
+                                                      run_budget_usd=b.budget_usd, seed=b.seed),
+                      cache=cache, run_cache=run_cache, progress=progress, spent=state.spent,
+                      paid=state.paid)
+        provider = exec_pool.provider_of(worker)
+        slots = asyncio.Semaphore(c.max_in_flight or max(8, 2 * provider.max_concurrency))
+        failures: list[StepFailed] = []
+
+        async def one(q: Query, k: int) -> PlanDraft:
+            msgs = prompts.messages(q, pool, mode, c.max_steps, instruction_chars=c.instruction_chars,
+                                    kinds=c.kinds)
+            prompt_text = orjson.dumps(msgs).decode()
+            job = PlanJob(f"{q.query_id}#{k}", q.query_id, q.index, k, q.task, q.prompt, None)
+            step = Step(worker.id, prompts.user_prompt(q), ())
+            got: list[Entry] = []
+            info: dict[str, Any] = {"mode": mode, "worker": worker.id, "model": worker.model,
+                                    "seed": base_seed + k}
+            async with slots:
+                try:
+                    row = await ex.call_worker(job, "plan", 0, step, worker, msgs,
+                                               params={**params, "seed": base_seed + k},
+                                               accept=lambda e: got.append(e))
+                except StepFailed as f:
+                    failures.append(f)
+                    return _invalid(prompt_text, str(f), {**info, "status": f.status})
+                finally:
+                    progress.c.plans_done += 1
+                    progress.tick()
+            e = got[0]
+            info.update(cost_usd=row["cost_usd"], original_cost_usd=row["original_cost_usd"],
+                        cache_hit=row["cache_hit"], request_key=row["request_key"])
+            return PlanDraft(text=e.text, prompt=prompt_text, prompt_tokens=e.prompt_tokens,
+                             completion_tokens=e.completion_tokens, logprob=e.logprob,
+                             template_version=prompts.TEMPLATE_VERSION, info=info)
+
+        try:
+            drafts = await asyncio.gather(*(one(q, k) for q in queries for k in range(samples)))
+        finally:
+            progress.close()
+            journal.close()
+            run_cache.close()
+            if cache is not None:
+                cache.close()
+            if tmp is not None:
+                tmp.cleanup()
+        if failures:
+            blocked = sum(f.status == "budget_exhausted" for f in failures)
+            why = (f"{blocked} stopped by a budget (raise it in the pool file or with --budget)"
+                   if blocked else f"first error: {failures[0]}")
+            raise ConductorError(
+                f"LLM planner: {len(failures)} of {len(drafts)} planning call(s) failed, {why}; rerun the same "
+                f"command to plan them again (finished planning calls are kept and not paid again)")
+        return [list(drafts[i * samples:(i + 1) * samples]) for i in range(len(queries))]
+
+
+def _supported_params(model: str) -> list[str] | None:
+    """The OpenAI parameters litellm maps for this model; None when it cannot tell."""
+    try:
+        import litellm
+
+        name, provider, _, _ = litellm.get_llm_provider(model)
+        return list(litellm.get_supported_openai_params(model=name, custom_llm_provider=provider) or [])
+    except Exception:
+        return None
+
+
+def _invalid(prompt: str | None, error: str, info: dict[str, Any]) -> PlanDraft:
+    return PlanDraft(text="", prompt=prompt, prompt_tokens=None, completion_tokens=0,
+                     template_version=prompts.TEMPLATE_VERSION, info={**info, "error": error})

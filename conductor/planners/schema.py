@@ -1,0 +1,86 @@
+"""The JSON schema that grammar-constrained decoding holds a planner to.
+
+Every document the schema admits is a plan `conductor.plans.validate_plan`
+accepts:
+
+- workers: an enum of the pool's ids;
+- 1..max_steps steps, one schema per position (`prefixItems`, no further
+  items), so step i's access entries are an enum of 0..i-1 and "all": JSON
+  schema cannot say "lower than my own index", a per-position enum can;
+- instructions: printable ASCII without `"` or `\\`, starting with a
+  non-space, at most `instruction_chars` long (a bounded regex; xgrammar does
+  not combine `pattern` with `maxLength`). No escapes means no control
+  characters, and one character is at least one token, so
+  `max_plan_chars` bounds the tokens a compact plan can take: give the engine
+  that many and every plan closes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from conductor.pool import WORKER_KINDS, Pool
+
+# Printable ASCII minus '"' (0x22) and '\' (0x5c).
+_CHAR = r"[ !#-\[\]-~]"
+_FIRST = r"[!#-\[\]-~]"
+
+
+def instruction_pattern(instruction_chars: int) -> str:
+    if instruction_chars < 1:
+        raise ValueError(f"instruction_chars must be at least 1 (got {instruction_chars})")
+    return f"^{_FIRST}{_CHAR}{{0,{instruction_chars - 1}}}$"
+
+
+def plan_schema(pool: Pool, max_steps: int = 5, instruction_chars: int = 600, *,
+                kinds: Sequence[str] = WORKER_KINDS) -> dict[str, Any]:
+    """JSON schema for {"steps": [...]} over the pool's workers of `kinds`."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be at least 1 (got {max_steps})")
+    ids = [w.id for w in pool.workers if w.kind in kinds]
+    if not ids:
+        raise ValueError(f"the pool has no workers of kind {', '.join(kinds)} to plan with")
+    pattern = instruction_pattern(instruction_chars)
+    steps = [_step_schema(i, ids, pattern) for i in range(max_steps)]
+    return {
+        "type": "object",
+        "properties": {
+            "steps": {"type": "array", "minItems": 1, "maxItems": max_steps,
+                      "prefixItems": steps, "items": False},
+        },
+        "required": ["steps"],
+        "additionalProperties": False,
+    }
+
+
+def _step_schema(i: int, ids: list[str], pattern: str) -> dict[str, Any]:
+    if i == 0:
+        access: dict[str, Any] = {"type": "array", "maxItems": 0}
+    else:
+        # Up to i entries: enough to list every earlier step once.
+        access = {"type": "array", "items": {"enum": [*range(i), "all"]}, "maxItems": i}
+    return {
+        "type": "object",
+        "properties": {
+            "worker": {"type": "string", "enum": ids},
+            "instruction": {"type": "string", "pattern": pattern},
+            "access": access,
+        },
+        "required": ["worker", "instruction", "access"],
+        "additionalProperties": False,
+    }
+
+
+def max_plan_chars(pool: Pool, max_steps: int = 5, instruction_chars: int = 600, *,
+                   kinds: Sequence[str] = WORKER_KINDS) -> int:
+    """Length of the longest compact document `plan_schema` admits."""
+    longest_id = max(len(w.id) for w in pool.workers if w.kind in kinds)
+    total = len('{"steps":[') + len("]}")
+    for i in range(max_steps):
+        total += len('{"worker":""') + longest_id + len(',"instruction":""') + instruction_chars
+        total += len(',"access":[]}')
+        if i:
+            entry = max(len(str(i - 1)), len('"all"'))
+            total += i * entry + (i - 1)  # entries and their commas
+            total += 1  # the comma before this step
+    return total

