@@ -1,0 +1,115 @@
+"""The embedded planner as an evaluated policy, run through the real pipeline:
+`conductor.runner`'s stages (plan, execute, grade, report) against a replay
+server started for the purpose, through the executor, over real HTTP.
+
+The run lives in <out>/planner-run/ (a run folder like any other, with its own
+DuckDB catalog); it is replaced on every evaluation, because each evaluation
+starts its server on a fresh port.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import yaml
+
+from conductor.errors import ConductorError
+from conductor.evaluation.policies import Policy
+from conductor.pool import Pool
+from conductor.replay.tables import replay_source, replay_workers
+
+RUN_DIR = "planner-run"
+_MARKER = ".conductor-eval"
+
+
+def sample_ids(ids: list[str], limit: int | None, seed: int) -> list[str]:
+    """A fixed, spread-out subset: the `limit` ids with the smallest seeded hash, in query order."""
+    if limit is None or limit >= len(ids):
+        return list(ids)
+    keyed = sorted(ids, key=lambda q: hashlib.sha256(f"{seed}:{q}".encode()).digest())[:limit]
+    keep = set(keyed)
+    return [q for q in ids if q in keep]
+
+
+def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: dict[str, Any],
+                seed: int = 0, run_id: str = "eval", run_dir: str = RUN_DIR, kind: str = "planner",
+                name: str | None = None) -> tuple[Policy, dict[str, Any]]:
+    """Plan and execute `queries` over the replay pool; the planner's policy row and run facts.
+
+    `run_dir` names the scratch folder under `out` (one per evaluated planner setting)."""
+    from conductor import runner
+    from conductor.replay.process import start_replay
+
+    work = _fresh_dir(Path(out) / run_dir)
+    qpath = work / "queries.parquet"
+    pq.write_table(queries, qpath)
+    t0 = time.monotonic()
+    with start_replay(pool.path) as server:
+        pool_path = _pool_at(pool, server.url, work / "pool.yaml")
+        cfg = runner.RunConfig(queries=qpath, pool=pool_path, data_dir=work, run_id=run_id,
+                               planner="embedded", planner_options=dict(planner_options), seed=seed,
+                               cache=False, progress=False)
+        summary = runner.run_all(cfg)
+        log = server.log()
+    wall = time.monotonic() - t0
+    run_dir = Path(summary["outputs"])
+    n = queries.num_rows
+    rewards = pq.read_table(run_dir / "rewards.parquet", columns=["correct"])
+    results = pq.read_table(run_dir / "results.parquet",
+                            columns=["status", "cost_usd", "calls", "prompt_tokens", "completion_tokens"])
+    plans = pq.read_table(run_dir / "plans.parquet", columns=["valid", "info_json", "workers"])
+    correct = pc.sum(pc.fill_null(rewards.column("correct"), False)).as_py() or 0
+    cost = pc.sum(results.column("cost_usd")).as_py() or 0.0
+    tokens = ((pc.sum(results.column("prompt_tokens")).as_py() or 0)
+              + (pc.sum(results.column("completion_tokens")).as_py() or 0))
+    infos = [orjson.loads(i) if i else {} for i in plans.column("info_json").to_pylist()]
+    shapes = Counter(i.get("template", "invalid") for i in infos)
+    policies = Counter(i.get("policy", "prior") for i in infos if i)
+    used = Counter(w for ws in plans.column("workers").to_pylist() for w in (ws or ()))
+    facts = {
+        "run": str(run_dir), "queries": n, "wall_time_s": round(wall, 2),
+        "valid_plans": pc.sum(plans.column("valid")).as_py() or 0,
+        "shapes": dict(shapes),
+        "statuses": summary["statuses"],
+        "server_outcomes": log.get("by_outcome", {}),
+        "most_used_workers": dict(used.most_common(6)),
+        "most_used_actions": dict(Counter(i.get("action") for i in infos if i.get("action")).most_common(6)),
+        "planned_by": dict(policies),
+        "planner_options": planner_options,
+    }
+    policy = Policy(kind, name or f"embedded planner (pipeline, {n} queries)", correct / n, None, cost / n,
+                    (pc.sum(results.column("calls")).as_py() or 0) / n, tokens / n, n, info=facts)
+    return policy, facts
+
+
+def _pool_at(pool: Pool, url: str, path: Path) -> Path:
+    """A copy of the pool file whose replay workers point at `url`, with the table path made absolute."""
+    raw = yaml.safe_load(Path(pool.path).read_text())
+    replayed = set(replay_workers(pool))
+    for w in raw["workers"]:
+        if w.get("id") in replayed:
+            w["api_base"] = url
+    raw["replay"] = {**raw["replay"], "table": str(replay_source(pool).table)}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def _fresh_dir(path: Path) -> Path:
+    """Empty `path` for a new run; refuse to touch a folder this evaluation did not make."""
+    if path.exists():
+        if not (path / _MARKER).exists():
+            raise ConductorError(f"{path} exists and was not made by `conductor eval`; "
+                                 f"move it or choose another --out")
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    (path / _MARKER).write_text("scratch run of `conductor eval`; replaced on every evaluation\n")
+    return path

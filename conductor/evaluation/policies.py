@@ -1,0 +1,103 @@
+"""The policies the evaluation compares, each reduced to per-query means.
+
+Table policies choose rows of the recorded matrix (see `table`):
+- single worker: that worker on every query; a question it never answered
+  counts as wrong, costs nothing and still counts its (refused) call;
+- best single: the single worker with the highest accuracy on the selection
+  set (the train split when the test split is evaluated, else the evaluated
+  queries), ties to the cheaper; chosen once by our grader and once by the labels;
+- oracle: per question the cheapest correct recorded response; a question no
+  worker answered correctly costs nothing and makes no call (as the reference
+  figures count it); again once per way of judging "correct";
+- uniform random: a worker drawn uniformly per question among those that
+  recorded it; reported as its exact expected value, so no seed is involved.
+
+The embedded planner runs through the real pipeline instead (`planner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+
+from conductor.evaluation.table import Matrix
+
+
+@dataclass
+class Policy:
+    kind: str  # single | best_single | oracle | random | planner
+    name: str
+    accuracy: float | None  # graded by conductor.grading
+    accuracy_labels: float | None  # the benchmark's recorded `correct` labels; None when not defined
+    usd_per_query: float | None
+    calls_per_query: float
+    tokens_per_query: float
+    queries: int
+    worker: str | None = None
+    coverage: float | None = None  # share of the queries the worker has a recorded response to
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+METRICS = {"grader": "our grader", "label": "labels"}
+
+
+def table_policies(m: Matrix, eval_ids: list[str], select_ids: list[str]) -> list[Policy]:
+    n = len(eval_ids)
+    rows = m.rows.filter(pl.col("question_id").is_in(eval_ids))
+    singles = _singles(rows, m.workers, n)
+    out = list(singles.values())
+    chosen = _singles(m.rows.filter(pl.col("question_id").is_in(select_ids)), m.workers, len(select_ids))
+    for metric, said in METRICS.items():
+        best = max(chosen.values(), key=lambda p: (_acc(p, metric), -(p.usd_per_query or 0.0)))
+        pick = singles[best.worker]
+        out.append(Policy("best_single", f"best single ({said}): {pick.worker}", pick.accuracy,
+                          pick.accuracy_labels, pick.usd_per_query, 1.0, pick.tokens_per_query, n,
+                          worker=pick.worker, coverage=pick.coverage,
+                          info={"chosen_by": metric, "chosen_on_queries": len(select_ids),
+                                "chosen_accuracy": _acc(best, metric)}))
+    for metric, said in METRICS.items():
+        out.append(_oracle(rows, n, metric, said))
+    out.append(_random(rows, n))
+    return out
+
+
+def _acc(p: Policy, metric: str) -> float:
+    return (p.accuracy if metric == "grader" else p.accuracy_labels) or 0.0
+
+
+def _singles(rows: pl.DataFrame, workers: list[str], n: int) -> dict[str, Policy]:
+    agg = {r["worker"]: r for r in rows.group_by("worker").agg(
+        pl.col("grader").sum().alias("g"), pl.col("label").sum().alias("l"),
+        pl.col("cost").sum().alias("usd"), pl.col("tokens").sum().alias("tok"), pl.len().alias("k")).to_dicts()}
+    out = {}
+    for w in workers:
+        r = agg.get(w, {"g": 0, "l": 0, "usd": 0.0, "tok": 0, "k": 0})
+        out[w] = Policy("single", w, r["g"] / n if n else None, r["l"] / n if n else None,
+                        r["usd"] / n if n else None, 1.0, r["tok"] / n if n else 0.0, n,
+                        worker=w, coverage=r["k"] / n if n else None)
+    return out
+
+
+def _oracle(rows: pl.DataFrame, n: int, metric: str, said: str) -> Policy:
+    other = "label" if metric == "grader" else "grader"
+    best = (rows.filter(pl.col(metric)).sort(["question_id", "cost", "tokens", "worker"])
+            .group_by("question_id", maintain_order=True).first())
+    k = best.height
+    acc, acc_other = k / n, best.get_column(other).sum() / n
+    return Policy("oracle", f"oracle ({said})", acc if metric == "grader" else acc_other,
+                  acc if metric == "label" else acc_other, best.get_column("cost").sum() / n, k / n,
+                  best.get_column("tokens").sum() / n, n, info={"correct_by": metric})
+
+
+def _random(rows: pl.DataFrame, n: int) -> Policy:
+    per_q = rows.group_by("question_id").agg(
+        pl.col("grader").cast(pl.Float64).mean(), pl.col("label").cast(pl.Float64).mean(),
+        pl.col("cost").mean(), pl.col("tokens").cast(pl.Float64).mean())
+    s = per_q.select(pl.col("grader", "label", "cost", "tokens").sum()).row(0, named=True)
+    return Policy("random", "uniform random (expected)", s["grader"] / n, s["label"] / n, s["cost"] / n,
+                  per_q.height / n, s["tokens"] / n, n)

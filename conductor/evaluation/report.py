@@ -1,0 +1,210 @@
+"""The evaluation report: a Markdown file and an accuracy-against-cost chart."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from conductor.evaluation.policies import Policy
+
+_HEADLINE = ("learned", "planner", "oracle", "best_single", "random")
+
+
+def headline(policies: Sequence[Policy]) -> list[Policy]:
+    """The policies of the summary table: learned policies (by lambda), the planner's prior,
+    then oracles, best singles, random."""
+    return sorted((p for p in policies if p.kind in _HEADLINE), key=lambda p: _HEADLINE.index(p.kind))
+
+
+def policy_table(policies: Sequence[Policy]) -> str:
+    lines = ["| policy | accuracy | accuracy (labels) | USD / query | calls / query | tokens / query |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for p in policies:
+        lines.append(f"| {p.name} | {_f(p.accuracy, 3)} | {_f(p.accuracy_labels, 3)} | "
+                     f"{_usd(p.usd_per_query)} | {p.calls_per_query:.2f} | {p.tokens_per_query:,.0f} |")
+    return "\n".join(lines)
+
+
+def singles_table(policies: Sequence[Policy]) -> str:
+    singles = sorted((p for p in policies if p.kind == "single"), key=lambda p: (-(p.accuracy or 0), p.name))
+    lines = ["| worker | accuracy | accuracy (labels) | recorded | USD / query | tokens / query |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for p in singles:
+        lines.append(f"| {p.name} | {_f(p.accuracy, 3)} | {_f(p.accuracy_labels, 3)} | {_f(p.coverage, 3)} | "
+                     f"{_usd(p.usd_per_query)} | {p.tokens_per_query:,.0f} |")
+    return "\n".join(lines)
+
+
+def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str | None) -> str:
+    n = meta["queries"]
+    parts = [
+        f"# Evaluation: {meta['dataset']}, split {meta['split']} ({n} queries)",
+        "",
+        f"- pool: `{meta['pool']}` ({meta['workers']} recorded models)",
+        f"- queries: `{meta['queries_path']}`",
+        f"- table: `{meta['table']}`",
+        "- accuracy: graded by `conductor.grading` (the grader the pipeline's rewards use, the only one "
+        "that can judge a vote's output); *accuracy (labels)* judges the same recorded responses by the "
+        "benchmark's own `correct` label instead (the shared README's reference figures use the labels). "
+        f"The two agree on {meta['agreement']:.1%} of the rows evaluated here.",
+        "- cost: estimated tokens (characters / 4 of the question and of the response, rounded; the tables "
+        "record no token counts) times the pool's prices (prices.csv). Tokens are the same estimates. "
+        "A question a worker never answered counts as wrong and costs nothing.",
+        f"- best single worker: chosen on {meta['selection']}.",
+        "- oracle: the cheapest correct recorded response per question; none correct: no call, no cost.",
+        "- uniform random: the exact expected value of a worker drawn uniformly among those that "
+        "recorded the question.",
+    ]
+    if meta.get("planner"):
+        f = meta["planner"]
+        shapes = ", ".join(f"{k} {v}" for k, v in sorted(f["shapes"].items()))
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(f["server_outcomes"].items())) or "none"
+        parts.append(f"- embedded planner: run through the pipeline (plan, execute, grade) against the replay "
+                     f"server on {f['queries']} of the {n} queries; plan shapes: {shapes}; server: {outcomes}; "
+                     f"{f['wall_time_s']:.0f} s; run folder `{f['run']}`.")
+        if f.get("subset_reference"):
+            r = f["subset_reference"]
+            parts.append(f"  On the same {f['queries']} queries: best single ({r['best_single']}) "
+                         f"{r['best_single_accuracy']:.3f} at {_usd(r['best_single_usd'])}, oracle "
+                         f"{r['oracle_accuracy']:.3f} at {_usd(r['oracle_usd'])}, uniform random "
+                         f"{r['random_accuracy']:.3f} at {_usd(r['random_usd'])} (our grader).")
+    else:
+        parts.append("- embedded planner: not run (--no-planner).")
+    learned = [p for p in policies if p.kind == "learned"]
+    if learned:
+        parts.append(f"- learned policies: {len(learned)} artifact(s) of `conductor policy train`, each planning "
+                     f"greedily (K=1) through the pipeline against the replay server on "
+                     f"{learned[0].queries} of the {n} queries; the chart joins them in order of lambda.")
+        if meta.get("learned_subset_reference"):
+            r = meta["learned_subset_reference"]
+            parts.append(f"  On the same {learned[0].queries} queries: best single ({r['best_single']}) "
+                         f"{r['best_single_accuracy']:.3f} at {_usd(r['best_single_usd'])}, oracle "
+                         f"{r['oracle_accuracy']:.3f} at {_usd(r['oracle_usd'])} (our grader).")
+    parts += ["", "## Policies", "", policy_table(headline(policies)), ""]
+    if chart_name:
+        parts += [f"![accuracy against cost]({chart_name})", ""]
+    if learned:
+        parts += ["## Learned policy: the lambda sweep", "", sweep_table(learned, policies), ""]
+    parts += ["## Every single worker", "", singles_table(policies), ""]
+    parts += [f"Grading took {meta['grading_s']:.1f} s; the whole evaluation {meta['wall_time_s']:.1f} s.", ""]
+    return "\n".join(parts)
+
+
+def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
+    """One row per lambda: accuracy and cost, against the best single worker chosen by our grader."""
+    best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
+    lines = ["| lambda | accuracy | USD / query | cost vs best single | calls / query | plan shapes | top action |",
+             "|---:|---:|---:|---:|---:|---|---|"]
+    for p in sorted(learned, key=lambda p: p.info["lambda"]):
+        ratio = (f"{p.usd_per_query / best.usd_per_query:.0%}"
+                 if best and best.usd_per_query and p.usd_per_query is not None else "—")
+        shapes = ", ".join(f"{k} {v}" for k, v in sorted(p.info.get("shapes", {}).items()))
+        top = next(iter(p.info.get("most_used_actions", {})), "—")
+        lines.append(f"| {p.info['lambda']:g} | {_f(p.accuracy, 3)} | {_usd(p.usd_per_query)} | {ratio} | "
+                     f"{p.calls_per_query:.2f} | {shapes} | `{top}` |")
+    if best:
+        lines.append(f"\nBest single worker (chosen by our grader): {best.worker}, {_f(best.accuracy, 3)} at "
+                     f"{_usd(best.usd_per_query)}.")
+    return "\n".join(lines)
+
+
+def chart(policies: Sequence[Policy], path: Path, title: str) -> Path:
+    """Accuracy (our grader) against mean USD per query, log x, every policy labeled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.transforms import Bbox
+
+    fig, ax = plt.subplots(figsize=(10, 7), dpi=100)
+    plotted = [p for p in policies if p.accuracy is not None and p.usd_per_query and p.usd_per_query > 0]
+    for kind, (marker, color, size, legend) in _STYLES.items():
+        ps = [p for p in plotted if p.kind == kind]
+        if ps:
+            ax.scatter([p.usd_per_query for p in ps], [p.accuracy for p in ps], marker=marker, c=color, s=size,
+                       label=legend, zorder=2 if kind == "single" else 3, edgecolors="none")
+    sweep = sorted((p for p in plotted if p.kind == "learned"), key=lambda p: p.info.get("lambda", 0.0))
+    if len(sweep) > 1:
+        ax.plot([p.usd_per_query for p in sweep], [p.accuracy for p in sweep], color=_STYLES["learned"][1],
+                linewidth=1.2, alpha=0.8, zorder=3)
+    ax.set_xscale("log")
+    xs = [p.usd_per_query for p in plotted] or [1e-4]
+    ax.set_xlim(min(xs) / 1.6, max(xs) * 2.2)  # room for the labels of the outermost points
+    ax.set_xlabel("mean USD per query (estimated tokens x list prices, log scale)")
+    ax.set_ylabel("accuracy (conductor.grading)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    # Labels: the named policies first, then the single workers, each at the first
+    # nearby offset where it overlaps no label placed before it.
+    order = sorted(plotted, key=lambda p: p.kind == "single")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed = []  # label boxes so far, and a small box around every marker
+    for p in plotted:
+        x, y = ax.transData.transform((p.usd_per_query, p.accuracy))
+        placed.append(Bbox.from_extents(x - 3, y - 3, x + 3, y + 3))
+    for p in order:
+        special = p.kind != "single"
+        color = _STYLES[p.kind][1] if special else "#555555"
+        text = _short(p)
+        for dx, dy in _OFFSETS:
+            ann = ax.annotate(text, (p.usd_per_query, p.accuracy), textcoords="offset points", xytext=(dx, dy),
+                              fontsize=7.5 if special else 5.5, color=color, zorder=4,
+                              ha="left" if dx >= 0 else "right", va="center")
+            box = ann.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(b) for b in placed):
+                break
+            ann.remove()
+        else:
+            ann = ax.annotate(text, (p.usd_per_query, p.accuracy), textcoords="offset points", xytext=(4, 0),
+                              fontsize=7.5 if special else 5.5, color=color, zorder=4, va="center")
+            box = ann.get_window_extent(renderer)
+        placed.append(box)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+_STYLES = {  # kind -> marker, color, size, legend
+    "single": ("o", "#8c8c8c", 16, "single worker"),
+    "best_single": ("D", "#1f77b4", 40, "best single worker"),
+    "oracle": ("*", "#2ca02c", 120, "per-question oracle"),
+    "random": ("s", "#ff7f0e", 40, "uniform random (expected)"),
+    "planner": ("P", "#d62728", 90, "embedded planner (prior)"),
+    "learned": ("o", "#9467bd", 55, "learned policy (lambda sweep)"),
+}
+_OFFSETS = [(5, 0), (-5, 0), (5, 7), (5, -7), (-5, 7), (-5, -7), (5, 14), (5, -14), (-5, 14), (-5, -14),
+            (5, 21), (5, -21)]
+
+
+def _short(p: Policy) -> str:
+    if p.kind == "best_single":
+        return f"best single ({'labels' if p.info.get('chosen_by') == 'label' else 'grader'})"
+    if p.kind == "oracle":
+        return f"oracle ({'labels' if p.info.get('correct_by') == 'label' else 'grader'})"
+    if p.kind == "planner":
+        return "embedded planner (prior)"
+    if p.kind == "learned":
+        return f"learned λ={p.info.get('lambda', 0):g}"
+    if p.kind == "random":
+        return "uniform random"
+    return p.name[:30]
+
+
+def _f(x: float | None, digits: int) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _usd(x: float | None) -> str:
+    """Three significant digits, never in scientific notation: $0.00144, $0.0000240."""
+    if x is None:
+        return "—"
+    if x <= 0:
+        return "$0"
+    return f"${x:.{max(0, 2 - math.floor(math.log10(x)))}f}"
