@@ -1,0 +1,189 @@
+"""`conductor policy`: rollouts for the learned policy, training, and what planning will use.
+
+    conductor policy rollouts QUERIES --pool POOL [--samples 8]   K plans per query, executed, graded
+    conductor policy train --pool POOL --runs RUN... [--lambda L]  fit and save the next artifact version
+    conductor policy show --pool POOL                              the artifact planning uses, if any
+    conductor policy eval --pool POOL --queries Q --policies DIR...  `conductor eval` with learned policies
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from conductor.errors import ConductorError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("policy", help="the learned planner: rollouts, training, inspection",
+                       description="The embedded planner's learned policy: a contextual bandit over plan shapes x "
+                                   "workers, trained on the rewards of executed rollouts.")
+    actions = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+
+    r = actions.add_parser("rollouts", help="K plans per query from the policy's action space, run and graded",
+                           description="Plan every query K times with the embedded planner over the policy's "
+                                       "action set (uniform draws before any policy is trained, epsilon-greedy "
+                                       "draws from the learned policy after), execute, grade. Each plan's "
+                                       "propensity is logged; `conductor export` writes the run for TRL or verl.")
+    r.add_argument("queries", type=Path, help="query set (Parquet)")
+    r.add_argument("--pool", type=Path, required=True)
+    r.add_argument("--samples", "-k", type=int, default=8, help="plans per query (default 8)")
+    r.add_argument("--run-id", default=None)
+    r.add_argument("--data-dir", type=Path, default=Path("data"))
+    r.add_argument("--policy", default="auto",
+                   help="auto (the newest artifact for this pool under $CONDUCTOR_POLICY_DIR or data/policy), "
+                        "none (no learned policy: uniform over the action set), or a policy folder")
+    r.add_argument("--explore", type=float, default=None,
+                   help="share of draws spread evenly over the candidates (default: 1.0 without a learned "
+                        "policy, 0.2 with one)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--max-steps", type=int, default=5, help="most steps a plan may have (default 5, as for run)")
+    r.add_argument("--cost-penalty", type=float, default=0.0, help="reward points subtracted per USD")
+    r.add_argument("--serve", action="store_true",
+                   help="replay pools: start the replay server at the pool's address for the run's duration")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=rollouts)
+
+    t = actions.add_parser("train", help="train the policy on runs' rewards and save a new artifact version",
+                           description="Off-policy training on executed plans (rewards joined with plans and "
+                                       "traces): reward = correct - LAMBDA x USD, weighted by the logged "
+                                       "propensities. Saves <out>/<pool key>/vNNNN/{policy.json, model file}.")
+    t.add_argument("--pool", type=Path, required=True)
+    t.add_argument("--runs", nargs="+", required=True, metavar="RUN_ID")
+    t.add_argument("--lambda", dest="lam", type=float, default=0.0, metavar="LAMBDA",
+                   help="cost weight: accuracy points given up per USD per query (default 0)")
+    t.add_argument("--data-dir", type=Path, default=Path("data"))
+    t.add_argument("--out", type=Path, default=None,
+                   help="policy root (default: $CONDUCTOR_POLICY_DIR, else data/policy)")
+    t.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table"),
+                   help="vw: Vowpal Wabbit cb_explore_adf over text n-grams (default); vw-task: without the "
+                        "text; table: per-task IPS table")
+    t.add_argument("--cb-type", default="mtr", choices=("mtr", "dr", "ips"),
+                   help="VW's estimator: mtr (importance-weighted regression, default), dr, ips")
+    t.add_argument("--passes", type=int, default=None, help="VW passes over the data")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=train)
+
+    e = actions.add_parser("eval", help="the evaluation report (conductor eval) with learned policies added",
+                           description="Everything `conductor eval` reports (every single worker, best single, "
+                                       "oracle, uniform random, the prior planner) plus each learned policy given, "
+                                       "planned greedily through the pipeline against the replay server; several "
+                                       "policies (a lambda sweep) are drawn as one curve.")
+    e.add_argument("--pool", type=Path, required=True, help="replay pool file")
+    e.add_argument("--queries", type=Path, required=True, help="query set (`conductor replay queries`)")
+    e.add_argument("--split", choices=("all", "train", "test"), default="test")
+    e.add_argument("--policies", type=Path, nargs="+", required=True, metavar="DIR",
+                   help="policy artifact folders (a version folder, or a pool's folder for its newest)")
+    e.add_argument("--out", type=Path, default=None, help="report folder (default: data/eval/<dataset>-<split>)")
+    e.add_argument("--no-planner", action="store_true", help="leave out the prior planner's run")
+    e.add_argument("--planner-limit", type=int, default=None, metavar="N",
+                   help="run the planners on N of the queries (default: all)")
+    e.add_argument("--seed", type=int, default=0)
+    e.set_defaults(func=evaluate)
+
+    s = actions.add_parser("show", help="the policy artifact planning would use for a pool")
+    s.add_argument("--pool", type=Path, required=True)
+    s.add_argument("--policy", default=None, help="a policy folder (default: $CONDUCTOR_POLICY_DIR or data/policy)")
+    s.set_defaults(func=show)
+
+
+def rollouts(args: argparse.Namespace) -> int:
+    from conductor.cli.run import format_summary
+    from conductor.policy.artifact import find
+    from conductor.pool import load_pool
+    from conductor.rewards import RewardScheme
+    from conductor.runner import RunConfig, run_all
+
+    if args.explore is not None and not 0 <= args.explore <= 1:
+        raise ConductorError(f"--explore must be between 0 and 1 (got {args.explore})")
+    pool = load_pool(args.pool)
+    learned = None if args.policy in ("none", "prior") else find(pool, None if args.policy == "auto" else args.policy)
+    if args.policy not in ("none", "prior", "auto") and learned is None:
+        raise ConductorError(f"--policy {args.policy}: no policy artifact there for this pool")
+    explore = args.explore if args.explore is not None else (0.2 if learned else 1.0)
+    options = {"candidates": "bandit", "explore": explore, "policy": str(learned) if learned else "none"}
+    cfg = RunConfig(queries=args.queries, pool=args.pool, data_dir=args.data_dir, run_id=args.run_id,
+                    samples=args.samples, planner="embedded", planner_options=options, seed=args.seed,
+                    max_steps=args.max_steps, rewards=RewardScheme(cost_penalty=args.cost_penalty),
+                    progress=not args.quiet)
+    print(f"rollouts: {args.samples} plans per query, "
+          + (f"learned policy {learned}" if learned else "no learned policy (uniform over the action set)")
+          + f", explore {explore:g}", flush=True)
+    if args.serve:
+        with _serving(pool):
+            summary = run_all(cfg)
+    else:
+        summary = run_all(cfg)
+    print(format_summary(summary))
+    print(f"\nexport it:  conductor export --run {summary['run_id']} --data-dir {args.data_dir} --format trl "
+          f"--out data/export/{summary['run_id']}")
+    print(f"train on it: conductor policy train --pool {args.pool} --runs {summary['run_id']} "
+          f"--data-dir {args.data_dir}")
+    return 0
+
+
+def _serving(pool):
+    """The replay server, on the host and port the pool's replay workers call."""
+    from urllib.parse import urlsplit
+
+    from conductor.replay.process import start_replay
+    from conductor.replay.tables import replay_workers
+
+    if pool.replay is None:
+        raise ConductorError("--serve: the pool is not a replay pool (it has no replay: block)")
+    bases = {pool.worker(w).api_base for w in replay_workers(pool)}
+    if len(bases) != 1:
+        raise ConductorError(f"--serve: the pool's replay workers call {len(bases)} addresses; expected one")
+    url = urlsplit(bases.pop())
+    if url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
+        raise ConductorError(f"--serve: the pool's replay workers call {url.geturl()}; --serve starts a "
+                             f"server on loopback only, with an explicit port")
+    try:
+        return start_replay(pool.path, port=url.port, host=url.hostname)
+    except ConductorError as e:
+        raise ConductorError(f"--serve: {e} (is a replay server already listening there? then drop --serve)") from None
+
+
+def train(args: argparse.Namespace) -> int:
+    from conductor.policy.training import TrainConfig, describe, dumps
+    from conductor.policy.training import train as fit
+
+    vw = {"cb_type": args.cb_type}
+    if args.passes is not None:
+        vw["passes"] = args.passes
+    folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
+                                      out=args.out, learner=args.learner, seed=args.seed,
+                                      vw=vw if args.learner != "table" else {}))
+    print(describe(folder))
+    print("estimates " + dumps(summary["estimates"]))
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from conductor.evaluation import EvalConfig
+    from conductor.evaluation import evaluate as run_eval
+    from conductor.evaluation.report import headline, policy_table
+
+    report = run_eval(EvalConfig(pool=args.pool, queries=args.queries, split=args.split, out=args.out,
+                                 planner=not args.no_planner, planner_limit=args.planner_limit,
+                                 policies=list(args.policies), seed=args.seed))
+    m = report.meta
+    print(f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers\n")
+    print(policy_table(headline(report.policies)))
+    print(f"\nreport {report.report_path}\nchart  {report.chart_path}\ndata   {report.json_path}")
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    from conductor.policy.artifact import default_root, find
+    from conductor.policy.training import describe
+    from conductor.pool import load_pool
+
+    pool = load_pool(args.pool)
+    folder = find(pool, args.policy)
+    if folder is None:
+        where = args.policy or default_root()
+        print(f"no policy for this pool under {where}: the embedded planner plans with its prior")
+        return 0
+    print(describe(folder))
+    return 0

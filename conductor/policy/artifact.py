@@ -1,0 +1,183 @@
+"""The learned policy on disk: one versioned folder per training, per pool.
+
+    <root>/<pool key>/v0001/policy.json   format version, pool identity, action encoding,
+                           model.vw       feature settings, lambda, training summary
+    <root>/<pool key>/v0002/...           the next training; planning uses the highest
+
+<root> is `data/policy` unless $CONDUCTOR_POLICY_DIR or the planner option
+`policy=PATH` says otherwise. The pool key hashes what the actions mean (worker
+ids, kinds, models, functions, parameters), not where the workers are served, so
+a replay pool keeps its policy when its server moves to another port.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from conductor import __version__
+from conductor.errors import ConductorError
+from conductor.policy.actions import Action, ActionSettings
+from conductor.policy.features import FeatureSettings
+from conductor.pool import Pool
+
+FORMAT = "conductor-policy"
+FORMAT_VERSION = 1
+META_FILE = "policy.json"
+POLICY_ENV = "CONDUCTOR_POLICY_DIR"
+_VERSION_DIR = re.compile(r"^v(\d{4,})$")
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(POLICY_ENV) or "data/policy")
+
+
+def pool_key(pool: Pool) -> str:
+    ident = [[w.id, w.kind, w.model, w.function, w.params, w.system] for w in pool.workers]
+    dataset = (pool.replay or {}).get("dataset")
+    return hashlib.sha256(orjson.dumps([ident, dataset], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+@dataclass
+class Artifact:
+    """A loaded policy: metadata, the learner, the actions per task."""
+
+    path: Path
+    meta: dict[str, Any]
+    learner: Any
+    actions: dict[str, list[Action]]  # task ("none" for no task) -> candidate actions
+    features: FeatureSettings
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"learned {self.meta['pool']['key']}/v{self.meta['version']:04d}"
+
+    @property
+    def lam(self) -> float:
+        return float(self.meta["lambda"])
+
+    def close(self) -> None:
+        close = getattr(self.learner, "close", None)
+        if callable(close):
+            close()
+
+
+def save(root: Path, pool: Pool, learner: Any, *, actions: dict[str, list[Action]], action_settings: ActionSettings,
+         features: FeatureSettings, lam: float, training: dict[str, Any]) -> Path:
+    """Write the next version for this pool under `root`; returns its folder."""
+    key = pool_key(pool)
+    base = Path(root) / key
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=base))
+    try:
+        files = learner.save(tmp)
+        meta = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "created_at": datetime.now(timezone.utc).isoformat(),
+            "conductor_version": __version__,
+            "pool": {"key": key, "path": str(pool.path) if pool.path else None,
+                     "dataset": (pool.replay or {}).get("dataset"),
+                     "workers": [w.id for w in pool.workers]},
+            "learner": {"kind": "table" if learner.name == "table" else "vw", **learner.describe(),
+                        "files": files},
+            "lambda": lam,
+            "objective": "accuracy - lambda * USD per query",
+            "features": features.to_dict(),
+            "actions": {
+                "encoding": "key = '<shape>:<solver>+<solver>...[><finisher>]'; shapes single, verify, ensemble",
+                "settings": action_settings.to_dict(),
+                "by_task": {t: [a.key for a in acts] for t, acts in actions.items()},
+            },
+            "training": training,
+        }
+        # Number and rename under a lock-free retry: two trainings never share a version.
+        for _ in range(100):
+            version = next_version(base)
+            meta["version"] = version
+            (tmp / META_FILE).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+            dest = base / f"v{version:04d}"
+            try:
+                os.rename(tmp, dest)
+                return dest
+            except OSError:
+                if not dest.exists():
+                    raise
+        raise ConductorError(f"could not allocate a version folder under {base}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def next_version(base: Path) -> int:
+    return max(versions(base), default=0) + 1
+
+
+def versions(base: Path) -> list[int]:
+    if not base.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in base.iterdir()
+                  if (m := _VERSION_DIR.match(p.name)) and (p / META_FILE).exists())
+
+
+def find(pool: Pool, where: str | Path | None = None) -> Path | None:
+    """The artifact folder planning should use for `pool`, or None (plan with the prior).
+
+    `where`: None for the default root; a root holding pool-key folders; a pool-key
+    folder; or one version folder."""
+    path = Path(where) if where is not None else default_root()
+    if (path / META_FILE).exists():
+        return path
+    for base in (path / pool_key(pool), path):
+        vs = versions(base)
+        if vs:
+            return base / f"v{vs[-1]:04d}"
+    return None
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / META_FILE
+    try:
+        meta = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ConductorError(f"policy {folder}: no {META_FILE} (not a policy artifact folder)") from None
+    except orjson.JSONDecodeError as e:
+        raise ConductorError(f"policy {path}: not valid JSON ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise ConductorError(f"policy {path}: not a conductor policy (format {meta.get('format')!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ConductorError(f"policy {path}: format version {meta.get('format_version')}, this conductor "
+                             f"reads version {FORMAT_VERSION}; retrain with `conductor policy train`")
+    return meta
+
+
+def load(folder: Path, pool: Pool) -> Artifact:
+    """Load and check an artifact against the pool it will plan for."""
+    from conductor.policy.learner import load_learner
+
+    folder = Path(folder)
+    meta = read_meta(folder)
+    key = pool_key(pool)
+    if meta["pool"]["key"] != key:
+        raise ConductorError(f"policy {folder} was trained for pool {meta['pool']['key']} "
+                             f"({meta['pool'].get('path')}), not this pool ({key}, {pool.path}); "
+                             f"train one for this pool with `conductor policy train`")
+    actions = {t: [Action.from_key(k) for k in keys] for t, keys in meta["actions"]["by_task"].items()}
+    missing = sorted({w for acts in actions.values() for a in acts for w in a.workers if not pool.has(w)})
+    if missing:
+        raise ConductorError(f"policy {folder}: actions use worker(s) {', '.join(missing)} missing from the pool")
+    try:
+        learner = load_learner(folder, meta["learner"])
+    except (OSError, RuntimeError, ValueError) as e:
+        raise ConductorError(f"policy {folder}: cannot load the model ({e})") from None
+    return Artifact(folder, meta, learner, actions, FeatureSettings.from_dict(meta["features"]))

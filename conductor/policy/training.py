@@ -1,0 +1,264 @@
+"""Train the policy from what the pipeline logged: plans, rewards and traces of runs.
+
+One example per executed plan of the embedded planner:
+- context: the query's text and task (from the run's query set; never its reference);
+- action: the plan's shape and workers, read back from the validated plan;
+- propensity: the probability the planner sampled it with (plans.propensity);
+- reward: correct (rewards.correct, graded by the pipeline) - lambda x the plan's
+  cost in USD. The cost is the sum over its steps of what each answer cost when
+  first paid for (traces.original_cost_usd), so a plan that was answered from
+  the cache is charged like its twin that was not.
+
+Plans without a propensity (LLM planners log a log-probability instead), not
+graded, invalid, or of a shape outside the action space are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import orjson
+
+from conductor.errors import ConductorError
+from conductor.policy import artifact as artifacts
+from conductor.policy.actions import Action, ActionSettings, action_set, from_steps, servable
+from conductor.policy.features import Context, FeatureSettings, context
+from conductor.policy.learner import LEARNERS, Logged, make_learner
+from conductor.pool import Pool, load_pool
+from conductor.queries import load_queries
+from conductor.store import RunDir
+
+
+@dataclass
+class TrainConfig:
+    pool: Path
+    runs: list[str]
+    data_dir: Path = Path("data")
+    lam: float = 0.0  # reward points per USD: the objective is accuracy - lam * cost
+    out: Path | None = None  # policy root (default: $CONDUCTOR_POLICY_DIR, else data/policy)
+    learner: str = "vw"
+    seed: int = 0
+    features: FeatureSettings = field(default_factory=FeatureSettings)
+    actions: ActionSettings = field(default_factory=ActionSettings)
+    vw: dict[str, Any] = field(default_factory=dict)  # VWSettings overrides (passes, cb_type, ...)
+
+
+@dataclass
+class Logs:
+    examples: list[Logged]
+    queries: int
+    skipped: Counter
+    runs: list[dict[str, Any]]
+    by_action: Counter
+
+
+def logged_plans(data_dir: Path, run_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per plan of the runs: the plan, its reward, its full cost (DuckDB over the runs' Parquet)."""
+    if not run_ids:
+        raise ConductorError("--runs: name at least one run")
+    rows = []
+    con = duckdb.connect(":memory:")
+    try:
+        for run_id in run_ids:
+            run = RunDir(data_dir, run_id)
+            if not run.exists():
+                raise ConductorError(f"run {run_id}: not found under {run.data_dir / 'runs'}")
+            for name in ("plans", "rewards", "traces"):
+                if not run.table(name).exists():
+                    raise ConductorError(f"run {run_id}: no {name}.parquet yet (status "
+                                         f"{run.read_manifest().get('status')}); finish the run first")
+            q = f"""
+                SELECT p.run_id, p.plan_id, p.query_id, p.query_index, p.task, p.planner, p.valid, p.steps_json,
+                       p.propensity, p.info_json, r.correct, r.status,
+                       t.cost AS cost_usd, coalesce(t.unpriced, 0) AS unpriced
+                FROM read_parquet(?) p
+                JOIN read_parquet(?) r USING (plan_id)
+                LEFT JOIN (SELECT plan_id, sum(coalesce(original_cost_usd, cost_usd, 0)) AS cost,
+                                  count(*) FILTER (WHERE cost_usd IS NULL AND original_cost_usd IS NULL
+                                                   AND attempts > 0) AS unpriced
+                           FROM read_parquet(?) GROUP BY plan_id) t USING (plan_id)
+                ORDER BY p.query_index, p.sample"""
+            cur = con.execute(q, [str(run.table("plans")), str(run.table("rewards")), str(run.table("traces"))])
+            cols = [d[0] for d in cur.description]
+            rows += [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+    return rows
+
+
+def collect(cfg: TrainConfig, pool: Pool) -> Logs:
+    """Training examples from the runs, with counts of what was skipped and why."""
+    rows = logged_plans(cfg.data_dir, cfg.runs)
+    prompts: dict[tuple[str, str], tuple[str, str | None]] = {}
+    runs = []
+    for run_id in cfg.runs:
+        manifest = RunDir(cfg.data_dir, run_id).read_manifest()
+        qpath = Path(manifest["inputs"]["queries"])
+        if not qpath.exists():
+            raise ConductorError(f"run {run_id}: its query set {qpath} is gone; the policy needs the query text")
+        t = load_queries(qpath).select(["query_id", "prompt", "task"]).to_pylist()
+        prompts.update({(run_id, r["query_id"]): (r["prompt"], r["task"]) for r in t})
+        runs.append({"run_id": run_id, "queries": str(qpath), "pool": manifest["inputs"].get("pool"),
+                     "planner": manifest["inputs"].get("planner"), "samples": manifest["inputs"].get("samples")})
+    allowed = _servable(pool)
+    sets: dict[str | None, list[Action]] = {}
+    contexts: dict[tuple[str, str], Context] = {}
+    skipped: Counter = Counter()
+    by_action: Counter = Counter()
+    examples = []
+    for r in rows:
+        if r["propensity"] is None:
+            skipped["no propensity (not the embedded planner)"] += 1
+            continue
+        if not r["valid"]:
+            skipped["invalid plan"] += 1
+            continue
+        if r["correct"] is None:
+            skipped["not graded (no reference, or stopped by a budget)"] += 1
+            continue
+        action = from_steps(r["steps_json"])
+        if action is None or any(not pool.has(w) for w in action.workers):
+            skipped["plan shape or worker outside this pool's action space"] += 1
+            continue
+        prompt, task = prompts[(r["run_id"], r["query_id"])]
+        if r["unpriced"]:
+            skipped["cost unknown (a step without a price)"] += 1
+            continue
+        if task not in sets:
+            sets[task] = action_set(pool, task, cfg.actions)
+        cands = servable(sets[task], allowed.get(prompt) if allowed is not None else None)
+        if action not in cands:
+            cands = [*cands, action]
+        key = (r["run_id"], r["query_id"])
+        if key not in contexts:
+            contexts[key] = context(prompt, task, cfg.features)
+        cost = float(r["cost_usd"] or 0.0)
+        reward = (1.0 if r["correct"] else 0.0) - cfg.lam * cost
+        examples.append(Logged(contexts[key], cands, cands.index(action), float(r["propensity"]), reward,
+                               correct=bool(r["correct"]), cost=cost))
+        by_action[action.key] += 1
+    return Logs(examples, len({(r["run_id"], r["query_id"]) for r in rows}), skipped, runs, by_action)
+
+
+def train(cfg: TrainConfig) -> tuple[Path, dict[str, Any]]:
+    """Fit the learner on the runs and save the next artifact version; (folder, summary)."""
+    if cfg.learner not in LEARNERS:
+        raise ConductorError(f"--learner {cfg.learner!r}: choose from {', '.join(LEARNERS)}")
+    if cfg.lam < 0:
+        raise ConductorError(f"--lambda must be at least 0 (got {cfg.lam})")
+    pool = load_pool(cfg.pool)
+    t0 = time.monotonic()
+    logs = collect(cfg, pool)
+    if not logs.examples:
+        why = ", ".join(f"{k}: {v}" for k, v in logs.skipped.items()) or "the runs hold no plans"
+        raise ConductorError(f"no training examples in run(s) {', '.join(cfg.runs)} ({why})")
+    learner = make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
+    try:
+        fit = learner.fit(logs.examples)
+        fit_s = time.monotonic() - t0
+        tasks = sorted({e.context.task or "none" for e in logs.examples})
+        actions = {t: action_set(pool, None if t == "none" else t, cfg.actions) for t in tasks}
+        summary = {
+            "runs": logs.runs,
+            "plans_used": len(logs.examples),
+            "queries": logs.queries,
+            "skipped": dict(logs.skipped),
+            "estimates": off_policy_estimates(learner, logs.examples),
+            "actions_logged": len(logs.by_action),
+            "most_logged": dict(logs.by_action.most_common(5)),
+            "learner": fit,
+            "seconds": round(fit_s, 2),
+        }
+        folder = artifacts.save(cfg.out or artifacts.default_root(), pool, learner, actions=actions,
+                                action_settings=cfg.actions, features=cfg.features, lam=cfg.lam, training=summary)
+    finally:
+        close = getattr(learner, "close", None)
+        if callable(close):
+            close()
+    return folder, summary
+
+
+def off_policy_estimates(learner: Any, examples: Sequence[Logged]) -> dict[str, float | int]:
+    """On the training logs: the logged plans' mean reward, accuracy and cost, and the learned
+    greedy policy's self-normalized IPS estimates (optimistic: measured on the data it was fit to)."""
+    greedy: dict[tuple[int, tuple[str, ...]], int] = {}
+    num = {"reward": 0.0, "correct": 0.0, "cost": 0.0}
+    den = 0.0
+    matched = 0
+    for e in examples:
+        key = (id(e.context), tuple(a.key for a in e.actions))
+        if key not in greedy:
+            greedy[key] = learner.greedy(e.context, e.actions)
+        if greedy[key] == e.chosen:
+            w = 1.0 / max(e.propensity, 1e-6)
+            num["reward"] += w * e.reward
+            num["correct"] += w * float(bool(e.correct))
+            num["cost"] += w * e.cost
+            den += w
+            matched += 1
+    n = len(examples)
+    out: dict[str, float | int] = {
+        "logged_reward": sum(e.reward for e in examples) / n,
+        "logged_accuracy": sum(bool(e.correct) for e in examples) / n,
+        "logged_usd_per_plan": sum(e.cost for e in examples) / n,
+        "greedy_matches": matched,
+    }
+    if den:
+        out.update(greedy_reward_snips=num["reward"] / den, greedy_accuracy_snips=num["correct"] / den,
+                   greedy_usd_snips=num["cost"] / den)
+    return out
+
+
+def _servable(pool: Pool) -> dict[str, frozenset[str]] | None:
+    if pool.replay is None:
+        return None
+    from conductor.replay.tables import servable
+
+    return servable(pool)
+
+
+def runs_for_pool(data_dir: Path, pool: Pool) -> list[str]:
+    """Complete runs of the embedded planner over this pool (same pool key), from the DuckDB catalog."""
+    from conductor.store import refresh_catalog
+
+    data_dir = Path(data_dir)
+    if not any((data_dir / "runs").glob("*/rewards.parquet")):
+        return []
+    db = refresh_catalog(data_dir)
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT run_id, (inputs->>'pool') FROM runs WHERE status = 'complete' "
+                           "AND (inputs->>'planner') = 'embedded' ORDER BY created_at, run_id").fetchall()
+    key = artifacts.pool_key(pool)
+    out = []
+    for run_id, pool_path in rows:
+        try:
+            if pool_path and artifacts.pool_key(load_pool(pool_path)) == key:
+                out.append(run_id)
+        except ConductorError:
+            continue  # its pool file moved or no longer loads: not this pool's run as far as we can tell
+    return out
+
+
+def describe(folder: Path) -> str:
+    """A few lines about an artifact, for the CLI."""
+    meta = artifacts.read_meta(folder)
+    t = meta["training"]
+    acts = meta["actions"]["by_task"]
+    lines = [f"policy   {folder}",
+             f"version  v{meta['version']:04d} (format {meta['format_version']}), pool {meta['pool']['key']}, "
+             f"learner {meta['learner']['name']}, lambda {meta['lambda']:g}",
+             f"actions  " + ", ".join(f"{task}: {len(keys)}" for task, keys in acts.items()),
+             f"trained  on {t['plans_used']} plans of {t['queries']} queries from run(s) "
+             f"{', '.join(r['run_id'] for r in t['runs'])} in {t['seconds']:.1f} s"]
+    if t.get("skipped"):
+        lines.append("skipped  " + ", ".join(f"{k}: {v}" for k, v in t["skipped"].items()))
+    return "\n".join(lines)
+
+
+def dumps(obj: Any) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2, default=str).decode()
