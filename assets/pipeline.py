@@ -1,0 +1,226 @@
+"""The run as Dagster assets, one partition per query-set file:
+query_set -> plans -> executions -> rewards -> run_report, then worker_stats
+over every run (the daily enrichment).
+
+Each asset calls one stage of `conductor.runner` and attaches what a person
+checking the run wants to see. The value passed between assets is the run's
+configuration; the data itself lives in the run's Parquet files. The run id is
+derived from the inputs, so rematerializing a partition (a rerun, a retry, a
+backfill) resumes the same run instead of paying for it twice.
+"""
+
+from pathlib import Path
+from typing import Optional
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from dagster import (
+    AssetExecutionContext,
+    Backoff,
+    Config,
+    Failure,
+    Jitter,
+    MaterializeResult,
+    MetadataValue,
+    Output,
+    RetryPolicy,
+    asset,
+)
+from pydantic import Field
+
+from conductor import runner
+from conductor.errors import ConductorError
+from conductor.report import summary_markdown
+from conductor.store import refresh_catalog, write_table
+from pipelines.charts import accuracy_cost_chart
+from pipelines.concurrency import POOLS_TAG, hold_pools, planner_pools, provider_pools
+from pipelines.metadata import png_markdown, rows_metadata, table_metadata
+from pipelines.partitions import query_sets
+from pipelines.resources import PlannerResource, PoolResource, QueryFilesResource, StorageResource
+
+GROUP = "conductor"
+
+
+class RunSettings(Config):
+    samples: int = Field(default=1, description="plans per query")
+    seed: int = 0
+    budget_usd: Optional[float] = Field(default=None, description="USD limit for the run (on top of provider budgets)")
+
+
+def run_config(path: Path, config: RunSettings, pool: PoolResource, planner: PlannerResource,
+               storage: StorageResource) -> runner.RunConfig:
+    return runner.RunConfig(
+        queries=Path(path).resolve(), pool=Path(pool.path).resolve(), data_dir=Path(storage.data_dir),
+        samples=config.samples, planner=planner.kind, planner_options=planner.options(),
+        seed=config.seed, max_steps=planner.max_steps, cache=storage.use_cache,
+        budget_usd=config.budget_usd, progress=False)
+
+
+def _counts(column: pa.ChunkedArray) -> dict:
+    return {(d["values"] if d["values"] is not None else "none"): d["counts"]
+            for d in pc.value_counts(column).to_pylist()}
+
+
+@asset(partitions_def=query_sets, group_name=GROUP,
+       description="The partition's query-set file, validated; the run it belongs to is created (or reopened) here.")
+def query_set(context: AssetExecutionContext, config: RunSettings, pool: PoolResource, planner: PlannerResource,
+              storage: StorageResource, query_files: QueryFilesResource) -> Output[runner.RunConfig]:
+    path = query_files.path_for(context.partition_key)
+    if not path.exists():
+        raise ConductorError(f"partition {context.partition_key}: no query-set file at {path} "
+                             f"(drop the file into {query_files.inbox} and let the sensor add it)")
+    cfg = run_config(path, config, pool, planner, storage)
+    run = runner.prepare(cfg)
+    cfg.run_id = run.dir.run_id
+    return Output(cfg, metadata={
+        **table_metadata(path, ["query_id", "task", "prompt", "reference"]),
+        "run_id": run.dir.run_id, "resumed": run.resumed,
+        "tasks": MetadataValue.json(_counts(run.queries.column("task"))),
+    })
+
+
+@asset(partitions_def=query_sets, group_name=GROUP, tags=POOLS_TAG,
+       description="K sampled workflows per query, parsed and validated. An LLM planner holds a slot in its "
+                   "provider's concurrency pool, a vLLM planner one in planner-vllm.")
+def plans(context: AssetExecutionContext, query_set: runner.RunConfig) -> Output[runner.RunConfig]:
+    run = runner.prepare(query_set)
+    with hold_pools(context, planner_pools(query_set.planner, query_set.planner_options, run.pool)) as held:
+        path = runner.plan_stage(run)
+    t = pq.read_table(path, columns=["valid", "prompt_tokens", "completion_tokens"])
+    share = pc.mean(t.column("valid").cast("int8")).as_py() if t.num_rows else 0.0
+    return Output(query_set, metadata={
+        **table_metadata(path, ["plan_id", "valid", "n_steps", "workers", "error"]),
+        "valid_share": share,
+        "planner_tokens": (pc.sum(t.column("prompt_tokens")).as_py() or 0)
+        + (pc.sum(t.column("completion_tokens")).as_py() or 0),
+        "pools": MetadataValue.json(held),
+    })
+
+
+@asset(partitions_def=query_sets, group_name=GROUP, tags=POOLS_TAG,
+       # Retrying is safe: the run resumes from its journal and finished plans are not paid twice.
+       # A problem the user must fix (a missing key, a budget that cannot fit) fails at once instead.
+       retry_policy=RetryPolicy(max_retries=3, delay=10, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS),
+       description="Every plan run against the pool: per-step traces and per-plan results. Holds one slot in "
+                   "the concurrency pool of each provider of the pool file while it runs.")
+def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Output[runner.RunConfig]:
+    run = runner.prepare(plans)
+    with hold_pools(context, provider_pools(run.pool)) as held:
+        try:
+            results = runner.execute_stage(run)
+        except ConductorError as e:
+            raise Failure(str(e), allow_retries=False) from None
+    t = pq.read_table(results, columns=["status", "cost_usd", "calls"])
+    return Output(plans, metadata={
+        **table_metadata(results, ["plan_id", "status", "cost_usd", "calls", "final_answer"]),
+        "traces_rows": pq.ParquetFile(run.dir.table("traces")).metadata.num_rows,
+        "statuses": MetadataValue.json(_counts(t.column("status"))),
+        "cost_usd": pc.sum(t.column("cost_usd")).as_py() or 0.0,
+        "calls": pc.sum(t.column("calls")).as_py() or 0,
+        "pools": MetadataValue.json(held),
+    })
+
+
+@asset(partitions_def=query_sets, group_name=GROUP, description="Graded plans: reward and group advantage per plan.")
+def rewards(executions: runner.RunConfig) -> Output[runner.RunConfig]:
+    run = runner.prepare(executions)
+    path = runner.grade_stage(run)
+    t = pq.read_table(path, columns=["correct", "reward", "cost_usd"])
+    correct = t.column("correct").drop_null()
+    return Output(executions, metadata={
+        **table_metadata(path, ["plan_id", "answer", "correct", "reward", "advantage"]),
+        "accuracy": (pc.mean(correct.cast("int8")).as_py() if len(correct) else None),
+        "mean_reward": pc.mean(t.column("reward")).as_py(),
+        "cost_usd": pc.sum(t.column("cost_usd")).as_py() or 0.0,
+    })
+
+
+BY_TASK = pa.schema([("task", pa.string()), ("plans", pa.int64()), ("graded", pa.int64()),
+                     ("accuracy", pa.float64()), ("cost_usd", pa.float64()), ("cost_per_plan_usd", pa.float64())])
+
+
+def by_task(rewards_path: Path) -> list[dict]:
+    t = pq.read_table(rewards_path, columns=["task", "correct", "cost_usd"])
+    t = t.set_column(0, "task", pc.fill_null(t.column("task"), "none"))
+    t = t.append_column("correct_i", pc.cast(t.column("correct"), pa.int64()))
+    g = t.group_by("task").aggregate([("task", "count"), ("correct", "count"), ("correct_i", "mean"),
+                                      ("cost_usd", "sum")]).sort_by("task")
+    return [{"task": r["task"], "plans": r["task_count"], "graded": r["correct_count"],
+             "accuracy": r["correct_i_mean"], "cost_usd": r["cost_usd_sum"],
+             "cost_per_plan_usd": (r["cost_usd_sum"] or 0.0) / r["task_count"]}
+            for r in g.to_pylist()]
+
+
+@asset(partitions_def=query_sets, group_name=GROUP,
+       description="The run's summary and accuracy/cost chart; refreshes the DuckDB catalog over all runs.")
+def run_report(rewards: runner.RunConfig) -> Output[dict]:
+    run = runner.prepare(rewards)
+    summary = runner.report_stage(run)
+    rows = by_task(run.dir.table("rewards"))
+    chart = accuracy_cost_chart(rows, run.dir.path / "report.png", f"run {run.dir.run_id}")
+    return Output(summary, metadata={
+        **rows_metadata(rows, BY_TASK),
+        "summary": MetadataValue.md(summary_markdown(summary)),
+        "chart": png_markdown(chart, "accuracy and cost by task"),
+        "chart_path": MetadataValue.path(str(chart)),
+        "accuracy": summary["accuracy"], "cost_usd": summary["cost_usd"],
+        "cost_per_query_usd": summary["cost_per_query_usd"], "catalog": MetadataValue.path(summary["catalog"]),
+    })
+
+
+# ---- enrichment over every run ------------------------------------------------
+
+class EnrichSettings(Config):
+    min_plans: int = Field(default=1, ge=1, description="leave out worker/task pairs seen in fewer plans")
+
+
+WORKER_STATS = pa.schema([
+    ("worker", pa.string()), ("provider", pa.string()), ("task", pa.string()), ("plans", pa.int64()),
+    ("steps", pa.int64()), ("accuracy_when_used", pa.float64()), ("cost_usd", pa.float64()),
+    ("mean_latency_s", pa.float64()), ("error_rate", pa.float64())])
+
+_WORKER_STATS_SQL = """
+WITH used AS (
+    SELECT run_id, plan_id, worker, any_value(provider) AS provider, count(*) AS steps,
+           sum(cost_usd) AS cost_usd,
+           avg(latency_s) FILTER (WHERE NOT coalesce(cache_hit, false)) AS latency_s,
+           count(*) FILTER (WHERE status NOT IN ('ok', 'skipped')) AS errors
+    FROM read_parquet({traces}, union_by_name = true)
+    WHERE worker IS NOT NULL AND status <> 'skipped'
+    GROUP BY run_id, plan_id, worker)
+SELECT u.worker, u.provider, coalesce(r.task, 'none') AS task, count(*) AS plans, sum(u.steps) AS steps,
+       avg(r.correct::INTEGER) AS accuracy_when_used, sum(u.cost_usd) AS cost_usd,
+       avg(u.latency_s) AS mean_latency_s, sum(u.errors) / sum(u.steps) AS error_rate
+FROM used u JOIN read_parquet({rewards}, union_by_name = true) r USING (run_id, plan_id)
+GROUP BY ALL HAVING count(*) >= {min_plans}
+ORDER BY u.worker, task
+"""
+
+
+@asset(deps=[run_report], group_name=GROUP,
+       description="Per worker and task, over every run: plans, accuracy when used, cost, latency and error "
+                   "rate; the observed skills to set in the pool file. Refreshes the DuckDB catalog.")
+def worker_stats(config: EnrichSettings, storage: StorageResource) -> MaterializeResult:
+    data = Path(storage.data_dir).resolve()
+    catalog = refresh_catalog(data)
+    runs = data / "runs"
+    table = WORKER_STATS.empty_table()
+    if any(runs.glob("*/traces.parquet")) and any(runs.glob("*/rewards.parquet")):
+        sql = _WORKER_STATS_SQL.format(traces=_sql_str(runs / "*" / "traces.parquet"),
+                                       rewards=_sql_str(runs / "*" / "rewards.parquet"), min_plans=int(config.min_plans))
+        with duckdb.connect(":memory:") as con:
+            table = con.execute(sql).to_arrow_table().cast(WORKER_STATS)
+    out = data / "enrichment" / "worker_stats.parquet"
+    write_table(out, table)
+    return MaterializeResult(metadata={
+        **table_metadata(out, ["worker", "task", "plans", "accuracy_when_used", "cost_usd"]),
+        "runs": sum(1 for _ in runs.glob("*/rewards.parquet")),
+        "cost_usd": pc.sum(table.column("cost_usd")).as_py() or 0.0,
+        "catalog": MetadataValue.path(str(catalog)),
+    })
+
+
+def _sql_str(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"

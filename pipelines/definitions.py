@@ -1,0 +1,29 @@
+"""The one Definitions object: every asset, check, job, sensor, schedule and
+resource of the code location.
+
+Asset modules under `assets/` (and their checks) are found automatically, so a
+new domain module needs no edit here. Settings come from CONDUCTOR_*
+environment variables with defaults that work from the repository root (see
+pipelines/resources.py)."""
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import assets  # noqa: E402
+from dagster import (  # noqa: E402
+    Definitions,
+    load_asset_checks_from_package_module,
+    load_assets_from_package_module,
+)
+from pipelines import checks, executors, jobs, resources, schedules, sensors  # noqa: E402
+
+defs = Definitions(
+    assets=load_assets_from_package_module(assets),
+    asset_checks=[*load_asset_checks_from_package_module(assets), *checks.ALL],
+    jobs=[jobs.run_query_set, jobs.enrich_catalog],
+    sensors=[sensors.query_set_inbox],
+    schedules=[schedules.daily_enrichment()],
+    resources=resources.from_env(),
+    executor=executors.executor_from_env(),
+)
