@@ -1,0 +1,80 @@
+"""Shared test fixtures: a simulated worker pool over real HTTP on loopback, small
+query sets cut from the committed samples, and a way to run the CLI as a user does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "data" / "queries" / "sample.parquet"
+REPLAY = Path(os.environ.get("CONDUCTOR_REPLAY_DIR", REPO.parent / "shared" / "replay"))
+
+# The server side of the simulated pool: models the tests' pools point at.
+SIM_MODELS = {
+    "fast": {"skill": 0.9, "latency_ms": {"mean": 5, "sd": 1}},
+    "weak": {"skill": 0.3, "latency_ms": {"mean": 5, "sd": 1}},
+    "slow": {"skill": 0.9, "latency_ms": {"mean": 300, "sd": 0}},
+    "flaky": {"skill": 0.9, "latency_ms": {"mean": 5, "sd": 1}},
+}
+
+
+@pytest.fixture(scope="session")
+def sample_queries(tmp_path_factory) -> Path:
+    """60 queries of every task, from the committed sample set."""
+    out = tmp_path_factory.mktemp("queries") / "small.parquet"
+    pq.write_table(pq.read_table(SAMPLE).slice(0, 60), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory, sample_queries):
+    from conductor.sim import start_sim
+
+    d = tmp_path_factory.mktemp("sim")
+    server_pool = d / "server.yaml"
+    server_pool.write_text(yaml.safe_dump({"workers": [
+        {"id": name, "model": f"openai/{name}", "simulate": spec} for name, spec in SIM_MODELS.items()]}))
+    with start_sim(server_pool, [SAMPLE]) as handle:
+        yield handle
+
+
+@pytest.fixture
+def fresh_sim(sim):
+    """The session's server with an empty request log and no fault overrides."""
+    sim.clear_faults()
+    sim.reset()
+    return sim
+
+
+def worker(name: str, url: str, provider: str = "sim", **extra) -> dict:
+    return {"id": name, "model": f"openai/{name}", "provider": provider, "api_base": url,
+            "description": f"simulated {name}", "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+            "params": {"temperature": 0, "max_tokens": 256}, **extra}
+
+
+def write_pool(path: Path, url: str, names=("fast", "weak"), providers: dict | None = None,
+               workers: list[dict] | None = None) -> Path:
+    doc = {"providers": providers or {"sim": {"max_concurrency": 32, "timeout_s": 10}},
+           "workers": workers if workers is not None else [worker(n, url) for n in names]}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300):
+    """Run `python -m conductor ARGS` as a user would; returns the completed process."""
+    full_env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "conductor", *map(str, args)], cwd=cwd or REPO,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.exists() else []

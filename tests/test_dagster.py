@@ -1,0 +1,180 @@
+"""The Dagster front end: workspace.yaml loads; one query-set partition
+materializes end to end against the simulated pool, with its metadata, checks
+and provider pools; rematerializing it resumes; a failing blocking check stops
+the assets downstream; the daily enrichment job runs with the schedule's config."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from dagster import AssetKey, DagsterInstance, build_schedule_context, materialize
+
+from assets.pipeline import executions, plans, query_set, rewards, run_report
+from pipelines import checks, resources
+from pipelines.definitions import defs
+from pipelines.jobs import PIPELINE
+from pipelines.resources import PlannerResource
+from tests.conftest import REPO, worker, write_pool
+
+INSTANCE_YAML = REPO / "data" / "dagster_home" / "dagster.yaml"
+ASSETS = [query_set, plans, executions, rewards, run_report]
+
+
+def conductor_env(root: Path, pool: Path, **extra: str) -> dict[str, str]:
+    """CONDUCTOR_* settings that keep every file of a test under `root`."""
+    return {"CONDUCTOR_DATA_DIR": str(root / "data"), "CONDUCTOR_POOL": str(pool), **extra}
+
+
+@pytest.fixture
+def instance(tmp_path, monkeypatch):
+    """A real SQLite instance configured by the checked-in dagster.yaml."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(INSTANCE_YAML, home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with DagsterInstance.from_config(str(home)) as inst:
+        yield inst
+
+
+def add_partition(instance: DagsterInstance, res: dict, key: str, source: Path) -> None:
+    store = Path(res["query_files"].store)
+    store.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, store / f"{key}.parquet")
+    instance.add_dynamic_partitions("query_sets", [key])
+
+
+def two_provider_pool(path: Path, url: str) -> Path:
+    return write_pool(path, url, providers={"alpha": {"max_concurrency": 16, "budget_usd": 5.0},
+                                            "beta": {"max_concurrency": 16}},
+                      workers=[worker("fast", url, provider="alpha"), worker("weak", url, provider="beta")])
+
+
+def test_workspace_yaml_loads_the_definitions(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    shutil.copy(INSTANCE_YAML, tmp_path / "dagster.yaml")
+    r = subprocess.run([sys.executable, "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "All code locations passed validation" in r.stdout + r.stderr
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert set(PIPELINE) | {"worker_stats"} <= keys
+    assert defs.resolve_job_def("run_query_set").partitions_def.name == "query_sets"
+    assert defs.resolve_sensor_def("query_set_inbox").job_name == "run_query_set"
+    assert defs.resolve_schedule_def("daily_enrichment").job_name == "enrich_catalog"
+    assert not list(REPO.glob(".tmp_dagster_home_*"))
+
+
+def test_partition_materializes_end_to_end_and_reruns_as_a_resume(tmp_path, instance, fresh_sim, sample_queries):
+    pool = two_provider_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    add_partition(instance, res, "small", sample_queries)
+    # A second query set, materialized first: each partition's checks must read their own partition.
+    tiny = tmp_path / "tiny.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, 6), tiny)
+    add_partition(instance, res, "tiny", tiny)
+    assert materialize(ASSETS + checks.ALL, partition_key="tiny", instance=instance, resources=res).success
+    fresh_sim.reset()
+
+    result = materialize(ASSETS + checks.ALL, partition_key="small", instance=instance, resources=res)
+    assert result.success
+    mats = {e.asset_key.to_user_string(): e.materialization.metadata
+            for e in result.get_asset_materialization_events()}
+    assert set(PIPELINE) == set(mats)
+    for name, md in mats.items():  # row counts, column schema and a preview on every asset
+        assert md["dagster/row_count"].value > 0, name
+        assert md["dagster/column_schema"].value.columns, name
+        assert md["preview"].value.startswith("| "), name
+    assert mats["query_set"]["dagster/row_count"].value == 60
+    assert "query_id" in {c.name for c in mats["query_set"]["dagster/column_schema"].value.columns}
+    assert mats["plans"]["valid_share"].value == 1.0
+    # One slot in the pool of each provider of the pool file, none for the embedded planner.
+    assert mats["executions"]["pools"].value == ["provider-alpha", "provider-beta"]
+    assert mats["plans"]["pools"].value == []
+    calls = fresh_sim.log()["total"]
+    assert mats["executions"]["calls"].value == calls > 0
+    assert mats["executions"]["cost_usd"].value > 0
+    acc = mats["rewards"]["accuracy"].value
+    assert 0 < acc < 1 and mats["run_report"]["accuracy"].value == acc
+    assert mats["run_report"]["cost_usd"].value == pytest.approx(mats["executions"]["cost_usd"].value)
+    assert mats["run_report"]["chart"].value.startswith("![accuracy and cost by task](data:image/png;base64,")
+    chart = Path(mats["run_report"]["chart_path"].value)
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"math", "choice", "exact"} <= {c.split(" | ")[0].strip("| ") for c in
+                                           mats["run_report"]["preview"].value.splitlines()[2:]}
+
+    evals = {(e.asset_key.to_user_string(), e.check_name): e for e in result.get_asset_check_evaluations()}
+    assert set(evals) == {(c.asset_key.to_user_string(), c.name) for d in checks.ALL for c in d.check_keys}
+    assert all(e.passed for e in evals.values()), {k: e.description for k, e in evals.items() if not e.passed}
+
+    # The pools exist with the instance's default limit, and no slot outlives the step.
+    limits = {p.name: p.limit for p in instance.event_log_storage.get_pool_limits()}
+    assert limits == {"provider-alpha": 1, "provider-beta": 1}
+    for name in limits:
+        assert not instance.event_log_storage.get_concurrency_info(name).claimed_slots
+
+    # Rerunning the partition resumes the same conductor run: nothing is called twice.
+    again = materialize(ASSETS, partition_key="small", instance=instance, resources=res)
+    assert again.success
+    assert again.output_for_node("query_set").run_id == result.output_for_node("query_set").run_id
+    assert fresh_sim.log()["total"] == calls
+    run_dir = tmp_path / "data" / "runs" / result.output_for_node("query_set").run_id
+    assert pq.ParquetFile(run_dir / "results.parquet").metadata.num_rows == 60
+
+    # The daily schedule's run config drives the enrichment job over the runs so far.
+    schedule = defs.resolve_schedule_def("daily_enrichment")
+    request = schedule.evaluate_tick(build_schedule_context(instance=instance)).run_requests[0]
+    job = defs.resolve_job_def("enrich_catalog")
+    enrich = job.execute_in_process(run_config=request.run_config, instance=instance, resources=res)
+    assert enrich.success
+    stats = pq.read_table(tmp_path / "data" / "enrichment" / "worker_stats.parquet").to_pylist()
+    assert {r["worker"] for r in stats} == {"fast", "weak"}
+    assert {r["provider"] for r in stats} == {"alpha", "beta"}
+    used: dict[str, int] = {}  # plans that used each worker, over both partitions' runs
+    for plans_file in (tmp_path / "data" / "runs").glob("*/plans.parquet"):
+        for ws in pq.read_table(plans_file, columns=["workers"]).column("workers").to_pylist():
+            for w in set(ws):
+                used[w] = used.get(w, 0) + 1
+    plans_per_worker: dict[str, int] = {}
+    for r in stats:
+        plans_per_worker[r["worker"]] = plans_per_worker.get(r["worker"], 0) + r["plans"]
+        assert 0 <= r["accuracy_when_used"] <= 1 and r["cost_usd"] > 0
+    assert plans_per_worker == used
+    assert instance.get_latest_materialization_event(AssetKey("worker_stats")) is not None
+
+
+def test_failing_blocking_check_stops_the_run_before_any_call(tmp_path, fresh_sim, sample_queries):
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    # Verify-only plans have two steps: with max_steps 1 every plan is invalid.
+    res["planner"] = PlannerResource(options_json='{"templates": ["verify"]}', max_steps=1)
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "small", sample_queries)
+        result = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res,
+                             raise_on_error=False)
+    assert not result.success
+    done = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert done == {"query_set", "plans"}
+    failed = {(e.asset_key.to_user_string(), e.check_name) for e in result.get_asset_check_evaluations()
+              if not e.passed}
+    assert ("plans", "valid_plan_share") in failed
+    assert fresh_sim.log()["total"] == 0
+
+
+def test_a_user_error_in_executions_fails_at_once_instead_of_retrying(tmp_path, sample_queries, monkeypatch):
+    monkeypatch.delenv("CONDUCTOR_TEST_UNSET_KEY", raising=False)
+    pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1",
+                      providers={"sim": {"api_key_env": "CONDUCTOR_TEST_UNSET_KEY"}})
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "small", sample_queries)
+        result = materialize(ASSETS, partition_key="small", instance=inst, resources=res, raise_on_error=False)
+    assert not result.success
+    events = {e.event_type_value for e in result.all_events}
+    assert "STEP_UP_FOR_RETRY" not in events  # the RetryPolicy is for crashes and timeouts, not for this
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_key == "executions"
+    assert "CONDUCTOR_TEST_UNSET_KEY is not set" in str(failure.event_specific_data.error.message)

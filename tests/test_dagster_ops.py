@@ -1,0 +1,435 @@
+"""Operating the Dagster front end: the inbox sensor, each asset check passing
+and failing on real run outputs, the per-provider concurrency pools, the
+instance configuration (retries, pools, storage), and the Kubernetes
+configuration files of docs/scaling.md."""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from dagster import DagsterInstance, build_sensor_context
+
+from conductor import runner
+from conductor.pool import parse_pool
+from conductor.queries import file_digest
+from pipelines import checks
+from pipelines.concurrency import planner_pools, provider_pools
+from pipelines.definitions import defs
+from pipelines.resources import ChecksResource, QueryFilesResource
+from pipelines.sensors import query_set_inbox
+from tests.conftest import REPO, write_pool
+
+INSTANCE_YAML = REPO / "data" / "dagster_home" / "dagster.yaml"
+DEPLOY = REPO / "deploy"
+
+
+@pytest.fixture
+def instance(tmp_path, monkeypatch):
+    """A real SQLite instance configured by the checked-in dagster.yaml."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(INSTANCE_YAML, home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with DagsterInstance.from_config(str(home)) as inst:
+        yield inst
+
+
+# ---- the inbox sensor ---------------------------------------------------------
+
+@pytest.fixture
+def folders(tmp_path) -> QueryFilesResource:
+    files = QueryFilesResource(inbox=str(tmp_path / "inbox"), store=str(tmp_path / "store"),
+                               rejected=str(tmp_path / "rejected"), settle_seconds=0)
+    Path(files.inbox).mkdir()
+    return files
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def tick(instance, files: QueryFilesResource, log: Records | None = None):
+    context = build_sensor_context(instance=instance, resources={"query_files": files})
+    if log is not None:
+        context.log.addHandler(log)  # what the UI shows as the tick's log
+    return query_set_inbox(context)
+
+
+def test_sensor_adds_a_partition_and_requests_a_run_for_a_new_file(instance, folders, sample_queries):
+    dropped = Path(folders.inbox) / "arith-2024.parquet"
+    shutil.copy(sample_queries, dropped)
+    digest = file_digest(dropped)
+
+    result = tick(instance, folders)
+    assert [r.partition_keys for r in result.dynamic_partitions_requests] == [["arith-2024"]]
+    assert [(r.partition_key, r.run_key) for r in result.run_requests] == [("arith-2024", f"arith-2024:{digest[:16]}")]
+    assert result.run_requests[0].job_name in (None, "run_query_set")
+    stored = Path(folders.store) / "arith-2024.parquet"
+    assert file_digest(stored) == digest and not dropped.exists()
+    assert folders.path_for("arith-2024") == stored
+
+    # Once the daemon has added the partition, a later tick finds nothing new.
+    instance.add_dynamic_partitions("query_sets", ["arith-2024"])
+    again = tick(instance, folders)
+    assert again.run_requests == [] and again.dynamic_partitions_requests == []
+
+
+def test_sensor_rejects_bad_files_with_the_reason_and_loses_nothing(instance, folders, sample_queries):
+    inbox = Path(folders.inbox)
+    pq.write_table(pq.read_table(sample_queries).drop_columns(["prompt"]), inbox / "no_prompt.parquet")
+    (inbox / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    (inbox / "queries.csv").write_text("query_id,prompt\nq1,hi\n")
+    shutil.copy(sample_queries, inbox / "bad name!.parquet")
+    originals = {p.name: p.read_bytes() for p in inbox.iterdir()}
+
+    log = Records()
+    result = tick(instance, folders, log)
+    assert result.run_requests == [] and result.dynamic_partitions_requests == []
+    assert list(inbox.iterdir()) == []
+    rejected = Path(folders.rejected)
+    for name, data in originals.items():  # every file moved intact, its reason beside it
+        assert (rejected / name).read_bytes() == data, name
+        assert (rejected / f"{name}.reason.txt").read_text().strip(), name
+    assert "column 'prompt' is missing" in (rejected / "no_prompt.parquet.reason.txt").read_text()
+    assert "not a readable Parquet file" in (rejected / "broken.parquet.reason.txt").read_text()
+    assert "Parquet files named <key>.parquet" in (rejected / "queries.csv.reason.txt").read_text()
+    assert "cannot be a partition key" in (rejected / "bad name!.parquet.reason.txt").read_text()
+    warnings = [line for line in log.lines if line.startswith("WARNING rejected ")]
+    assert len(warnings) == 4 and any("no_prompt.parquet" in w and "'prompt' is missing" in w for w in warnings)
+    assert not Path(folders.store).exists() or not list(Path(folders.store).iterdir())
+
+
+def test_sensor_refuses_to_replace_a_query_set_and_keeps_both_files(instance, folders, sample_queries, tmp_path):
+    first = Path(folders.inbox) / "daily.parquet"
+    shutil.copy(sample_queries, first)
+    tick(instance, folders)
+    instance.add_dynamic_partitions("query_sets", ["daily"])
+    changed = pq.read_table(sample_queries).slice(0, 10)
+    pq.write_table(changed, Path(folders.inbox) / "daily.parquet")
+    newer = (Path(folders.inbox) / "daily.parquet").read_bytes()
+
+    result = tick(instance, folders)
+    assert result.run_requests == []
+    assert file_digest(Path(folders.store) / "daily.parquet") == file_digest(sample_queries)
+    assert (Path(folders.rejected) / "daily.parquet").read_bytes() == newer
+    assert "already exists with other content" in (Path(folders.rejected) / "daily.parquet.reason.txt").read_text()
+
+
+def test_sensor_waits_for_files_still_being_written(instance, folders, sample_queries):
+    slow = QueryFilesResource(inbox=folders.inbox, store=folders.store, rejected=folders.rejected, settle_seconds=3600)
+    shutil.copy(sample_queries, Path(slow.inbox) / "fresh.parquet")
+    (Path(slow.inbox) / ".fresh2.parquet.tmp").write_bytes(b"partial")
+    result = tick(instance, slow)
+    assert result.run_requests == [] and result.dynamic_partitions_requests == []
+    assert (Path(slow.inbox) / "fresh.parquet").exists() and not Path(slow.rejected).exists()
+
+
+def test_sensor_picks_up_a_stored_file_whose_partition_was_never_added(instance, folders, sample_queries):
+    Path(folders.store).mkdir()
+    shutil.copy(sample_queries, Path(folders.store) / "orphan.parquet")
+    result = tick(instance, folders)
+    assert [r.partition_keys for r in result.dynamic_partitions_requests] == [["orphan"]]
+    assert [r.partition_key for r in result.run_requests] == ["orphan"]
+
+
+# ---- asset checks, each passing and failing -------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, sim, sample_queries):
+    """One real run against the simulated pool; tests copy and alter it."""
+    root = tmp_path_factory.mktemp("checked")
+    pool = write_pool(root / "pool.yaml", sim.url, providers={"sim": {"max_concurrency": 32, "budget_usd": 5.0}})
+    cfg = runner.RunConfig(queries=sample_queries, pool=pool, data_dir=root / "data", run_id="checked",
+                           samples=2, progress=False)
+    runner.run_all(cfg)
+    return cfg
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(Path(finished_run.data_dir) / "runs" / "checked", data / "runs" / "checked")
+    cfg = runner.RunConfig(queries=finished_run.queries, pool=finished_run.pool, data_dir=data, run_id="checked",
+                           samples=2, progress=False)
+    return cfg, data / "runs" / "checked"
+
+
+def alter(path: Path, fn) -> None:
+    t = pq.read_table(path)
+    pq.write_table(fn(t).cast(t.schema), path)
+
+
+def duplicate_first_row(t: pa.Table) -> pa.Table:
+    return pa.concat_tables([t, t.slice(0, 1)])
+
+
+def test_valid_plan_share_check(run_copy):
+    cfg, run = run_copy
+    ok = checks.plans_valid_share(plans=cfg, checks=ChecksResource(min_valid_share=0.9))
+    assert ok.passed and ok.metadata["valid_share"].value == 1.0
+
+    def invalidate_a_quarter(t):
+        valid = [i % 4 != 0 for i in range(t.num_rows)]
+        return t.set_column(t.schema.get_field_index("valid"), "valid", pa.array(valid))
+    alter(run / "plans.parquet", invalidate_a_quarter)
+    bad = checks.plans_valid_share(plans=cfg, checks=ChecksResource(min_valid_share=0.9))
+    assert not bad.passed and bad.metadata["valid_share"].value == pytest.approx(0.75)
+    assert checks.plans_valid_share(plans=cfg, checks=ChecksResource(min_valid_share=0.7)).passed
+
+
+@pytest.mark.parametrize("table,check", [("plans", checks.plans_unique_ids), ("rewards", checks.rewards_unique_ids),
+                                          ("results", checks.executions_unique_ids),
+                                          ("traces", checks.executions_unique_ids)])
+def test_unique_ids_checks(run_copy, table, check):
+    cfg, run = run_copy
+    assert check(cfg).passed
+    alter(run / f"{table}.parquet", duplicate_first_row)
+    bad = check(cfg)
+    assert not bad.passed and "1 duplicate" in bad.description
+
+
+def test_every_plan_has_a_result_or_status_check(run_copy):
+    cfg, run = run_copy
+    ok = checks.executions_complete(cfg)
+    assert ok.passed and ok.metadata["plans"].value == 120
+    alter(run / "results.parquet", lambda t: t.slice(1))
+    missing = checks.executions_complete(cfg)
+    assert not missing.passed and "1 plan(s) without a result" in missing.description
+
+    def ok_without_answer(t):
+        status = t.column("status").to_pylist()
+        first_ok = status.index("ok")
+        answers = t.column("final_answer").to_pylist()
+        answers[first_ok] = None
+        return t.set_column(t.schema.get_field_index("final_answer"), "final_answer", pa.array(answers, pa.string()))
+    alter(run / "results.parquet", ok_without_answer)
+    silent = checks.executions_complete(cfg)
+    assert not silent.passed and "1 result(s) with neither an answer nor a failure status" in silent.description
+
+    alter(run / "results.parquet", lambda t: t.set_column(
+        t.schema.get_field_index("status"), "status", pa.array([None] * t.num_rows, pa.string())))
+    no_status = checks.executions_complete(cfg)
+    assert not no_status.passed and "119 result(s) with neither an answer nor a failure status" in no_status.description
+
+
+def test_spend_within_budget_check(run_copy):
+    cfg, run = run_copy
+    spent = pc.sum(pq.read_table(run / "results.parquet").column("cost_usd")).as_py()
+    assert spent > 0
+    ok = checks.executions_spend(cfg, checks=ChecksResource())
+    assert ok.passed and "provider sim budget_usd" in ok.metadata["caps"].value
+
+    run_cap = runner.RunConfig(**{**cfg.__dict__, "budget_usd": spent / 2})
+    over = checks.executions_spend(run_cap, checks=ChecksResource())
+    assert not over.passed and "run budget_usd" in over.description
+    capped = checks.executions_spend(cfg, checks=ChecksResource(max_run_usd=spent * 0.9))
+    assert not capped.passed and "checks max_run_usd" in capped.description
+
+
+def test_checks_are_attached_and_blocking_where_bad_output_must_not_flow():
+    specs = {(k.asset_key.to_user_string(), k.name): d for d in checks.ALL for k in d.check_keys}
+    blocking = {key for key, d in specs.items() if all(s.blocking for s in d.check_specs)}
+    assert blocking == {("plans", "valid_plan_share"), ("plans", "unique_ids"), ("executions", "unique_ids"),
+                        ("executions", "every_plan_has_result"), ("rewards", "unique_ids")}
+    assert ("executions", "spend_within_budget") in specs
+    graph_checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
+    assert set(specs) <= graph_checks
+
+
+# ---- concurrency pools ----------------------------------------------------------
+
+def test_pools_are_one_per_provider_of_the_pool_file():
+    pool = parse_pool({"providers": {"openai": {}, "local-vllm": {}},
+                       "workers": [{"id": "a", "model": "openai/gpt-x", "provider": "openai"},
+                                   {"id": "b", "model": "openai/gpt-y", "provider": "openai"},
+                                   {"id": "c", "model": "hosted_vllm/m", "provider": "local-vllm"},
+                                   {"id": "vote", "kind": "function"}]})
+    assert provider_pools(pool) == ["provider-local-vllm", "provider-openai"]
+    assert planner_pools("embedded", {}, pool) == [] and planner_pools("vllm", {"model": "/m"}, pool) == ["planner-vllm"]
+    # An LLM planner shares the pool of the provider it calls with the workers on it.
+    assert planner_pools("llm", {"model": "openai/gpt-x"}, pool) == ["provider-openai"]
+    assert planner_pools("llm", {"model": "hosted_vllm/m", "provider": "local-vllm"}, pool) == ["provider-local-vllm"]
+    planner_pool = parse_pool({"workers": [{"id": "p", "kind": "planner", "model": "x/y", "provider": "openai"},
+                                           {"id": "a", "model": "openai/gpt-x", "provider": "openai"}]})
+    assert planner_pools("llm", {"worker": "p"}, planner_pool) == ["provider-openai"]
+
+
+def test_llm_calling_assets_are_tagged_as_holding_provider_pools():
+    graph = defs.resolve_asset_graph()
+    tagged = {k.to_user_string() for k in graph.get_all_asset_keys()
+              if graph.get(k).tags.get("conductor/pools") == "provider"}
+    assert tagged == {"plans", "executions"}
+
+
+# A run in its own process, as the daemon launches them: it waits for a "go"
+# file, then holds its pools for HOLD_S seconds and writes when it held them.
+POOLED_RUN = """
+import json, sys, time
+from pathlib import Path
+from dagster import DagsterInstance, asset, materialize
+from pipelines.concurrency import hold_pools
+
+pools, out, go = sys.argv[1].split(","), Path(sys.argv[2]), Path(sys.argv[3])
+
+@asset
+def pooled(context):
+    with hold_pools(context, pools, poll_s=0.1) as held:
+        start = time.time()
+        time.sleep(1.0)
+        out.write_text(json.dumps([start, time.time(), held]))
+
+out.with_suffix(".ready").touch()
+while not go.exists():
+    time.sleep(0.05)
+with DagsterInstance.get() as instance:
+    assert materialize([pooled], instance=instance).success
+"""
+
+
+def start_runs(tmp_path, pools_per_run: list[str]):
+    script = tmp_path / "pooled_run.py"
+    script.write_text(POOLED_RUN)
+    go = tmp_path / "go"
+    procs, outs = [], []
+    for i, pools in enumerate(pools_per_run):
+        outs.append(tmp_path / f"run{i}.json")
+        procs.append(subprocess.Popen([sys.executable, str(script), pools, str(outs[-1]), str(go)], cwd=REPO,
+                                      env={**os.environ, "PYTHONPATH": str(REPO)}))
+    deadline = time.monotonic() + 60
+    while not all(o.with_suffix(".ready").exists() for o in outs):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "runs did not start"
+        time.sleep(0.05)
+    return procs, outs, go
+
+
+def finish(procs, outs):
+    for p in procs:
+        assert p.wait(60) == 0
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def test_parallel_runs_sharing_a_provider_take_turns(instance, tmp_path):
+    procs, outs, go = start_runs(tmp_path, ["provider-x,provider-y", "provider-y,provider-x"])
+    go.touch()  # both reach their pools at the same moment
+    (a0, a1, held_a), (b0, b1, held_b) = finish(procs, outs)
+    assert held_a == held_b == ["provider-x", "provider-y"]
+    assert b0 >= a1 or a0 >= b1  # never both inside the shared providers' pools at once
+    for name in ("provider-x", "provider-y"):
+        info = instance.event_log_storage.get_concurrency_info(name)
+        assert info.slot_count == 1 and not info.claimed_slots and not info.pending_steps
+
+
+def test_a_step_waits_while_its_provider_pool_is_full_and_other_providers_go_on(instance, tmp_path):
+    storage = instance.event_log_storage
+    storage.set_concurrency_slots("provider-x", 1)
+    assert storage.claim_concurrency_slot("provider-x", "other-run", "executions").is_claimed
+    procs, outs, go = start_runs(tmp_path, ["provider-x", "provider-z"])
+    go.touch()
+    assert procs[1].wait(60) == 0 and json.loads(outs[1].read_text())[2] == ["provider-z"]
+    deadline = time.monotonic() + 30
+    while not storage.get_concurrency_info("provider-x").pending_steps:  # queued behind the other run
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert not outs[0].exists() and procs[0].poll() is None
+    freed = time.time()
+    storage.free_concurrency_slots_for_run("other-run")
+    [(start, _, held)] = finish(procs[:1], outs[:1])
+    assert held == ["provider-x"] and start >= freed
+
+
+def test_executions_retries_and_jobs_carry_retry_tags():
+    policy = defs.get_assets_def("executions").op.retry_policy
+    assert policy is not None and policy.max_retries >= 2 and policy.delay
+    job = defs.resolve_job_def("run_query_set")
+    assert job.tags["dagster/max_retries"] == "2"
+    assert job.tags["dagster/retry_on_asset_or_op_failure"] == "false"
+
+
+def test_checked_in_instance_keeps_everything_under_dagster_home(instance, tmp_path):
+    home = tmp_path / "dagster_home"
+    assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
+    assert instance.global_op_concurrency_default_limit == 1
+    assert instance.event_log_storage.supports_global_concurrency_limits
+    assert yaml.safe_load(INSTANCE_YAML.read_text())["telemetry"] == {"enabled": False}
+    assert instance.root_directory == str(home)
+    assert (home / "history").is_dir() and (home / "schedules").is_dir()
+
+
+# ---- the Kubernetes configuration (docs/scaling.md) -----------------------------
+
+def test_k8s_instance_config_validates_against_dagster_and_dagster_k8s(tmp_path):
+    from dagster import QueuedRunCoordinator
+    from dagster._config import process_config
+    from dagster._core.instance.config import dagster_instance_config
+    from dagster_k8s import K8sRunLauncher
+
+    shutil.copy(DEPLOY / "dagster.k8s.yaml", tmp_path / "dagster.yaml")
+    cfg, _ = dagster_instance_config(str(tmp_path))  # raises on any schema error
+    assert "postgres" in cfg["storage"]
+    launcher = cfg["run_launcher"]
+    assert (launcher["module"], launcher["class"]) == ("dagster_k8s", "K8sRunLauncher")
+    checked = process_config(K8sRunLauncher.config_type(), launcher["config"])
+    assert checked.success, checked.errors
+    assert process_config(QueuedRunCoordinator.config_type(), cfg["run_coordinator"].get("config") or {}).success
+    assert cfg["run_retries"]["enabled"] and cfg["concurrency"]["pools"]["default_limit"] == 1
+
+    broken = dict(launcher["config"], job_namespaces="typo")
+    assert not process_config(K8sRunLauncher.config_type(), broken).success
+
+
+def test_k8s_executor_config_loads_as_the_code_locations_executor(tmp_path):
+    from dagster_k8s import k8s_job_executor
+
+    from pipelines.executors import executor_from_env
+
+    executor = executor_from_env({"CONDUCTOR_K8S_EXECUTOR": str(DEPLOY / "executor.k8s.yaml")})
+    assert executor.executor_creation_fn is k8s_job_executor.executor_creation_fn
+    per_step = yaml.safe_load((DEPLOY / "executor.k8s.yaml").read_text())["per_step_k8s_config"]
+    assert per_step["plans"]["container_config"]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert executor_from_env({}).name == "in_process"
+
+    bad = tmp_path / "executor.yaml"
+    bad.write_text("job_namespace: conductor\nmax_concurent: 4\n")
+    with pytest.raises(Exception, match="max_concurent"):
+        executor_from_env({"CONDUCTOR_K8S_EXECUTOR": str(bad)})
+
+
+def test_helm_values_and_vllm_deployment_agree_with_the_instance():
+    values = yaml.safe_load((DEPLOY / "helm" / "values.yaml").read_text())
+    instance = yaml.safe_load((DEPLOY / "dagster.k8s.yaml").read_text())
+    deployment = values["dagster-user-deployments"]["deployments"][0]
+    assert deployment["dagsterApiGrpcArgs"] == ["-m", "pipelines.definitions"]
+    workspace = yaml.safe_load((REPO / "workspace.yaml").read_text())
+    assert workspace["load_from"][0]["python_module"]["module_name"] == "pipelines.definitions"
+    env = {e["name"]: e["value"] for e in deployment["env"]}
+    assert env["CONDUCTOR_K8S_EXECUTOR"].endswith("deploy/executor.k8s.yaml")
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    assert values["concurrency"]["pools"]["defaultLimit"] == instance["concurrency"]["pools"]["default_limit"]
+    daemon = values["dagsterDaemon"]
+    assert daemon["runRetries"]["maxRetries"] == instance["run_retries"]["max_retries"]
+    assert daemon["runRetries"]["retryOnAssetOrOpFailure"] == instance["run_retries"]["retry_on_asset_or_op_failure"]
+    assert (values["runLauncher"]["config"]["k8sRunLauncher"]["jobNamespace"]
+            == instance["run_launcher"]["config"]["job_namespace"])
+
+    docs = list(yaml.safe_load_all((DEPLOY / "vllm-planner.k8s.yaml").read_text()))
+    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+    container = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    args = dict(a.lstrip("-").split("=", 1) for a in container["args"] if "=" in a)
+    gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert int(args["tensor-parallel-size"]) * int(args["data-parallel-size"]) == gpus

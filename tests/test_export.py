@@ -1,0 +1,141 @@
+"""`conductor export`: a run's K rollouts per query, written in the layouts TRL's GRPO
+trainer and verl read, Parquet and JSONL holding the same rows, with rewards,
+group advantages, propensities and costs that match what the pipeline logged."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from conductor.export import TRL, VERL
+from conductor.planners import prompt as prompts
+from conductor.planners.base import Query
+from conductor.pool import load_pool
+from conductor.queries import load_queries
+from conductor.runner import RunConfig, run_all
+from tests.conftest import run_cli, write_pool
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory, sim, sample_queries):
+    """A real run: K=4 plans per query from the embedded planner against the simulated pool."""
+    d = tmp_path_factory.mktemp("export")
+    pool = write_pool(d / "pool.yaml", sim.url)
+    summary = run_all(RunConfig(queries=sample_queries, pool=pool, data_dir=d / "data", run_id="roll",
+                                samples=K, planner_options={"policy": "none", "explore": 0.3}, progress=False))
+    assert summary["plans"] == 60 * K
+    return d, pool, sample_queries
+
+
+def _read_both(out):
+    table = pq.read_table(out / "train.parquet")
+    lines = [orjson.loads(x) for x in (out / "train.jsonl").read_bytes().splitlines()]
+    return table, lines
+
+
+def test_trl_layout_holds_prompt_completion_reward_and_matches_the_run(rollout):
+    d, pool_path, queries = rollout
+    out = d / "trl"
+    r = run_cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "trl", "--out", out)
+    assert r.returncode == 0, r.stderr
+    table, lines = _read_both(out)
+    assert table.schema.equals(TRL)
+    assert table.num_rows == len(lines) == 60 * K
+    assert table.to_pylist() == lines  # Parquet and JSONL agree, row for row
+
+    run = d / "data" / "runs" / "roll"
+    rewards = {x["plan_id"]: x for x in pq.read_table(run / "rewards.parquet").to_pylist()}
+    plans = {x["plan_id"]: x for x in pq.read_table(run / "plans.parquet").to_pylist()}
+    pool = load_pool(pool_path)
+    qs = {q["query_id"]: q for q in load_queries(queries).to_pylist()}
+    for row in lines:
+        # TRL's conversational prompt-completion format.
+        assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+        assert row["completion"] == [{"role": "assistant", "content": plans[row["plan_id"]]["raw_text"]}]
+        # The prompt is what an LLM conductor over this pool would be asked for this query.
+        q = qs[row["query_id"]]
+        assert row["prompt"] == prompts.messages(Query(q["query_id"], q["prompt"], q["task"]), pool, "structured", 5)
+        assert orjson.loads(row["completion"][0]["content"])["steps"]
+        logged = rewards[row["plan_id"]]
+        assert row["reward"] == logged["reward"] and row["advantage"] == logged["advantage"]
+        assert row["correct"] == logged["correct"] and row["reference"] == q["reference"]
+        # The embedded planner logs a propensity, never a log-probability.
+        assert row["logprob"] is None and 0 < row["propensity"] <= 1
+        assert row["propensity"] == plans[row["plan_id"]]["propensity"]
+        assert row["cost_usd"] >= 0
+
+    # Advantages are GRPO's: per query, (r - mean) / (sample std + 1e-4) over the K plans.
+    groups: dict[str, list[dict]] = {}
+    for row in lines:
+        groups.setdefault(row["query_id"], []).append(row)
+    assert all(len(g) == K for g in groups.values())
+    varied = 0
+    for g in groups.values():
+        rs = [x["reward"] for x in g]
+        sd = statistics.stdev(rs)
+        for x in g:
+            assert x["advantage"] == pytest.approx((x["reward"] - statistics.fmean(rs)) / (sd + 1e-4))
+        assert sum(x["advantage"] for x in g) == pytest.approx(0, abs=1e-9)
+        varied += sd > 0
+    assert varied > 5  # the groups hold real signal, not only ties
+
+
+def test_verl_layout_has_one_row_per_query_with_its_rollouts(rollout):
+    d, _, queries = rollout
+    out = d / "verl"
+    assert run_cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "verl",
+                   "--out", out).returncode == 0
+    table, lines = _read_both(out)
+    assert table.schema.equals(VERL)
+    assert table.to_pylist() == lines and len(lines) == 60
+    trl = {x["plan_id"]: x for x in pq.read_table(d / "trl" / "train.parquet").to_pylist()} \
+        if (d / "trl").exists() else None
+    rows = load_queries(queries).to_pylist()
+    qs = {q["query_id"]: q for q in rows}
+    index = {q["query_id"]: i for i, q in enumerate(rows)}
+    for row in lines:
+        q = qs[row["extra_info"]["query_id"]]
+        assert row["data_source"] == "conductor/small"
+        assert row["ability"] == q["task"]
+        assert row["reward_model"] == {"style": "rule", "ground_truth": q["reference"]}
+        assert row["prompt"][1]["role"] == "user" and q["prompt"] in row["prompt"][1]["content"]
+        assert len(row["responses"]) == len(row["rewards"]) == len(row["advantages"]) == K
+        assert len(row["propensities"]) == len(row["costs_usd"]) == len(row["plan_ids"]) == K
+        assert row["extra_info"]["index"] == index[q["query_id"]] and row["extra_info"]["run_id"] == "roll"
+        if trl is not None:  # the same rollouts as the per-plan layout
+            for pid, resp, rew, adv in zip(row["plan_ids"], row["responses"], row["rewards"], row["advantages"]):
+                assert trl[pid]["completion"][0]["content"] == resp
+                assert (trl[pid]["reward"], trl[pid]["advantage"]) == (rew, adv)
+
+
+def test_a_cost_penalty_rescales_rewards_and_recomputes_advantages(rollout, tmp_path):
+    from conductor.export import export_run
+
+    d, _, _ = rollout
+    plain = export_run(d / "data", "roll", "trl", tmp_path / "plain")
+    lam = 2000.0
+    penalized = export_run(d / "data", "roll", "trl", tmp_path / "pen", cost_penalty=lam)
+    a = {x["plan_id"]: x for x in pq.read_table(plain.parquet).to_pylist()}
+    b = {x["plan_id"]: x for x in pq.read_table(penalized.parquet).to_pylist()}
+    assert orjson.loads(penalized.meta.read_bytes())["reward"].endswith(f"minus {lam:g} x USD")
+    changed = 0
+    for pid, x in a.items():
+        base = 1.0 if x["correct"] else (0.5 if x["parsed"] and x["status"] == "ok" else 0.0)
+        assert b[pid]["reward"] == pytest.approx(base - lam * x["cost_usd"])
+        changed += not math.isclose(b[pid]["advantage"], x["advantage"], abs_tol=1e-9)
+    assert changed > 0  # cheaper plans now gain relative to their group
+
+
+def test_export_errors_name_what_is_wrong(rollout, tmp_path):
+    d, _, _ = rollout
+    r = run_cli("export", "--run", "nope", "--data-dir", d / "data", "--format", "trl", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "run nope: not found" in r.stderr
+    r = run_cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "csv", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,229 @@
+"""The answer graders on the forms models really answer in, and on the
+equivalences a reader would accept as the same answer."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conductor.grading import Grade, answers_agree, extract_answer, grade
+
+# ------------------------------------------------------------------ math extraction
+
+GSM_JSON = """```json
+{
+    "reasoning": "She sells 16 - 3 - 4 = 9 eggs at $2 each, so 9 * 2 = 18.",
+    "answer": "18"
+}
+```"""
+GSM_JSON_NUMBER = '{"reasoning": "4 + 12 + 60 = 76", "answer": 76}'
+GSM_JSON_MALFORMED = '```json\n{\n  "reasoning": "He has "about" 5 - 2 = 3 left",\n  "answer": "3"\n```'
+GSM_JSON_UNQUOTED = '{\n "reasoning": "the total is 5 + 4 + 2 = 11 per day, times 7",\n "answer": 77\n'
+GSM_JSON_SENTENCE = '{"reasoning": "...", "answer": "Julie had $300 left."}'
+GSM_JSON_EXPRESSION = '{"reasoning": "...", "answer": "50 * 1.20 = 60"}'
+GSM_JSON_CORRECTED = ('```json\n{"reasoning": "...", "answer": "145"}\n```\nApologies, the subtraction was wrong: '
+                      '400 - 355 = 45. The corrected JSON:\n```json\n{"reasoning": "...", "answer": "45"}\n```')
+GSM_JSON_TEMPLATE_ECHO = ('{"reasoning": "20 / 2 = 10", "answer": "10"}\n\n## Instruction\nPresent your answer as\n'
+                          '```json\n{\n    "reasoning": "___",\n    "answer": "___"\n}\n```')
+
+
+@pytest.mark.parametrize("response, expected", [
+    (GSM_JSON, "18"),
+    (GSM_JSON_NUMBER, "76"),
+    (GSM_JSON_MALFORMED, "3"),
+    (GSM_JSON_UNQUOTED, "77"),
+    (GSM_JSON_SENTENCE, "300"),
+    (GSM_JSON_EXPRESSION, "60"),
+    (GSM_JSON_CORRECTED, "45"),
+    (GSM_JSON_TEMPLATE_ECHO, "10"),
+    ("Working...\nAnswer: 42", "42"),
+    ("**Final Answer:** 1,234.50", "1234.5"),
+    ("Answer:\n  $18.", "18"),
+    ("so the answer is 7.5 hours.", "7.5"),
+    ("Thus $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
+    ("We get \\boxed{\\frac{\\sqrt{3}}{2}} in the end", "\\frac{\\sqrt{3}}{2}"),
+    ("First 3 + 4 = 7 apples.\nThen she has 18 apples left.", "18"),
+    ("Answer: 18 eggs", "18"),
+    ("Answer: $1,450,000", "1450000"),
+    ("Answer: €77", "77"),
+    ("Answer: 42%", "42"),
+    ("Answer: -$21", "-21"),
+    ("Answer: 1/2 cup", "1/2"),
+    ("Answer: x^2 + 1", "x^2 + 1"),
+])
+def test_math_extraction_forms(response, expected):
+    assert extract_answer(response, "math") == expected
+
+
+def test_math_without_any_number_is_unparsed():
+    g = grade("math", "I have no reliable answer to this.\nAnswer: unknown", "12")
+    assert g == Grade(answer=None, parsed=False, correct=False)
+
+
+# ------------------------------------------------------------------ math equivalence
+
+@pytest.mark.parametrize("response, reference", [
+    ("Answer: 1/2", "0.5"),
+    ("Answer: 0.5", "1/2"),
+    ("Answer: 1,000", "1000"),
+    ("Answer: 1000", "1,000"),
+    ("Answer: $18.", "18"),
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("Answer: 42%", "42"),
+    ("Answer: 120.70", "120.7"),
+    ("Answer: 2\\pi", "6.283185307179586"),
+    ("Answer: (5 + 4 + 2) * 7", "77"),
+    ("Answer: 2x + 2", "2(x+1)"),
+    ('{"answer": "$1,596"}', "1,596"),
+])
+def test_math_equivalent_answers_are_correct(response, reference):
+    g = grade("math", response, reference)
+    assert g.parsed and g.correct is True, g
+
+
+@pytest.mark.parametrize("response, reference", [
+    ("Answer: 19", "18"),
+    ("Answer: 1/3", "0.33"),
+    ("Answer: 120.71", "120.70"),
+    ("Answer: 2x + 3", "2(x+1)"),
+    ("Answer: 5/0", "5"),
+])
+def test_math_different_answers_are_wrong(response, reference):
+    g = grade("math", response, reference)
+    assert g.parsed and g.correct is False, g
+
+
+def test_math_verify_is_bounded_on_adversarial_input():
+    start = time.perf_counter()
+    for bad in ("Answer: " + "(" * 40 + "1" + ")" * 40, "Answer: 9^9^9^9^9^9", "Answer: 10^{10^{10^{10}}}"):
+        assert grade("math", bad, "5").correct is False
+    assert time.perf_counter() - start < 15
+
+
+def test_math_grading_works_outside_the_main_thread():
+    out = {}
+
+    def run():
+        out["plain"] = grade("math", "Answer: 1,000", "1000").correct
+        out["latex"] = grade("math", "\\boxed{\\frac{1}{2}}", "0.5").correct
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    assert out == {"plain": True, "latex": True}
+
+
+# ------------------------------------------------------------------ choice
+
+@pytest.mark.parametrize("response, expected", [
+    ("Let's think step by step. ... The answer is (C).", "C"),
+    ("Answer: C", "C"),
+    ("Reasoning...\nAnswer: (D)", "D"),
+    ("so the answer is C.", "C"),
+    ('{"reasoning": "...", "answer": "C"}', "C"),
+    ('```json\n{"answer": "(B) mitochondria"}\n```', "B"),
+    ("**C**", "C"),
+    ("(C) The mitochondria", "C"),
+    ("C", "C"),
+    ("Answer: c", "C"),
+    ("The answer is **(F)**.", "F"),
+    ("The answer is **A. Epithelial tissue proliferation**.", "A"),
+    ("Thus the answer is $\\boxed{D}$.", "D"),
+    ("The answer is \\( I \\).", "I"),
+    ("The correct answer is:\n\nH. decrease the interest rate", "H"),
+    ("The closest option is J. So the answer is J", "J"),
+    # 5-shot chain of thought that runs on into made-up next questions: the first answer counts
+    ("... The answer is (B).\nThe answer is (D).\nThe answer is (A).", "B"),
+    ("Option E is the best supported by the reasoning above.\nAnswer: E", "E"),
+])
+def test_choice_extraction_forms(response, expected):
+    assert extract_answer(response, "choice") == expected
+
+
+@pytest.mark.parametrize("response", [
+    "",
+    "I cannot answer this question without more information.",
+    "A. first option\nB. second option\nC. third option",   # a list of options, no choice made
+    "The answer is (B,H,J).",                                 # several letters are not one answer
+    "Answer: unknown",
+    "Now, let's evaluate the options:\nA. Begging the Question:",
+])
+def test_choice_without_a_single_letter_is_unparsed(response):
+    assert extract_answer(response, "choice") is None
+    assert grade("choice", response, "B").parsed is False
+
+
+def test_choice_grading():
+    assert grade("choice", "The answer is (C).", "C") == Grade("C", True, True)
+    assert grade("choice", "The answer is (C).", "D") == Grade("C", True, False)
+    assert grade("choice", "The answer is (C).", "(C)").correct is True
+
+
+# ------------------------------------------------------------------ exact
+
+@pytest.mark.parametrize("response, reference, correct", [
+    ("Answer: Paris", "paris", True),
+    ("Answer: The Eiffel Tower!", "eiffel tower", True),
+    ("Answer:   an  apple.", "Apple", True),
+    ("The answer is F. Scott Fitzgerald.", "F. Scott Fitzgerald", True),
+    ("Copenhagen", "Copenhagen", True),
+    ("Recalling the relevant fact.\nThe answer is Hg.\nAnswer: Hg", "Hg", True),
+    ("Answer: Oslo", "Copenhagen", False),
+    ("Answer: Paris, France", "Paris", False),
+])
+def test_exact_normalized_equality(response, reference, correct):
+    assert grade("exact", response, reference).correct is correct
+
+
+def test_exact_answer_is_normalized():
+    assert extract_answer("Answer: The Great  Gatsby.", "exact") == "great gatsby"
+
+
+# ------------------------------------------------------------------ no task, no reference, no response
+
+def test_no_task_extracts_but_does_not_grade():
+    assert grade(None, "Working.\nAnswer: 42 apples", "42") == Grade("42 apples", True, None)
+
+
+def test_no_reference_extracts_but_does_not_grade():
+    assert grade("math", "Answer: 1,000", None) == Grade("1000", True, None)
+    assert grade("choice", "The answer is (B).", None) == Grade("B", True, None)
+
+
+@pytest.mark.parametrize("task", ["math", "choice", "exact", None])
+@pytest.mark.parametrize("response", [None, "", "   \n "])
+def test_empty_response_is_unparsed(task, response):
+    g = grade(task, response, "5")
+    assert g.parsed is False and g.answer is None
+    assert g.correct is (None if task is None else False)
+
+
+def test_unknown_task_is_refused():
+    with pytest.raises(ValueError, match="unknown task 'maths'"):
+        grade("maths", "Answer: 1", "1")
+
+
+# ------------------------------------------------------------------ majority voting
+
+def test_answers_agree_on_equivalent_final_answers():
+    assert answers_agree("math", "I think 2 + 2.\nAnswer: 1/2", '{"answer": "0.50"}')
+    assert answers_agree("math", "Answer: 1,000", "Answer: 1000 dollars")
+    assert not answers_agree("math", "Answer: 18", "Answer: 19")
+    assert answers_agree("choice", "The answer is (C).", "Answer: C")
+    assert not answers_agree("choice", "The answer is (C).", "Answer: D")
+    assert answers_agree("exact", "Answer: The Beatles", "answer: beatles")
+    assert not answers_agree("math", "Answer: 18", "no idea")
+
+
+@pytest.mark.parametrize("task, response", [
+    ("math", '{"answer": "$1,234.50"}'),
+    ("math", "\\boxed{\\frac{1}{2}}"),
+    ("choice", "The answer is (C)."),
+    ("exact", "Answer: The Great Gatsby."),
+])
+def test_extracting_again_from_an_answer_line_gives_it_back(task, response):
+    """The vote and extract functions write "Answer: <extracted>" for later graders."""
+    a = extract_answer(response, task)
+    assert a is not None and extract_answer(f"Votes: x2\nAnswer: {a}", task) == a

@@ -1,0 +1,141 @@
+"""The whole pipeline through the CLI, as a user runs it: outputs, SQL, reruns, bad input."""
+
+from __future__ import annotations
+
+import duckdb
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conductor import schemas
+from tests.conftest import files_under, run_cli, write_pool
+
+
+def test_run_writes_all_four_tables_and_sql_reads_them(tmp_path, fresh_sim, sample_queries):
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    data = tmp_path / "data"
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "first")
+    assert r.returncode == 0, r.stderr
+    for line in ("queries", "valid plans", "accuracy", "cost", "tokens per query", "wall time", "outputs"):
+        assert line in r.stdout
+    run = data / "runs" / "first"
+    for name, schema in schemas.TABLES.items():
+        table = pq.read_table(run / f"{name}.parquet")
+        assert table.schema.equals(schema), name
+    results = pq.read_table(run / "results.parquet")
+    assert results.num_rows == 60
+    assert set(results.column("status").to_pylist()) == {"ok"}
+    traces = pq.read_table(run / "traces.parquet")
+    assert all(traces.column("simulated").to_pylist())  # labeled simulated
+    assert pq.ParquetFile(run / "traces.parquet").metadata.row_group(0).column(0).compression == "ZSTD"
+
+    r = run_cli("sql", "SELECT (SELECT count(*) FROM plans), (SELECT count(*) FROM traces), "
+                       "(SELECT count(*) FROM results), (SELECT count(*) FROM rewards), "
+                       "(SELECT count(*) FROM runs)", "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    counts = [int(x) for x in r.stdout.strip().splitlines()[-1].split(",")]
+    assert counts[0] == 60 and counts[1] == traces.num_rows and counts[2] == 60 and counts[3] == 60
+    assert counts[4] == 1
+
+    # Accuracy in the summary is what the rewards table says.
+    with duckdb.connect(str(data / "conductor.duckdb"), read_only=True) as con:
+        acc = con.sql("SELECT avg(correct::INT) FROM rewards").fetchone()[0]
+    summary = orjson.loads((run / "summary.json").read_bytes())
+    assert summary["accuracy"] == pytest.approx(acc)
+
+    # A new run id leaves the earlier run untouched.
+    before = {p: p.stat().st_mtime_ns for p in files_under(run)}
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "second")
+    assert r.returncode == 0, r.stderr
+    assert {p: p.stat().st_mtime_ns for p in files_under(run)} == before
+    r = run_cli("sql", "SELECT run_id, count(*) FROM results GROUP BY ALL ORDER BY 1", "--data-dir", data,
+                "--format", "csv")
+    assert r.stdout.strip().splitlines()[1:] == ["first,60", "second,60"]
+
+
+def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sample_queries):
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    data = tmp_path / "data"
+    first = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache")
+    assert first.returncode == 0, first.stderr
+    sent = fresh_sim.log()["total"]
+    again = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache")
+    assert again.returncode == 0, again.stderr
+    assert "(resumed)" in again.stdout
+    assert fresh_sim.log()["total"] == sent  # nothing was sent twice, even without the cache
+    assert len(list((data / "runs").iterdir())) == 1
+
+
+def test_sql_errors_are_clear(tmp_path, fresh_sim, sample_queries):
+    r = run_cli("sql", "SELECT 1", "--data-dir", tmp_path / "empty")
+    assert r.returncode == 2 and "no runs under" in r.stderr
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    data = tmp_path / "data"
+    assert run_cli("run", sample_queries, "--pool", pool, "--data-dir", data).returncode == 0
+    r = run_cli("sql", "SELECT nope FROM results", "--data-dir", data)
+    assert r.returncode == 2 and "SQL error" in r.stderr and "nope" in r.stderr
+
+
+# ---- bad input: exit status, message, and nothing written ------------------
+
+def _write(path, **cols):
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
+BAD_QUERY_SETS = {
+    "missing_file": (None, ["file not found"]),
+    "not_parquet": ("garbage", ["not a readable Parquet file"]),
+    "no_prompt_column": ({"query_id": ["a", "b"], "text": ["x", "y"]}, ["column 'prompt' is missing"]),
+    "no_id_column": ({"prompt": ["x"]}, ["column 'query_id' is missing"]),
+    "null_and_empty_prompts": ({"query_id": ["a", "b", "c"], "prompt": ["ok", None, "  "]},
+                               ["column 'prompt' is null or empty", "'b'", "'c'"]),
+    "duplicate_ids": ({"query_id": ["a", "b", "a", "c", "c"], "prompt": list("vwxyz")},
+                      ["column 'query_id' has 2 duplicate id(s)", "'a'", "'c'"]),
+    "unknown_task": ({"query_id": ["a", "b"], "prompt": ["x", "y"], "task": ["math", "poetry"]},
+                     ["column 'task' has unknown value(s) 'poetry'", "'b'"]),
+    "bad_metadata": ({"query_id": ["a", "b"], "prompt": ["x", "y"], "metadata": ['{"k": 1}', "{oops"]},
+                     ["column 'metadata' is not valid JSON", "'b'"]),
+    "prompt_not_text": ({"query_id": ["a"], "prompt": [3]}, ["column 'prompt' must hold strings"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_QUERY_SETS))
+def test_bad_query_set_is_refused_and_nothing_is_written(tmp_path, case, fresh_sim):
+    content, expected = BAD_QUERY_SETS[case]
+    path = tmp_path / f"{case}.parquet"
+    if isinstance(content, str):
+        path.write_text(content)
+    elif isinstance(content, dict):
+        _write(path, **content)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    data = tmp_path / "data"
+    r = run_cli("run", path, "--pool", pool, "--data-dir", data)
+    assert r.returncode == 2
+    assert str(path) in r.stderr
+    for text in expected:
+        assert text in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert files_under(data) == []
+    assert fresh_sim.log()["total"] == 0
+
+
+def test_bad_pool_file_is_refused_and_nothing_is_written(tmp_path, sample_queries):
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("workers:\n  - id: a\n    model: openai/a\n    price: {input_per_mtok: cheap, output_per_mtok: 1}\n")
+    data = tmp_path / "data"
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data)
+    assert r.returncode == 2
+    assert f"pool file {pool}" in r.stderr and "workers[0] (a).price.input_per_mtok: must be a number" in r.stderr
+    assert files_under(data) == []
+
+
+def test_reusing_a_run_id_for_other_inputs_is_refused(tmp_path, fresh_sim, sample_queries):
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    data = tmp_path / "data"
+    assert run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "x").returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in files_under(data / "runs")}
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "x", "--samples", "2")
+    assert r.returncode == 2 and "run x already exists" in r.stderr
+    assert {p: p.stat().st_mtime_ns for p in files_under(data / "runs")} == before

@@ -1,0 +1,315 @@
+"""The LLM planner (any chat model through litellm) against the simulated server:
+the server's planner behaviour, structured and free planning through the
+executor (journal, cost, cache), a killed planning stage, and budgets that count
+what planning spent."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+from jsonschema import Draft202012Validator
+
+from conductor.errors import ConductorError
+from conductor.planners import make_planner
+from conductor.planners import prompt as P
+from conductor.planners.base import Query
+from conductor.planners.schema import plan_schema
+from conductor.plans import parse_plan
+from conductor.pool import load_pool
+from conductor.runner import RunConfig, run_all
+from tests import plannersim
+from tests.conftest import REPO, run_cli
+
+LLM = {"worker": "conductor", "structured": "on", "temperature": 1.0}
+
+
+@pytest.fixture(scope="module")
+def psim(tmp_path_factory):
+    with plannersim.start(tmp_path_factory.mktemp("psim")) as handle:
+        yield handle
+
+
+@pytest.fixture
+def sim(psim):
+    psim.clear_faults()
+    psim.reset()
+    return psim
+
+
+@pytest.fixture(scope="module")
+def queries(tmp_path_factory):
+    return plannersim.math_queries(tmp_path_factory.mktemp("q") / "math.parquet", 12)
+
+
+def run(tmp_path, pool, queries, *, run_id=None, data="data", **kw):
+    cfg = RunConfig(queries=queries, pool=pool, data_dir=tmp_path / data, run_id=run_id, progress=False,
+                    planner="llm", **kw)
+    summary = run_all(cfg)
+    return summary, tmp_path / data / "runs" / summary["run_id"]
+
+
+def journal(run_dir, name="planner"):
+    path = run_dir / "work" / name / "steps.jsonl" if name else run_dir / "work" / "steps.jsonl"
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def post(sim, body: dict) -> dict:
+    req = urllib.request.Request(sim.url + "/chat/completions", data=orjson.dumps(body),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=10) as resp:
+        return orjson.loads(resp.read())
+
+
+# ---- the simulated planner --------------------------------------------------
+
+def test_sim_planner_answers_a_json_schema_with_a_valid_plan_fixed_per_request(sim, tmp_path, queries):
+    pool = load_pool(plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=plannersim.planner_worker(
+        sim.url)))
+    schema = plan_schema(pool, max_steps=4, instruction_chars=400)
+    validator = Draft202012Validator(schema)
+    q = Query("q", pq.read_table(queries).column("prompt")[0].as_py(), "math")
+    texts = []
+    for seed in range(20):
+        body = {"model": "sim-replanner", "seed": seed, "messages": P.messages(q, pool, "structured", 4,
+                                                                             instruction_chars=400),
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "plan", "schema": schema, "strict": True}}}
+        text = post(sim, body)["choices"][0]["message"]["content"]
+        assert post(sim, body)["choices"][0]["message"]["content"] == text  # fixed per request
+        doc = orjson.loads(text)
+        validator.validate(doc)  # enum workers, step bounds, access to earlier steps only, instruction pattern
+        plan = parse_plan(text, pool, max_steps=4)
+        assert q.prompt in plan.steps[0].instruction  # quoted verbatim, so workers can answer it
+        texts.append(text)
+    assert len(set(texts)) >= 4  # the seed changes the plan
+    workers = {s["worker"] for t in texts for s in orjson.loads(t)["steps"]}
+    assert "conductor" in workers and {"fast", "weak"} & workers  # replan_rate 1: planner steps appear
+
+    other = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 5},
+                                              "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                       "minItems": 1, "maxItems": 2}},
+             "required": ["n", "tags"], "additionalProperties": False}
+    body = {"model": "sim-planner", "messages": [{"role": "user", "content": "anything"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": other}}}
+    Draft202012Validator(other).validate(orjson.loads(post(sim, body)["choices"][0]["message"]["content"]))
+
+
+def test_sim_planner_without_a_schema_reasons_then_writes_three_lists(sim, tmp_path, queries):
+    pool = load_pool(plannersim.pool_file(tmp_path / "pool.yaml", sim.url))
+    q = Query("q", "What is 6 times 7?\nThink first.", "math")
+    body = {"model": "sim-planner", "seed": 3, "logprobs": True, "messages": P.messages(q, pool, "free")}
+    choice = post(sim, body)["choices"][0]
+    text = choice["message"]["content"]
+    assert text.splitlines()[0].startswith("Reasoning: ")
+    assert "model_id = [" in text and "subtasks = [" in text and "access_list = [" in text
+    plan = parse_plan(text, pool)
+    assert plan.steps[0].instruction.startswith(q.prompt)  # free text keeps the newline
+    assert {s.worker for s in plan.steps} <= {"fast", "weak", "vote"}
+    tokens = choice["logprobs"]["content"]
+    assert "".join(t["token"] for t in tokens) == text and all(t["logprob"] <= 0 for t in tokens)
+    assert post(sim, {**body, "logprobs": False})["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("simulate, message", [
+    ({"role": "boss"}, "simulate.role: must be one of worker, planner (got 'boss')"),
+    ({"role": "planner", "replan_rate": 2}, "simulate.replan_rate: must be a fraction in [0, 1]"),
+])
+def test_bad_planner_simulation_settings_are_refused(simulate, message):
+    from conductor.pool import parse_pool
+    from conductor.sim.config import SimConfigError, served_models
+
+    pool = parse_pool({"workers": [{"id": "p", "kind": "planner", "model": "openai/p", "simulate": simulate}]})
+    with pytest.raises(SimConfigError, match=re.escape(f"worker p: {message}")):
+        served_models(pool)
+
+
+# ---- planning through the executor -----------------------------------------
+
+def test_structured_plans_go_through_the_executor_journal_and_cache(sim, tmp_path, queries):
+    pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=plannersim.planner_worker(sim.url))
+    summary, run_dir = run(tmp_path, pool, queries, samples=3, planner_options=LLM, run_id="one")
+
+    plans = pq.read_table(run_dir / "plans.parquet").to_pylist()
+    assert len(plans) == 36 and all(p["valid"] for p in plans)
+    rows = journal(run_dir)
+    assert len(rows) == 36 and sim.log()["by_model"]["sim-planner"] == 36
+    by_plan = {r["plan_id"]: r for r in rows}
+    for p in plans:
+        info = orjson.loads(p["info_json"])
+        r = by_plan[p["plan_id"]]
+        assert p["planner"] == "llm" and p["template_version"] == P.TEMPLATE_VERSION
+        assert info["mode"] == "structured" and info["worker"] == "conductor" and info["seed"] == p["sample"]
+        assert p["raw_text"] == r["response_text"] and p["prompt_tokens"] == r["prompt_tokens"] > 0
+        assert p["completion_tokens"] == r["completion_tokens"] > 0
+        assert p["logprob"] is not None and p["logprob"] < 0  # requested: litellm says openai/ supports logprobs
+        msgs = orjson.loads(p["planner_prompt"])
+        assert msgs[0]["content"] == P.system_prompt(load_pool(pool), "structured")
+        # Priced from the pool worker: $3 / $6 per million tokens.
+        cost = (r["prompt_tokens"] * 3 + r["completion_tokens"] * 6) / 1e6
+        assert r["cost_usd"] == pytest.approx(cost) and info["cost_usd"] == pytest.approx(cost)
+        assert r["model"] == "openai/sim-planner" and r["provider"] == "sim" and r["attempts"] == 1
+    texts = {}
+    for p in plans:
+        texts.setdefault(p["query_id"], set()).add(p["raw_text"])
+    assert sum(len(t) > 1 for t in texts.values()) >= 9  # K samples differ (seed per sample)
+    assert summary["statuses"].get("ok", 0) > 0  # and the plans ran
+    planning = sum(r["cost_usd"] for r in rows)
+    results = pq.read_table(run_dir / "results.parquet", columns=["cost_usd"]).column("cost_usd").to_pylist()
+    assert summary["planning_cost_usd"] == pytest.approx(planning)  # the summary's cost includes planning
+    assert summary["cost_usd"] == pytest.approx(planning + sum(results))
+
+    # Another run with the same inputs: every planning call comes from the cache.
+    sent = sim.log()["by_model"]["sim-planner"]
+    _, again = run(tmp_path, pool, queries, samples=3, planner_options=LLM, run_id="two")
+    assert sim.log()["by_model"]["sim-planner"] == sent
+    assert all(r["cache_hit"] and r["cost_usd"] == 0 and r["attempts"] == 0 for r in journal(again))
+    assert [p["raw_text"] for p in pq.read_table(again / "plans.parquet").to_pylist()] == \
+        [p["raw_text"] for p in plans]
+
+
+def test_free_mode_when_the_model_has_no_response_schema(sim, tmp_path, queries):
+    pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=plannersim.planner_worker(sim.url))
+    # structured=auto: litellm does not list openai/sim-planner as supporting response_format schemas.
+    summary, run_dir = run(tmp_path, pool, queries, samples=2, planner_options={"worker": "conductor"})
+    plans = pq.read_table(run_dir / "plans.parquet").to_pylist()
+    assert all(p["valid"] for p in plans)
+    for p in plans:
+        assert orjson.loads(p["info_json"])["mode"] == "free"
+        assert p["raw_text"].startswith("Reasoning: ") and "access_list = [" in p["raw_text"]
+        assert "model_id = [" in orjson.loads(p["planner_prompt"])[0]["content"]
+    assert summary["statuses"].get("ok", 0) > 0
+
+
+def test_planner_model_string_adds_an_implicit_worker(sim, tmp_path, queries):
+    pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url)  # no planner worker in the pool
+    data = tmp_path / "data"
+    args = ["run", queries, "--pool", pool, "--data-dir", data, "--planner", "llm", "--quiet",
+            "--planner-model", "openai/sim-planner", "--planner-option", f"api_base={sim.url}"]
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    run_dir = next((data / "runs").iterdir())
+    rows = journal(run_dir)
+    assert len(rows) == 12 and {(r["worker"], r["provider"]) for r in rows} == {("conductor-planner", "openai")}
+    assert all(r["cost_usd"] is None for r in rows)  # no price known for this model: unknown, not $0
+    assert all(p["valid"] for p in pq.read_table(run_dir / "plans.parquet").to_pylist())
+
+    # Under a budget, a planner without a price is refused before any call.
+    sent = sim.log()["total"]
+    r = run_cli(*args[:5], tmp_path / "other", *args[6:], "--budget", "1")
+    assert r.returncode == 2 and "no known price for model openai/sim-planner" in r.stderr
+    assert sim.log()["total"] == sent
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"worker": "fast"}, "worker fast must be of kind planner"),
+    ({"worker": "nobody"}, "worker 'nobody' is not in the pool"),
+    ({}, "name its model with --planner-model"),
+    ({"model": "openai/x", "worker": "conductor"}, "give either model"),
+    ({"structured": "maybe"}, "structured must be one of auto, on, off"),
+])
+def test_bad_planner_selection_is_refused_clearly(tmp_path, options, message):
+    pool = load_pool(plannersim.pool_file(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1"))
+    with pytest.raises(ConductorError, match=message):
+        make_planner("llm", **options).plan([Query("q", "What is 1 + 1?", "math")], pool, 1)
+
+
+# ---- resume and budgets -----------------------------------------------------
+
+def _lines(path):
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def test_killed_planning_resumes_without_paying_twice(sim, tmp_path, queries):
+    sim.set_faults("sim-planner", latency_ms=150, latency_sd_ms=0)
+    pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=plannersim.planner_worker(sim.url),
+                                providers={"sim": {"max_concurrency": 4}})
+    data = tmp_path / "data"
+    args = ["run", str(queries), "--pool", str(pool), "--data-dir", str(data), "--planner", "llm", "--samples",
+            "3", "--planner-option", "worker=conductor", "--quiet", "--no-cache"]
+    proc = subprocess.Popen([sys.executable, "-m", "conductor", *args], cwd=REPO, start_new_session=True,
+                            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline, path = time.monotonic() + 60, None
+    while proc.poll() is None and time.monotonic() < deadline:
+        runs = data / "runs"
+        if path is None and runs.exists() and any(runs.iterdir()):
+            path = next(runs.iterdir()) / "work" / "planner" / "steps.jsonl"
+        if path is not None and _lines(path) >= 12:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "planning finished before it could be killed"
+    run_dir = path.parent.parent.parent
+    assert not (run_dir / "plans.parquet").exists()
+    finished = {r["request_key"] for r in journal(run_dir) if r["status"] == "ok" and r["attempts"]}
+    sent_then = sim.log()["by_request_key"]
+    assert 12 <= len(finished) < 36
+
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "(resumed)" in r.stdout
+    sent = sim.log()["by_request_key"]
+    assert all(sent[k] == sent_then[k] == 1 for k in finished)  # no finished planning call was sent again
+    assert len({r["request_key"] for r in journal(run_dir)}) == 36
+    plans = pq.read_table(run_dir / "plans.parquet").to_pylist()
+    assert len(plans) == 36 and all(p["valid"] for p in plans)
+
+
+@pytest.mark.parametrize("cap", ["run", "provider"])
+def test_budgets_count_what_planning_spent(sim, tmp_path, queries, cap):
+    planner = plannersim.planner_worker(sim.url)
+    # Workers far dearer than planning, so that half of the execution is worth many planning calls.
+    price = {"input_per_mtok": 100.0, "output_per_mtok": 200.0}
+    pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=planner, price=price)
+    _, ref = run(tmp_path, pool, queries, samples=2, planner_options=LLM, data="ref", cache=False)
+    planning = sum(r["cost_usd"] for r in journal(ref))
+    executing = sum(t["cost_usd"] or 0 for t in pq.read_table(ref / "traces.parquet").to_pylist())
+    assert planning > 0 and executing > 0
+    budget = planning + executing / 2  # room for all the planning and half the execution
+
+    def capped(limit):
+        if cap == "run":
+            return pool, {"budget_usd": limit}
+        path = plannersim.pool_file(tmp_path / f"capped-{limit}.yaml", sim.url, planner=planner, price=price,
+                                    providers={"sim": {"max_concurrency": 16, "budget_usd": limit}})
+        return path, {}
+
+    path, kw = capped(budget)
+    summary, run_dir = run(tmp_path, path, queries, samples=2, planner_options=LLM, data="capped", cache=False,
+                           **kw)
+    spent_planning = sum(r["cost_usd"] for r in journal(run_dir))
+    spent_executing = sum(t["cost_usd"] or 0 for t in pq.read_table(run_dir / "traces.parquet").to_pylist())
+    assert spent_planning == pytest.approx(planning)
+    assert summary["statuses"].get("budget_exhausted", 0) > 0  # planning's spend left too little for all of it
+    assert spent_planning + spent_executing <= budget + 1e-9
+    spend = {c["cap"]: c["spent_usd"] for c in orjson.loads((run_dir / "manifest.json").read_bytes())["spend"]}
+    name = "run" if cap == "run" else "provider sim"
+    assert spend[name] == pytest.approx(spent_planning + spent_executing, abs=1e-6)
+
+    # A cap smaller than planning needs stops the planning stage, which a larger cap then finishes.
+    sim.reset()
+    path, kw = capped(planning / 2)
+    with pytest.raises(ConductorError, match="stopped by a budget"):
+        run(tmp_path, path, queries, samples=2, planner_options=LLM, data="small", cache=False, run_id="s", **kw)
+    paid = sim.log()["by_request_key"]
+    small = tmp_path / "small" / "runs" / "s"
+    assert 0 < sum(r["cost_usd"] or 0 for r in journal(small)) <= planning / 2 + 1e-9
+    path, kw = capped(10 * budget)
+    run(tmp_path, path, queries, samples=2, planner_options=LLM, data="small", cache=False, run_id="s", **kw)
+    assert all(sim.log()["by_request_key"][k] == 1 for k in paid)
+    assert len(pq.read_table(small / "plans.parquet")) == 24

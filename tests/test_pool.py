@@ -1,0 +1,83 @@
+"""Pool files: what loads, and that every bad field is named in the error."""
+
+import pytest
+
+from conductor.errors import PoolError
+from conductor.pool import load_pool, parse_pool
+
+
+def _pool(**worker):
+    return {"workers": [{"id": "w", "model": "openai/w", **worker}]}
+
+
+def test_full_pool_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_SIM_URL", "http://127.0.0.1:9999/v1")
+    f = tmp_path / "pool.yaml"
+    f.write_text("""
+providers:
+  acme: {rpm: 600, tpm: 100000, max_concurrency: 8, budget_usd: 2.5, api_key_env: ACME_KEY}
+workers:
+  - id: small
+    provider: acme
+    model: openai/small
+    api_base: ${MY_SIM_URL}
+    description: cheap
+    skills: {math: 0.6, choice: null}
+    price: {input_per_mtok: 0.15, output_per_mtok: 0.6}
+    params: {temperature: 0, max_tokens: 256}
+  - id: tagged
+    model: anthropic/claude
+    skills: [math, finance]
+  - id: vote
+    kind: function
+""")
+    pool = load_pool(f)
+    small = pool.worker("small")
+    assert small.api_base == "http://127.0.0.1:9999/v1"
+    assert small.price.input == pytest.approx(0.15e-6)
+    assert small.skill("math") == 0.6 and small.skill("choice") is None
+    assert pool.providers["acme"].budget_usd == 2.5
+    assert pool.worker("tagged").provider == "anthropic"  # defaults to the model's prefix
+    assert pool.worker("vote").function == "vote"
+    assert pool.provider_of(small).api_key_env == "ACME_KEY"
+
+
+@pytest.mark.parametrize("raw, field", [
+    ({"workers": []}, "workers: must be a non-empty list"),
+    ({"workers": [{"model": "openai/x"}]}, r"workers\[0\].id: required"),
+    ({"workers": [{"id": "a", "model": "x"}, {"id": "a", "model": "y"}]}, r"workers\[1\].id: duplicate"),
+    (_pool(model=None), r"workers\[0\] \(w\).model: required"),
+    (_pool(kind="robot"), r"\.kind: must be one of"),
+    (_pool(price={"input_per_mtok": -1, "output_per_mtok": 1}), r"\.price.input_per_mtok: must be at least 0"),
+    (_pool(price={"input_per_mtok": 1}), r"\.price.output_per_mtok: required"),
+    (_pool(price={"input_per_mtok": 1, "output_per_mtok": 1, "input_per_token": 1}), r"\.price: give prices per token or per million tokens, not both"),
+    (_pool(skills={"math": 1.5}), r"\.skills.math: expected accuracy must be a number in \[0, 1\]"),
+    (_pool(skills="math"), r"\.skills: must be a list"),
+    (_pool(api_base="ftp://x"), r"\.api_base: must start with http"),
+    (_pool(api_base="${SURELY_NOT_SET_VAR}"), r"environment variable SURELY_NOT_SET_VAR is not set"),
+    (_pool(params={"api_key": "sk-123"}), r"\.params.api_key: not allowed here \(use the provider's api_key_env\)"),
+    (_pool(colour="red"), r"workers\[0\] \(w\).colour: unknown field"),
+    ({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"rpm": 0}}}, r"providers.p.rpm: must be greater than 0"),
+    ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "sk-abc def"}}}, r"providers.p.api_key_env: must be the NAME"),
+    ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"budget": 3}}}, r"providers.p.budget: unknown field"),
+    ([1, 2], "the top level must be a mapping"),
+])
+def test_bad_pool_names_the_field(raw, field):
+    with pytest.raises(PoolError, match=field):
+        parse_pool(raw)
+
+
+def test_bad_yaml_and_missing_file_name_the_file(tmp_path):
+    with pytest.raises(PoolError, match="not found"):
+        load_pool(tmp_path / "nope.yaml")
+    f = tmp_path / "bad.yaml"
+    f.write_text("workers: [\n")
+    with pytest.raises(PoolError, match=f"pool file {f}: not valid YAML"):
+        load_pool(f)
+
+
+def test_identity_ignores_limits_and_budgets():
+    a = parse_pool({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"budget_usd": 1}}})
+    b = parse_pool({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"budget_usd": 9, "rpm": 5}}})
+    c = parse_pool({"workers": [{"id": "w", "model": "m2", "provider": "p"}]})
+    assert a.identity_hash() == b.identity_hash() != c.identity_hash()

@@ -1,0 +1,119 @@
+"""A run killed with SIGKILL at any moment continues where it was when the same
+command is run again: no finished call is sent twice, and the outputs are the
+rows of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO, run_cli, write_pool
+
+TRACE_COLS = ["plan_id", "step_path", "worker", "status", "instruction", "response_text",
+              "prompt_tokens", "completion_tokens", "request_key"]
+RESULT_COLS = ["plan_id", "query_index", "sample", "status", "final_answer"]
+REWARD_COLS = ["plan_id", "answer", "correct", "reward", "advantage"]
+
+
+def _outputs(run_dir):
+    results = pq.read_table(run_dir / "results.parquet")
+    # When two sampled plans send the same request at once, one pays and the other
+    # shares the answer; which one is a matter of timing, so cost is compared per query.
+    cost = {}
+    for r in results.select(["query_id", "cost_usd", "calls"]).to_pylist():
+        c = cost.setdefault(r["query_id"], [0.0, 0])
+        c[0] += r["cost_usd"]
+        c[1] += r["calls"]
+    return {
+        "traces": pq.read_table(run_dir / "traces.parquet", columns=TRACE_COLS).to_pylist(),
+        "results": results.select(RESULT_COLS).to_pylist(),
+        "rewards": pq.read_table(run_dir / "rewards.parquet", columns=REWARD_COLS).to_pylist(),
+        "plans": pq.read_table(run_dir / "plans.parquet").drop(["run_id"]).to_pylist(),
+        "cost_per_query": {q: (round(c, 12), n) for q, (c, n) in cost.items()},
+    }
+
+
+def _journal_keys(run_dir):
+    path = run_dir / "work" / "steps.jsonl"
+    if not path.exists():
+        return set()
+    keys = set()
+    for line in path.read_bytes().splitlines():
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # the torn last line
+        if row["status"] == "ok" and row["attempts"]:
+            keys.add(row["request_key"])
+    return keys
+
+
+def _lines(path):
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.parametrize("cache", ["default", "--no-cache"])
+def test_sigkill_at_any_moment_then_the_same_command_finishes_the_run(tmp_path, fresh_sim, sample_queries, cache):
+    fresh_sim.set_faults(latency_ms=25, latency_sd_ms=10)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, providers={"sim": {"max_concurrency": 8}})
+    extra = [] if cache == "default" else ["--no-cache"]
+    args = ["run", str(sample_queries), "--pool", str(pool), "--samples", "2", "--quiet", *extra]
+
+    # The reference: the same run, never interrupted, in its own folder.
+    ref = run_cli(*args, "--data-dir", tmp_path / "ref", "--no-cache")
+    assert ref.returncode == 0, ref.stderr
+    expected = _outputs(next((tmp_path / "ref" / "runs").iterdir()))
+    n_steps = len(expected["traces"])
+    fresh_sim.reset()
+
+    data = tmp_path / "data"
+    cmd = [sys.executable, "-m", "conductor", *args, "--data-dir", str(data)]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    # After each kill: which calls the journal holds as finished, and how often
+    # the server had answered each request by then.
+    checkpoints: list[tuple[set[str], dict[str, int]]] = []
+    kills = 0
+    for target in (n_steps // 5, n_steps // 2, (4 * n_steps) // 5):
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        journal = None
+        while proc.poll() is None and time.monotonic() < deadline:
+            runs = data / "runs"
+            if journal is None and runs.exists() and any(runs.iterdir()):
+                journal = next(runs.iterdir()) / "work" / "steps.jsonl"
+            if journal is not None and _lines(journal) >= target:
+                os.killpg(proc.pid, signal.SIGKILL)
+                kills += 1
+                break
+            time.sleep(0.005)
+        proc.wait(timeout=30)
+        if journal is not None:
+            checkpoints.append((_journal_keys(journal.parent.parent), fresh_sim.log()["by_request_key"]))
+    assert kills >= 2, "the run finished before it could be killed; make it slower"
+
+    final = run_cli(*args, "--data-dir", data)
+    assert final.returncode == 0, final.stderr
+    assert "(resumed)" in final.stdout
+    run_dir = next((data / "runs").iterdir())
+    got = _outputs(run_dir)
+    for name in ("plans", "traces", "results", "rewards", "cost_per_query"):
+        assert got[name] == expected[name], name
+
+    sent = fresh_sim.log()["by_request_key"]
+    for finished, sent_then in checkpoints:
+        assert finished
+        again = [k for k in finished if sent.get(k) != sent_then.get(k)]
+        assert again == [], f"{len(again)} call(s) finished before a kill were sent again after it"
+    assert set(sent) == {t["request_key"] for t in got["traces"]}
