@@ -34,6 +34,9 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _LIVE: "set[ServerHandle]" = set()  # servers still running, stopped at exit
 
 
+_JSON = "application/json"
+
+
 class ServerStartError(ConductorError):
     """A local server did not come up."""
 
@@ -45,6 +48,55 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class LocalServer:
+    """The handlers both local servers share. Subclasses set `_model_list` (the
+    /v1/models body) and `log` (a request log with reset() and to_json())."""
+
+    _model_list: bytes
+    log: Any
+
+    async def models_list(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._model_list, content_type=_JSON)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(body=b'{"ok":true}', content_type=_JSON)
+
+    async def admin_log(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.log.to_json()), content_type=_JSON)
+
+    async def admin_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.Response(body=b'{"ok":true}', content_type=_JSON)
+
+    def reset(self) -> None:
+        self.log.reset()
+
+
+def openai_app(server: LocalServer, *, faults: bool = False) -> web.Application:
+    """The OpenAI-compatible routes both local servers answer, plus their admin
+    routes (request log, reset, and the simulated pool's faults)."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_post("/chat/completions", server.chat)
+    app.router.add_get("/v1/models", server.models_list)
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/admin/log", server.admin_log)
+    app.router.add_post("/admin/reset", server.admin_reset)
+    if faults:
+        app.router.add_get("/admin/faults", server.admin_faults)
+        app.router.add_post("/admin/faults", server.admin_faults)
+    return app
+
+
+def message_text(content: Any) -> str:
+    """A chat message's text: a string, or the text parts of a content array."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
 
 
 async def serve(app: web.Application, host: str, port: int, ready: str, banner: Iterable[str] = ()) -> None:

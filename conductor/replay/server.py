@@ -32,6 +32,7 @@ import polars as pl
 from aiohttp import web
 
 from conductor.errors import ConductorError
+from conductor.localserver import LocalServer, message_text, openai_app
 from conductor.pool import Pool
 from conductor.replay.tables import TOKEN_COLUMNS, estimate_tokens, read_table, replay_source, replay_workers
 
@@ -125,7 +126,7 @@ class RequestLog:
                 "recent_errors": list(self.recent_errors)}
 
 
-class ReplayServer:
+class ReplayServer(LocalServer):
     def __init__(self, index: ReplayIndex, dataset: str):
         self.index = index
         self.dataset = dataset
@@ -169,7 +170,7 @@ class ReplayServer:
                 "messages", model,
                 f"a recorded response answers one user message holding the original question; this request "
                 f"has {len(messages)} message(s) (roles: {', '.join(map(str, roles))})")
-        text = _text(messages[0].get("content"))
+        text = message_text(messages[0].get("content"))
         question = self.index.question(text)
         if question is None:
             return self._not_recorded("instruction", model, self._not_a_question(text))
@@ -216,19 +217,6 @@ class ReplayServer:
         return (f"the instruction is not a question of {self.name} (a recorded response answers exactly "
                 f"the original question text): {shown!r}")
 
-    async def models_list(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._model_list, content_type=_JSON)
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(body=b'{"ok":true}', content_type=_JSON)
-
-    async def admin_log(self, request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(self.log.to_json()), content_type=_JSON)
-
-    async def admin_reset(self, request: web.Request) -> web.Response:
-        self.log.reset()
-        return web.Response(body=b'{"ok":true}', content_type=_JSON)
-
     def _not_recorded(self, why: str, model: str, message: str) -> web.Response:
         self.log.by_outcome[f"not_recorded:{why}"] += 1
         return self._error(422, f"not recorded: {message}", None, model, code="not_recorded")
@@ -252,20 +240,5 @@ def load_server(pool: Pool) -> ReplayServer:
     return ReplayServer(ReplayIndex(source.table, models), source.dataset)
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
 def build_app(server: ReplayServer) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/v1/chat/completions", server.chat)
-    app.router.add_post("/chat/completions", server.chat)
-    app.router.add_get("/v1/models", server.models_list)
-    app.router.add_get("/health", server.health)
-    app.router.add_get("/admin/log", server.admin_log)
-    app.router.add_post("/admin/reset", server.admin_reset)
-    return app
+    return openai_app(server)

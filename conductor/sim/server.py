@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from conductor.localserver import LocalServer, message_text, openai_app
 from conductor.sim.answers import draw, reply
 from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, effective_faults,
                                   Faults)
@@ -70,7 +71,7 @@ class RequestLog:
                 "accepted_times": {m: list(t) for m, t in self.accepted_times.items()}}
 
 
-class SimServer:
+class SimServer(LocalServer):
     def __init__(self, models: dict[str, ModelSpec], index: QueryIndex, *, seed: int = 0,
                  overrides: dict[str, dict[str, float | None]] | None = None,
                  keys: dict[str, str] | None = None):
@@ -183,7 +184,7 @@ class SimServer:
         self._admit(model, f)
 
         messages = body["messages"]
-        texts = [_text(m.get("content")) for m in messages]
+        texts = [message_text(m.get("content")) for m in messages]
         request_hash = hashlib.sha256(orjson.dumps(
             {k: v for k, v in body.items() if k not in _NOT_SAMPLING}, option=orjson.OPT_SORT_KEYS)).hexdigest()
         rng = draw(self.seed, model, request_hash)
@@ -221,21 +222,11 @@ class SimServer:
         return web.Response(body=orjson.dumps(payload), content_type=_JSON,
                             headers={"x-conductor-simulated": "1"})
 
-    async def models_list(self, request: web.Request) -> web.Response:
-        return web.Response(body=self._model_list, content_type=_JSON)
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(body=b'{"ok":true}', content_type=_JSON)
-
-    async def admin_log(self, request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(self.log.to_json()), content_type=_JSON)
-
-    async def admin_reset(self, request: web.Request) -> web.Response:
+    def reset(self) -> None:
         """Clears the request log and the rpm windows (not the fault overrides)."""
         self.log.reset()
         for w in self._windows.values():
             w.clear()
-        return web.Response(body=b'{"ok":true}', content_type=_JSON)
 
     async def admin_faults(self, request: web.Request) -> web.Response:
         if request.method == "POST":
@@ -321,22 +312,5 @@ def _check_request(body: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
 def build_app(server: SimServer) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/v1/chat/completions", server.chat)
-    app.router.add_post("/chat/completions", server.chat)
-    app.router.add_get("/v1/models", server.models_list)
-    app.router.add_get("/health", server.health)
-    app.router.add_get("/admin/log", server.admin_log)
-    app.router.add_post("/admin/reset", server.admin_reset)
-    app.router.add_get("/admin/faults", server.admin_faults)
-    app.router.add_post("/admin/faults", server.admin_faults)
-    return app
+    return openai_app(server, faults=True)
