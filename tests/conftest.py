@@ -78,3 +78,12 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
 
 def files_under(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file()) if path.exists() else []
+
+
+def line_count(path: Path) -> int:
+    """Lines in a file that may not exist yet (a journal the run has not opened)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from tests.conftest import SAMPLE, worker, write_pool
@@ -60,3 +61,22 @@ def math_queries(path: Path, n: int) -> Path:
     assert len(keep) == n, f"the sample set has only {len(keep)} such questions"
     pq.write_table(t.take(keep), path)
     return path
+
+
+# Fixtures the LLM-planner and re-planning tests share (imported by name there).
+@pytest.fixture(scope="module")
+def psim(tmp_path_factory):
+    with start(tmp_path_factory.mktemp("psim")) as handle:
+        yield handle
+
+
+@pytest.fixture
+def sim(psim):
+    psim.clear_faults()
+    psim.reset()
+    return psim
+
+
+@pytest.fixture(scope="module")
+def queries(tmp_path_factory):
+    return math_queries(tmp_path_factory.mktemp("q") / "math.parquet", 12)

@@ -27,27 +27,10 @@ from conductor.plans import parse_plan
 from conductor.pool import load_pool
 from conductor.runner import RunConfig, run_all
 from tests import plannersim
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, line_count, run_cli
+from tests.plannersim import psim, queries, sim  # noqa: F401  (shared fixtures)
 
 LLM = {"worker": "conductor", "structured": "on", "temperature": 1.0}
-
-
-@pytest.fixture(scope="module")
-def psim(tmp_path_factory):
-    with plannersim.start(tmp_path_factory.mktemp("psim")) as handle:
-        yield handle
-
-
-@pytest.fixture
-def sim(psim):
-    psim.clear_faults()
-    psim.reset()
-    return psim
-
-
-@pytest.fixture(scope="module")
-def queries(tmp_path_factory):
-    return plannersim.math_queries(tmp_path_factory.mktemp("q") / "math.parquet", 12)
 
 
 def run(tmp_path, pool, queries, *, run_id=None, data="data", **kw):
@@ -225,14 +208,6 @@ def test_bad_planner_selection_is_refused_clearly(tmp_path, options, message):
 
 # ---- resume and budgets -----------------------------------------------------
 
-def _lines(path):
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
-
-
 def test_killed_planning_resumes_without_paying_twice(sim, tmp_path, queries):
     sim.set_faults("sim-planner", latency_ms=150, latency_sd_ms=0)
     pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=plannersim.planner_worker(sim.url),
@@ -248,7 +223,7 @@ def test_killed_planning_resumes_without_paying_twice(sim, tmp_path, queries):
         runs = data / "runs"
         if path is None and runs.exists() and any(runs.iterdir()):
             path = next(runs.iterdir()) / "work" / "planner" / "steps.jsonl"
-        if path is not None and _lines(path) >= 12:
+        if path is not None and line_count(path) >= 12:
             os.killpg(proc.pid, signal.SIGKILL)
             break
         time.sleep(0.005)

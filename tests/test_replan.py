@@ -19,28 +19,11 @@ from conductor.execute.engine import StepFailed
 from conductor.plans import Plan, Step
 from conductor.runner import RunConfig, run_all
 from tests import plannersim
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, line_count, run_cli
+from tests.plannersim import psim, queries, sim  # noqa: F401  (shared fixtures)
 from tests.test_executor import FixedPlanner
 
 VERIFY = "Check the answer above and correct it if it is wrong. End with a final line Answer: <number>"
-
-
-@pytest.fixture(scope="module")
-def psim(tmp_path_factory):
-    with plannersim.start(tmp_path_factory.mktemp("psim")) as handle:
-        yield handle
-
-
-@pytest.fixture
-def sim(psim):
-    psim.clear_faults()
-    psim.reset()
-    return psim
-
-
-@pytest.fixture(scope="module")
-def queries(tmp_path_factory):
-    return plannersim.math_queries(tmp_path_factory.mktemp("q") / "math.parquet", 12)
 
 
 def solve_then_replan(q):
@@ -174,14 +157,6 @@ def test_depth_is_bounded_with_a_clear_error(sim, tmp_path, queries):
     assert "re-planning step 1 failed: budget exhausted" in results[0]["error"]
 
 
-def _lines(path):
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
-
-
 def _rows(run_dir):
     path = run_dir / "work" / "steps.jsonl"
     out = []
@@ -226,7 +201,7 @@ def test_a_killed_run_resumes_without_calling_finished_sub_steps_again(sim, tmp_
             runs = data / "runs"
             if journal is None and runs.exists() and any(runs.iterdir()):
                 journal = next(runs.iterdir()) / "work" / "steps.jsonl"
-            if journal is not None and _lines(journal) >= target:
+            if journal is not None and line_count(journal) >= target:
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
             time.sleep(0.005)

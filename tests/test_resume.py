@@ -14,7 +14,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, run_cli, write_pool
+from tests.conftest import REPO, line_count, run_cli, write_pool
 
 TRACE_COLS = ["plan_id", "step_path", "worker", "status", "instruction", "response_text",
               "prompt_tokens", "completion_tokens", "request_key"]
@@ -55,14 +55,6 @@ def _journal_keys(run_dir):
     return keys
 
 
-def _lines(path):
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
-
-
 @pytest.mark.parametrize("cache", ["default", "--no-cache"])
 def test_sigkill_at_any_moment_then_the_same_command_finishes_the_run(tmp_path, fresh_sim, sample_queries, cache):
     fresh_sim.set_faults(latency_ms=25, latency_sd_ms=10)
@@ -93,7 +85,7 @@ def test_sigkill_at_any_moment_then_the_same_command_finishes_the_run(tmp_path, 
             runs = data / "runs"
             if journal is None and runs.exists() and any(runs.iterdir()):
                 journal = next(runs.iterdir()) / "work" / "steps.jsonl"
-            if journal is not None and _lines(journal) >= target:
+            if journal is not None and line_count(journal) >= target:
                 os.killpg(proc.pid, signal.SIGKILL)
                 kills += 1
                 break
