@@ -23,6 +23,7 @@ from typing import Sequence
 
 import orjson
 
+from conductor.errors import ConductorError
 from conductor.planners.base import PlanDraft, Query
 from conductor.pool import Pool, Worker
 
@@ -126,8 +127,6 @@ class EmbeddedPlanner:
             where = None if str(setting).lower() == "auto" else setting
             folder = find(pool, where)
             if folder is None and where is not None:
-                from conductor.errors import ConductorError
-
                 raise ConductorError(f"planner option policy={setting}: no policy artifact there for this pool")
             self._learned[key] = load(folder, pool) if folder is not None else None
         return self._learned[key]
