@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader stopped early (`| head`): not an error. Point stdout at /dev/null so
+        # Python's exit-time flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
