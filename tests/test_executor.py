@@ -294,3 +294,22 @@ def test_unpriced_worker_under_a_budget_is_refused_before_any_call(tmp_path, fre
     assert r.returncode == 2
     assert "no known price for worker(s) fast" in r.stderr and "plans are saved" in r.stderr
     assert fresh_sim.log()["total"] == 0
+
+
+def test_an_answer_paid_for_but_never_logged_is_recorded_as_the_paid_call(tmp_path, fresh_sim, sample_queries):
+    """A kill between storing a response in the run cache and journaling its row: the resumed
+    run must neither send the call again nor lose what it cost."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    first, t1, r1 = run(tmp_path, pool, sample_queries, run_id="killed", cache=False)
+    sent = fresh_sim.log()["total"]
+    assert sent == first["calls"] > 0
+    # The state such a kill leaves: every answer in the run cache, no step or plan row yet.
+    runs = tmp_path / "data" / "runs"
+    (runs / "resumed" / "work").mkdir(parents=True)
+    (runs / "killed" / "work" / "responses.sqlite").rename(runs / "resumed" / "work" / "responses.sqlite")
+    second, t2, r2 = run(tmp_path, pool, sample_queries, run_id="resumed", cache=False)
+    assert fresh_sim.log()["total"] == sent  # nothing sent again
+    assert second["calls"] == first["calls"] and second["cost_usd"] == pytest.approx(first["cost_usd"])
+    assert not any(t["cache_hit"] for t in t2) and all(t["attempts"] >= 1 for t in t2)
+    paid = {(t["plan_id"], t["step_path"]): t["cost_usd"] for t in t1}
+    assert {(t["plan_id"], t["step_path"]): t["cost_usd"] for t in t2} == pytest.approx(paid)
