@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import DagsterInstance, build_sensor_context
+from dagster import build_sensor_context
 
 from conductor import runner
 from conductor.pool import parse_pool
@@ -28,20 +28,9 @@ from pipelines.definitions import defs
 from pipelines.resources import ChecksResource, QueryFilesResource
 from pipelines.sensors import query_set_inbox
 from tests.conftest import REPO, write_pool
+from tests.test_dagster import INSTANCE_YAML, instance  # noqa: F401  (the shared instance fixture)
 
-INSTANCE_YAML = REPO / "data" / "dagster_home" / "dagster.yaml"
 DEPLOY = REPO / "deploy"
-
-
-@pytest.fixture
-def instance(tmp_path, monkeypatch):
-    """A real SQLite instance configured by the checked-in dagster.yaml."""
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(INSTANCE_YAML, home / "dagster.yaml")
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    with DagsterInstance.from_config(str(home)) as inst:
-        yield inst
 
 
 # ---- the inbox sensor ---------------------------------------------------------
