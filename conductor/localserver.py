@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
@@ -48,6 +49,26 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class RequestLog:
+    """What a local server saw, for tests and benchmarks to check from outside.
+    Servers add their own counters by extending `reset` and `to_json`."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.total = 0
+        self.by_model: Counter[str] = Counter()
+        self.by_status: Counter[str] = Counter()
+        # 200 responses per client request id (header x-conductor-request), so a
+        # test can tell whether a call the client had finished was sent again.
+        self.by_request_key: Counter[str] = Counter()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total": self.total, "by_model": dict(self.by_model), "by_status": dict(self.by_status),
+                "by_request_key": dict(self.by_request_key)}
 
 
 class LocalServer:

@@ -32,7 +32,7 @@ import polars as pl
 from aiohttp import web
 
 from conductor.errors import ConductorError
-from conductor.localserver import LocalServer, message_text, openai_app
+from conductor.localserver import LocalServer, RequestLog, message_text, openai_app
 from conductor.pool import Pool
 from conductor.replay.tables import TOKEN_COLUMNS, estimate_tokens, read_table, replay_source, replay_workers
 
@@ -106,24 +106,14 @@ class ReplayIndex:
         return None
 
 
-class RequestLog:
-    """What the server saw, for tests to check from outside."""
-
-    def __init__(self) -> None:
-        self.reset()
-
+class ReplayLog(RequestLog):
     def reset(self) -> None:
-        self.total = 0
-        self.by_model: Counter[str] = Counter()
-        self.by_status: Counter[str] = Counter()
+        super().reset()
         self.by_outcome: Counter[str] = Counter()  # recorded | not_recorded:<why> | bad_request
-        self.by_request_key: Counter[str] = Counter()
         self.recent_errors: deque[str] = deque(maxlen=_RECENT)
 
     def to_json(self) -> dict[str, Any]:
-        return {"total": self.total, "by_model": dict(self.by_model), "by_status": dict(self.by_status),
-                "by_outcome": dict(self.by_outcome), "by_request_key": dict(self.by_request_key),
-                "recent_errors": list(self.recent_errors)}
+        return {**super().to_json(), "by_outcome": dict(self.by_outcome), "recent_errors": list(self.recent_errors)}
 
 
 class ReplayServer(LocalServer):
@@ -131,7 +121,7 @@ class ReplayServer(LocalServer):
         self.index = index
         self.dataset = dataset
         self.name = index.table.name
-        self.log = RequestLog()
+        self.log = ReplayLog()
         self._models = set(index.models)
         self._model_list = orjson.dumps({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": FINGERPRINT} for m in index.models]})

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from conductor.localserver import LocalServer, message_text, openai_app
+from conductor.localserver import LocalServer, RequestLog, message_text, openai_app
 from conductor.sim.answers import draw, reply
 from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, effective_faults,
                                   Faults)
@@ -35,21 +35,11 @@ _NOT_SAMPLING = frozenset({"model", "stream", "stream_options", "user", "metadat
 _JSON = "application/json"
 
 
-class RequestLog:
-    """What the server saw, for tests and benchmarks to check from outside."""
-
-    def __init__(self) -> None:
-        self.reset()
-
+class SimLog(RequestLog):
     def reset(self) -> None:
-        self.total = 0
-        self.by_model: Counter[str] = Counter()
-        self.by_status: Counter[str] = Counter()
+        super().reset()
         self.by_body: Counter[str] = Counter()
         self.accepted_times: dict[str, deque[float]] = {}
-        # 200 responses per client request id (header x-conductor-request), so a
-        # test can tell whether a call the client had finished was sent again.
-        self.by_request_key: Counter[str] = Counter()
 
     def request(self, body_sha: str, model: str | None) -> None:
         self.total += 1
@@ -66,8 +56,7 @@ class RequestLog:
             times.append(received)
 
     def to_json(self) -> dict[str, Any]:
-        return {"total": self.total, "by_model": dict(self.by_model), "by_status": dict(self.by_status),
-                "by_body": dict(self.by_body), "by_request_key": dict(self.by_request_key),
+        return {**super().to_json(), "by_body": dict(self.by_body),
                 "accepted_times": {m: list(t) for m, t in self.accepted_times.items()}}
 
 
@@ -78,7 +67,7 @@ class SimServer(LocalServer):
         self.models = models
         self.index = index
         self.seed = seed
-        self.log = RequestLog()
+        self.log = SimLog()
         self._start_overrides = {m: dict(v) for m, v in (overrides or {}).items()}
         self._overrides = {m: dict(v) for m, v in self._start_overrides.items()}
         self._faults: dict[str, Faults] = {}
