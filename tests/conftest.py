@@ -4,8 +4,10 @@ query sets cut from the committed samples, and a way to run the CLI as a user do
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -87,3 +89,26 @@ def line_count(path: Path) -> int:
             return sum(1 for _ in f)
     except FileNotFoundError:
         return 0
+
+
+def kill_when_journaled(args: list, data: Path, lines: int, journal: str = "work/steps.jsonl",
+                        timeout: float = 120) -> Path | None:
+    """Run `conductor ARGS --data-dir DATA` in its own process group and SIGKILL it once the
+    run's journal (`journal`, relative to the run folder) holds `lines` lines. Returns the
+    run folder, or None if the run ended first; the process has exited either way."""
+    cmd = [sys.executable, "-m", "conductor", *map(str, args), "--data-dir", str(data)]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline, run_dir, killed = time.monotonic() + timeout, None, False
+    while proc.poll() is None and time.monotonic() < deadline:
+        runs = data / "runs"
+        if run_dir is None and runs.exists() and any(runs.iterdir()):
+            run_dir = next(runs.iterdir())
+        if run_dir is not None and line_count(run_dir / journal) >= lines:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.005)
+    proc.wait(timeout=30)
+    return run_dir if killed else None

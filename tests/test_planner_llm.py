@@ -5,12 +5,7 @@ what planning spent."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
 
 import orjson
@@ -27,7 +22,7 @@ from conductor.plans import parse_plan
 from conductor.pool import load_pool
 from conductor.runner import RunConfig, run_all
 from tests import plannersim
-from tests.conftest import REPO, line_count, run_cli
+from tests.conftest import kill_when_journaled, run_cli
 from tests.plannersim import psim, queries, sim  # noqa: F401  (shared fixtures)
 
 LLM = {"worker": "conductor", "structured": "on", "temperature": 1.0}
@@ -213,29 +208,16 @@ def test_killed_planning_resumes_without_paying_twice(sim, tmp_path, queries):
     pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=plannersim.planner_worker(sim.url),
                                 providers={"sim": {"max_concurrency": 4}})
     data = tmp_path / "data"
-    args = ["run", str(queries), "--pool", str(pool), "--data-dir", str(data), "--planner", "llm", "--samples",
+    args = ["run", str(queries), "--pool", str(pool), "--planner", "llm", "--samples",
             "3", "--planner-option", "worker=conductor", "--quiet", "--no-cache"]
-    proc = subprocess.Popen([sys.executable, "-m", "conductor", *args], cwd=REPO, start_new_session=True,
-                            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline, path = time.monotonic() + 60, None
-    while proc.poll() is None and time.monotonic() < deadline:
-        runs = data / "runs"
-        if path is None and runs.exists() and any(runs.iterdir()):
-            path = next(runs.iterdir()) / "work" / "planner" / "steps.jsonl"
-        if path is not None and line_count(path) >= 12:
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, "planning finished before it could be killed"
-    run_dir = path.parent.parent.parent
+    run_dir = kill_when_journaled(args, data, 12, journal="work/planner/steps.jsonl", timeout=60)
+    assert run_dir is not None, "planning finished before it could be killed"
     assert not (run_dir / "plans.parquet").exists()
     finished = {r["request_key"] for r in journal(run_dir) if r["status"] == "ok" and r["attempts"]}
     sent_then = sim.log()["by_request_key"]
     assert 12 <= len(finished) < 36
 
-    r = run_cli(*args)
+    r = run_cli(*args, "--data-dir", data)
     assert r.returncode == 0, r.stderr
     assert "(resumed)" in r.stdout
     sent = sim.log()["by_request_key"]

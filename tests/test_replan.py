@@ -5,21 +5,15 @@ resumes without calling a finished sub-step or re-plan again."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import orjson
 import pyarrow.parquet as pq
-import pytest
 
 from conductor.execute.engine import StepFailed
 from conductor.plans import Plan, Step
 from conductor.runner import RunConfig, run_all
 from tests import plannersim
-from tests.conftest import REPO, line_count, run_cli
+from tests.conftest import kill_when_journaled, run_cli
 from tests.plannersim import psim, queries, sim  # noqa: F401  (shared fixtures)
 from tests.test_executor import FixedPlanner
 
@@ -190,23 +184,10 @@ def test_a_killed_run_resumes_without_calling_finished_sub_steps_again(sim, tmp_
 
     sim.reset()
     data = tmp_path / "data"
-    cmd = [sys.executable, "-m", "conductor", *args, "--data-dir", str(data)]
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     checkpoints, mid_replan = [], 0
     for target in (n // 4, n // 2, (3 * n) // 4):
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        deadline, journal = time.monotonic() + 120, None
-        while proc.poll() is None and time.monotonic() < deadline:
-            runs = data / "runs"
-            if journal is None and runs.exists() and any(runs.iterdir()):
-                journal = next(runs.iterdir()) / "work" / "steps.jsonl"
-            if journal is not None and line_count(journal) >= target:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.005)
-        proc.wait(timeout=30)
-        rows = _rows(journal.parent.parent)
+        kill_when_journaled(args, data, target)
+        rows = _rows(next((data / "runs").iterdir()))
         done = {(r["plan_id"], r["step_path"]) for r in rows if r["status"] == "ok"}
         # Re-planning steps whose sub-workflow was cut off by the kill: the case under test.
         mid_replan += sum(1 for p, s in done if s.endswith(".plan") and (p, s[:-5]) not in done)

@@ -4,17 +4,12 @@ rows of an uninterrupted run."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, line_count, run_cli, write_pool
+from tests.conftest import kill_when_journaled, run_cli, write_pool
 
 TRACE_COLS = ["plan_id", "step_path", "worker", "status", "instruction", "response_text",
               "prompt_tokens", "completion_tokens", "request_key"]
@@ -70,29 +65,15 @@ def test_sigkill_at_any_moment_then_the_same_command_finishes_the_run(tmp_path, 
     fresh_sim.reset()
 
     data = tmp_path / "data"
-    cmd = [sys.executable, "-m", "conductor", *args, "--data-dir", str(data)]
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     # After each kill: which calls the journal holds as finished, and how often
     # the server had answered each request by then.
     checkpoints: list[tuple[set[str], dict[str, int]]] = []
     kills = 0
     for target in (n_steps // 5, n_steps // 2, (4 * n_steps) // 5):
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        deadline = time.monotonic() + 120
-        journal = None
-        while proc.poll() is None and time.monotonic() < deadline:
-            runs = data / "runs"
-            if journal is None and runs.exists() and any(runs.iterdir()):
-                journal = next(runs.iterdir()) / "work" / "steps.jsonl"
-            if journal is not None and line_count(journal) >= target:
-                os.killpg(proc.pid, signal.SIGKILL)
-                kills += 1
-                break
-            time.sleep(0.005)
-        proc.wait(timeout=30)
-        if journal is not None:
-            checkpoints.append((_journal_keys(journal.parent.parent), fresh_sim.log()["by_request_key"]))
+        run_dir = kill_when_journaled(args, data, target)
+        if run_dir is not None:
+            kills += 1
+            checkpoints.append((_journal_keys(run_dir), fresh_sim.log()["by_request_key"]))
     assert kills >= 2, "the run finished before it could be killed; make it slower"
 
     final = run_cli(*args, "--data-dir", data)
