@@ -134,7 +134,7 @@ def export_run(data_dir: Path, run_id: str, fmt: str, out: Path, *, pool_path: P
             "plans": len(plans), "queries": len({p["query_id"] for p in plans}),
             "reward": ("the run's rewards table" if cost_penalty is None else
                        f"recomputed: 1 correct, 0.5 parsed but wrong, 0 otherwise, minus {cost_penalty:g} x USD"),
-            "columns": table.schema.names, "pool": str(pool_file), "queries": str(qfile)}
+            "columns": table.schema.names, "pool": str(pool_file), "query_set": str(qfile)}
     _write(paths.meta, lambda tmp: tmp.write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2)))
     return paths
 

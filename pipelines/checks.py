@@ -118,7 +118,7 @@ def evaluate_spend(run: RunDir, pool_path: Path, run_budget: float | None,
     rows = [{"cap": name, "limit_usd": limit, "spent_usd": used, "ok": used <= limit + 1e-9}
             for name, limit, used in caps if limit is not None]
     over = [r for r in rows if not r["ok"]]
-    desc = (f"over budget: " + "; ".join(f"{r['cap']} ${r['spent_usd']:.4f} > ${r['limit_usd']:.4f}" for r in over)
+    desc = ("over budget: " + "; ".join(f"{r['cap']} ${r['spent_usd']:.4f} > ${r['limit_usd']:.4f}" for r in over)
             if over else f"spent ${spent:.4f}; within " + (", ".join(r["cap"] for r in rows) or "no budget set"))
     if unpriced:
         desc += f"; {unpriced} plan(s) without a known price are not counted"

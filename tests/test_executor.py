@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from conductor.execute.call import _retry_after
 from conductor.planners.base import PlanDraft
@@ -92,8 +90,6 @@ def test_a_failing_call_fails_its_plan_not_the_batch(tmp_path, fresh_sim, sample
 # ---- limits -----------------------------------------------------------------
 
 def _unique_prompts(tmp_path, sample_queries, n):
-    import pyarrow as pa
-
     t = pq.read_table(sample_queries).slice(0, n)
     path = tmp_path / f"q{n}.parquet"
     pq.write_table(t, path)

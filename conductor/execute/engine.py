@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from conductor.context import step_messages
 from conductor.execute.budget import BudgetExhausted, Ledger
 from conductor.execute.cache import Cache, Entry, cache_key
-from conductor.execute.call import CallFailure, CallRequest, CallResponse, complete, estimate_tokens, redact
+from conductor.execute.call import CallFailure, CallRequest, CallResponse, complete, estimate_tokens
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.prices import call_cost, resolve_price

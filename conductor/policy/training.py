@@ -72,7 +72,7 @@ def logged_plans(data_dir: Path, run_ids: Sequence[str]) -> list[dict[str, Any]]
                 if not run.table(name).exists():
                     raise ConductorError(f"run {run_id}: no {name}.parquet yet (status "
                                          f"{run.read_manifest().get('status')}); finish the run first")
-            q = f"""
+            q = """
                 SELECT p.run_id, p.plan_id, p.query_id, p.query_index, p.task, p.planner, p.valid, p.steps_json,
                        p.propensity, p.info_json, r.correct, r.status,
                        t.cost AS cost_usd, coalesce(t.unpriced, 0) AS unpriced
@@ -252,7 +252,7 @@ def describe(folder: Path) -> str:
     lines = [f"policy   {folder}",
              f"version  v{meta['version']:04d} (format {meta['format_version']}), pool {meta['pool']['key']}, "
              f"learner {meta['learner']['name']}, lambda {meta['lambda']:g}",
-             f"actions  " + ", ".join(f"{task}: {len(keys)}" for task, keys in acts.items()),
+             "actions  " + ", ".join(f"{task}: {len(keys)}" for task, keys in acts.items()),
              f"trained  on {t['plans_used']} plans of {t['queries']} queries from run(s) "
              f"{', '.join(r['run_id'] for r in t['runs'])} in {t['seconds']:.1f} s"]
     if t.get("skipped"):
