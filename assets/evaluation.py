@@ -53,19 +53,19 @@ def eval_report(context: AssetExecutionContext, config: EvalReportConfig) -> Out
         planner_options=orjson.loads(config.planner_options_json or "{}"), seed=config.seed))
     png = base64.b64encode(report.chart_path.read_bytes()).decode()
     embedded = report.markdown.replace(f"]({report.chart_path.name})", f"](data:image/png;base64,{png})")
-    best = report.find("best_single", "grader")
-    oracle = report.find("oracle", "grader")
+    best_l, oracle_l = report.find("best_single", "label"), report.find("oracle", "label")
     meta = {
         "report": MetadataValue.md(embedded),
         "report_path": MetadataValue.path(str(report.report_path.resolve())),
         "chart": MetadataValue.path(str(report.chart_path.resolve())),
         "queries": report.meta["queries"],
-        "best_single": best.worker,
-        "best_single_accuracy": best.accuracy,
-        "best_single_accuracy_labels": report.find("best_single", "label").accuracy_labels,
-        "oracle_accuracy": oracle.accuracy,
-        "oracle_accuracy_labels": report.find("oracle", "label").accuracy_labels,
+        "best_single": best_l.worker,
+        "best_single_accuracy_labels": best_l.accuracy_labels,
+        "oracle_accuracy_labels": oracle_l.accuracy_labels,
     }
+    if report.meta["graded_queries"]:  # our grader's figures: only where the table has references
+        best, oracle = report.find("best_single", "grader"), report.find("oracle", "grader")
+        meta.update(best_single=best.worker, best_single_accuracy=best.accuracy, oracle_accuracy=oracle.accuracy)
     if config.run_planner:
         planner = report.find("planner")
         meta.update(planner_accuracy=planner.accuracy, planner_usd_per_query=planner.usd_per_query)
@@ -82,9 +82,11 @@ def _create(replay_dir: Path, dataset: str, pool: Path, queries: Path) -> None:
     import pyarrow.parquet as pq
 
     from conductor.replay.build import pool_document, query_table, write_pool
+    from conductor.replay.tables import table_spec
 
+    spec = table_spec(dataset=dataset, replay_dir=replay_dir)
     if not pool.exists():
-        write_pool(pool, pool_document(replay_dir, dataset))
+        write_pool(pool, pool_document(spec))
     if not queries.exists():
         queries.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(query_table(replay_dir, dataset), queries)
+        pq.write_table(query_table(spec), queries)

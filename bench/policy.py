@@ -3,6 +3,7 @@ through the real pipeline, training per lambda, evaluation on the held-out test 
 
     python bench/policy.py                                  # gsm8k and mmlu_pro, the default lambda sweep
     python bench/policy.py --datasets gsm8k --lambdas 0 10 100
+    python bench/policy.py --tables my_logs.parquet --lambdas 0 30   # any recorded table (see the README)
 
 Per dataset (everything under --work, default data/bench-policy/<dataset>):
 1. `conductor replay pool` / `queries` equivalents: the pool file and the train and test query sets.
@@ -45,7 +46,12 @@ TARGETS = {  # the issue's: best single's accuracy, at most 30% of its cost per 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--datasets", nargs="+", default=["gsm8k", "mmlu_pro"], choices=["gsm8k", "mmlu_pro"])
+    ap.add_argument("--datasets", nargs="+", default=None, choices=["gsm8k", "mmlu_pro"],
+                    help="shared tables (default: both, unless --tables is given)")
+    ap.add_argument("--tables", nargs="+", type=Path, default=[], metavar="PATH",
+                    help="recorded tables at any path (each named by its file stem; tasks from their task column)")
+    ap.add_argument("--task", default=None, help="task of rows of --tables that name none")
+    ap.add_argument("--prices", type=Path, default=None, help="price table for --tables (default: prices.csv)")
     ap.add_argument("--lambdas", nargs="+", type=float, default=None, help="default: a sweep per dataset")
     ap.add_argument("--replay-dir", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=REPO / "data" / "bench-policy")
@@ -58,16 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", action="store_true", help="copy the charts to docs/img/policy_<dataset>.png")
     args = ap.parse_args(argv)
 
-    from conductor.replay.tables import default_replay_dir
+    from conductor.replay.tables import default_replay_dir, table_spec
 
     replay_dir = args.replay_dir or default_replay_dir()
-    if not replay_dir.is_dir():
+    datasets = args.datasets if args.datasets is not None else ([] if args.tables else ["gsm8k", "mmlu_pro"])
+    if datasets and not replay_dir.is_dir():
         print(f"shared replay data not found at {replay_dir}; set CONDUCTOR_REPLAY_DIR", file=sys.stderr)
         return 2
+    specs = [table_spec(dataset=ds, replay_dir=replay_dir) for ds in datasets]
+    specs += [table_spec(table=t, task=args.task, prices=args.prices, replay_dir=replay_dir) for t in args.tables]
     results = {}
-    for ds in args.datasets:
-        lambdas = args.lambdas if args.lambdas is not None else DEFAULT_LAMBDAS[ds]
-        results[ds] = bench(ds, replay_dir, args.work / ds, lambdas, args)
+    for spec in specs:
+        ds = spec.name
+        lambdas = args.lambdas if args.lambdas is not None else DEFAULT_LAMBDAS.get(ds, [0, 10, 30, 100])
+        results[ds] = bench(spec, args.work / ds, lambdas, args)
     text = summary_markdown(results)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "summary.md").write_text(text)
@@ -76,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def bench(ds: str, replay_dir: Path, work: Path, lambdas: list[float], args) -> dict:
+def bench(spec, work: Path, lambdas: list[float], args) -> dict:
     import pyarrow.parquet as pq
 
     from conductor.policy.training import TrainConfig, train
@@ -85,14 +95,15 @@ def bench(ds: str, replay_dir: Path, work: Path, lambdas: list[float], args) -> 
     from conductor.runner import RunConfig, run_all
 
     t0 = time.monotonic()
+    ds = spec.name
     work.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{args.port}/v1"
-    pool = write_pool(work / "pool.yaml", pool_document(replay_dir, ds, api_base=url))
+    pool = write_pool(work / "pool.yaml", pool_document(spec, api_base=url))
     files = {}
     for split in ("all", "train", "test"):
         files[split] = work / f"{ds}-{split}.parquet"
         if not files[split].exists():
-            pq.write_table(query_table(replay_dir, ds, split), files[split])
+            pq.write_table(query_table(spec, split), files[split])
     data, root = work / "data", work / "policy"
     log = {"rollouts": [], "lambdas": {}}
 
@@ -159,7 +170,9 @@ def bench(ds: str, replay_dir: Path, work: Path, lambdas: list[float], args) -> 
     return out
 
 
-def target_check(ds: str, rows: list[dict]) -> dict:
+def target_check(ds: str, rows: list[dict]) -> dict | None:
+    if ds not in TARGETS:
+        return None  # the issue set targets for the shared tables only
     t = TARGETS[ds]
     ok = [r for r in rows if r["accuracy"] >= t["accuracy"] and r["usd"] <= t["usd"]]
     within = [r for r in rows if r["usd"] <= t["usd"]]
@@ -173,10 +186,10 @@ def summary_markdown(results: dict) -> str:
     for ds, r in results.items():
         t = r["target"]
         out += [f"### {ds} (test split)", "",
-                f"Target: accuracy >= {t['target_accuracy']} at <= ${t['target_usd']:.6f} per query: "
-                f"**{'met' if t['met'] else 'not met'}**. Best within the budget: "
-                f"{t['best_within_budget']['accuracy']:.3f} at ${t['best_within_budget']['usd']:.6f} "
-                f"(lambda {t['best_within_budget']['lambda']:g}).", "",
+                (f"Target: accuracy >= {t['target_accuracy']} at <= ${t['target_usd']:.6f} per query: "
+                 f"**{'met' if t['met'] else 'not met'}**. Best within the budget: "
+                 f"{t['best_within_budget']['accuracy']:.3f} at ${t['best_within_budget']['usd']:.6f} "
+                 f"(lambda {t['best_within_budget']['lambda']:g})." if t else "No target set for this table."), "",
                 f"Best single (chosen on train, our grader): {r['best_single']['worker']} "
                 f"{r['best_single']['accuracy']:.3f} at ${r['best_single']['usd']:.6f}; (labels): "
                 f"{r['best_single_labels']['worker']} {r['best_single_labels']['accuracy']:.3f} at "

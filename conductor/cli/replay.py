@@ -1,4 +1,5 @@
-"""`conductor replay`: query sets, pool files and a server from the shared replay tables."""
+"""`conductor replay`: query sets, pool files and a server from recorded model outputs
+(the shared replay tables, or any table at any path), and a converter from wide tables."""
 
 from __future__ import annotations
 
@@ -10,33 +11,37 @@ import orjson
 import pyarrow.parquet as pq
 
 from conductor.errors import ConductorError
-from conductor.replay.tables import DATASETS, REPLAY_ENV, SPLITS, TRAIN_FRACTION, default_replay_dir
+from conductor.replay.tables import DATASETS, REPLAY_ENV, SPLITS, TASKS, TRAIN_FRACTION, table_spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay real recorded model outputs: query sets, pools, a server",
-                       description="Work offline from the shared replay tables (real responses of real models "
-                                   "to GSM8K and MMLU-Pro): write a query set, write a pool file whose workers "
-                                   "are the recorded models, and serve their recorded responses.")
+                       description="Work offline from recorded model outputs (the shared GSM8K and MMLU-Pro "
+                                   "tables, or any table of your own with --table): write a query set, write a "
+                                   "pool file whose workers are the recorded models, serve their recorded "
+                                   "responses; convert a wide table (one column per model) first.")
     actions = p.add_subparsers(dest="replay_command", metavar="ACTION", required=True)
 
     q = actions.add_parser("queries", help="write a query set: one query per recorded question",
                            description="query_id = question_id, prompt = the question exactly as the models saw "
-                                       f"it. Splits are fixed by a hash of the question id ({TRAIN_FRACTION:.0%} "
-                                       "train); learn on train, report on test.")
+                                       "it, task = the question's task. Splits are fixed by a hash of the question "
+                                       f"id ({TRAIN_FRACTION:.0%} train); learn on train, report on test.")
     _common(q)
     q.add_argument("--split", choices=SPLITS, default="all")
     q.add_argument("--out", type=Path, required=True, help="Parquet file to write (e.g. data/replay/gsm8k.parquet)")
     q.set_defaults(func=queries)
 
     pp = actions.add_parser("pool", help="write a pool file whose workers are the recorded models",
-                            description="One llm worker per recorded model (priced from prices.csv, expected "
-                                        "accuracy from the train split), plus the function workers vote and "
-                                        "extract, and a replay: block naming the table. Written under data/; "
-                                        "never commit it.")
+                            description="One llm worker per recorded model (priced from the price table, or from "
+                                        "the recorded cost_usd; expected accuracy per task from the train split), "
+                                        "plus the function workers vote and extract, and a replay: block naming "
+                                        "the table. Written under data/; never commit it.")
     _common(pp)
     pp.add_argument("--out", type=Path, required=True, help="pool file to write (e.g. data/pools/replay-gsm8k.yaml)")
     pp.add_argument("--models", nargs="+", metavar="MODEL", help="only these recorded models (default: all)")
+    pp.add_argument("--prices", type=Path, default=None,
+                    help="price table, CSV with model,input_usd_per_mtok,output_usd_per_mtok (default: prices.csv "
+                         "in the replay folder). Models whose rows record cost_usd need no list price")
     pp.add_argument("--api-base", default=None,
                     help="the workers' api_base (default: ${CONDUCTOR_REPLAY_URL:-http://127.0.0.1:8912/v1})")
     pp.set_defaults(func=pool)
@@ -49,23 +54,66 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_arguments(s)
     s.set_defaults(func=run)
 
+    c = actions.add_parser("convert", help="turn a wide table (one column per model, as RouterBench ships) "
+                                           "into a replay table",
+                           description="Reads a wide table (Parquet, CSV or JSON lines) with one row per prompt "
+                                       "and, per model M, a score column M, a response column M<response-suffix> "
+                                       "and a cost column M<cost-suffix>; writes the long replay table (one row "
+                                       "per prompt and model: question_id, question, reference, model, response, "
+                                       "correct, score, cost_usd, and task/category when given). The defaults "
+                                       "follow RouterBench.")
+    c.add_argument("--wide", type=Path, required=True, help="the wide table")
+    c.add_argument("--out", type=Path, required=True, help="Parquet file to write (the replay table)")
+    c.add_argument("--id-column", default="sample_id", help="question id column (default: sample_id)")
+    c.add_argument("--prompt-column", default="prompt", help="question column (default: prompt)")
+    c.add_argument("--reference-column", default=None,
+                   help="gold answer column (default: none; RouterBench has none, so `correct` comes from the "
+                        "score and the graders cannot re-grade the rows)")
+    c.add_argument("--category-column", default="eval_name",
+                   help="copied to `category` and matched by --task-map (default: eval_name; '' for none)")
+    c.add_argument("--response-suffix", default="|model_response", help="default: '|model_response'")
+    c.add_argument("--cost-suffix", default="|total_cost", help="default: '|total_cost' ('' for no costs)")
+    c.add_argument("--models", nargs="+", metavar="MODEL", help="only these models (default: every column with a "
+                                                                 "response column beside it)")
+    c.add_argument("--threshold", type=float, default=None,
+                   help="correct = score >= THRESHOLD; required when scores lie strictly between 0 and 1")
+    c.add_argument("--task", choices=TASKS, default=None, help="the task of every row (else --task-map, else none)")
+    c.add_argument("--task-map", action="append", default=[], metavar="PREFIX=TASK",
+                   help="rows whose category starts with PREFIX get TASK (repeatable; the longest prefix wins), "
+                        "e.g. --task-map grade-school-math=math --task-map mmlu=choice")
+    c.set_defaults(func=convert)
+
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", choices=tuple(DATASETS), required=True)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--table", type=Path, default=None,
+                       help="the recorded table: a Parquet file at any path, one row per (question, model)")
+    which.add_argument("--dataset", choices=tuple(DATASETS), default=None,
+                       help="a shared table of the replay folder (gsm8k, mmlu_pro): a shortcut for --table")
+    p.add_argument("--name", default=None,
+                   help="the dataset's name in pool descriptions, run ids and reports (default: the file stem)")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="task of rows that name none in a 'task' column (default for gsm8k: math, mmlu_pro: choice)")
     p.add_argument("--replay-dir", type=Path, default=None,
-                   help=f"folder of the replay tables (default: ${REPLAY_ENV}, else ../shared/replay)")
+                   help=f"folder of the shared tables and prices.csv (default: ${REPLAY_ENV}, else ../shared/replay)")
+
+
+def _spec(args: argparse.Namespace):
+    return table_spec(table=args.table, dataset=args.dataset, name=args.name, task=args.task,
+                      prices=getattr(args, "prices", None), replay_dir=args.replay_dir)
 
 
 def queries(args: argparse.Namespace) -> int:
     from conductor.queries import load_queries
-    from conductor.replay.build import query_table
+    from conductor.replay.build import query_table, task_counts
 
-    table = query_table(args.replay_dir or default_replay_dir(), args.dataset, args.split)
+    spec = _spec(args)
+    table = query_table(spec, args.split)
     _writable(args.out)
     pq.write_table(table, args.out)
     table = load_queries(args.out)  # read back through the check every consumer uses
     splits = Counter(orjson.loads(m)["split"] for m in table.column("metadata").to_pylist())
-    print(f"{args.out}  {table.num_rows} queries ({args.dataset}, task {DATASETS[args.dataset]}; "
+    print(f"{args.out}  {table.num_rows} queries ({spec.name}, {task_counts(table)}; "
           + ", ".join(f"{k} {v}" for k, v in sorted(splits.items())) + ")")
     return 0
 
@@ -74,14 +122,34 @@ def pool(args: argparse.Namespace) -> int:
     from conductor.pool import load_pool
     from conductor.replay.build import DEFAULT_URL, pool_document, write_pool
 
-    doc = pool_document(args.replay_dir or default_replay_dir(), args.dataset, args.models,
-                        args.api_base or DEFAULT_URL)
+    doc = pool_document(_spec(args), args.models, args.api_base or DEFAULT_URL)
     _writable(args.out)
     write_pool(args.out, doc)
     loaded = load_pool(args.out)  # the file must load as any pool does
     n = sum(1 for w in loaded.workers if w.kind == "llm")
-    print(f"{args.out}  {n} recorded models + vote, extract; table {doc['replay']['table']}")
+    r = doc["replay"]
+    print(f"{args.out}  {n} recorded models + vote, extract; {r['dataset']}, task {r['task']}; "
+          f"table {r['table']}; costs: {r['costs']}")
     print(f"serve it with: conductor replay serve --pool {args.out}")
+    return 0
+
+
+def convert(args: argparse.Namespace) -> int:
+    from conductor.replay.convert import WideLayout, convert_wide, parse_task_map
+
+    layout = WideLayout(id_column=args.id_column, prompt_column=args.prompt_column,
+                        reference_column=args.reference_column, category_column=args.category_column or None,
+                        response_suffix=args.response_suffix, cost_suffix=args.cost_suffix or None)
+    _writable(args.out)
+    long = convert_wide(args.wide, layout, models=args.models, threshold=args.threshold, task=args.task,
+                        task_map=parse_task_map(args.task_map))
+    long.write_parquet(args.out, compression="zstd")
+    models = long.get_column("model").n_unique()
+    questions = long.get_column("question_id").n_unique()
+    costed = long.height - long.get_column("cost_usd").null_count()
+    print(f"{args.out}  {long.height} rows: {questions} questions x {models} models; cost_usd on {costed} rows; "
+          f"reference {'from ' + args.reference_column if args.reference_column else 'none (correct from the score)'}")
+    print(f"next: conductor replay pool --table {args.out} --out data/pools/replay-{args.out.stem}.yaml")
     return 0
 
 

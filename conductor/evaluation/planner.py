@@ -68,6 +68,8 @@ def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: di
                             columns=["status", "cost_usd", "calls", "prompt_tokens", "completion_tokens"])
     plans = pq.read_table(run_dir / "plans.parquet", columns=["valid", "info_json", "workers"])
     correct = pc.sum(pc.fill_null(rewards.column("correct"), False)).as_py() or 0
+    # Our grader's accuracy is over the queries with a reference; none: there is no figure.
+    graded = n - queries.column("reference").null_count
     cost = pc.sum(results.column("cost_usd")).as_py() or 0.0
     tokens = ((pc.sum(results.column("prompt_tokens")).as_py() or 0)
               + (pc.sum(results.column("completion_tokens")).as_py() or 0))
@@ -76,7 +78,7 @@ def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: di
     policies = Counter(i.get("policy", "prior") for i in infos if i)
     used = Counter(w for ws in plans.column("workers").to_pylist() for w in (ws or ()))
     facts = {
-        "run": str(run_dir), "queries": n, "wall_time_s": round(wall, 2),
+        "run": str(run_dir), "run_id": summary["run_id"], "queries": n, "wall_time_s": round(wall, 2),
         "valid_plans": pc.sum(plans.column("valid")).as_py() or 0,
         "shapes": dict(shapes),
         "statuses": summary["statuses"],
@@ -86,8 +88,9 @@ def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: di
         "planned_by": dict(policies),
         "planner_options": planner_options,
     }
-    policy = Policy(kind, name or f"embedded planner (pipeline, {n} queries)", correct / n, None, cost / n,
-                    (pc.sum(results.column("calls")).as_py() or 0) / n, tokens / n, n, info=facts)
+    policy = Policy(kind, name or f"embedded planner (pipeline, {n} queries)", correct / graded if graded else None,
+                    None, cost / n, (pc.sum(results.column("calls")).as_py() or 0) / n, tokens / n, n, info=facts,
+                    graded=graded)
     return policy, facts
 
 

@@ -18,7 +18,7 @@ def headline(policies: Sequence[Policy]) -> list[Policy]:
 
 
 def policy_table(policies: Sequence[Policy]) -> str:
-    lines = ["| policy | accuracy | accuracy (labels) | USD / query | calls / query | tokens / query |",
+    lines = ["| policy | accuracy (our grader) | accuracy (labels) | USD / query | calls / query | tokens / query |",
              "|---|---:|---:|---:|---:|---:|"]
     for p in policies:
         lines.append(f"| {p.name} | {_f(p.accuracy, 3)} | {_f(p.accuracy_labels, 3)} | "
@@ -28,7 +28,7 @@ def policy_table(policies: Sequence[Policy]) -> str:
 
 def singles_table(policies: Sequence[Policy]) -> str:
     singles = sorted((p for p in policies if p.kind == "single"), key=lambda p: (-(p.accuracy or 0), p.name))
-    lines = ["| worker | accuracy | accuracy (labels) | recorded | USD / query | tokens / query |",
+    lines = ["| worker | accuracy (our grader) | accuracy (labels) | recorded | USD / query | tokens / query |",
              "|---|---:|---:|---:|---:|---:|"]
     for p in singles:
         lines.append(f"| {p.name} | {_f(p.accuracy, 3)} | {_f(p.accuracy_labels, 3)} | {_f(p.coverage, 3)} | "
@@ -44,13 +44,8 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
         f"- pool: `{meta['pool']}` ({meta['workers']} recorded models)",
         f"- queries: `{meta['queries_path']}`",
         f"- table: `{meta['table']}`",
-        "- accuracy: graded by `conductor.grading` (the grader the pipeline's rewards use, the only one "
-        "that can judge a vote's output); *accuracy (labels)* judges the same recorded responses by the "
-        "benchmark's own `correct` label instead (the shared README's reference figures use the labels). "
-        f"The two agree on {meta['agreement']:.1%} of the rows evaluated here.",
-        "- cost: estimated tokens (characters / 4 of the question and of the response, rounded; the tables "
-        "record no token counts) times the pool's prices (prices.csv). Tokens are the same estimates. "
-        "A question a worker never answered counts as wrong and costs nothing.",
+        *_accuracy_lines(meta),
+        *_cost_lines(meta),
         f"- best single worker: chosen on {meta['selection']}.",
         "- oracle: the cheapest correct recorded response per question; none correct: no call, no cost.",
         "- uniform random: the exact expected value of a worker drawn uniformly among those that "
@@ -62,13 +57,14 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(f["server_outcomes"].items())) or "none"
         parts.append(f"- embedded planner: run through the pipeline (plan, execute, grade) against the replay "
                      f"server on {f['queries']} of the {n} queries; plan shapes: {shapes}; server: {outcomes}; "
-                     f"{f['wall_time_s']:.0f} s; run folder `{f['run']}`.")
+                     f"{f['wall_time_s']:.0f} s; run `{f.get('run_id', '')}` in `{f['run']}`.")
         if f.get("subset_reference"):
             r = f["subset_reference"]
             parts.append(f"  On the same {f['queries']} queries: best single ({r['best_single']}) "
                          f"{r['best_single_accuracy']:.3f} at {_usd(r['best_single_usd'])}, oracle "
                          f"{r['oracle_accuracy']:.3f} at {_usd(r['oracle_usd'])}, uniform random "
-                         f"{r['random_accuracy']:.3f} at {_usd(r['random_usd'])} (our grader).")
+                         f"{r['random_accuracy']:.3f} at {_usd(r['random_usd'])} "
+                         f"({'labels' if r.get('by') == 'label' else 'our grader'}).")
     else:
         parts.append("- embedded planner: not run (--no-planner).")
     learned = [p for p in policies if p.kind == "learned"]
@@ -80,7 +76,8 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
             r = meta["learned_subset_reference"]
             parts.append(f"  On the same {learned[0].queries} queries: best single ({r['best_single']}) "
                          f"{r['best_single_accuracy']:.3f} at {_usd(r['best_single_usd'])}, oracle "
-                         f"{r['oracle_accuracy']:.3f} at {_usd(r['oracle_usd'])} (our grader).")
+                         f"{r['oracle_accuracy']:.3f} at {_usd(r['oracle_usd'])} "
+                         f"({'labels' if r.get('by') == 'label' else 'our grader'}).")
     parts += ["", "## Policies", "", policy_table(headline(policies)), ""]
     if chart_name:
         parts += [f"![accuracy against cost]({chart_name})", ""]
@@ -89,6 +86,48 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
     parts += ["## Every single worker", "", singles_table(policies), ""]
     parts += [f"Grading took {meta['grading_s']:.1f} s; the whole evaluation {meta['wall_time_s']:.1f} s.", ""]
     return "\n".join(parts)
+
+
+def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
+    """What each accuracy column is measured by, on which queries: the two are never compared."""
+    n, g = meta["queries"], meta.get("graded_queries", meta["queries"])
+    tasks = meta.get("tasks") or {}
+    lines = []
+    if len(tasks) > 1:
+        lines.append("- tasks: " + ", ".join(f"{t} {k}" for t, k in tasks.items())
+                     + "; every recorded response is graded with its own question's task.")
+    labels = ("*accuracy (labels)* judges the same recorded responses by the table's own `correct` label "
+              "instead, over all the queries (the shared README's reference figures use the labels); a "
+              "policy's name says which of the two chose it.")
+    if g == 0:
+        lines.append("- accuracy: no query has a reference, so `conductor.grading` can judge nothing: every "
+                     "figure here comes from the recorded labels (*accuracy (labels)*), and policies that run "
+                     "through the pipeline (the planner, learned policies) have no accuracy. " + labels)
+        return lines
+    where = "" if g == n else (f" It judges only the {g} of the {n} queries that have a reference; its "
+                               f"accuracy is over those {g}.")
+    agreement = meta.get("agreement")
+    agrees = (f" The two agree on {agreement:.1%} of the {meta.get('graded_rows', meta['rows'])} rows our grader "
+              f"judges here." if agreement is not None else "")
+    lines.append("- *accuracy (our grader)*: graded by `conductor.grading` (the grader the pipeline's rewards use, "
+                 f"the only one that can judge a vote's output).{where} " + labels + agrees)
+    return lines
+
+
+def _cost_lines(meta: dict[str, Any]) -> list[str]:
+    rows, recorded = meta["rows"], meta.get("recorded_cost_rows", 0)
+    estimate = ("tokens (recorded counts where the table has them, else characters / 4 of the question and of "
+                "the response, rounded) times the pool's prices")
+    if recorded == rows and rows:
+        text = (f"- cost: the recorded `cost_usd` of every row ({rows} rows), as the replay server charges it "
+                "in the pipeline.")
+    elif recorded:
+        text = (f"- cost: the recorded `cost_usd` where a row has one ({recorded} of {rows} rows), else {estimate}; "
+                "the pipeline charges the same.")
+    else:
+        text = f"- cost: {estimate}."
+    return [text + " Tokens are the same counts. A question a worker never answered counts as wrong and costs "
+                   "nothing."]
 
 
 def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
@@ -109,8 +148,10 @@ def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
     return "\n".join(lines)
 
 
-def chart(policies: Sequence[Policy], path: Path, title: str) -> Path:
-    """Accuracy (our grader) against mean USD per query, log x, every policy labeled."""
+def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader",
+          cost_basis: str = "estimated tokens x list prices") -> Path:
+    """Accuracy (our grader, or with `by="labels"` the labels') against mean USD per query,
+    log x, every policy labeled. One kind of accuracy per chart: the two are never mixed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,6 +159,7 @@ def chart(policies: Sequence[Policy], path: Path, title: str) -> Path:
     from matplotlib.transforms import Bbox
 
     fig, ax = plt.subplots(figsize=(10, 7), dpi=100)
+    policies = [_plotted(p, by) for p in policies]
     plotted = [p for p in policies if p.accuracy is not None and p.usd_per_query and p.usd_per_query > 0]
     for kind, (marker, color, size, legend) in _STYLES.items():
         ps = [p for p in plotted if p.kind == kind]
@@ -131,8 +173,8 @@ def chart(policies: Sequence[Policy], path: Path, title: str) -> Path:
     ax.set_xscale("log")
     xs = [p.usd_per_query for p in plotted] or [1e-4]
     ax.set_xlim(min(xs) / 1.6, max(xs) * 2.2)  # room for the labels of the outermost points
-    ax.set_xlabel("mean USD per query (estimated tokens x list prices, log scale)")
-    ax.set_ylabel("accuracy (conductor.grading)")
+    ax.set_xlabel(f"mean USD per query ({cost_basis}, log scale)")
+    ax.set_ylabel("accuracy (conductor.grading)" if by == "grader" else "accuracy (recorded labels)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="lower right", fontsize=8)
@@ -169,6 +211,15 @@ def chart(policies: Sequence[Policy], path: Path, title: str) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _plotted(p: Policy, by: str) -> Policy:
+    """The policy with the chart's accuracy in `accuracy` (the labels' when `by` says so)."""
+    if by == "grader":
+        return p
+    from dataclasses import replace
+
+    return replace(p, accuracy=p.accuracy_labels)
 
 
 _STYLES = {  # kind -> marker, color, size, legend

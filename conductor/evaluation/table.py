@@ -1,11 +1,14 @@
 """The recorded outcome of every (question, worker) pair a replay pool can serve:
-correct by our grader, correct by the benchmark's label, tokens and cost.
+correct by our grader, correct by the recorded label, tokens and cost.
 
 Every table-based policy (single workers, best single, oracle, random) is a
 choice of rows of this matrix, so each is a vectorized polars expression.
-Tokens are what the replay server reports: recorded counts when the table has
-them, else characters / 4 (rounded half to even) of the question and of the response.
-Cost is those tokens times the pool's prices.
+Each row is graded with its own task (a table may mix tasks); a row whose
+question has no reference cannot be graded (`grader` is null) and counts by its
+label only. Tokens are what the replay server reports: recorded counts when the
+table has them, else characters / 4 (rounded half to even) of the question and
+of the response. Cost is the row's recorded `cost_usd` when it has one, else
+those tokens times the pool's prices.
 """
 
 from __future__ import annotations
@@ -19,16 +22,18 @@ import pyarrow as pa
 from conductor.errors import ConductorError
 from conductor.grading import grade
 from conductor.pool import Pool
-from conductor.replay.tables import TOKEN_COLUMNS, estimate_tokens, read_table, replay_source, replay_workers
+from conductor.replay.tables import COST_COLUMN, MIXED, read_table, replay_source, replay_workers, with_tokens
 
 
 @dataclass(frozen=True)
 class Matrix:
-    rows: pl.DataFrame  # question_id, worker, split, grader, label, tokens, cost
-    task: str | None
+    # question_id, worker, split, task, graded, grader, label, tokens, cost, cost_recorded
+    rows: pl.DataFrame
+    task: str | None  # the one task of the rows, or "mixed"
     dataset: str
     workers: list[str]  # the pool's replay workers, in pool order
     grading_s: float
+    graded_ids: frozenset[str]  # questions with a reference, which our grader can judge
 
 
 def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matrix:
@@ -41,46 +46,58 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
     for wid in workers:
         price = pool.worker(wid).price
         if price is None:
-            raise ConductorError(f"pool {pool.path}: worker {wid} has no price; `conductor replay pool` imports "
-                                 f"them from prices.csv")
+            raise ConductorError(f"pool {pool.path}: worker {wid} has no price; `conductor replay pool` writes "
+                                 f"one from the price table or the recorded cost_usd")
         prices[wid] = price
-    t = read_table(source.table, ["question_id", "question", "reference", "model", "response", "correct"])
+    t = source.tasks(read_table(source.table, ["question_id", "question", "reference", "model", "response",
+                                               "correct"]))
     _check_queries(queries, t, source.table)
     by_model = pl.DataFrame({"worker": list(workers), "model": list(workers.values()),
                              "p_in": [prices[w].input for w in workers], "p_out": [prices[w].output for w in workers]})
-    t = t.filter(pl.col("question_id").is_in(list(question_ids))).join(by_model, on="model", how="inner")
-    if all(c in t.columns for c in TOKEN_COLUMNS):
-        t_in = pl.col("prompt_tokens").fill_null(estimate_tokens(pl.col("question").str.len_chars()))
-        t_out = pl.col("completion_tokens").fill_null(estimate_tokens(pl.col("response").str.len_chars()))
-    else:
-        t_in = estimate_tokens(pl.col("question").str.len_chars())
-        t_out = estimate_tokens(pl.col("response").str.len_chars())
-    t = t.with_columns(t_in.alias("tokens_in"), t_out.alias("tokens_out"))
+    t = (t.filter(pl.col("question_id").is_in(list(question_ids)))
+         .unique(subset=["question_id", "model"], keep="first", maintain_order=True)
+         .join(by_model, on="model", how="inner"))
+    t = with_tokens(t)
+    priced = pl.col("tokens_in") * pl.col("p_in") + pl.col("tokens_out") * pl.col("p_out")
+    recorded = pl.col(COST_COLUMN) if COST_COLUMN in t.columns else pl.lit(None, dtype=pl.Float64)
+    t = t.with_columns(recorded.alias("recorded_cost"))
     t0 = time.perf_counter()
-    task = source.task
-    verdicts = [bool(grade(task, r, ref).correct) for r, ref in zip(t.get_column("response").to_list(),
-                                                                     t.get_column("reference").to_list())]
+    verdicts = [grade(task, r, ref).correct for task, r, ref in zip(
+        t.get_column("task").to_list(), t.get_column("response").to_list(), t.get_column("reference").to_list())]
     grading_s = time.perf_counter() - t0
     rows = t.select(
-        "question_id", "worker", "split",
+        "question_id", "worker", "split", "task",
+        pl.col("reference").is_not_null().alias("graded"),
         pl.Series("grader", verdicts, dtype=pl.Boolean),
         pl.col("correct").fill_null(False).alias("label"),
         (pl.col("tokens_in") + pl.col("tokens_out")).alias("tokens"),
-        (pl.col("tokens_in") * pl.col("p_in") + pl.col("tokens_out") * pl.col("p_out")).alias("cost"),
+        pl.coalesce(pl.col("recorded_cost"), priced).alias("cost"),
+        pl.col("recorded_cost").is_not_null().alias("cost_recorded"),
     )
-    return Matrix(rows, task, source.dataset, list(workers), grading_s)
+    tasks = sorted(set(t.get_column("task").to_list()))
+    graded = frozenset(t.filter(pl.col("reference").is_not_null()).get_column("question_id").to_list())
+    return Matrix(rows, tasks[0] if len(tasks) == 1 else (MIXED if tasks else source.task), source.dataset,
+                  list(workers), grading_s, graded)
 
 
 def _check_queries(queries: pa.Table, table: pl.DataFrame, path) -> None:
-    """The queries must be questions of the table, with the prompt exactly the question."""
-    known = dict(table.select("question_id", "question").unique(subset=["question_id"]).iter_rows())
+    """The queries must be questions of the table, with the prompt exactly the question and
+    the question's task (a stale query set would be graded one way here and another in runs)."""
+    known = {q: (text, task) for q, text, task in
+             table.select("question_id", "question", "task").unique(subset=["question_id"]).iter_rows()}
     ids = queries.column("query_id").to_pylist()
     prompts = queries.column("prompt").to_pylist()
+    tasks = queries.column("task").to_pylist()
     unknown = [q for q in ids if q not in known]
     if unknown:
         raise ConductorError(f"query set: {len(unknown)} query id(s) are not questions of {path} "
                              f"(e.g. {', '.join(unknown[:3])}); write the queries with `conductor replay queries`")
-    changed = [q for q, p in zip(ids, prompts) if known[q] != p]
+    changed = [q for q, p in zip(ids, prompts) if known[q][0] != p]
     if changed:
         raise ConductorError(f"query set: {len(changed)} prompt(s) differ from the recorded question "
                              f"(e.g. {', '.join(changed[:3])}); a replay pool answers only the original question")
+    other = [q for q, task in zip(ids, tasks) if known[q][1] != task]
+    if other:
+        raise ConductorError(f"query set: {len(other)} query task(s) differ from the table's task for the question "
+                             f"(e.g. {', '.join(f'{q}: {t!r} not {known[q][1]!r}' for q, t in zip(ids, tasks) if q in other[:3])}); "
+                             f"write the queries with `conductor replay queries` from the pool's table")

@@ -44,6 +44,7 @@ class CallResponse:
     simulated: bool
     finish_reason: str | None = None
     logprob: float | None = None  # sum of the sampled tokens' log-probabilities, when the provider sent them
+    cost_usd: float | None = None  # what the server says the call cost (the replay server's recorded cost)
 
 
 class CallFailure(Exception):
@@ -91,7 +92,16 @@ async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
     simulated = (getattr(resp, "system_fingerprint", None) == "conductor-sim"
                  or headers.get("llm_provider-x-conductor-simulated") == "1")
     return CallResponse(text, int(pt), int(ct), estimated, simulated, getattr(choice, "finish_reason", None),
-                        completion_logprob(choice))
+                        completion_logprob(choice), _usd(headers.get("llm_provider-x-conductor-cost-usd")))
+
+
+def _usd(value: Any) -> float | None:
+    """A server-reported cost (header `x-conductor-cost-usd`): a finite number >= 0, else None."""
+    try:
+        usd = float(value)
+    except (TypeError, ValueError):
+        return None
+    return usd if math.isfinite(usd) and usd >= 0 else None
 
 
 def completion_logprob(choice: Any) -> float | None:

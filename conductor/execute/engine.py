@@ -273,7 +273,7 @@ class Executor:
             raise
         finally:
             del self._inflight[key]
-        cost = call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens)
+        cost = self._cost(worker, resp)
         entry = Entry(resp.text, resp.prompt_tokens, resp.completion_tokens, resp.usage_estimated,
                       resp.simulated, cost, latency, resp.logprob, attempts)
         for cache in (self.run_cache, self.cache):
@@ -344,15 +344,20 @@ class Executor:
                     continue
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
                 if reservation is not None:
-                    await self.ledger.settle(
-                        reservation, call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens))
+                    await self.ledger.settle(reservation, self._cost(worker, resp))
                     reservation = None
-                elif (cost := call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens)):
+                elif (cost := self._cost(worker, resp)):
                     self.ledger.record(provider.id, cost)
                 return resp, attempt, time.monotonic() - t
         finally:
             if reservation is not None:
                 await self.ledger.settle(reservation, 0.0)
+
+    def _cost(self, worker: Worker, resp: CallResponse) -> float | None:
+        """The call's cost: what the server reported (a recorded cost), else tokens x price."""
+        if resp.cost_usd is not None:
+            return resp.cost_usd
+        return call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens)
 
     def _backoff(self, attempt: int, retry_after: float | None, limiter: ProviderLimiter) -> float:
         if retry_after is not None:

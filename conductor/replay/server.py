@@ -12,7 +12,9 @@ error the executor records per step without marking the worker dead.
 
 Usage is the table's recorded token counts when it has them; otherwise
 characters / 4 (rounded half to even), flagged by the header
-`x-conductor-usage-estimated: 1` so traces mark it as estimated.
+`x-conductor-usage-estimated: 1` so traces mark it as estimated. A row with a
+recorded `cost_usd` sends it in the header `x-conductor-cost-usd` (a decimal
+number of USD), which the executor charges instead of tokens x price.
 
 Endpoints: POST /v1/chat/completions, GET /v1/models, GET /health, and for tests
 GET /admin/log, POST /admin/reset.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from urllib.parse import quote
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,7 @@ from aiohttp import web
 from conductor.errors import ConductorError
 from conductor.localserver import LocalServer, RequestLog, message_text, openai_app
 from conductor.pool import Pool
-from conductor.replay.tables import TOKEN_COLUMNS, estimate_tokens, read_table, replay_source, replay_workers
+from conductor.replay.tables import COST_COLUMN, read_table, replay_source, replay_workers, with_tokens
 
 FINGERPRINT = "conductor-replay"
 _JSON = "application/json"
@@ -49,6 +52,7 @@ class Recorded:
     prompt_tokens: int
     completion_tokens: int
     estimated: bool
+    cost_usd: float | None = None  # recorded dollars of this response, when the table has them
 
 
 class ReplayIndex:
@@ -63,23 +67,16 @@ class ReplayIndex:
         if missing:
             raise ConductorError(f"replay table {self.table} has no responses of model(s) {', '.join(missing)} "
                                  f"(it holds {len(known)} models); fix the pool's workers")
-        t = t.filter(pl.col("model").is_in(sorted(models)))
-        has_tokens = all(c in t.columns for c in TOKEN_COLUMNS)
+        t = with_tokens(t.filter(pl.col("model").is_in(sorted(models))))
+        cost = pl.col(COST_COLUMN) if COST_COLUMN in t.columns else pl.lit(None, dtype=pl.Float64)
+        rows = t.select(*cols, "tokens_in", "tokens_out", "tokens_estimated", cost).iter_rows()
         self.question_ids: dict[str, str] = {}
         self.responses: dict[tuple[str, str], Recorded] = {}
-        rows = t.select([*cols, *(TOKEN_COLUMNS if has_tokens else ())]).iter_rows()
-        for row in rows:
-            qid, question, model, response = row[:4]
-            response = response or ""
-            pt = ct = None
-            if has_tokens:
-                pt, ct = row[4], row[5]
-            estimated = pt is None or ct is None
-            if estimated:
-                pt, ct = estimate_tokens(len(question)), estimate_tokens(len(response))
+        for qid, question, model, response, pt, ct, estimated, usd in rows:
             # A question asked twice under two ids: the first row in table order answers.
             self.question_ids.setdefault(question, qid)
-            self.responses.setdefault((model, question), Recorded(qid, response, int(pt), int(ct), estimated))
+            self.responses.setdefault((model, question),
+                                      Recorded(qid, response or "", int(pt), int(ct), bool(estimated), usd))
         # Plan parsing trims instructions, and 73 MMLU-Pro questions start or end with
         # whitespace: such whitespace is the only difference from the question let through.
         self._trimmed: dict[str, str] = {}
@@ -186,9 +183,12 @@ class ReplayServer(LocalServer):
             "usage": {"prompt_tokens": rec.prompt_tokens, "completion_tokens": rec.completion_tokens,
                       "total_tokens": rec.prompt_tokens + rec.completion_tokens},
         }
-        headers = {"x-conductor-replay-question": rec.question_id}
+        # Percent-encoded: a question id may hold characters an HTTP header cannot.
+        headers = {"x-conductor-replay-question": quote(rec.question_id, safe="")}
         if rec.estimated:
             headers["x-conductor-usage-estimated"] = "1"
+        if rec.cost_usd is not None:
+            headers["x-conductor-cost-usd"] = repr(float(rec.cost_usd))
         return web.Response(body=orjson.dumps(payload), content_type=_JSON, headers=headers)
 
     def _not_a_question(self, text: str) -> str:

@@ -1,9 +1,13 @@
-"""The shared replay tables (real recorded model outputs), read-only.
+"""Replay tables (real recorded model outputs), read-only: the shared ones or any
+table a user brings, at any path and under any file name.
 
 A replay table holds one row per (question, model): the question exactly as the
-model saw it, the model's full response, the gold answer and the benchmark's own
-correctness label. Nothing in it is copied into the repository: pool files and
-query sets that point at it are written under data/ at run time.
+model saw it, the model's full response, the gold answer (may be empty) and a
+correctness label. Optional columns: `task` (which grader applies, row by row),
+`prompt_tokens` / `completion_tokens` (recorded usage) and `cost_usd` (the
+recorded dollars of the row, used instead of any estimate). Nothing in it is
+copied into the repository: pool files and query sets that point at it are
+written under data/ at run time.
 
 Splits are a pure function of the question id (see `split_of`), so every command
 and the learned policy agree on which questions are for training and which for
@@ -15,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +29,18 @@ import polars as pl
 from conductor.errors import ConductorError, PoolError
 from conductor.pool import Pool, Worker
 
-# Replay table stem -> the task its answers are graded as.
+# The shared tables' stems -> the task their rows are graded as when the table names none.
 DATASETS = {"gsm8k": "math", "mmlu_pro": "choice"}
+# Tasks a replay table may name (literal and code are graded by conductor.grading's newer graders).
+TASKS = ("math", "choice", "exact", "literal", "code")
+MIXED = "mixed"  # the pool's replay.task when the table's rows have more than one task
 REPLAY_ENV = "CONDUCTOR_REPLAY_DIR"
 REQUIRED_COLUMNS = ("question_id", "question", "reference", "model", "response", "correct")
-# Recorded usage, when a table has it; the shared tables do not, so usage is estimated.
+TASK_COLUMN = "task"
+# Recorded usage, when a table has it; else the server and the evaluation estimate characters / 4.
 TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens")
+COST_COLUMN = "cost_usd"  # recorded USD of the row: used instead of tokens x price wherever present
+OPTIONAL_COLUMNS = (TASK_COLUMN, *TOKEN_COLUMNS, COST_COLUMN)
 
 # Split: sha256("<salt>:<question_id>"), first 8 bytes as a fraction of 2**64; below
 # TRAIN_FRACTION is train. 50/50 keeps a test set large enough to compare policies.
@@ -37,7 +48,9 @@ SPLIT_SALT = "conductor-replay-split-v1"
 TRAIN_FRACTION = 0.5
 SPLITS = ("all", "train", "test")
 
-REPLAY_KEYS = {"dataset", "table", "task", "prices", "split", "skills"}
+REPLAY_KEYS = {"dataset", "table", "task", "default_task", "prices", "split", "skills", "costs"}
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SHOW = 5  # question ids shown in an error message
 
 
 def default_replay_dir() -> Path:
@@ -55,8 +68,10 @@ def split_of(question_id: str) -> str:
 
 
 def table_path(replay_dir: Path, dataset: str) -> Path:
+    """The shared table `--dataset` names."""
     if dataset not in DATASETS:
-        raise ConductorError(f"--dataset {dataset!r}: unknown (choose from {', '.join(DATASETS)})")
+        raise ConductorError(f"--dataset {dataset!r}: unknown (choose from {', '.join(DATASETS)}, "
+                             f"or give any table with --table PATH)")
     if not Path(replay_dir).is_dir():
         raise ConductorError(f"replay folder {replay_dir} not found: pass --replay-dir DIR or set ${REPLAY_ENV}")
     path = Path(replay_dir) / f"{dataset}.parquet"
@@ -65,25 +80,196 @@ def table_path(replay_dir: Path, dataset: str) -> Path:
     return path
 
 
-def read_table(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
-    """The replay table (or some of its columns), checked for the columns replay needs.
+# ---------------------------------------------------------------- which table, named how
 
-    Adds `split`; keeps the table's row order, which fixes which row answers a
-    question asked twice under two ids (the first)."""
-    path = Path(path)
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A replay table as the user named it on the command line."""
+
+    path: Path
+    name: str  # names pool descriptions, run ids and reports: --name, else the file stem
+    task: str | None  # for rows without a task of their own: --task, else a shared stem's default
+    prices: Path | None  # list prices per model (prices.csv's columns), if any
+
+
+def table_spec(*, table: Path | str | None = None, dataset: str | None = None, name: str | None = None,
+               task: str | None = None, prices: Path | str | None = None,
+               replay_dir: Path | str | None = None) -> TableSpec:
+    """--table PATH or --dataset gsm8k|mmlu_pro (the shared file), with --name, --task and --prices.
+
+    Prices default to prices.csv in the replay folder, when there is one."""
+    if (table is None) == (dataset is None):
+        raise ConductorError("give the recorded table with --table PATH, or --dataset "
+                             f"{'|'.join(DATASETS)} for a shared one (not both)")
+    folder = Path(replay_dir) if replay_dir else default_replay_dir()
+    if dataset is not None:
+        path = table_path(folder, dataset)
+    else:
+        path = Path(table).expanduser()
+        if not path.is_file():
+            raise ConductorError(f"--table {path}: not found" if not path.exists() else
+                                 f"--table {path}: is a folder; give the Parquet file")
+    if task is not None and task not in TASKS:
+        raise ConductorError(f"--task {task!r}: unknown (choose from {', '.join(TASKS)})")
+    if prices is not None:
+        prices = Path(prices).expanduser()
+        if not prices.is_file():
+            raise ConductorError(f"--prices {prices}: not found")
+    elif (folder / "prices.csv").is_file():
+        prices = folder / "prices.csv"
+    return TableSpec(path.resolve(), dataset_name(path, name), task or DATASETS.get(path.stem),
+                     prices.resolve() if prices else None)
+
+
+def dataset_name(path: Path, name: str | None = None) -> str:
+    """--name as given (checked), else the table's file stem made safe for run ids and folders."""
+    if name is not None:
+        if not _NAME_RE.match(name) or len(name) > 64:
+            raise ConductorError(f"--name {name!r}: use up to 64 letters, digits, '-', '_' and '.', "
+                                 f"starting with a letter or digit")
+        return name
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(path).stem).strip("-_.")[:64] or "table"
+
+
+# ---------------------------------------------------------------- reading and checking a table
+
+
+def table_columns(path: Path) -> dict[str, pl.DataType]:
+    """The table's column names and types; a clear error for a file that is not Parquet."""
     try:
-        schema = pl.read_parquet_schema(path)
+        return dict(pl.read_parquet_schema(path))
     except Exception as e:  # polars raises several types for a bad file
         raise ConductorError(f"replay table {path}: not a readable Parquet file ({e})") from None
+
+
+def read_table(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
+    """The replay table (or some of its columns), checked and with normalized types.
+
+    Always brings question_id and whichever optional columns the table has (task,
+    tokens, cost_usd), and adds `split`. Keeps the table's row order, which fixes
+    which row answers a question asked twice under two ids (the first). A missing
+    or mistyped column is an error naming the file and the column; bad values name
+    the question ids."""
+    path = Path(path)
+    schema = table_columns(path)
     missing = [c for c in REQUIRED_COLUMNS if c not in schema]
     if missing:
-        raise ConductorError(f"replay table {path}: missing column(s) {', '.join(missing)}")
-    wanted = list(schema) if columns is None else list(dict.fromkeys(
-        [*columns, "question_id", *(c for c in TOKEN_COLUMNS if c in schema)]))
-    table = pl.read_parquet(path, columns=wanted)
+        raise ConductorError(f"replay table {path}: missing column(s) {', '.join(missing)} "
+                             f"(required: {', '.join(REQUIRED_COLUMNS)})")
+    optional = [c for c in OPTIONAL_COLUMNS if c in schema]
+    wanted = list(schema) if columns is None else list(dict.fromkeys([*columns, "question_id", *optional]))
+    absent = [c for c in wanted if c not in schema]
+    if absent:
+        raise ConductorError(f"replay table {path}: missing column(s) {', '.join(absent)}")
+    for c in wanted:
+        _check_type(path, c, schema[c])
+    table = _normalize(path, pl.read_parquet(path, columns=wanted))
     ids = table.get_column("question_id").unique()
-    splits = pl.DataFrame({"question_id": ids, "split": [split_of(q) for q in ids.to_list()]})
+    splits = pl.DataFrame({"question_id": ids, "split": [split_of(q) for q in ids.to_list()]},
+                          schema={"question_id": pl.String, "split": pl.String})
     return table.join(splits, on="question_id", how="left", maintain_order="left")
+
+
+_STRINGS = ("question", "model", "response", TASK_COLUMN)
+_NUMBERS = (*TOKEN_COLUMNS, COST_COLUMN)
+
+
+def _check_type(path: Path, col: str, dtype: pl.DataType) -> None:
+    def bad(want: str) -> ConductorError:
+        return ConductorError(f"replay table {path}: column '{col}' must hold {want}, not {dtype}")
+
+    text = dtype in (pl.String, pl.Categorical, pl.Null) or isinstance(dtype, (pl.Categorical, pl.Enum))
+    if col in _STRINGS and not text:
+        raise bad("strings")
+    if col in ("question_id", "reference") and not (text or dtype.is_integer()):
+        raise bad("strings (or integers)")
+    if col == "correct" and not (dtype in (pl.Boolean, pl.Null) or dtype.is_numeric()):
+        raise bad("booleans or 0/1 numbers")
+    if col in _NUMBERS and not (dtype == pl.Null or dtype.is_numeric()):
+        raise bad("numbers")
+
+
+def _normalize(path: Path, t: pl.DataFrame) -> pl.DataFrame:
+    """Cast to the types the rest of replay works with and refuse values nothing can use."""
+    casts = [pl.col(c).cast(pl.String) for c in ("question_id", "reference", *_STRINGS) if c in t.columns]
+    t = t.with_columns(casts)
+    if "reference" in t.columns:  # an empty reference is no reference: nothing to grade by
+        t = t.with_columns(pl.when(pl.col("reference").str.strip_chars() != "").then(pl.col("reference"))
+                           .alias("reference"))
+    for c in ("question_id", "question", "model"):
+        if c in t.columns and t.get_column(c).null_count():
+            where = (f"at row(s) {_show([str(i) for i in t.with_row_index().filter(pl.col(c).is_null())['index']])}"
+                     if c == "question_id" else f"for question id(s) {_ids(t, pl.col(c).is_null())}")
+            raise ConductorError(f"replay table {path}: column '{c}' is empty {where}")
+    if "correct" in t.columns and t.schema["correct"] != pl.Boolean:
+        c = pl.col("correct").cast(pl.Float64)
+        off = c.is_not_null() & ~c.is_in([0.0, 1.0])
+        if t.select(off.any()).item():
+            raise ConductorError(f"replay table {path}: column 'correct' must hold booleans or 0/1 numbers; "
+                                 f"other values for question id(s) {_ids(t, off)}")
+        t = t.with_columns((c == 1.0).alias("correct"))
+    for c in _NUMBERS:
+        if c not in t.columns:
+            continue
+        v = pl.col(c).cast(pl.Float64)
+        off = v.is_not_null() & (v.is_nan() | v.is_infinite() | (v < 0))
+        if c in TOKEN_COLUMNS:
+            off = off | (v.is_not_null() & (v != v.round(0)))
+        if t.select(off.any()).item():
+            what = "whole numbers of tokens, not negative" if c in TOKEN_COLUMNS else "USD amounts, not negative"
+            raise ConductorError(f"replay table {path}: column '{c}' must hold {what}; other values for "
+                                 f"question id(s) {_ids(t, off)}")
+        t = t.with_columns(v.cast(pl.Int64) if c in TOKEN_COLUMNS else v)
+    return t
+
+
+def with_tasks(t: pl.DataFrame, fallback: str | None, path: Path) -> pl.DataFrame:
+    """Set `task` on every row: the row's own `task` value, else `fallback` (--task, or the
+    shared stem's default). Unknown tasks, rows without one and questions whose rows
+    disagree are errors naming the question ids."""
+    if TASK_COLUMN in t.columns:
+        own = pl.when(pl.col(TASK_COLUMN).str.strip_chars() != "").then(pl.col(TASK_COLUMN))
+        t = t.with_columns(own.fill_null(pl.lit(fallback, dtype=pl.String)).alias("task"))
+    else:
+        t = t.with_columns(pl.lit(fallback, dtype=pl.String).alias("task"))
+    unknown = pl.col("task").is_not_null() & ~pl.col("task").is_in(TASKS)
+    if t.select(unknown.any()).item():
+        values = t.filter(unknown).get_column("task").unique(maintain_order=True).to_list()
+        raise ConductorError(f"replay table {path}: column 'task' has unknown value(s) {_show(values, quote=True)} "
+                             f"for question id(s) {_ids(t, unknown)} (allowed: {', '.join(TASKS)})")
+    if t.get_column("task").null_count():
+        raise ConductorError(f"replay table {path}: no task for question id(s) {_ids(t, pl.col('task').is_null())}: "
+                             f"fill its '{TASK_COLUMN}' column or pass --task ({', '.join(TASKS)})")
+    multi = t.group_by("question_id", maintain_order=True).agg(pl.col("task").n_unique().alias("n"))
+    multi = multi.filter(pl.col("n") > 1).get_column("question_id").to_list()
+    if multi:
+        raise ConductorError(f"replay table {path}: question id(s) {_show(multi)} have rows of more than one task; "
+                             f"a question is graded one way")
+    return t
+
+
+def with_tokens(t: pl.DataFrame) -> pl.DataFrame:
+    """Add tokens_in, tokens_out (recorded, else characters / 4 of the question and of the
+    response) and tokens_estimated (either was estimated), as the replay server reports them."""
+    est_in = estimate_tokens(pl.col("question").str.len_chars())
+    est_out = estimate_tokens(pl.col("response").fill_null("").str.len_chars())
+    t_in = pl.col(TOKEN_COLUMNS[0]).fill_null(est_in) if TOKEN_COLUMNS[0] in t.columns else est_in
+    t_out = pl.col(TOKEN_COLUMNS[1]).fill_null(est_out) if TOKEN_COLUMNS[1] in t.columns else est_out
+    flags = [pl.col(c).is_null() if c in t.columns else pl.lit(True) for c in TOKEN_COLUMNS]
+    return t.with_columns(t_in.alias("tokens_in"), t_out.alias("tokens_out"),
+                          (flags[0] | flags[1]).alias("tokens_estimated"))
+
+
+def _ids(t: pl.DataFrame, mask: pl.Expr) -> str:
+    ids = t.filter(mask).get_column("question_id").unique(maintain_order=True).to_list()
+    return _show([str(i) for i in ids])
+
+
+def _show(values: list, quote: bool = False) -> str:
+    shown = [repr(v) if quote else str(v) for v in values[:_SHOW]]
+    more = f" and {len(values) - _SHOW} more" if len(values) > _SHOW else ""
+    return ", ".join(shown) + more
 
 
 # ---------------------------------------------------------------- prices
@@ -118,7 +304,17 @@ class ReplaySource:
 
     dataset: str
     table: Path
-    task: str | None
+    task: str | None  # the table's one task, or "mixed" (row by row, from its task column)
+    default_task: str | None = None  # mixed tables: the task of rows whose task column is empty
+
+    @property
+    def fallback(self) -> str | None:
+        """The task of a row that names none."""
+        return self.default_task or (self.task if self.task != MIXED else None)
+
+    def tasks(self, t: pl.DataFrame) -> pl.DataFrame:
+        """`t` (rows of this table) with each row's task set (see `with_tasks`)."""
+        return with_tasks(t, self.fallback, self.table)
 
 
 def replay_source(pool: Pool) -> ReplaySource:
@@ -148,9 +344,12 @@ def replay_source(pool: Pool) -> ReplaySource:
         raise PoolError(f"{where}.split: {split!r} is not this version's split (salt {SPLIT_SALT}, "
                         f"train_fraction {TRAIN_FRACTION}); rewrite the pool with `conductor replay pool`")
     task = raw.get("task", DATASETS.get(dataset))
-    if task is not None and task not in ("math", "choice", "exact"):
-        raise PoolError(f"{where}.task: must be math, choice or exact (got {task!r})")
-    return ReplaySource(dataset, path, task)
+    if task is not None and task not in (*TASKS, MIXED):
+        raise PoolError(f"{where}.task: must be one of {', '.join(TASKS)} or {MIXED} (got {task!r})")
+    default = raw.get("default_task")
+    if default is not None and default not in TASKS:
+        raise PoolError(f"{where}.default_task: must be one of {', '.join(TASKS)} (got {default!r})")
+    return ReplaySource(dataset, path, task, default)
 
 
 def recorded_model(worker: Worker) -> str | None:
@@ -175,8 +374,8 @@ def servable(pool: Pool) -> dict[str, frozenset[str]]:
         by_model.setdefault(model, []).append(wid)
     if not by_model:
         return {}
-    t = pl.read_parquet(source.table, columns=["question", "model"]).filter(
-        pl.col("model").is_in(list(by_model))).unique()
+    t = pl.read_parquet(source.table, columns=["question", "model"]).select(pl.all().cast(pl.String)).filter(
+        pl.col("model").is_in(list(by_model)) & pl.col("question").is_not_null()).unique()
     out: dict[str, set[str]] = {}
     for q, m in t.iter_rows():
         out.setdefault(q, set()).update(by_model[m])
