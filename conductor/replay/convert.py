@@ -107,18 +107,18 @@ def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[
         raise ConductorError(f"--wide {path}: scores strictly between 0 and 1 in column(s) {_few(partial)}: "
                              f"pass --threshold T (correct = score >= T)")
     cut = 1.0 if threshold is None else float(threshold)
-    base = wide.with_row_index("_row").select(
-        "_row", ids.alias("question_id"), _text(wide, layout.prompt_column).alias("question"),
-        (_text(wide, layout.reference_column) if layout.reference_column else pl.lit(None, pl.String)).alias("reference"),
-        *([_text(wide, layout.category_column).alias("category")] if layout.category_column else []))
+    base = [pl.col("_row"), ids.alias("question_id"), _text(wide, layout.prompt_column).alias("question"),
+            (_text(wide, layout.reference_column) if layout.reference_column
+             else pl.lit(None, pl.String)).alias("reference"),
+            *([_text(wide, layout.category_column).alias("category")] if layout.category_column else [])]
+    indexed = wide.with_row_index("_row")
     parts = []
     for i, m in enumerate(found):
         cost_col = f"{m}{layout.cost_suffix}" if layout.cost_suffix else None
-        score = wide.get_column(m).cast(pl.Float64)
-        part = base.with_columns(
-            pl.lit(i, pl.Int64).alias("_model"), pl.lit(m, pl.String).alias("model"),
-            _text(wide, f"{m}{suffix}").alias("response"), score.alias("score"),
-            (wide.get_column(cost_col).cast(pl.Float64) if cost_col and cost_col in cols
+        part = indexed.select(
+            *base, pl.lit(i, pl.Int64).alias("_model"), pl.lit(m, pl.String).alias("model"),
+            _text(wide, f"{m}{suffix}").alias("response"), pl.col(m).cast(pl.Float64).alias("score"),
+            (pl.col(cost_col).cast(pl.Float64) if cost_col and cost_col in cols
              else pl.lit(None, pl.Float64)).alias("cost_usd"))
         parts.append(part.filter(pl.col("score").is_not_null() | pl.col("response").is_not_null()))
     long = pl.concat(parts).sort("_row", "_model")

@@ -183,8 +183,9 @@ class ReplayServer(LocalServer):
             "usage": {"prompt_tokens": rec.prompt_tokens, "completion_tokens": rec.completion_tokens,
                       "total_tokens": rec.prompt_tokens + rec.completion_tokens},
         }
-        # Percent-encoded: a question id may hold characters an HTTP header cannot.
-        headers = {"x-conductor-replay-question": quote(rec.question_id, safe="")}
+        # Percent-encoded when it holds characters an HTTP header cannot carry.
+        qid = rec.question_id
+        headers = {"x-conductor-replay-question": qid if qid.isascii() and qid.isprintable() else quote(qid, safe="")}
         if rec.estimated:
             headers["x-conductor-usage-estimated"] = "1"
         if rec.cost_usd is not None:
