@@ -236,6 +236,21 @@ def test_policy_rollouts_train_and_eval_on_the_mixed_table(mine, monkeypatch, ca
     _check_run(run, mine)
 
 
+def test_budgets_settle_the_recorded_cost(mine, tmp_path, monkeypatch):
+    """Under a budget each call reserves with the pool's (effective) price and settles at its recorded cost."""
+    monkeypatch.setenv("CONDUCTOR_REPLAY_URL", mine["server"].url)
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pq.read_table(mine["all"]).slice(0, 12), queries)
+    assert cli_main(["run", str(queries), "--pool", str(mine["pool"]), "--budget", "1.0", "--run-id", "budgeted",
+                     "--data-dir", str(tmp_path / "data"), "--no-cache"]) == 0
+    run = tmp_path / "data" / "runs" / "budgeted"
+    traces = pq.read_table(run / "traces.parquet").to_pylist()
+    rec = _recorded(mine["logs"])
+    paid = sum(rec[(t["model"].split("/", 1)[1], t["query_id"])]["cost_usd"] for t in traces if t["attempts"])
+    spend = {c["cap"]: c["spent_usd"] for c in json.loads((run / "summary.json").read_text())["spend"]}
+    assert paid > 0 and spend["run"] == spend["provider replay"] == pytest.approx(paid, abs=1e-6)
+
+
 # ---------------------------------------------------------------- bad tables: one clear error each
 
 

@@ -116,18 +116,16 @@ def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
 
 def _cost_lines(meta: dict[str, Any]) -> list[str]:
     rows, recorded = meta["rows"], meta.get("recorded_cost_rows", 0)
-    estimate = ("tokens (recorded counts where the table has them, else characters / 4 of the question and of "
-                "the response, rounded) times the pool's prices")
     if recorded == rows and rows:
-        text = (f"- cost: the recorded `cost_usd` of every row ({rows} rows), as the replay server charges it "
-                "in the pipeline.")
+        text = (f"- cost: the recorded `cost_usd` of every row ({rows} rows), which the replay server also "
+                "charges in the pipeline.")
     elif recorded:
-        text = (f"- cost: the recorded `cost_usd` where a row has one ({recorded} of {rows} rows), else {estimate}; "
-                "the pipeline charges the same.")
+        text = (f"- cost: the recorded `cost_usd` where a row has one ({recorded} of {rows} rows), else tokens "
+                "times the pool's prices; the pipeline charges the same.")
     else:
-        text = f"- cost: {estimate}."
-    return [text + " Tokens are the same counts. A question a worker never answered counts as wrong and costs "
-                   "nothing."]
+        text = "- cost: tokens times the pool's prices."
+    return [text + " Tokens: recorded counts where the table has them, else characters / 4 of the question and "
+                   "of the response (rounded). A question a worker never answered counts as wrong and costs nothing."]
 
 
 def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
