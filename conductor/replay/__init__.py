@@ -1,9 +1,12 @@
 """Replay pools: workers that answer with real recorded model outputs.
 
 The shared replay tables (../shared/replay) hold real responses of real models
-to benchmark questions. `conductor replay` turns one into a query set, a pool
-file (prices imported from prices.csv, a `replay:` block naming the table) and
-an OpenAI-compatible server that answers exactly what was recorded and nothing
+to benchmark questions; users bring their own tables of the same shape, at any
+path (`--table`), tasks mixed row by row, with recorded tokens and dollars if
+they have them (a wide table, one column per model, converts with `convert`).
+`conductor replay` turns one into a query set, a pool file (prices from a price
+table or the recorded costs, a `replay:` block naming the table) and an
+OpenAI-compatible server that answers exactly what was recorded and nothing
 else. Plans over such a pool run through the ordinary executor, so cost, traces
 and rewards come out as in any run.
 
