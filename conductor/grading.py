@@ -337,8 +337,11 @@ def _canonical(num: str) -> str:
         d = Decimal(num)
     except InvalidOperation:
         return num
+    if not d.is_finite():
+        return num
     if d == d.to_integral_value():
-        return str(d.quantize(Decimal(1)))
+        # Not quantize(): it raises past the context's 28 digits.
+        return format(d.to_integral_value(), "f")
     return format(d.normalize(), "f")
 
 

@@ -52,6 +52,8 @@ GSM_JSON_TEMPLATE_ECHO = ('{"reasoning": "20 / 2 = 10", "answer": "10"}\n\n## In
     ("Answer: -$21", "-21"),
     ("Answer: 1/2 cup", "1/2"),
     ("Answer: x^2 + 1", "x^2 + 1"),
+    ("Answer: 1234567890123456789012345678901234567890",
+     "1234567890123456789012345678901234567890"),
 ])
 def test_math_extraction_forms(response, expected):
     assert extract_answer(response, "math") == expected
