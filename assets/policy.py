@@ -23,7 +23,7 @@ class PolicySettings(Config):
     lam: float = Field(default=0.0, description="cost weight: the objective is accuracy - lam x USD per query")
     runs: Optional[List[str]] = Field(default=None, description="runs to learn from (default: every complete "
                                                                 "embedded-planner run over the pool)")
-    learner: str = Field(default="vw", description="vw | vw-task | table")
+    learner: str = Field(default="vw", description="vw | vw-task | table | fixed")
     out: Optional[str] = Field(default=None, description="policy root (default: <data_dir>/policy)")
     seed: int = 0
 
@@ -52,6 +52,9 @@ def policy(context: AssetExecutionContext, config: PolicySettings, pool: PoolRes
         "learner": config.learner,
         "runs": MetadataValue.json(runs),
         "plans_used": summary["plans_used"],
+        "outside_frontier": summary["outside_frontier"],
+        "shipped": summary["selection"]["shipped"],
+        "frontier": MetadataValue.json(summary["frontier"]),
         "queries": summary["queries"],
         "skipped": MetadataValue.json(summary["skipped"]),
         "logged_accuracy": est["logged_accuracy"],

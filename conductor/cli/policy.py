@@ -1,6 +1,6 @@
 """`conductor policy`: rollouts for the learned policy, training, and what planning will use.
 
-    conductor policy rollouts QUERIES --pool POOL [--samples 8]   K plans per query, executed, graded
+    conductor policy rollouts QUERIES --pool POOL [--samples 8|all]  K plans per query, executed, graded
     conductor policy train --pool POOL --runs RUN... [--lambda L]  fit and save the next artifact version
     conductor policy show --pool POOL                              the artifact planning uses, if any
     conductor policy eval --pool POOL --queries Q --policies DIR...  `conductor eval` with learned policies
@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "propensity is logged; `conductor export` writes the run for TRL or verl.")
     r.add_argument("queries", type=Path, help="query set (Parquet)")
     r.add_argument("--pool", type=Path, required=True)
-    r.add_argument("--samples", "-k", type=int, default=8, help="plans per query (default 8)")
+    r.add_argument("--samples", "-k", default="8",
+                   help="plans per query (default 8), or `all`: every candidate action once per query (a sweep, "
+                        "which measures each action on the same queries; what training's Pareto cut needs)")
     r.add_argument("--run-id", default=None)
     r.add_argument("--data-dir", type=Path, default=Path("data"))
     r.add_argument("--policy", default="auto",
@@ -55,9 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--data-dir", type=Path, default=Path("data"))
     t.add_argument("--out", type=Path, default=None,
                    help="policy root (default: $CONDUCTOR_POLICY_DIR, else data/policy)")
-    t.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table"),
+    t.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table", "fixed"),
                    help="vw: Vowpal Wabbit cb_explore_adf over text n-grams (default); vw-task: without the "
-                        "text; table: per-task IPS table")
+                        "text; table: per-task IPS table; fixed: the best fixed action per task")
+    t.add_argument("--holdout", type=float, default=0.25,
+                   help="share of queries held back to choose between the learned policy and the best fixed "
+                        "action (default 0.25)")
     t.add_argument("--cb-type", default="mtr", choices=("mtr", "dr", "ips"),
                    help="VW's estimator: mtr (importance-weighted regression, default), dr, ips")
     t.add_argument("--passes", type=int, default=None, help="VW passes over the data")
@@ -102,13 +107,19 @@ def rollouts(args: argparse.Namespace) -> int:
         raise ConductorError(f"--policy {args.policy}: no policy artifact there for this pool")
     explore = args.explore if args.explore is not None else (0.2 if learned else 1.0)
     options = {"candidates": "bandit", "explore": explore, "policy": str(learned) if learned else "none"}
+    samples = _samples(args.samples, pool, args.queries)
+    if args.samples == "all":
+        options = {"sweep": True, "policy": "none"}
     cfg = RunConfig(queries=args.queries, pool=args.pool, data_dir=args.data_dir, run_id=args.run_id,
-                    samples=args.samples, planner="embedded", planner_options=options, seed=args.seed,
+                    samples=samples, planner="embedded", planner_options=options, seed=args.seed,
                     max_steps=args.max_steps, rewards=RewardScheme(cost_penalty=args.cost_penalty),
                     progress=not args.quiet)
-    print(f"rollouts: {args.samples} plans per query, "
-          + (f"learned policy {learned}" if learned else "no learned policy (uniform over the action set)")
-          + f", explore {explore:g}", flush=True)
+    if args.samples == "all":
+        print(f"rollouts: a sweep, every candidate action once per query ({samples} slots per query)", flush=True)
+    else:
+        print(f"rollouts: {samples} plans per query, "
+              + (f"learned policy {learned}" if learned else "no learned policy (uniform over the action set)")
+              + f", explore {explore:g}", flush=True)
     if args.serve:
         with _serving(pool):
             summary = run_all(cfg)
@@ -120,6 +131,23 @@ def rollouts(args: argparse.Namespace) -> int:
     print(f"train on it: conductor policy train --pool {args.pool} --runs {summary['run_id']} "
           f"--data-dir {args.data_dir}")
     return 0
+
+
+def _samples(value: str, pool, queries: Path) -> int:
+    """--samples: a count, or `all`: the largest candidate set among the queries' tasks."""
+    if value == "all":
+        from conductor.policy.actions import action_set
+        from conductor.queries import load_queries
+
+        tasks = set(load_queries(queries).column("task").to_pylist())
+        return max(max(len(action_set(pool, t)) for t in tasks), 1)
+    try:
+        k = int(value)
+    except ValueError:
+        raise ConductorError(f"--samples {value!r}: expected a number or `all`") from None
+    if k < 1:
+        raise ConductorError(f"--samples must be at least 1 (got {k})")
+    return k
 
 
 def _serving(pool):
@@ -152,10 +180,11 @@ def train(args: argparse.Namespace) -> int:
     if args.passes is not None:
         vw["passes"] = args.passes
     folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
-                                      out=args.out, learner=args.learner, seed=args.seed,
-                                      vw=vw if args.learner != "table" else {}))
+                                      out=args.out, learner=args.learner, seed=args.seed, holdout=args.holdout,
+                                      vw=vw if args.learner not in ("table", "fixed") else {}))
     print(describe(folder))
     print("estimates " + dumps(summary["estimates"]))
+    print("selection " + dumps(summary["selection"]))
     return 0
 
 

@@ -1,7 +1,8 @@
 """The embedded planner: a policy over plan templates that needs no GPU and no weights.
 
 Templates: one worker solves; one solves and another verifies; several solve in
-parallel and an aggregating step decides. Each candidate plan gets an expected
+parallel and an aggregating step decides; cheap workers answer and an expensive
+one runs only when they disagree (a cascade). Each candidate plan gets an expected
 accuracy from the pool's `skills` and an expected cost from its prices; the
 utility is accuracy - cost_weight * USD. K=1 takes the best candidate; K>1 samples
 candidates from a softmax over utilities and logs each draw's propensity.
@@ -10,6 +11,11 @@ When a learned policy exists for the pool (`conductor policy train`, see
 conductor/policy), it replaces that prior: its candidate actions, its greedy
 choice, epsilon-greedy draws for K>1. The prior remains the fallback for a pool,
 or a task, that has no learned policy.
+
+Two options serve training and evaluation: `sweep` plans every candidate of the
+policy's action set once per query (K = the largest set; propensity 1/N), so
+each action is measured on the same queries; `action=KEY` plans one fixed action
+for every query (how the best fixed cascade is evaluated).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import orjson
 
 from conductor.errors import ConductorError
 from conductor.planners.base import PlanDraft, Query
+from conductor.policy.actions import Action
 from conductor.pool import Pool, Worker
 
 TEMPLATE_VERSION = "embedded-v1"
@@ -44,11 +51,13 @@ AGGREGATE = ("Several independent solutions to the same problem are above. Decid
 
 @dataclass(frozen=True)
 class Candidate:
-    template: str
-    solvers: tuple[str, ...]
-    finisher: str | None  # verifier or aggregator
-    accuracy: float
+    action: Action
+    accuracy: float  # the prior's expectation
     cost: float
+
+    @property
+    def template(self) -> str:
+        return self.action.shape
 
 
 @dataclass(frozen=True)
@@ -71,12 +80,17 @@ class EmbeddedConfig:
     # Without a learned policy: "templates" (the prior's own candidates) or "bandit" (the policy's
     # action set, scored by the prior): what a first round of rollouts should explore.
     candidates: str = "templates"
+    sweep: bool = False  # every candidate once per query (see the module docstring)
+    action: str | None = None  # one fixed action key for every query
+    use: str = "auto"  # with a learned policy: auto (what training shipped), learned, or fixed
 
     def __post_init__(self) -> None:
         if self.explore is not None and not 0.0 <= float(self.explore) <= 1.0:
             raise ValueError(f"explore must be between 0 and 1 (got {self.explore!r})")
         if self.candidates not in ("templates", "bandit"):
             raise ValueError(f"candidates must be templates or bandit (got {self.candidates!r})")
+        if self.action is not None:
+            Action.from_key(self.action)  # a clear ValueError on a malformed key
 
 
 class EmbeddedPlanner:
@@ -101,6 +115,12 @@ class EmbeddedPlanner:
             if not qs:
                 out.append([_invalid("no worker of this replay pool has a recorded response to this query")
                             for _ in range(samples)])
+                continue
+            if self.config.action is not None:
+                out.append(self._fixed(q, pool, {w.id for w in qs}, samples, recorded is not None))
+                continue
+            if self.config.sweep:
+                out.append(self._sweep(q, pool, {w.id for w in qs}, samples, recorded is not None))
                 continue
             if learned is not None:
                 drafts = self._choose_learned(q, learned, {w.id for w in qs}, samples, pool,
@@ -128,7 +148,7 @@ class EmbeddedPlanner:
             folder = find(pool, where)
             if folder is None and where is not None:
                 raise ConductorError(f"planner option policy={setting}: no policy artifact there for this pool")
-            self._learned[key] = load(folder, pool) if folder is not None else None
+            self._learned[key] = load(folder, pool, self.config.use) if folder is not None else None
         return self._learned[key]
 
     def _choose_learned(self, q: Query, learned, allowed: set[str], samples: int, pool: Pool,
@@ -144,9 +164,10 @@ class EmbeddedPlanner:
         picks = planning.choose(learned, q, acts, samples, explore, self.config.seed)
         drafts = []
         for p in picks:
-            c = self._estimate(q, pool, p.action.shape, p.action.solvers, p.action.finisher)
+            c = self._estimate(q, pool, p.action)
             d = self._draft(q, c, p.propensity, replay)
-            d.info.update(policy=learned.label, greedy=p.greedy, explore=explore, candidates=len(acts))
+            d.info.update(policy=learned.label, use=learned.extra.get("use"), greedy=p.greedy, explore=explore,
+                          candidates=len(acts))
             drafts.append(d)
         return drafts
 
@@ -154,16 +175,55 @@ class EmbeddedPlanner:
         from conductor.policy.actions import action_set, servable
 
         acts = servable(action_set(pool, q.task), allowed)
-        return [self._estimate(q, pool, a.shape, a.solvers, a.finisher) for a in acts]
+        return [self._estimate(q, pool, a) for a in acts]
 
-    def _estimate(self, q: Query, pool: Pool, template: str, solvers: tuple[str, ...],
-                  finisher: str | None) -> Candidate:
+    def _sweep(self, q: Query, pool: Pool, allowed: set[str], samples: int, replay: bool) -> list[PlanDraft]:
+        """Every servable candidate once, in action-set order; the rest of the K slots are
+        marked invalid (this query has fewer candidates than the largest set)."""
+        from conductor.policy.actions import action_set, servable
+
+        acts = servable(action_set(pool, q.task), allowed)
+        if len(acts) > samples:
+            raise ConductorError(f"sweep: query {q.query_id} has {len(acts)} candidate actions but only "
+                                 f"{samples} samples; use --samples all")
+        drafts = []
+        for a in acts:
+            d = self._draft(q, self._estimate(q, pool, a), 1.0 / len(acts), replay)
+            d.info.update(policy="sweep", candidates=len(acts))
+            drafts.append(d)
+        drafts += [_invalid(f"sweep: this query has {len(acts)} candidate actions; slot not used")
+                   for _ in range(samples - len(acts))]
+        return drafts
+
+    def _fixed(self, q: Query, pool: Pool, allowed: set[str], samples: int, replay: bool) -> list[PlanDraft]:
+        action = Action.from_key(self.config.action)
+        missing = [w for w in action.workers if not pool.has(w)]
+        if missing:
+            raise ConductorError(f"planner option action={self.config.action}: worker(s) {', '.join(missing)} "
+                                 f"not in the pool")
+        if any(w not in allowed for w in action.solvers + action.escalation):
+            return [_invalid(f"action {action.key}: a worker has no recorded response to this query")
+                    for _ in range(samples)]
+        d = self._draft(q, self._estimate(q, pool, action), 1.0, replay)
+        d.info.update(policy="fixed")
+        return [d] * samples
+
+    def _estimate(self, q: Query, pool: Pool, action: Action) -> Candidate:
         """A candidate with the prior's expected accuracy and cost (as `candidates` computes them)."""
         cfg = self.config
+        template, solvers, finisher = action.shape, action.solvers, action.finisher
         n_in = len(q.prompt) // 4 + 40
         acc = [self._skill(pool.worker(w), q.task) for w in solvers]
         cost = sum(_cost(pool.worker(w), n_in, cfg.expected_output_tokens) for w in solvers)
-        if template == "verify":
+        if template == "cascade":
+            # Independent answers: the cheap ones agree (all right, or rarely all wrong the same
+            # way) and stop, or the escalation decides.
+            agree = math.prod(acc)
+            esc = [self._skill(pool.worker(w), q.task) for w in action.escalation]
+            p = agree + (1 - agree - math.prod(1 - a for a in acc)) * esc[-1]
+            cost += (1 - agree) * sum(_cost(pool.worker(w), n_in, cfg.expected_output_tokens)
+                                      for w in action.escalation)
+        elif template == "verify":
             b = pool.worker(finisher)
             ab = self._skill(b, q.task)
             p = acc[0] * (1 - 0.2 * (1 - ab)) + (1 - acc[0]) * 0.5 * ab
@@ -175,7 +235,7 @@ class EmbeddedPlanner:
                 cost += _cost(f, len(solvers) * (n_in + cfg.expected_output_tokens), cfg.expected_output_tokens)
         else:
             p = acc[0]
-        return Candidate(template, tuple(solvers), finisher, p, cost)
+        return Candidate(action, p, cost)
 
     def candidates(self, q: Query, solvers: list[Worker], voters: list[Worker], *,
                    replay: bool = False) -> list[Candidate]:
@@ -187,7 +247,7 @@ class EmbeddedPlanner:
         ranked = sorted(solvers, key=lambda w: -acc[w.id])
         cands: list[Candidate] = []
         if "single" in cfg.templates:
-            cands += [Candidate("single", (w.id,), None, acc[w.id], cost[w.id]) for w in solvers]
+            cands += [Candidate(Action("single", (w.id,)), acc[w.id], cost[w.id]) for w in solvers]
         if "verify" in cfg.templates and len(solvers) > 1 and not replay:
             # Verify a cheap-or-good solver with one of the strongest checkers.
             first = sorted(solvers, key=lambda w: -(acc[w.id] - cfg.cost_weight * cost[w.id]))[:4]
@@ -197,7 +257,7 @@ class EmbeddedPlanner:
                         continue
                     p = acc[a.id] * (1 - 0.2 * (1 - acc[b.id])) + (1 - acc[a.id]) * 0.5 * acc[b.id]
                     c = cost[a.id] + _cost(b, 2 * n_in + cfg.expected_output_tokens, cfg.expected_output_tokens)
-                    cands.append(Candidate("verify", (a.id,), b.id, p, c))
+                    cands.append(Candidate(Action("verify", (a.id,), b.id), p, c))
         k = cfg.ensemble_size
         if "ensemble" in cfg.templates and len(solvers) >= k and (voters or not replay):
             by_value = sorted(solvers, key=lambda w: -(acc[w.id] - cfg.cost_weight * cost[w.id]))
@@ -210,7 +270,7 @@ class EmbeddedPlanner:
                 else:
                     finisher = ranked[0].id
                     c += _cost(ranked[0], k * (n_in + cfg.expected_output_tokens), cfg.expected_output_tokens)
-                cands.append(Candidate("ensemble", group, finisher, p, c))
+                cands.append(Candidate(Action("ensemble", group, finisher), p, c))
         return cands
 
     def _choose(self, q: Query, cands: list[Candidate], samples: int, replay: bool = False) -> list[PlanDraft]:
@@ -236,17 +296,13 @@ class EmbeddedPlanner:
             propensity=propensity,
             template_version=TEMPLATE_VERSION,
             info={"template": c.template, "expected_accuracy": round(c.accuracy, 4),
-                  "expected_cost_usd": c.cost, "action": _action_key(c), "policy": "prior"},
+                  "expected_cost_usd": c.cost, "action": c.action.key, "policy": "prior"},
         )
 
     def steps(self, q: Query, c: Candidate, *, replay: bool = False) -> list[dict]:
         solve = q.prompt if replay else solve_instruction(q)  # a recorded answer needs the question verbatim
-        steps = [{"worker": w, "instruction": solve, "access": []} for w in c.solvers]
-        if c.template == "verify":
-            steps.append({"worker": c.finisher, "instruction": _with_format(VERIFY, q.task), "access": [0]})
-        elif c.template == "ensemble":
-            steps.append({"worker": c.finisher, "instruction": _with_format(AGGREGATE, q.task), "access": "all"})
-        return steps
+        finish = {"verify": VERIFY, "ensemble": AGGREGATE}.get(c.template)
+        return c.action.steps(solve, _with_format(finish, q.task) if finish else None)
 
     def _skill(self, w: Worker, task: str | None) -> float:
         s = w.skill(task)
@@ -298,11 +354,6 @@ def _replay_servable(pool: Pool) -> dict[str, frozenset[str]] | None:
     from conductor.replay.tables import servable
 
     return servable(pool)
-
-
-def _action_key(c: Candidate) -> str:
-    """The candidate's name in the learned policy's action space (conductor.policy.actions)."""
-    return f"{c.template}:{'+'.join(c.solvers)}" + (f">{c.finisher}" if c.finisher else "")
 
 
 def _invalid(reason: str) -> PlanDraft:

@@ -1,34 +1,33 @@
 """The policy's actions: plan shapes x worker assignments drawn from the pool.
 
-Shapes: `single` (one worker answers), `verify` (one worker answers, a second
-checks; not on replay pools, which serve only the original question), and
-`ensemble` (k workers answer independently, then the `vote` function worker, or
-an aggregating model when the pool has no vote, decides).
+Shapes:
+- `single`: one worker answers;
+- `cascade`: 2-3 cheap workers answer the question; an escalation worker runs
+  only when their final answers disagree (`when: disagree`), and in a two-level
+  cascade a last worker runs only when the answers so far have no majority
+  (`when: no_majority`). Agreeing cheap models stop the plan early: that is
+  where the accuracy per dollar comes from;
+- `ensemble`: k workers answer independently, then the `vote` function worker
+  (or an aggregating model when the pool has no vote) decides;
+- `verify`: one worker answers, a second checks (not on replay pools, which
+  serve only the original question).
 
-A pool of 42 models has tens of thousands of such plans, far more than any
-rollout budget can try, so the candidate set is cut down with the pool's own
-numbers (`skills`, prices) and nothing else:
-- singles: the workers on the accuracy/cost Pareto frontier, the few most
-  accurate ones (`best`), then the cheapest workers near the frontier (see
-  `regret`) up to `max_singles`;
-- ensemble members: workers close to that frontier (at most `regret` accuracy
-  below the best worker that costs no more), at most `floor` below the most
-  accurate worker (a vote of weak models does not help), and costing at most
-  1/k of the most accurate worker, so that a k-vote costs about as much as the
-  best single worker or less; the `members` most accurate of them; every
-  k-subset (k in `sizes`);
-- anchored ensembles: one of the `anchors` most accurate workers voting with
-  two of the three best members (it goes first, so it breaks ties);
-- verify: the frontier's cheapest solvers checked by the most accurate workers.
+The set is built from the pool's own numbers (`skills`, prices), broadly: every
+worker alone, cascades over the `cheap` workers (the most skilled of those
+costing at most `cheap_cost` of the most skilled worker) escalating to the
+`escalations` most skilled workers, votes of the best cheap workers, and
+verify pairs. It is deliberately too big: training measures every candidate on
+the train split and keeps only the accuracy/cost Pareto frontier (`pareto`),
+so no rule of thumb can leave only expensive singles.
 
-Which candidate is good for which query is what the policy learns; the set
-only has to contain the good ones. An action is named by a stable key such as
-`single:gpt-4o-mini`, `verify:a>b` or `ensemble:a+b+c>vote`, so logged plans map
-back to actions whatever version of this file produced them.
+An action is named by a stable key such as `single:gpt-4o-mini`,
+`cascade:a+b>c`, `cascade:a+b>c>d`, `verify:a>b` or `ensemble:a+b+c>vote`, so
+logged plans map back to actions whatever version of this file produced them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from itertools import combinations
 from typing import Iterable, Sequence
@@ -37,19 +36,18 @@ import orjson
 
 from conductor.pool import Pool, Worker
 
-SHAPES = ("single", "verify", "ensemble")
-NOMINAL_IN, NOMINAL_OUT = 200, 300  # tokens, to rank workers by price; the learner sees real costs
+SHAPES = ("single", "verify", "ensemble", "cascade")
+NOMINAL_IN, NOMINAL_OUT = 200, 300  # tokens, to rank workers by price; training sees real costs
 
 
 @dataclass(frozen=True)
 class ActionSettings:
-    best: int = 3
-    max_singles: int = 12
-    members: int = 6
-    regret: float = 0.03
-    floor: float = 0.1  # members are at most this far below the most accurate worker
-    sizes: tuple[int, ...] = (3, 4)  # with the vote, a 4-vote has 5 steps: the default --max-steps
-    anchors: int = 2
+    cheap: int = 5  # cascade and vote members: the most skilled workers ...
+    cheap_cost: float = 1 / 3  # ... costing at most this share of the most skilled worker
+    escalations: int = 3  # cascades escalate to the most skilled workers
+    sizes: tuple[int, ...] = (2, 3)  # cheap workers that must agree
+    two_level: int = 2  # two-level cascades: a mid worker among the escalations, then one of the top `two_level`
+    votes: tuple[int, ...] = (3,)
     verifiers: int = 2
     default_skill: float = 0.5
 
@@ -59,32 +57,59 @@ class ActionSettings:
     @classmethod
     def from_dict(cls, d: dict) -> "ActionSettings":
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        if "sizes" in known:
-            known["sizes"] = tuple(known["sizes"])
+        for k in ("sizes", "votes"):
+            if k in known:
+                known[k] = tuple(known[k])
         return cls(**known)
 
 
 @dataclass(frozen=True)
 class Action:
-    shape: str  # single | verify | ensemble
+    shape: str  # single | verify | ensemble | cascade
     solvers: tuple[str, ...]
     finisher: str | None = None  # verifier, `vote`, or an aggregating model
+    escalation: tuple[str, ...] = ()  # cascade: who runs when the answers so far disagree, in order
 
     @property
     def key(self) -> str:
-        return f"{self.shape}:{'+'.join(self.solvers)}" + (f">{self.finisher}" if self.finisher else "")
+        tail = "".join(f">{w}" for w in ((self.finisher,) if self.finisher else self.escalation))
+        return f"{self.shape}:{'+'.join(self.solvers)}{tail}"
 
     @property
     def workers(self) -> tuple[str, ...]:
-        return self.solvers + ((self.finisher,) if self.finisher else ())
+        return self.solvers + ((self.finisher,) if self.finisher else ()) + self.escalation
 
     @classmethod
     def from_key(cls, key: str) -> "Action":
         shape, _, rest = key.partition(":")
-        body, _, finisher = rest.partition(">")
-        if shape not in SHAPES or not body:
+        body, *tail = rest.split(">")
+        if shape not in SHAPES or not body or any(not t for t in tail):
             raise ValueError(f"not an action key: {key!r}")
-        return cls(shape, tuple(body.split("+")), finisher or None)
+        solvers = tuple(body.split("+"))
+        if shape == "cascade":
+            if len(solvers) < 2 or not 1 <= len(tail) <= 2:
+                raise ValueError(f"not a cascade key: {key!r} (expected a+b[+c]>escalation[>last])")
+            return cls(shape, solvers, None, tuple(tail))
+        if len(tail) > 1:
+            raise ValueError(f"not an action key: {key!r}")
+        return cls(shape, solvers, tail[0] if tail else None)
+
+    def steps(self, solve: str, finish: str | None = None) -> list[dict]:
+        """The plan's steps: `solve` is every solver's (and escalation's) instruction,
+        `finish` the verifier's or aggregator's."""
+        out = [{"worker": w, "instruction": solve, "access": []} for w in self.solvers]
+        if self.shape == "verify":
+            out.append({"worker": self.finisher, "instruction": finish or solve, "access": [0]})
+        elif self.shape == "ensemble":
+            out.append({"worker": self.finisher, "instruction": finish or solve, "access": "all"})
+        elif self.shape == "cascade":
+            n = len(self.solvers)
+            out.append({"worker": self.escalation[0], "instruction": solve, "access": [],
+                        "when": {"disagree": list(range(n))}})
+            if len(self.escalation) > 1:
+                out.append({"worker": self.escalation[1], "instruction": solve, "access": [],
+                            "when": {"no_majority": list(range(n + 1))}})
+        return out
 
 
 def from_steps(steps_json: str | None) -> Action | None:
@@ -97,6 +122,9 @@ def from_steps(steps_json: str | None) -> Action | None:
         return None
     workers = [s["worker"] for s in steps]
     access = [s.get("access") or [] for s in steps]
+    when = [s.get("when") for s in steps]
+    if any(when):
+        return _cascade(workers, access, when)
     if len(steps) == 1:
         return Action("single", (workers[0],))
     if any(a for a in access[:-1]):
@@ -110,6 +138,17 @@ def from_steps(steps_json: str | None) -> Action | None:
     return Action("ensemble", tuple(workers[:-1]), workers[-1])
 
 
+def _cascade(workers: list[str], access: list, when: list) -> Action | None:
+    n = next(i for i, w in enumerate(when) if w)
+    if n < 2 or any(access) or len(workers) - n not in (1, 2):
+        return None
+    if when[n] != {"disagree": list(range(n))}:
+        return None
+    if len(workers) == n + 2 and when[n + 1] != {"no_majority": list(range(n + 1))}:
+        return None
+    return Action("cascade", tuple(workers[:n]), None, tuple(workers[n:]))
+
+
 def action_set(pool: Pool, task: str | None, settings: ActionSettings = ActionSettings()) -> list[Action]:
     """The candidate actions for one task of a pool (see the module's docstring)."""
     solvers = [w for w in pool.workers if w.kind == "llm"]
@@ -120,45 +159,69 @@ def action_set(pool: Pool, task: str | None, settings: ActionSettings = ActionSe
     acc = {w.id: skill(w, task, settings.default_skill) for w in solvers}
     cost = {w.id: nominal_cost(w) for w in solvers}
     by_acc = sorted(solvers, key=lambda w: (-acc[w.id], cost[w.id], w.id))
-    regret = _regret(solvers, acc, cost)
-    frontier = [w for w in by_acc if regret[w.id] <= 1e-12]
-    single_ids = list(dict.fromkeys([w.id for w in frontier] + [w.id for w in by_acc[:settings.best]]))
-    near = sorted((w for w in solvers if regret[w.id] <= settings.regret), key=lambda w: (cost[w.id], -acc[w.id]))
-    for w in near:  # then the cheapest near-frontier workers, which a cost penalty favors
-        if len(single_ids) >= settings.max_singles:
-            break
-        if w.id not in single_ids:
-            single_ids.append(w.id)
-    singles = [w for w in by_acc if w.id in single_ids]
-    out = [Action("single", (w.id,)) for w in singles]
-    if not replay and len(solvers) > 1:
-        cheap = sorted(frontier, key=lambda w: cost[w.id])[:3]
-        for a in cheap:
-            for b in by_acc[:settings.verifiers + 1]:
-                if a.id != b.id:
-                    out.append(Action("verify", (a.id,), b.id))
+    top = by_acc[0]
+    out = [Action("single", (w.id,)) for w in by_acc]
+    cheap = [w.id for w in by_acc if w.id != top.id
+             and cost[w.id] <= settings.cheap_cost * cost[top.id] + 1e-15][:settings.cheap]
+    escal = [w.id for w in by_acc[:settings.escalations]]
+    for k in settings.sizes:
+        for group in combinations(cheap, k):
+            for e in escal:
+                out.append(Action("cascade", group, None, (e,)))
+    for group in combinations(cheap, 2):  # two-level: a mid escalation, then a top one on no majority
+        for mid in escal:
+            for last in escal[:settings.two_level]:
+                if last != mid and acc[last] >= acc[mid]:
+                    out.append(Action("cascade", group, None, (mid, last)))
     if voters or not replay:
-        finisher = voters[0].id if voters else by_acc[0].id
-        top = by_acc[0]
-
-        def members(k: int) -> list[Worker]:
-            return [w for w in by_acc if regret[w.id] <= settings.regret and acc[w.id] >= acc[top.id] - settings.floor
-                    and cost[w.id] * k <= cost[top.id] + 1e-15][:settings.members]
-
-        for k in settings.sizes:
-            for group in combinations(members(k), k):  # in accuracy order: the best breaks a tie
-                out.append(Action("ensemble", tuple(w.id for w in group), finisher))
-        for anchor in by_acc[:settings.anchors]:
-            for pair in combinations([m for m in members(3) if m.id != anchor.id][:3], 2):
-                out.append(Action("ensemble", (anchor.id, *(w.id for w in pair)), finisher))
-    return list(dict.fromkeys(out))
+        finisher = voters[0].id if voters else top.id
+        for k in settings.votes:
+            for group in combinations(cheap, k):
+                out.append(Action("ensemble", group, finisher))
+    if not replay and len(solvers) > 1:
+        for a in cheap[:3]:
+            for b in by_acc[:settings.verifiers]:
+                if a != b.id:
+                    out.append(Action("verify", (a,), b.id))
+    return [a for a in dict.fromkeys(out) if len(set(a.workers)) == len(a.workers)]
 
 
 def servable(actions: Iterable[Action], allowed: set[str] | frozenset[str] | None) -> list[Action]:
-    """The actions whose solvers may all answer this query (None: no restriction)."""
+    """The actions whose workers may all answer this query (None: no restriction).
+    A cascade needs its escalation too: it may run."""
     if allowed is None:
         return list(actions)
-    return [a for a in actions if all(s in allowed for s in a.solvers)]
+    return [a for a in actions if all(s in allowed for s in a.solvers + a.escalation)]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """An action's mean correctness and cost on the train split, from logged rollouts."""
+
+    action: Action
+    n: int
+    accuracy: float
+    cost: float
+
+    @property
+    def se(self) -> float:
+        p = self.accuracy
+        return math.sqrt(max(p * (1 - p), 1e-12) / max(self.n, 1))
+
+
+def pareto(measured: Sequence[Measured], band: float = 1.0, keep: int = 40) -> list[Measured]:
+    """The actions on the accuracy/cost frontier, or within `band` standard errors of it,
+    cheapest first, at most `keep` (the frontier itself first)."""
+    by_cost = sorted(measured, key=lambda m: (m.cost, -m.accuracy, m.action.key))
+    gap = {}
+    for m in by_cost:  # best accuracy any action at or below this cost reaches
+        best = max(o.accuracy for o in by_cost if o.cost <= m.cost + 1e-15)
+        gap[m.action.key] = best - m.accuracy
+    front = [m for m in by_cost if gap[m.action.key] <= 1e-12]
+    near = sorted((m for m in by_cost if 1e-12 < gap[m.action.key] <= band * m.se),
+                  key=lambda m: gap[m.action.key] / max(m.se, 1e-9))
+    chosen = {m.action.key for m in (front + near)[:keep]}
+    return [m for m in by_cost if m.action.key in chosen]
 
 
 def skill(w: Worker, task: str | None, default: float = 0.5) -> float:
@@ -168,12 +231,3 @@ def skill(w: Worker, task: str | None, default: float = 0.5) -> float:
 
 def nominal_cost(w: Worker) -> float:
     return 0.0 if w.price is None else NOMINAL_IN * w.price.input + NOMINAL_OUT * w.price.output
-
-
-def _regret(solvers: Sequence[Worker], acc: dict[str, float], cost: dict[str, float]) -> dict[str, float]:
-    """How far below the best accuracy available at its cost or less each worker is."""
-    out = {}
-    for w in solvers:
-        best = max(acc[v.id] for v in solvers if cost[v.id] <= cost[w.id] + 1e-15)
-        out[w.id] = best - acc[w.id]
-    return out

@@ -31,7 +31,7 @@ from conductor.policy.features import FeatureSettings
 from conductor.pool import Pool
 
 FORMAT = "conductor-policy"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: cascade actions, the shipped choice between learned and fixed
 META_FILE = "policy.json"
 POLICY_ENV = "CONDUCTOR_POLICY_DIR"
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")
@@ -72,15 +72,20 @@ class Artifact:
             close()
 
 
-def save(root: Path, pool: Pool, learner: Any, *, actions: dict[str, list[Action]], action_settings: ActionSettings,
+def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: str = "learned",
+         actions: dict[str, list[Action]], action_settings: ActionSettings,
          features: FeatureSettings, lam: float, training: dict[str, Any]) -> Path:
-    """Write the next version for this pool under `root`; returns its folder."""
+    """Write the next version for this pool under `root`; returns its folder. `fixed` (the
+    best fixed action per task) is saved beside the learner; `shipped` says which plans."""
     key = pool_key(pool)
     base = Path(root) / key
     base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=base))
     try:
         files = learner.save(tmp)
+        fixed_meta = None
+        if fixed is not None and fixed is not learner:
+            fixed_meta = {"kind": fixed.kind, **fixed.describe(), "files": fixed.save(tmp)}
         meta = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -89,13 +94,15 @@ def save(root: Path, pool: Pool, learner: Any, *, actions: dict[str, list[Action
             "pool": {"key": key, "path": str(pool.path) if pool.path else None,
                      "dataset": (pool.replay or {}).get("dataset"),
                      "workers": [w.id for w in pool.workers]},
-            "learner": {"kind": "table" if learner.name == "table" else "vw", **learner.describe(),
-                        "files": files},
+            "learner": {"kind": learner.kind, **learner.describe(), "files": files},
+            "fixed": fixed_meta,
+            "shipped": shipped,
             "lambda": lam,
             "objective": "accuracy - lambda * USD per query",
             "features": features.to_dict(),
             "actions": {
-                "encoding": "key = '<shape>:<solver>+<solver>...[><finisher>]'; shapes single, verify, ensemble",
+                "encoding": "key = '<shape>:<solver>+<solver>...[><finisher or escalation>...]'; "
+                            "shapes single, verify, ensemble, cascade",
                 "settings": action_settings.to_dict(),
                 "by_task": {t: [a.key for a in acts] for t, acts in actions.items()},
             },
@@ -161,8 +168,9 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def load(folder: Path, pool: Pool) -> Artifact:
-    """Load and check an artifact against the pool it will plan for."""
+def load(folder: Path, pool: Pool, use: str = "auto") -> Artifact:
+    """Load and check an artifact against the pool it will plan for. `use`: auto (what
+    training shipped), learned (the per-query learner) or fixed (the best fixed action)."""
     from conductor.policy.learner import load_learner
 
     folder = Path(folder)
@@ -176,8 +184,17 @@ def load(folder: Path, pool: Pool) -> Artifact:
     missing = sorted({w for acts in actions.values() for a in acts for w in a.workers if not pool.has(w)})
     if missing:
         raise ConductorError(f"policy {folder}: actions use worker(s) {', '.join(missing)} missing from the pool")
+    if use not in ("auto", "learned", "fixed"):
+        raise ConductorError(f"planner option use={use!r}: choose auto, learned or fixed")
+    which = meta.get("shipped", "learned") if use == "auto" else use
+    spec = meta["learner"]
+    if which == "fixed" and spec["kind"] != "fixed":
+        spec = meta.get("fixed")
+        if spec is None:
+            raise ConductorError(f"policy {folder}: holds no fixed action (trained before version 2)")
     try:
-        learner = load_learner(folder, meta["learner"])
+        learner = load_learner(folder, spec)
     except (OSError, RuntimeError, ValueError) as e:
         raise ConductorError(f"policy {folder}: cannot load the model ({e})") from None
-    return Artifact(folder, meta, learner, actions, FeatureSettings.from_dict(meta["features"]))
+    return Artifact(folder, meta, learner, actions, FeatureSettings.from_dict(meta["features"]),
+                    extra={"use": which})

@@ -15,6 +15,9 @@ with (the propensity), and the reward the pipeline measured for it
   ablation that measures what the query's words are worth.
 - `table`: per task, the self-normalized inverse-propensity estimate of each
   action's mean reward; no text at all. The simple cost-aware baseline.
+- `fixed`: per task, one action for every query (the best fixed action on the
+  training logs). Training compares the learned policy with it on held-back
+  queries and ships whichever is better (conductor.policy.training).
 
 Planning asks for the greedy action and an epsilon-greedy distribution over
 the candidates: (1 - eps) on the greedy action plus eps spread evenly, the
@@ -36,7 +39,7 @@ import orjson
 from conductor.policy.actions import Action
 from conductor.policy.features import Context
 
-LEARNERS = ("vw", "vw-task", "table")
+LEARNERS = ("vw", "vw-task", "table", "fixed")
 _TEXT_NS = ("w", "c")
 
 
@@ -51,6 +54,7 @@ class Logged:
     reward: float  # correct - lambda * USD
     correct: bool | None = None
     cost: float = 0.0
+    query: str = ""  # the query id: held-back splits go by query
 
 
 class Learner(Protocol):
@@ -102,6 +106,7 @@ class VWSettings:
 
 class VWLearner:
     model_file = "model.vw"
+    kind = "vw"
 
     def __init__(self, settings: VWSettings = VWSettings(), seed: int = 0, name: str = "vw"):
         self.settings = settings
@@ -183,6 +188,7 @@ def action_features(a: Action) -> str:
         ident.append(_h(f"finisher={a.finisher}"))
     w = 1.0 / len(a.solvers)
     members = [f"{_h('w=' + s)}:{w:.4g}" for s in a.solvers] + [str(_h("first=" + a.solvers[0]))]
+    members += [str(_h(f"escalate{i}=" + e)) for i, e in enumerate(a.escalation)]
     return "|a " + " ".join(map(str, ident)) + " |m " + " ".join(members)
 
 
@@ -193,10 +199,26 @@ def _h(s: str) -> int:
 # ---------------------------------------------------------------- the table baseline
 
 
+def action_values(examples: Sequence[Logged]) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Per task and action: self-normalized IPS mean reward, its standard error, and the count."""
+    acc: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for e in examples:
+        key = (e.context.task or "none", e.actions[e.chosen].key)
+        acc.setdefault(key, []).append((1.0 / max(e.propensity, 1e-6), e.reward))
+    out: dict[str, dict[str, tuple[float, float, int]]] = {}
+    for (task, a), wr in acc.items():
+        den = sum(w for w, _ in wr)
+        v = sum(w * r for w, r in wr) / den
+        se = math.sqrt(sum((w * (r - v)) ** 2 for w, r in wr)) / den
+        out.setdefault(task, {})[a] = (v, se, len(wr))
+    return out
+
+
 class TableLearner:
     """Per (task, action): self-normalized IPS mean reward. Unseen actions rank last."""
 
     model_file = "table.json"
+    kind = "table"
 
     def __init__(self, name: str = "table"):
         self.name = name
@@ -204,19 +226,9 @@ class TableLearner:
         self.counts: dict[str, dict[str, int]] = {}
 
     def fit(self, examples: Sequence[Logged]) -> dict:
-        num: dict[tuple[str, str], float] = {}
-        den: dict[tuple[str, str], float] = {}
-        cnt: dict[tuple[str, str], int] = {}
-        for e in examples:
-            key = (e.context.task or "none", e.actions[e.chosen].key)
-            w = 1.0 / max(e.propensity, 1e-6)
-            num[key] = num.get(key, 0.0) + w * e.reward
-            den[key] = den.get(key, 0.0) + w
-            cnt[key] = cnt.get(key, 0) + 1
-        self.values, self.counts = {}, {}
-        for (task, a), n in num.items():
-            self.values.setdefault(task, {})[a] = n / den[(task, a)]
-            self.counts.setdefault(task, {})[a] = cnt[(task, a)]
+        values = action_values(examples)
+        self.values = {t: {a: v for a, (v, _, _) in by.items()} for t, by in values.items()}
+        self.counts = {t: {a: n for a, (_, _, n) in by.items()} for t, by in values.items()}
         return {"cells": sum(len(v) for v in self.values.values())}
 
     def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
@@ -242,20 +254,69 @@ class TableLearner:
         return {"name": self.name}
 
 
-def make_learner(name: str, seed: int = 0, **vw_options) -> VWLearner | TableLearner:
+class FixedLearner:
+    """Per task, the one action with the best mean reward in the logs, for every query.
+    Queries whose candidates lack it get the best-valued candidate they have."""
+
+    model_file = "fixed.json"
+    kind = "fixed"
+
+    def __init__(self, name: str = "fixed"):
+        self.name = name
+        self.values: dict[str, dict[str, float]] = {}
+        self.choice: dict[str, str] = {}
+
+    def fit(self, examples: Sequence[Logged]) -> dict:
+        values = action_values(examples)
+        self.values = {t: {a: v for a, (v, _, _) in by.items()} for t, by in values.items()}
+        self.choice = {t: max(by, key=lambda a: (by[a], a)) for t, by in self.values.items()}
+        return {"choice": dict(self.choice)}
+
+    def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
+        task = ctx.task or "none"
+        keys = [a.key for a in actions]
+        if self.choice.get(task) in keys:
+            return keys.index(self.choice[task])
+        table = self.values.get(task, {})
+        return max(range(len(actions)), key=lambda i: (table.get(keys[i], -math.inf), -i))
+
+    def save(self, folder: Path) -> list[str]:
+        (Path(folder) / self.model_file).write_bytes(orjson.dumps(
+            {"choice": self.choice, "values": self.values}, option=orjson.OPT_INDENT_2))
+        return [self.model_file]
+
+    @classmethod
+    def load(cls, folder: Path, meta: dict) -> "FixedLearner":
+        self = cls(meta.get("name", "fixed"))
+        data = orjson.loads((Path(folder) / cls.model_file).read_bytes())
+        self.choice, self.values = data["choice"], data["values"]
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict:
+        return {"name": self.name, "choice": dict(self.choice)}
+
+
+def make_learner(name: str, seed: int = 0, **vw_options) -> VWLearner | TableLearner | FixedLearner:
     if name == "vw":
         return VWLearner(VWSettings(**vw_options), seed=seed, name="vw")
     if name == "vw-task":
         return VWLearner(VWSettings(**{**vw_options, "text": False}), seed=seed, name="vw-task")
     if name == "table":
         return TableLearner()
+    if name == "fixed":
+        return FixedLearner()
     raise ValueError(f"unknown learner {name!r} (choose from {', '.join(LEARNERS)})")
 
 
-def load_learner(folder: Path, meta: dict) -> VWLearner | TableLearner:
+def load_learner(folder: Path, meta: dict) -> VWLearner | TableLearner | FixedLearner:
     kind = meta.get("kind")
     if kind == "vw":
         return VWLearner.load(folder, meta)
     if kind == "table":
         return TableLearner.load(folder, meta)
+    if kind == "fixed":
+        return FixedLearner.load(folder, meta)
     raise ValueError(f"unknown learner kind {kind!r}")

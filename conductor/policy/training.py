@@ -11,10 +11,24 @@ One example per executed plan of the embedded planner:
 
 Plans without a propensity (LLM planners log a log-probability instead), not
 graded, invalid, or of a shape outside the action space are skipped and counted.
+
+Training then, per task:
+1. measures every logged action on the train logs (accuracy and cost, SNIPS)
+   and keeps the accuracy/cost Pareto frontier, plus actions within `band`
+   standard errors of it (`actions.pareto`): the candidate set is cut by what
+   was measured, never by a rule on the pool's skills;
+2. holds back `holdout` of the queries, fits the per-query learner and the best
+   fixed action (`learner.FixedLearner`) on the rest, and estimates both on the
+   held-back queries (SNIPS, with standard errors);
+3. refits both on every query and ships the one that did better on the
+   held-back queries (`selection` in the summary). The artifact holds both, so
+   evaluation can report each (planner option `use=learned|fixed`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,9 +40,9 @@ import orjson
 
 from conductor.errors import ConductorError
 from conductor.policy import artifact as artifacts
-from conductor.policy.actions import Action, ActionSettings, action_set, from_steps, servable
+from conductor.policy.actions import Action, ActionSettings, Measured, action_set, from_steps, pareto, servable
 from conductor.policy.features import Context, FeatureSettings, context
-from conductor.policy.learner import LEARNERS, Logged, make_learner
+from conductor.policy.learner import LEARNERS, FixedLearner, Logged, make_learner
 from conductor.pool import Pool, load_pool
 from conductor.queries import load_queries
 from conductor.store import RunDir
@@ -46,6 +60,9 @@ class TrainConfig:
     features: FeatureSettings = field(default_factory=FeatureSettings)
     actions: ActionSettings = field(default_factory=ActionSettings)
     vw: dict[str, Any] = field(default_factory=dict)  # VWSettings overrides (passes, cb_type, ...)
+    holdout: float = 0.25  # share of train queries held back to choose between learned and fixed
+    band: float = 1.0  # keep actions within this many standard errors of the Pareto frontier
+    max_actions: int = 40  # per task, after the Pareto cut
 
 
 @dataclass
@@ -140,7 +157,7 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
         cost = float(r["cost_usd"] or 0.0)
         reward = (1.0 if r["correct"] else 0.0) - cfg.lam * cost
         examples.append(Logged(contexts[key], cands, cands.index(action), float(r["propensity"]), reward,
-                               correct=bool(r["correct"]), cost=cost))
+                               correct=bool(r["correct"]), cost=cost, query=r["query_id"]))
         by_action[action.key] += 1
     return Logs(examples, len({(r["run_id"], r["query_id"]) for r in rows}), skipped, runs, by_action)
 
@@ -151,36 +168,130 @@ def train(cfg: TrainConfig) -> tuple[Path, dict[str, Any]]:
         raise ConductorError(f"--learner {cfg.learner!r}: choose from {', '.join(LEARNERS)}")
     if cfg.lam < 0:
         raise ConductorError(f"--lambda must be at least 0 (got {cfg.lam})")
+    if not 0 <= cfg.holdout < 1:
+        raise ConductorError(f"--holdout must be at least 0 and below 1 (got {cfg.holdout})")
     pool = load_pool(cfg.pool)
     t0 = time.monotonic()
     logs = collect(cfg, pool)
     if not logs.examples:
         why = ", ".join(f"{k}: {v}" for k, v in logs.skipped.items()) or "the runs hold no plans"
         raise ConductorError(f"no training examples in run(s) {', '.join(cfg.runs)} ({why})")
+    measured = measure(logs.examples)
+    kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in measured.items()}
+    examples = restrict(logs.examples, {t: {m.action.key for m in ms} for t, ms in kept.items()})
+    selection = choose(cfg, examples)
     learner = make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
+    fixed = FixedLearner()
     try:
-        fit = learner.fit(logs.examples)
-        fit_s = time.monotonic() - t0
-        tasks = sorted({e.context.task or "none" for e in logs.examples})
-        actions = {t: action_set(pool, None if t == "none" else t, cfg.actions) for t in tasks}
+        fit = learner.fit(examples)
+        fixed.fit(examples)
         summary = {
             "runs": logs.runs,
-            "plans_used": len(logs.examples),
+            "plans_used": len(examples),
             "queries": logs.queries,
             "skipped": dict(logs.skipped),
-            "estimates": off_policy_estimates(learner, logs.examples),
+            "outside_frontier": len(logs.examples) - len(examples),
+            "estimates": off_policy_estimates(learner, examples),
             "actions_logged": len(logs.by_action),
             "most_logged": dict(logs.by_action.most_common(5)),
+            "measured": {t: [_row(m) for m in ms] for t, ms in measured.items()},
+            "frontier": {t: [m.action.key for m in ms] for t, ms in kept.items()},
+            "selection": selection,
             "learner": fit,
-            "seconds": round(fit_s, 2),
+            "seconds": round(time.monotonic() - t0, 2),
         }
-        folder = artifacts.save(cfg.out or artifacts.default_root(), pool, learner, actions=actions,
-                                action_settings=cfg.actions, features=cfg.features, lam=cfg.lam, training=summary)
+        actions = {t: [m.action for m in ms] for t, ms in kept.items()}
+        folder = artifacts.save(cfg.out or artifacts.default_root(), pool, learner, fixed=fixed,
+                                shipped=selection["shipped"], actions=actions, action_settings=cfg.actions,
+                                features=cfg.features, lam=cfg.lam, training=summary)
     finally:
         close = getattr(learner, "close", None)
         if callable(close):
             close()
     return folder, summary
+
+
+def measure(examples: Sequence[Logged]) -> dict[str, list[Measured]]:
+    """Per task, every logged action's SNIPS accuracy and cost on the logs."""
+    acc: dict[tuple[str, str], list[Logged]] = {}
+    for e in examples:
+        acc.setdefault((e.context.task or "none", e.actions[e.chosen].key), []).append(e)
+    out: dict[str, list[Measured]] = {}
+    for (task, _), es in sorted(acc.items()):
+        ws = [1.0 / max(e.propensity, 1e-6) for e in es]
+        den = sum(ws)
+        out.setdefault(task, []).append(Measured(
+            es[0].actions[es[0].chosen], len(es),
+            sum(w * bool(e.correct) for w, e in zip(ws, es)) / den,
+            sum(w * e.cost for w, e in zip(ws, es)) / den))
+    return out
+
+
+def restrict(examples: Sequence[Logged], keep: dict[str, set[str]]) -> list[Logged]:
+    """The examples whose action was kept, each with only the kept candidates."""
+    out = []
+    for e in examples:
+        keys = keep.get(e.context.task or "none", set())
+        chosen = e.actions[e.chosen]
+        if chosen.key not in keys:
+            continue
+        cands = [a for a in e.actions if a.key in keys]
+        out.append(Logged(e.context, cands, cands.index(chosen), e.propensity, e.reward, e.correct, e.cost, e.query))
+    return out
+
+
+def choose(cfg: TrainConfig, examples: Sequence[Logged]) -> dict[str, Any]:
+    """Fit the learner and the best fixed action on most queries, value both on the rest."""
+    if cfg.learner == "fixed":
+        return {"shipped": "fixed", "why": "--learner fixed"}
+    held = [e for e in examples if _held_back(e.query, cfg.holdout, cfg.seed)]
+    fit_on = [e for e in examples if not _held_back(e.query, cfg.holdout, cfg.seed)]
+    if not held or not fit_on:
+        return {"shipped": "learned", "why": "too few queries to hold any back"}
+    learner = make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
+    fixed = FixedLearner()
+    try:
+        learner.fit(fit_on)
+        fixed.fit(fit_on)
+        values = {"learned": policy_value(learner, held), "fixed": policy_value(fixed, held)}
+    finally:
+        close = getattr(learner, "close", None)
+        if callable(close):
+            close()
+    values["fixed"]["choice"] = dict(fixed.choice)
+    better = values["learned"]["reward"] > values["fixed"]["reward"]
+    return {"shipped": "learned" if better else "fixed", "held_back_queries": len({e.query for e in held}),
+            **values}
+
+
+def policy_value(learner: Any, examples: Sequence[Logged]) -> dict[str, float]:
+    """SNIPS estimates of the learner's greedy policy on logged examples: reward, accuracy and
+    cost per query, with the reward's standard error."""
+    greedy: dict[tuple[int, tuple[str, ...]], int] = {}
+    rows = []
+    for e in examples:
+        key = (id(e.context), tuple(a.key for a in e.actions))
+        if key not in greedy:
+            greedy[key] = learner.greedy(e.context, e.actions)
+        if greedy[key] == e.chosen:
+            rows.append((1.0 / max(e.propensity, 1e-6), e))
+    den = sum(w for w, _ in rows)
+    if not den:
+        return {"reward": -math.inf, "accuracy": 0.0, "usd": 0.0, "reward_se": math.inf, "matched": 0}
+    v = sum(w * e.reward for w, e in rows) / den
+    return {"reward": v, "reward_se": math.sqrt(sum((w * (e.reward - v)) ** 2 for w, e in rows)) / den,
+            "accuracy": sum(w * bool(e.correct) for w, e in rows) / den,
+            "usd": sum(w * e.cost for w, e in rows) / den, "matched": len(rows)}
+
+
+def _held_back(query: str, share: float, seed: int) -> bool:
+    h = int.from_bytes(hashlib.sha256(f"holdout:{seed}:{query}".encode()).digest()[:8], "big")
+    return h / 2 ** 64 < share
+
+
+def _row(m: Measured) -> dict[str, Any]:
+    return {"action": m.action.key, "n": m.n, "accuracy": round(m.accuracy, 5), "usd": m.cost,
+            "se": round(m.se, 5)}
 
 
 def off_policy_estimates(learner: Any, examples: Sequence[Logged]) -> dict[str, float | int]:
@@ -257,7 +368,18 @@ def describe(folder: Path) -> str:
              f"{', '.join(r['run_id'] for r in t['runs'])} in {t['seconds']:.1f} s"]
     if t.get("skipped"):
         lines.append("skipped  " + ", ".join(f"{k}: {v}" for k, v in t["skipped"].items()))
+    sel = t.get("selection") or {}
+    if sel:
+        lines.append(f"ships    {meta.get('shipped', 'learned')} ({_selection_text(sel)})")
     return "\n".join(lines)
+
+
+def _selection_text(sel: dict[str, Any]) -> str:
+    if "learned" not in sel:
+        return sel.get("why", "")
+    f = lambda v: f"{v['reward']:.4f} ± {v['reward_se']:.4f}"  # noqa: E731
+    return (f"on {sel['held_back_queries']} held-back queries: learned {f(sel['learned'])}, "
+            f"fixed {f(sel['fixed'])} ({', '.join(sel['fixed']['choice'].values())})")
 
 
 def dumps(obj: Any) -> str:
