@@ -89,8 +89,8 @@ def test_the_planner_runs_through_the_pipeline_against_the_replay_server(gsm_rep
 def test_report_files_table_and_chart(gsm_report):
     report, _ = gsm_report
     text = report.report_path.read_text()
-    assert "| oracle (labels) | 0.995 | 0.996 |" in text
-    assert "| best single (labels): gpt-4o-2024-08-06 | 0.962 | 0.962 | $0.00144 | 1.00 |" in text
+    assert "| oracle (labels) | 0.995 | 0.002 | 0.996 |" in text
+    assert "| best single (labels): gpt-4o-2024-08-06 | 0.962 | 0.005 | 0.962 | $0.00144 | 1.00 |" in text
     assert f"| embedded planner (pipeline, {PLANNER_QUERIES} queries) |" in text
     assert "uniform random (expected)" in text and "![accuracy against cost](chart.png)" in text
     assert sum(1 for line in text.splitlines() if line.startswith("| ")) == 2 + 6 + 42  # two headers, the policies, every worker
@@ -107,8 +107,8 @@ def test_eval_command_on_mmlu_pro_reproduces_its_reference_figures(tmp_path, cap
     assert cli_main(["eval", "--pool", str(pool), "--queries", str(queries), "--out", str(out), "--no-planner"]) == 0
     printed = capsys.readouterr().out
     assert "mmlu_pro, split all: 3000 queries, 16 workers" in printed
-    assert "| best single (labels): gpt4o-2024-05 | 0.725 | 0.708 | $0.00667 |" in printed
-    assert "| oracle (labels) | 0.921 | 0.927 | $0.000119 |" in printed
+    assert "| best single (labels): gpt4o-2024-05 | 0.725 | 0.008 | 0.708 | $0.00667 |" in printed
+    assert "| oracle (labels) | 0.921 | 0.005 | 0.927 | $0.000119 |" in printed
     assert (out / "report.md").exists() and (out / "chart.png").read_bytes().startswith(PNG)
     assert "embedded planner: not run" in (out / "report.md").read_text()
 

@@ -170,7 +170,7 @@ def test_eval_grades_each_task_with_its_own_grader_and_charges_recorded_costs(mi
     assert data["meta"]["agreement"] > 0.95
     report = (out / "report.md").read_text()
     assert report.startswith(f"# Evaluation: {NAME}, split all")
-    assert "| policy | accuracy (our grader) | accuracy (labels) |" in report
+    assert "| policy | accuracy (our grader) | ± SE | accuracy (labels) |" in report
     assert f"the recorded `cost_usd` of every row ({logs.height} rows)" in report
     assert f"tasks: choice {N_QUESTIONS}, math {N_QUESTIONS}" in report
     # The planner, through the pipeline against the replay server: run id and costs.

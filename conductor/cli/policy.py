@@ -83,6 +83,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--no-planner", action="store_true", help="leave out the prior planner's run")
     e.add_argument("--planner-limit", type=int, default=None, metavar="N",
                    help="run the planners on N of the queries (default: all)")
+    e.add_argument("--no-fixed", action="store_true",
+                   help="leave out each artifact's best fixed action and the best fixed cascade")
+    e.add_argument("--target", action="append", default=[], metavar="DELTA:SHARE",
+                   help="a target to check: accuracy at least the best single's + DELTA at most SHARE of its "
+                        "cost per query (e.g. 0:0.25, or -0.01:0.15 for within a point at 15%%); repeatable")
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=evaluate)
 
@@ -189,16 +194,22 @@ def train(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from conductor.evaluation import EvalConfig
+    from conductor.evaluation import EvalConfig, Target
     from conductor.evaluation import evaluate as run_eval
-    from conductor.evaluation.report import headline, policy_table
+    from conductor.evaluation.report import comparison_table, headline, policy_table, target_lines
 
+    targets = [Target.parse(t) for t in args.target]
     report = run_eval(EvalConfig(pool=args.pool, queries=args.queries, split=args.split, out=args.out,
                                  planner=not args.no_planner, planner_limit=args.planner_limit,
-                                 policies=list(args.policies), seed=args.seed))
+                                 policies=list(args.policies), seed=args.seed, fixed=not args.no_fixed,
+                                 targets=targets))
     m = report.meta
     print(f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers\n")
     print(policy_table(headline(report.policies)))
+    if m.get("comparisons"):
+        print("\n" + comparison_table(m["comparisons"]))
+    for line in target_lines(m.get("targets") or []):
+        print(line)
     print(f"\nreport {report.report_path}\nchart  {report.chart_path}\ndata   {report.json_path}")
     return 0
 

@@ -3,6 +3,11 @@ per-question oracle, uniform random, the embedded planner (its prior) and any
 learned policies given (a lambda sweep draws a curve), each as accuracy, mean
 USD, calls and tokens per query; written as Markdown, JSON and a chart.
 
+For each learned policy artifact it also runs the best fixed action training
+chose (`use=fixed`) and, once, the best fixed cascade measured on the train
+split; it compares them on the same queries (paired standard errors) and
+checks the targets given.
+
 `conductor eval` and the Dagster asset `eval_report` are thin front ends over
 `evaluate`.
 """
@@ -21,7 +26,7 @@ import pyarrow.compute as pc
 
 from conductor.errors import ConductorError
 from conductor.evaluation.planner import run_planner, sample_ids
-from conductor.evaluation.policies import Policy, table_policies
+from conductor.evaluation.policies import Policy, paired, table_policies
 from conductor.evaluation.report import chart, markdown
 from conductor.evaluation.table import build_matrix
 from conductor.pool import load_pool
@@ -40,6 +45,29 @@ class EvalConfig:
     planner_options: dict[str, Any] = field(default_factory=dict)
     policies: list[Path] = field(default_factory=list)  # learned policy artifacts, each run through the pipeline
     seed: int = 0
+    fixed: bool = True  # with policies: also run each one's best fixed action, and the best fixed cascade
+    targets: list["Target"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Accuracy at least the best single's + `accuracy_delta`, at most `cost_share` of its USD per query."""
+
+    name: str
+    accuracy_delta: float
+    cost_share: float
+
+    @classmethod
+    def parse(cls, text: str) -> "Target":
+        """'DELTA:SHARE', e.g. '0:0.25' (at least the best single at a quarter of its cost)
+        or '-0.01:0.15' (within a point at 15%)."""
+        try:
+            delta, share = (float(x) for x in text.split(":"))
+        except ValueError:
+            raise ConductorError(f"--target {text!r}: expected ACCURACY_DELTA:COST_SHARE, e.g. 0:0.25") from None
+        if not 0 < share:
+            raise ConductorError(f"--target {text!r}: the cost share must be above 0")
+        return cls(f"accuracy >= best single {delta:+.3f} at <= {share:.0%} of its cost", delta, share)
 
 
 @dataclass
@@ -111,11 +139,18 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
             facts["subset_reference"] = _subset_reference(table_policies(matrix, subset, select_ids))
         policies.insert(0, planned)
         meta["planner"] = facts
-    learned = [_learned(pool, sub_q, out, Path(p), i, cfg, source.dataset) for i, p in enumerate(cfg.policies)]
+    learned = [q for i, p in enumerate(cfg.policies) for q in _learned(pool, sub_q, out, Path(p), i, cfg,
+                                                                          source.dataset)]
     if learned:
-        learned.sort(key=lambda p: p.info["lambda"])
+        learned.sort(key=lambda p: (p.info["lambda"], p.kind))
+        if cfg.fixed:
+            cascade = _fixed_cascade(pool, sub_q, out, cfg, source.dataset, policies)
+            if cascade is not None:
+                learned.append(cascade)
         policies[:0] = learned
         meta["learned"] = [p.info for p in learned]
+        meta["comparisons"] = comparisons(policies)
+        meta["targets"] = [check_target(t, policies) for t in cfg.targets]
         if len(subset) < len(ids) and "subset_reference" not in meta.get("planner", {}):
             meta["learned_subset_reference"] = _subset_reference(table_policies(matrix, subset, select_ids))
     meta["wall_time_s"] = round(time.monotonic() - t0, 2)
@@ -133,8 +168,10 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
     return EvalReport(policies, meta, text, report_path, chart_path, json_path)
 
 
-def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: EvalConfig, dataset: str) -> Policy:
-    """One learned policy artifact, planned greedily (K=1) through the pipeline."""
+def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: EvalConfig,
+             dataset: str) -> list[Policy]:
+    """One learned policy artifact, planned greedily (K=1) through the pipeline: its per-query
+    learner and (with `cfg.fixed`) the best fixed action it holds, each marked if shipped."""
     from conductor.policy.artifact import find, read_meta
 
     found = find(pool, folder)
@@ -142,13 +179,95 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
         raise ConductorError(f"--policy {folder}: no policy artifact there for this pool")
     meta = read_meta(found)
     lam = float(meta["lambda"])
-    name = f"learned policy, lambda {lam:g} ({meta['learner']['name']} v{meta['version']:04d})"
-    policy, facts = run_planner(pool, queries, out, planner_options={**cfg.planner_options, "policy": str(found)},
-                                seed=cfg.seed, run_id=f"eval-{dataset}-{cfg.split}-learned-{i}",
-                                run_dir=f"learned-run-{i}", kind="learned", name=name)
-    policy.info.update({"lambda": lam, "artifact": str(found), "learner": meta["learner"]["name"],
-                        "version": meta["version"], "trained_on": [r["run_id"] for r in meta["training"]["runs"]]})
+    shipped = meta.get("shipped", "learned")
+    has_fixed = bool(meta.get("fixed")) or meta["learner"]["kind"] == "fixed"
+    uses = ["learned", "fixed"] if cfg.fixed and has_fixed else [shipped]
+    out_policies = []
+    for use in uses:
+        name = (f"learned policy, lambda {lam:g} ({meta['learner']['name']} v{meta['version']:04d})" if use == "learned"
+                else f"best fixed action on train, lambda {lam:g}")
+        policy, _ = run_planner(pool, queries, out, planner_options={**cfg.planner_options, "policy": str(found),
+                                                                     "use": use},
+                                seed=cfg.seed, run_id=f"eval-{dataset}-{cfg.split}-{use}-{i}",
+                                run_dir=f"{use}-run-{i}", kind=use, name=name + (" *shipped*" if use == shipped else ""))
+        policy.info.update({"lambda": lam, "artifact": str(found), "learner": meta["learner"]["name"],
+                            "version": meta["version"], "shipped": use == shipped,
+                            "selection": meta["training"].get("selection"),
+                            "trained_on": [r["run_id"] for r in meta["training"]["runs"]]})
+        if use == "fixed":
+            policy.info["choice"] = (meta.get("fixed") or meta["learner"]).get("choice")
+        out_policies.append(policy)
+    return out_policies
+
+
+def _fixed_cascade(pool, queries: pa.Table, out: Path, cfg: EvalConfig, dataset: str,
+                   table: list[Policy]) -> Policy | None:
+    """The cascade most accurate on the train logs among those costing no more than the best
+    single did on train (per task, from the first artifact's measurements), run on these queries."""
+    from conductor.policy.artifact import find, read_meta
+
+    best = next((p for p in table if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
+    found = find(pool, cfg.policies[0])
+    measured = read_meta(found)["training"].get("measured") if found else None
+    if best is None or not measured:
+        return None
+    budget = best.info.get("chosen_usd") or best.usd_per_query
+    choice = {}
+    for task, rows in measured.items():
+        ok = [r for r in rows if r["action"].startswith("cascade:") and r["usd"] <= budget]
+        if ok:
+            choice[task] = max(ok, key=lambda r: (r["accuracy"], -r["usd"]))["action"]
+    if not choice:
+        return None
+    policy, _ = run_planner(pool, queries, out, planner_options={**cfg.planner_options, "policy": "none",
+                                                                 "action": choice},
+                            seed=cfg.seed, run_id=f"eval-{dataset}-{cfg.split}-fixed-cascade",
+                            run_dir="fixed-cascade-run", kind="fixed_cascade",
+                            name="best fixed cascade on train: " + ", ".join(choice.values()))
+    policy.info.update({"lambda": None, "choice": choice, "budget_usd": budget})
     return policy
+
+
+def comparisons(policies: list[Policy]) -> list[dict[str, Any]]:
+    """Per lambda: the shipped policy against the best single (accuracy) and against the best
+    fixed action (the lambda's objective), on the same queries, with paired standard errors."""
+    best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
+    out = []
+    for lam in sorted({p.info["lambda"] for p in policies if p.kind in ("learned", "fixed")}):
+        rows = {p.kind: p for p in policies if p.kind in ("learned", "fixed") and p.info["lambda"] == lam}
+        shipped = next((p for p in rows.values() if p.info.get("shipped")), rows.get("learned"))
+        row: dict[str, Any] = {"lambda": lam, "shipped": shipped.kind, "accuracy": shipped.accuracy,
+                               "se": shipped.se, "usd": shipped.usd_per_query}
+        if best is not None and best.usd_per_query:
+            row["cost_share"] = shipped.usd_per_query / best.usd_per_query
+            row["vs_best_single"] = paired(shipped, best)
+        if "fixed" in rows:
+            row["learned_vs_fixed"] = paired(rows["learned"], rows["fixed"], lam) if "learned" in rows else None
+            row["shipped_vs_fixed"] = paired(shipped, rows["fixed"], lam)
+            diff = row["shipped_vs_fixed"]
+            row["within_one_se_of_fixed"] = None if diff is None else diff[0] >= -diff[1]
+        out.append(row)
+    return out
+
+
+def check_target(t: Target, policies: list[Policy]) -> dict[str, Any]:
+    """Met when some shipped policy reaches the accuracy within the cost; else the closest, with its gap."""
+    best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
+    if best is None or best.accuracy is None or not best.usd_per_query:
+        return {"name": t.name, "met": None, "why": "no best single by our grader"}
+    need, budget = best.accuracy + t.accuracy_delta, t.cost_share * best.usd_per_query
+    shipped = [p for p in policies if p.info.get("shipped") and p.accuracy is not None]
+    meeting = [p for p in shipped if p.accuracy >= need - 1e-12 and p.usd_per_query <= budget]
+    within = [p for p in shipped if p.usd_per_query <= budget]
+    pick = (max(meeting, key=lambda p: p.accuracy) if meeting else
+            max(within, key=lambda p: p.accuracy) if within else min(shipped, key=lambda p: p.usd_per_query)
+            if shipped else None)
+    out = {"name": t.name, "met": bool(meeting), "need_accuracy": need, "budget_usd": budget}
+    if pick is not None:
+        out.update(policy=pick.name, lambda_=pick.info.get("lambda"), accuracy=pick.accuracy, se=pick.se,
+                   usd=pick.usd_per_query, cost_share=pick.usd_per_query / best.usd_per_query,
+                   accuracy_gap=pick.accuracy - need, vs_best_single=paired(pick, best))
+    return out
 
 
 def _cost_basis(meta: dict[str, Any]) -> str:
@@ -176,4 +295,4 @@ def _subset_reference(ps: list[Policy]) -> dict[str, Any]:
             "random_accuracy": rnd.accuracy, "random_usd": rnd.usd_per_query}
 
 
-__all__ = ["EvalConfig", "EvalReport", "Policy", "evaluate"]
+__all__ = ["EvalConfig", "EvalReport", "Policy", "Target", "evaluate"]

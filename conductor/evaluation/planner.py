@@ -63,9 +63,10 @@ def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: di
     wall = time.monotonic() - t0
     run_dir = Path(summary["outputs"])
     n = queries.num_rows
-    rewards = pq.read_table(run_dir / "rewards.parquet", columns=["correct"])
+    rewards = pq.read_table(run_dir / "rewards.parquet", columns=["query_id", "correct"])
     results = pq.read_table(run_dir / "results.parquet",
-                            columns=["status", "cost_usd", "calls", "prompt_tokens", "completion_tokens"])
+                            columns=["query_id", "status", "cost_usd", "calls", "prompt_tokens",
+                                     "completion_tokens"])
     plans = pq.read_table(run_dir / "plans.parquet", columns=["valid", "info_json", "workers"])
     correct = pc.sum(pc.fill_null(rewards.column("correct"), False)).as_py() or 0
     # Our grader's accuracy is over the queries with a reference; none: there is no figure.
@@ -88,9 +89,16 @@ def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: di
         "planned_by": dict(policies),
         "planner_options": planner_options,
     }
+    has_ref = {q for q, r in zip(queries.column("query_id").to_pylist(), queries.column("reference").to_pylist())
+               if r is not None}
+    spent = dict(zip(results.column("query_id").to_pylist(),
+                     (c or 0.0 for c in results.column("cost_usd").to_pylist())))
+    outcomes = {q: (bool(c), spent.get(q, 0.0)) for q, c in zip(rewards.column("query_id").to_pylist(),
+                                                               rewards.column("correct").to_pylist())
+                if q in has_ref}
     policy = Policy(kind, name or f"embedded planner (pipeline, {n} queries)", correct / graded if graded else None,
                     None, cost / n, (pc.sum(results.column("calls")).as_py() or 0) / n, tokens / n, n, info=facts,
-                    graded=graded)
+                    graded=graded, outcomes=outcomes)
     return policy, facts
 
 

@@ -22,6 +22,7 @@ The embedded planner runs through the real pipeline instead (`planner`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ from conductor.evaluation.table import Matrix
 
 @dataclass
 class Policy:
-    kind: str  # single | best_single | oracle | random | planner
+    kind: str  # single | best_single | oracle | random | planner | learned | fixed | fixed_cascade
     name: str
     accuracy: float | None  # graded by conductor.grading, over the `graded` queries; None when none is
     accuracy_labels: float | None  # the recorded `correct` labels, over all queries; None when not defined
@@ -44,9 +45,35 @@ class Policy:
     coverage: float | None = None  # share of the queries the worker has a recorded response to
     info: dict[str, Any] = field(default_factory=dict)
     graded: int | None = None  # queries with a reference: the denominator of `accuracy`
+    # Per graded query id: correct by our grader, and cost; for paired standard errors (not serialized).
+    outcomes: dict[str, tuple[bool, float]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def se(self) -> float | None:
+        """Standard error of `accuracy` (queries as independent draws)."""
+        if self.accuracy is None or not self.graded:
+            return None
+        return math.sqrt(self.accuracy * (1 - self.accuracy) / self.graded)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("outcomes", None)
+        d["se"] = self.se
+        return d
+
+
+def paired(a: Policy, b: Policy, lam: float = 0.0) -> tuple[float, float] | None:
+    """Mean of (a - b) in reward (correct - lam x USD) over the queries both judged, and its
+    standard error: the same queries on both sides, so their shared difficulty cancels."""
+    if not a.outcomes or not b.outcomes:
+        return None
+    ids = sorted(set(a.outcomes) & set(b.outcomes))
+    if len(ids) < 2:
+        return None
+    d = [(a.outcomes[q][0] - lam * a.outcomes[q][1]) - (b.outcomes[q][0] - lam * b.outcomes[q][1]) for q in ids]
+    mean = sum(d) / len(d)
+    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
+    return mean, math.sqrt(var / len(d))
 
 
 METRICS = {"grader": "our grader", "label": "labels"}
@@ -69,13 +96,21 @@ def table_policies(m: Matrix, eval_ids: list[str], select_ids: list[str]) -> lis
                           pick.accuracy_labels, pick.usd_per_query, 1.0, pick.tokens_per_query, n,
                           worker=pick.worker, coverage=pick.coverage, graded=g,
                           info={"chosen_by": metric, "chosen_on_queries": len(select_ids),
-                                "chosen_accuracy": _acc(best, metric)}))
+                                "chosen_accuracy": _acc(best, metric), "chosen_usd": best.usd_per_query},
+                          outcomes=_outcomes(rows, pick.worker, m.graded_ids.intersection(eval_ids))))
     for metric, said in METRICS.items():
         if metric == "grader" and not g:
             continue
         out.append(_oracle(rows, n, g, metric, said))
     out.append(_random(rows, n, g))
     return out
+
+
+def _outcomes(rows: pl.DataFrame, worker: str, graded: set[str] | frozenset[str]) -> dict[str, tuple[bool, float]]:
+    """Per graded query: the worker's verdict and cost (a question it never answered: wrong, $0)."""
+    mine = {q: (bool(c), float(u)) for q, c, u in rows.filter(pl.col("worker") == worker)
+            .select("question_id", pl.col("grader").fill_null(False), "cost").iter_rows()}
+    return {q: mine.get(q, (False, 0.0)) for q in graded}
 
 
 def _acc(p: Policy, metric: str) -> float:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from conductor.evaluation.policies import Policy
 
-_HEADLINE = ("learned", "planner", "oracle", "best_single", "random")
+_HEADLINE = ("learned", "fixed", "fixed_cascade", "planner", "oracle", "best_single", "random")
 
 
 def headline(policies: Sequence[Policy]) -> list[Policy]:
@@ -18,10 +18,11 @@ def headline(policies: Sequence[Policy]) -> list[Policy]:
 
 
 def policy_table(policies: Sequence[Policy]) -> str:
-    lines = ["| policy | accuracy (our grader) | accuracy (labels) | USD / query | calls / query | tokens / query |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| policy | accuracy (our grader) | ± SE | accuracy (labels) | USD / query | calls / query | "
+             "tokens / query |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for p in policies:
-        lines.append(f"| {p.name} | {_f(p.accuracy, 3)} | {_f(p.accuracy_labels, 3)} | "
+        lines.append(f"| {p.name} | {_f(p.accuracy, 3)} | {_f(p.se, 3)} | {_f(p.accuracy_labels, 3)} | "
                      f"{_usd(p.usd_per_query)} | {p.calls_per_query:.2f} | {p.tokens_per_query:,.0f} |")
     return "\n".join(lines)
 
@@ -71,7 +72,11 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
     if learned:
         parts.append(f"- learned policies: {len(learned)} artifact(s) of `conductor policy train`, each planning "
                      f"greedily (K=1) through the pipeline against the replay server on "
-                     f"{learned[0].queries} of the {n} queries; the chart joins them in order of lambda.")
+                     f"{learned[0].queries} of the {n} queries; the chart joins them in order of lambda. "
+                     f"Each artifact also holds the best fixed action on its train logs (*best fixed action*, "
+                     f"run the same way); training ships whichever did better on held-back train queries "
+                     f"(*shipped*). ± SE: the accuracy's standard error; comparisons below are paired (the "
+                     f"same queries on both sides).")
         if meta.get("learned_subset_reference"):
             r = meta["learned_subset_reference"]
             parts.append(f"  On the same {learned[0].queries} queries: best single ({r['best_single']}) "
@@ -83,6 +88,11 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
         parts += [f"![accuracy against cost]({chart_name})", ""]
     if learned:
         parts += ["## Learned policy: the lambda sweep", "", sweep_table(learned, policies), ""]
+    if meta.get("comparisons"):
+        parts += ["## The shipped policy against the best single and the best fixed action", "",
+                  comparison_table(meta["comparisons"]), ""]
+    if meta.get("targets"):
+        parts += ["## Targets", "", *target_lines(meta["targets"]), ""]
     parts += ["## Every single worker", "", singles_table(policies), ""]
     parts += [f"Grading took {meta['grading_s']:.1f} s; the whole evaluation {meta['wall_time_s']:.1f} s.", ""]
     return "\n".join(parts)
@@ -144,6 +154,43 @@ def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
         lines.append(f"\nBest single worker (chosen by our grader): {best.worker}, {_f(best.accuracy, 3)} at "
                      f"{_usd(best.usd_per_query)}.")
     return "\n".join(lines)
+
+
+def comparison_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| lambda | ships | accuracy ± SE | USD / query | cost vs best single | accuracy − best single "
+             "(paired SE) | reward: shipped − best fixed (paired SE) | learned − best fixed |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['lambda']:g} | {r['shipped']} | {_f(r['accuracy'], 3)} ± {_f(r['se'], 3)} | "
+                     f"{_usd(r['usd'])} | {_pct(r.get('cost_share'))} | {_pm(r.get('vs_best_single'))} | "
+                     f"{_pm(r.get('shipped_vs_fixed'))} | {_pm(r.get('learned_vs_fixed'))} |")
+    return "\n".join(lines)
+
+
+def target_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
+    out = []
+    for t in targets:
+        if t.get("met") is None:
+            out.append(f"- {t['name']}: not checked ({t.get('why')}).")
+            continue
+        verdict = "**met**" if t["met"] else "**not met**"
+        if "accuracy" not in t:
+            out.append(f"- {t['name']}: {verdict} (no shipped policy).")
+            continue
+        out.append(f"- {t['name']} (needs {t['need_accuracy']:.4f} at ≤ {_usd(t['budget_usd'])}): {verdict}. "
+                   f"{'Meets it' if t['met'] else 'Closest'}: {t['policy']}, {t['accuracy']:.4f} ± {t['se']:.4f} at "
+                   f"{_usd(t['usd'])} ({t['cost_share']:.1%} of the best single's cost); accuracy gap "
+                   f"{t['accuracy_gap']:+.4f}; against the best single on the same queries "
+                   f"{_pm(t.get('vs_best_single'))}.")
+    return out
+
+
+def _pm(pair: Any) -> str:
+    return "—" if not pair else f"{pair[0]:+.4f} ({pair[1]:.4f})"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0%}"
 
 
 def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader",
@@ -227,6 +274,8 @@ _STYLES = {  # kind -> marker, color, size, legend
     "random": ("s", "#ff7f0e", 40, "uniform random (expected)"),
     "planner": ("P", "#d62728", 90, "embedded planner (prior)"),
     "learned": ("o", "#9467bd", 55, "learned policy (lambda sweep)"),
+    "fixed": ("v", "#8c564b", 50, "best fixed action on train (per lambda)"),
+    "fixed_cascade": ("X", "#e377c2", 90, "best fixed cascade on train"),
 }
 _OFFSETS = [(5, 0), (-5, 0), (5, 7), (5, -7), (-5, 7), (-5, -7), (5, 14), (5, -14), (-5, 14), (-5, -14),
             (5, 21), (5, -21)]
@@ -240,7 +289,11 @@ def _short(p: Policy) -> str:
     if p.kind == "planner":
         return "embedded planner (prior)"
     if p.kind == "learned":
-        return f"learned λ={p.info.get('lambda', 0):g}"
+        return f"learned λ={p.info.get('lambda', 0):g}" + (" (shipped)" if p.info.get("shipped") else "")
+    if p.kind == "fixed":
+        return f"fixed λ={p.info.get('lambda', 0):g}" + (" (shipped)" if p.info.get("shipped") else "")
+    if p.kind == "fixed_cascade":
+        return "best fixed cascade"
     if p.kind == "random":
         return "uniform random"
     return p.name[:30]

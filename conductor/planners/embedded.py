@@ -81,7 +81,7 @@ class EmbeddedConfig:
     # action set, scored by the prior): what a first round of rollouts should explore.
     candidates: str = "templates"
     sweep: bool = False  # every candidate once per query (see the module docstring)
-    action: str | None = None  # one fixed action key for every query
+    action: str | dict[str, str] | None = None  # one fixed action key for every query (or per task)
     use: str = "auto"  # with a learned policy: auto (what training shipped), learned, or fixed
 
     def __post_init__(self) -> None:
@@ -90,7 +90,8 @@ class EmbeddedConfig:
         if self.candidates not in ("templates", "bandit"):
             raise ValueError(f"candidates must be templates or bandit (got {self.candidates!r})")
         if self.action is not None:
-            Action.from_key(self.action)  # a clear ValueError on a malformed key
+            for key in (self.action.values() if isinstance(self.action, dict) else [self.action]):
+                Action.from_key(key)  # a clear ValueError on a malformed key
 
 
 class EmbeddedPlanner:
@@ -196,11 +197,15 @@ class EmbeddedPlanner:
         return drafts
 
     def _fixed(self, q: Query, pool: Pool, allowed: set[str], samples: int, replay: bool) -> list[PlanDraft]:
-        action = Action.from_key(self.config.action)
+        key = self.config.action
+        if isinstance(key, dict):
+            key = key.get(q.task or "none")
+            if key is None:
+                return [_invalid(f"planner option action: no action for task {q.task!r}") for _ in range(samples)]
+        action = Action.from_key(key)
         missing = [w for w in action.workers if not pool.has(w)]
         if missing:
-            raise ConductorError(f"planner option action={self.config.action}: worker(s) {', '.join(missing)} "
-                                 f"not in the pool")
+            raise ConductorError(f"planner option action={key}: worker(s) {', '.join(missing)} not in the pool")
         if any(w not in allowed for w in action.solvers + action.escalation):
             return [_invalid(f"action {action.key}: a worker has no recorded response to this query")
                     for _ in range(samples)]
