@@ -1,23 +1,25 @@
-"""The learned policy end to end on the shared replay data: rollouts on the train split
-through the real pipeline, training per lambda, evaluation on the held-out test split.
+"""The learned policy end to end on recorded data: a sweep of every candidate action on
+the train split through the real pipeline, training per lambda, a second (on-policy)
+round, and evaluation on the held-out test split against the best single worker
+chosen on train, graded by the same grader.
 
-    python bench/policy.py                                  # gsm8k and mmlu_pro, the default lambda sweep
-    python bench/policy.py --datasets gsm8k --lambdas 0 10 100
+    python bench/policy.py --docs                            # gsm8k and mmlu_pro, the issue's targets
+    python bench/policy.py --datasets gsm8k --lambdas 0 30
     python bench/policy.py --tables my_logs.parquet --lambdas 0 30   # any recorded table (see the README)
 
 Per dataset (everything under --work, default data/bench-policy/<dataset>):
-1. `conductor replay pool` / `queries` equivalents: the pool file and the train and test query sets.
-2. Rollouts on train, K=8 plans per query, uniform over the policy's action set
-   (--uniform-rounds runs with different seeds), through the pipeline against a
-   replay server: plans, traces, results, rewards.
-3. Per lambda: train on those runs; one more K=8 round of rollouts drawn from that
-   policy (epsilon-greedy, --explore): rollouts -> rewards -> policy -> better plans;
-   retrain on all rounds. That artifact is the lambda's policy.
-4. `conductor policy eval` on the test split: every single worker, the best single,
-   the oracle, uniform random, the prior planner and the lambda sweep, through the
-   pipeline; report.md and chart.png (copied to docs/img/policy_<dataset>.png).
-5. The learner comparison: the same logs, the same lambdas, three learners (VW with
-   text n-grams, VW with the task only, the per-task IPS table), each on test.
+1. The replay pool and the train and test query sets (`conductor replay pool|queries`).
+2. A sweep on train: every candidate action (singles, cascades, votes) once per
+   query, through the pipeline against the replay server (`conductor policy
+   rollouts --samples all`).
+3. Per lambda: train on the sweep (round 1: Pareto cut on the measured actions,
+   learned vs best fixed action on held-back train queries); one on-policy round of
+   --samples epsilon-greedy draws from it; retrain on both (round 2).
+4. `conductor policy eval` on the test split with the round-1 artifacts: every single
+   worker, the best single (chosen on train), the oracle, the prior planner, the
+   best fixed cascade on train, per lambda the learned policy and the best fixed
+   action (the shipped one marked), paired standard errors, the targets met or not.
+   Then the round-2 artifacts (shipped policies only), compared with round 1.
 
 Prints a Markdown summary and writes it to <work>/summary.md with summary.json.
 Reruns resume: finished runs are reused (their ids derive from the inputs).
@@ -37,10 +39,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-DEFAULT_LAMBDAS = {"gsm8k": [0, 3, 10, 30, 100, 300, 1000], "mmlu_pro": [0, 3, 10, 30, 100, 300]}
-TARGETS = {  # the issue's: best single's accuracy, at most 30% of its cost per query (reference figures)
-    "gsm8k": {"accuracy": 0.962, "usd": 0.3 * 0.00144},
-    "mmlu_pro": {"accuracy": 0.708, "usd": 0.3 * 0.0067},
+DEFAULT_LAMBDAS = {"gsm8k": [0, 10, 30, 100], "mmlu_pro": [0, 3, 10, 30]}
+TARGETS = {  # the issue's, relative to the best single chosen on train (accuracy delta, cost share)
+    "gsm8k": ["0:0.25"],
+    "mmlu_pro": ["-0.01:0.15", "0:0.5"],
 }
 
 
@@ -53,13 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", default=None, help="task of rows of --tables that name none")
     ap.add_argument("--prices", type=Path, default=None, help="price table for --tables (default: prices.csv)")
     ap.add_argument("--lambdas", nargs="+", type=float, default=None, help="default: a sweep per dataset")
+    ap.add_argument("--target", action="append", default=None, metavar="DELTA:SHARE",
+                    help="targets to check (default: the issue's for the shared tables)")
     ap.add_argument("--replay-dir", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=REPO / "data" / "bench-policy")
-    ap.add_argument("--samples", type=int, default=8, help="plans per query per rollout round (K)")
-    ap.add_argument("--uniform-rounds", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=4, help="plans per query of the on-policy round")
     ap.add_argument("--explore", type=float, default=0.3, help="epsilon of the on-policy round")
-    ap.add_argument("--compare", nargs="*", default=["vw-task", "table"],
-                    help="other learners to train on the same logs and evaluate (default: vw-task table)")
     ap.add_argument("--port", type=int, default=8931, help="the replay server's port (fixed, so reruns resume)")
     ap.add_argument("--docs", action="store_true", help="copy the charts to docs/img/policy_<dataset>.png")
     args = ap.parse_args(argv)
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         ds = spec.name
         lambdas = args.lambdas if args.lambdas is not None else DEFAULT_LAMBDAS.get(ds, [0, 10, 30, 100])
-        results[ds] = bench(spec, args.work / ds, lambdas, args)
+        targets = args.target if args.target is not None else TARGETS.get(ds, [])
+        results[ds] = bench(spec, args.work / ds, lambdas, targets, args)
     text = summary_markdown(results)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "summary.md").write_text(text)
@@ -86,10 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def bench(spec, work: Path, lambdas: list[float], args) -> dict:
+def bench(spec, work: Path, lambdas: list[float], targets: list[str], args) -> dict:
     import pyarrow.parquet as pq
 
+    from conductor.evaluation import EvalConfig, Target, evaluate
+    from conductor.evaluation.policies import paired
+    from conductor.policy.actions import action_set
     from conductor.policy.training import TrainConfig, train
+    from conductor.pool import load_pool
     from conductor.replay.build import pool_document, query_table, write_pool
     from conductor.replay.process import start_replay
     from conductor.runner import RunConfig, run_all
@@ -105,107 +111,108 @@ def bench(spec, work: Path, lambdas: list[float], args) -> dict:
         if not files[split].exists():
             pq.write_table(query_table(spec, split), files[split])
     data, root = work / "data", work / "policy"
-    log = {"rollouts": [], "lambdas": {}}
+    log: dict = {"rollouts": [], "lambdas": {}}
 
-    def rollouts(run_id: str, options: dict, seed: int) -> dict:
-        s = run_all(RunConfig(queries=files["train"], pool=pool, data_dir=data, run_id=run_id, samples=args.samples,
+    def rollouts(run_id: str, options: dict, samples: int, seed: int) -> dict:
+        s = run_all(RunConfig(queries=files["train"], pool=pool, data_dir=data, run_id=run_id, samples=samples,
                               planner="embedded", planner_options=options, seed=seed, progress=False))
-        print(f"  {run_id}: {s['plans']} plans, accuracy {s['accuracy']:.3f}, {s['wall_time_s']:.0f} s", flush=True)
-        log["rollouts"].append({"run_id": run_id, "plans": s["plans"], "accuracy": s["accuracy"],
-                                "usd_per_plan": s["cost_usd"] / max(s["plans"], 1), "seconds": s["wall_time_s"]})
+        print(f"  {run_id}: {s['plans']} plans, {s['wall_time_s']:.0f} s", flush=True)
+        log["rollouts"].append({"run_id": run_id, "plans": s["plans"], "seconds": s["wall_time_s"]})
         return s
 
-    print(f"{ds}: rollouts on train ({args.samples} plans per query)", flush=True)
+    tasks = set(pq.read_table(files["train"], columns=["task"]).column("task").to_pylist())
+    k = max(len(action_set(load_pool(pool), t)) for t in tasks)
+    print(f"{ds}: sweep on train ({k} candidate actions per query)", flush=True)
+    r1, r2 = {}, {}
     with start_replay(pool, port=args.port):
-        uniform = []
-        for r in range(args.uniform_rounds):
-            rid = f"uniform-{r}"
-            rollouts(rid, {"policy": "none", "candidates": "bandit", "explore": 1.0}, seed=r)
-            uniform.append(rid)
-        finals: dict[str, dict[float, Path]] = {"vw": {}}
+        rollouts("sweep", {"sweep": True, "policy": "none"}, k, 0)
         for lam in lambdas:
             tag = f"{lam:g}"
-            first, _ = train(TrainConfig(pool=pool, runs=uniform, data_dir=data, lam=lam, out=root / f"round1-{tag}"))
+            r1[lam], s1 = train(TrainConfig(pool=pool, runs=["sweep"], data_dir=data, lam=lam,
+                                            out=root / f"round1-{tag}"))
             rid = f"onpolicy-{tag}"
-            rollouts(rid, {"policy": str(first), "candidates": "bandit", "explore": args.explore}, seed=100)
-            runs = [*uniform, rid]
-            folder, summary = train(TrainConfig(pool=pool, runs=runs, data_dir=data, lam=lam, out=root / f"vw-{tag}"))
-            finals["vw"][lam] = folder
-            log["lambdas"][tag] = {"artifact": str(folder), "runs": runs, "train_s": summary["seconds"],
-                                   "plans_used": summary["plans_used"], "estimates": summary["estimates"]}
-            for learner in args.compare:
-                f, _ = train(TrainConfig(pool=pool, runs=runs, data_dir=data, lam=lam, learner=learner,
-                                         out=root / f"{learner}-{tag}"))
-                finals.setdefault(learner, {})[lam] = f
-            print(f"  lambda {tag}: trained on {summary['plans_used']} plans in {summary['seconds']:.0f} s", flush=True)
-    from conductor.evaluation import EvalConfig, evaluate
+            rollouts(rid, {"policy": str(r1[lam]), "candidates": "bandit", "explore": args.explore},
+                     args.samples, 100)
+            r2[lam], s2 = train(TrainConfig(pool=pool, runs=["sweep", rid], data_dir=data, lam=lam,
+                                            out=root / f"round2-{tag}"))
+            log["lambdas"][tag] = {"round1": str(r1[lam]), "round2": str(r2[lam]),
+                                   "frontier": s1["frontier"], "selection_round1": s1["selection"],
+                                   "selection_round2": s2["selection"], "train_s": s1["seconds"] + s2["seconds"]}
+            print(f"  lambda {tag}: frontier {sum(len(v) for v in s1['frontier'].values())} actions, ships "
+                  f"{s1['selection']['shipped']} (round 2: {s2['selection']['shipped']})", flush=True)
+    rep = evaluate(EvalConfig(pool=pool, queries=files["all"], split="test", out=work / "eval",
+                              policies=[r1[lam] for lam in lambdas], targets=[Target.parse(t) for t in targets]))
+    rep2 = evaluate(EvalConfig(pool=pool, queries=files["all"], split="test", out=work / "eval-round2",
+                               planner=False, fixed=False, policies=[r2[lam] for lam in lambdas]))
+    best = rep.find("best_single", "grader")
+    oracle = rep.find("oracle", "grader")
+    planner = rep.find("planner")
+    cascade = next((p for p in rep.policies if p.kind == "fixed_cascade"), None)
+    top = max((p for p in rep.policies if p.kind == "single"), key=lambda p: p.accuracy or 0)
 
-    out = {"dataset": ds, "lambdas": lambdas, "log": log, "learners": {}}
-    for learner, by_lam in finals.items():
-        rep = evaluate(EvalConfig(pool=pool, queries=files["all"], split="test", out=work / f"eval-{learner}",
-                                  planner=learner == "vw", policies=[by_lam[lam] for lam in lambdas]))
-        rows = [{"lambda": p.info["lambda"], "accuracy": p.accuracy, "usd": p.usd_per_query,
-                 "calls": p.calls_per_query, "shapes": p.info["shapes"],
-                 "top_actions": p.info["most_used_actions"]} for p in rep.policies if p.kind == "learned"]
-        out["learners"][learner] = rows
-        if learner == "vw":
-            best = rep.find("best_single", "grader")
-            best_l = rep.find("best_single", "label")
-            oracle = rep.find("oracle", "grader")
-            planner = rep.find("planner")
-            singles = {p.worker: (p.accuracy, p.usd_per_query) for p in rep.policies if p.kind == "single"}
-            out.update(report=str(rep.report_path), chart=str(rep.chart_path),
-                       best_single={"worker": best.worker, "accuracy": best.accuracy, "usd": best.usd_per_query},
-                       best_single_labels={"worker": best_l.worker, "accuracy": best_l.accuracy,
-                                           "usd": best_l.usd_per_query},
-                       oracle={"accuracy": oracle.accuracy, "usd": oracle.usd_per_query},
-                       prior={"accuracy": planner.accuracy, "usd": planner.usd_per_query},
-                       top_single_on_test=max(singles.items(), key=lambda kv: kv[1][0]))
-            if args.docs:
-                dest = REPO / "docs" / "img" / f"policy_{ds}.png"
-                shutil.copyfile(rep.chart_path, dest)
-                out["docs_chart"] = str(dest)
-    out["target"] = target_check(ds, out["learners"]["vw"])
+    def row(p, lam=None) -> dict:
+        d = {"name": p.name, "accuracy": p.accuracy, "se": p.se, "usd": p.usd_per_query,
+             "cost_share": p.usd_per_query / best.usd_per_query, "calls": p.calls_per_query,
+             "vs_best_single": paired(p, best)}
+        if lam is not None:
+            d["lambda"] = lam
+        return d
+
+    rounds = []
+    for lam in lambdas:
+        one = next(p for p in rep.policies if p.info.get("lambda") == lam and p.info.get("shipped"))
+        two = next(p for p in rep2.policies if p.kind in ("learned", "fixed") and p.info.get("lambda") == lam)
+        rounds.append({"lambda": lam, "round1": row(one), "round2": row(two), "round2_minus_round1": paired(two, one)})
+    out = {"dataset": ds, "lambdas": lambdas, "log": log, "report": str(rep.report_path),
+           "chart": str(rep.chart_path), "best_single": row(best), "oracle": row(oracle), "prior": row(planner),
+           "fixed_cascade": row(cascade) if cascade else None, "top_single_on_test": row(top),
+           "comparisons": rep.meta.get("comparisons"), "targets": rep.meta.get("targets"), "rounds": rounds,
+           "policies": [row(p, p.info.get("lambda")) | {"kind": p.kind, "shipped": p.info.get("shipped")}
+                        for p in rep.policies if p.kind in ("learned", "fixed")]}
+    if args.docs:
+        dest = REPO / "docs" / "img" / f"policy_{ds}.png"
+        shutil.copyfile(rep.chart_path, dest)
+        out["docs_chart"] = str(dest)
     out["seconds"] = round(time.monotonic() - t0, 1)
     return out
 
 
-def target_check(ds: str, rows: list[dict]) -> dict | None:
-    if ds not in TARGETS:
-        return None  # the issue set targets for the shared tables only
-    t = TARGETS[ds]
-    ok = [r for r in rows if r["accuracy"] >= t["accuracy"] and r["usd"] <= t["usd"]]
-    within = [r for r in rows if r["usd"] <= t["usd"]]
-    closest = max(within, key=lambda r: r["accuracy"]) if within else min(rows, key=lambda r: r["usd"])
-    return {"target_accuracy": t["accuracy"], "target_usd": t["usd"], "met": bool(ok),
-            "meeting": ok, "best_within_budget": closest}
-
-
 def summary_markdown(results: dict) -> str:
+    def pm(pair):
+        return "—" if not pair else f"{pair[0]:+.4f} ± {pair[1]:.4f}"
+
+    def cell(r):
+        return f"{r['accuracy']:.4f} ± {r['se']:.4f} at ${r['usd']:.6f} ({r['cost_share']:.0%})"
+
     out = []
     for ds, r in results.items():
-        t = r["target"]
-        out += [f"### {ds} (test split)", "",
-                (f"Target: accuracy >= {t['target_accuracy']} at <= ${t['target_usd']:.6f} per query: "
-                 f"**{'met' if t['met'] else 'not met'}**. Best within the budget: "
-                 f"{t['best_within_budget']['accuracy']:.3f} at ${t['best_within_budget']['usd']:.6f} "
-                 f"(lambda {t['best_within_budget']['lambda']:g})." if t else "No target set for this table."), "",
-                f"Best single (chosen on train, our grader): {r['best_single']['worker']} "
-                f"{r['best_single']['accuracy']:.3f} at ${r['best_single']['usd']:.6f}; (labels): "
-                f"{r['best_single_labels']['worker']} {r['best_single_labels']['accuracy']:.3f} at "
-                f"${r['best_single_labels']['usd']:.6f}; most accurate single on test: "
-                f"{r['top_single_on_test'][0]} {r['top_single_on_test'][1][0]:.3f}; oracle "
-                f"{r['oracle']['accuracy']:.3f} at ${r['oracle']['usd']:.6f}; prior planner "
-                f"{r['prior']['accuracy']:.3f} at ${r['prior']['usd']:.6f}.", "",
-                "| lambda | " + " | ".join(f"{k} accuracy | {k} USD/query" for k in r["learners"]) + " |",
-                "|---:|" + "---:|---:|" * len(r["learners"])]
-        by = {k: {row["lambda"]: row for row in v} for k, v in r["learners"].items()}
-        for lam in r["lambdas"]:
-            cells = []
-            for k in r["learners"]:
-                row = by[k].get(float(lam))
-                cells += [f"{row['accuracy']:.3f}", f"${row['usd']:.6f}"] if row else ["—", "—"]
-            out.append(f"| {lam:g} | " + " | ".join(cells) + " |")
+        b = r["best_single"]
+        out += [f"### {ds} (test split, our grader; best single chosen on train)", "",
+                f"- best single: {b['name']}, {cell(b)}; most accurate single on test: "
+                f"{r['top_single_on_test']['name']} {r['top_single_on_test']['accuracy']:.4f}",
+                f"- oracle {cell(r['oracle'])}; prior planner {cell(r['prior'])}"
+                + (f"; {r['fixed_cascade']['name']}: {cell(r['fixed_cascade'])}, vs best single "
+                   f"{pm(r['fixed_cascade']['vs_best_single'])}" if r["fixed_cascade"] else ""), ""]
+        out += ["| lambda | policy | shipped | accuracy ± SE at USD (share of best single) | vs best single (paired) |",
+                "|---:|---|---|---|---:|"]
+        for p in r["policies"]:
+            out.append(f"| {p['lambda']:g} | {p['kind']} | {'yes' if p['shipped'] else ''} | {cell(p)} | "
+                       f"{pm(p['vs_best_single'])} |")
+        out += ["", "| lambda | shipped vs best fixed (reward, paired) | within one SE | round 2 − round 1 "
+                    "(accuracy, paired) | round 2 |", "|---:|---:|---|---:|---|"]
+        by_lam = {c["lambda"]: c for c in r["comparisons"] or []}
+        for rd in r["rounds"]:
+            c = by_lam.get(rd["lambda"], {})
+            out.append(f"| {rd['lambda']:g} | {pm(c.get('shipped_vs_fixed'))} | "
+                       f"{'yes' if c.get('within_one_se_of_fixed') else 'no'} | {pm(rd['round2_minus_round1'])} | "
+                       f"{cell(rd['round2'])} |")
+        out.append("")
+        for t in r["targets"] or []:
+            verdict = "met" if t.get("met") else "NOT MET"
+            out.append(f"- target {t['name']}: **{verdict}**; "
+                       f"{'meets it' if t.get('met') else 'closest'}: {t.get('policy')}, "
+                       f"{t.get('accuracy', 0):.4f} at {t.get('cost_share', 0):.1%} of the cost "
+                       f"(gap {t.get('accuracy_gap', 0):+.4f}; paired vs best single {pm(t.get('vs_best_single'))})")
         out += ["", f"({r['seconds']:.0f} s; report {r['report']})", ""]
     return "\n".join(out)
 

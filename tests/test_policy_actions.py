@@ -1,0 +1,129 @@
+"""The policy's action space and its selection: cascades, the measured Pareto cut,
+sweeps and fixed actions, and training that ships the learned policy only when it
+beats the best fixed action on held-back queries."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+import yaml
+
+from conductor.planners.base import Query
+from conductor.planners.embedded import EmbeddedConfig, EmbeddedPlanner
+from conductor.plans import parse_plan
+from conductor.policy.actions import Action, Measured, action_set, from_steps, pareto
+from conductor.policy.features import context
+from conductor.policy.learner import FixedLearner, Logged
+from conductor.policy.training import TrainConfig, choose, policy_value
+from conductor.pool import load_pool
+
+PRICES = {"tiny": 0.1, "small": 0.2, "mid": 0.3, "big": 4.0, "huge": 10.0}
+SKILLS = {"tiny": 0.7, "small": 0.75, "mid": 0.8, "big": 0.9, "huge": 0.92}
+
+
+@pytest.fixture
+def pool(tmp_path):
+    workers = [{"id": w, "model": f"openai/{w}", "api_base": "http://127.0.0.1:9/v1", "skills": {"math": s},
+                "price": {"input_per_mtok": PRICES[w], "output_per_mtok": PRICES[w]}} for w, s in SKILLS.items()]
+    workers.append({"id": "vote", "kind": "function", "function": "vote"})
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump({"workers": workers}))
+    return load_pool(path)
+
+
+def test_cascade_keys_and_plans_round_trip():
+    a = Action.from_key("cascade:tiny+small>big>huge")
+    assert a.solvers == ("tiny", "small") and a.escalation == ("big", "huge") and a.key == "cascade:tiny+small>big>huge"
+    steps = a.steps("What is 2 + 2?")
+    assert steps[2]["when"] == {"disagree": [0, 1]} and steps[3]["when"] == {"no_majority": [0, 1, 2]}
+    assert from_steps(orjson.dumps({"steps": steps}).decode()) == a
+    for bad in ("cascade:tiny>big", "cascade:tiny+small", "cascade:a+b>c>d>e", "single:", "loop:a"):
+        with pytest.raises(ValueError):
+            Action.from_key(bad)
+
+
+def test_the_action_set_holds_cheap_cascades_not_only_expensive_singles(pool):
+    acts = action_set(pool, "math")
+    keys = {a.key for a in acts}
+    assert {f"single:{w}" for w in SKILLS} <= keys  # every worker alone
+    cascades = [a for a in acts if a.shape == "cascade"]
+    # Cheap members only (at most a third of the best worker's price), escalating to the best ones.
+    assert cascades and all(set(a.solvers) <= {"tiny", "small", "mid"} for a in cascades)
+    assert {a.escalation[-1] for a in cascades} <= {"huge", "big", "mid"}
+    assert "cascade:mid+small>huge" in keys and "cascade:mid+small+tiny>big" in keys
+    assert "cascade:mid+small>big>huge" in keys  # two-level
+    assert "ensemble:mid+small+tiny>vote" in keys
+
+
+def test_pareto_keeps_the_frontier_and_drops_what_is_dominated():
+    def m(key, acc, cost, n=400):
+        return Measured(Action.from_key(key), n, acc, cost)
+
+    ms = [m("single:huge", 0.90, 10.0), m("single:big", 0.90, 2.0), m("single:tiny", 0.70, 0.1),
+          m("cascade:tiny+small>huge", 0.93, 1.0), m("single:mid", 0.60, 0.3),  # dominated far below
+          m("cascade:tiny+small>big", 0.925, 0.9)]
+    kept = {x.action.key for x in pareto(ms, band=1.0)}
+    assert "single:mid" not in kept and "single:huge" not in kept and "single:big" not in kept
+    assert {"single:tiny", "cascade:tiny+small>big", "cascade:tiny+small>huge"} <= kept
+
+
+def test_a_sweep_plans_every_candidate_once_with_equal_propensities(pool):
+    q = Query("q1", "What is 2 + 2?", "math")
+    n = len(action_set(pool, "math"))
+    drafts = EmbeddedPlanner(EmbeddedConfig(sweep=True, policy="none")).plan([q], pool, n + 3)[0]
+    valid = [d for d in drafts if d.text]
+    assert len(valid) == n and len({d.info["action"] for d in valid}) == n
+    assert all(d.propensity == pytest.approx(1 / n) for d in valid)
+    assert [d.info["error"] for d in drafts if not d.text] == [f"sweep: this query has {n} candidate actions; "
+                                                               f"slot not used"] * 3
+    cascade = next(d for d in valid if d.info["action"] == "cascade:mid+small>huge")
+    plan = parse_plan(cascade.text, pool)
+    assert from_steps(plan.to_json()) == Action.from_key("cascade:mid+small>huge")
+    with pytest.raises(Exception, match="use --samples all"):
+        EmbeddedPlanner(EmbeddedConfig(sweep=True, policy="none")).plan([q], pool, 2)
+
+
+def test_a_fixed_action_is_planned_for_every_query_and_a_foreign_worker_is_refused(pool):
+    qs = [Query(f"q{i}", f"What is {i} + 2?", "math") for i in range(3)]
+    drafts = EmbeddedPlanner(EmbeddedConfig(action="cascade:tiny+small>big", policy="none")).plan(qs, pool, 1)
+    assert [d[0].info["action"] for d in drafts] == ["cascade:tiny+small>big"] * 3
+    with pytest.raises(Exception, match="gpt-9"):
+        EmbeddedPlanner(EmbeddedConfig(action="single:gpt-9", policy="none")).plan(qs, pool, 1)
+
+
+def _logs(n_queries: int, signal: bool) -> list[Logged]:
+    """Sweep-shaped logs over two actions: with `signal`, queries that mention alpha are solved
+    only by `a` and those that mention beta only by `b`; without, `a` is always a bit better."""
+    acts = [Action("single", ("a",)), Action("single", ("b",))]
+    out = []
+    for i in range(n_queries):
+        word = "alpha" if i % 2 else "beta"
+        ctx = context(f"Question {i} about {word}: how many?", "math")
+        for j, act in enumerate(acts):
+            if signal:
+                ok = (word == "alpha") == (act.solvers[0] == "a")
+            else:
+                ok = (i % 5 != 0) if j == 0 else (i % 4 != 0)
+            out.append(Logged(ctx, acts, j, 0.5, float(ok), correct=ok, cost=0.0, query=f"q{i}"))
+    return out
+
+
+def test_training_ships_the_learned_policy_only_when_it_beats_the_best_fixed_action(tmp_path):
+    cfg = TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.3)
+    sel = choose(cfg, _logs(400, signal=True))
+    assert sel["shipped"] == "learned"
+    assert sel["learned"]["accuracy"] > 0.9 and sel["fixed"]["accuracy"] < 0.6
+    # The per-task table learner can only do what the fixed action does: a tie ships the fixed one.
+    sel = choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.3, learner="table"),
+                 _logs(400, signal=False))
+    assert sel["shipped"] == "fixed" and sel["fixed"]["choice"] == {"math": "single:a"}
+    assert sel["learned"]["reward"] == pytest.approx(sel["fixed"]["reward"])
+
+
+def test_policy_value_is_exact_on_sweep_logs():
+    logs = _logs(200, signal=False)
+    fixed = FixedLearner()
+    fixed.fit(logs)
+    v = policy_value(fixed, logs)
+    truth = sum(1 for i in range(200) if i % 5 != 0) / 200  # action a on every query
+    assert v["accuracy"] == pytest.approx(truth) and v["matched"] == 200
