@@ -16,6 +16,8 @@ def step_messages(step: Step, steps: Sequence[Step], outputs: dict[int, str],
     if system:
         messages.append({"role": "system", "content": system})
     for j in step.access:
+        if j not in outputs:
+            continue  # skipped by its condition: there is nothing to see
         messages.append({"role": "user", "content": steps[j].instruction})
         messages.append({"role": "assistant", "content": outputs[j]})
     messages.append({"role": "user", "content": step.instruction})

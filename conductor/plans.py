@@ -2,13 +2,25 @@
 
 A plan is an ordered list of steps. Step i names a worker, gives it an
 instruction, and grants it `access` to earlier steps: their instructions and
-outputs become prior conversation turns. The last step's output is the answer.
-Steps run as soon as every step they can see has finished.
+outputs become prior conversation turns. Steps run as soon as every step they
+can see (and every step their condition names) has finished.
+
+A step may carry a condition, `when`: it runs only if the condition holds on
+earlier steps' final answers (as the grader of the query's task extracts and
+compares them), else it is `skipped`, costs nothing and makes no call:
+- `{"disagree": [0, 1]}`: the listed steps' final answers are not all the same;
+- `{"no_majority": [0, 1, 2]}`: no answer is given by more than half of the
+  listed steps that ran.
+Two cheap workers and `{"worker": "big", ..., "when": {"disagree": [0, 1]}}` is a
+cascade: the expensive model is asked only when the cheap ones disagree. The
+answer is the output of the last step that ran.
 
 Both formats are accepted from any planner:
 
-JSON:        {"steps": [{"worker": "a", "instruction": "...", "access": []}, ...]}
+JSON:        {"steps": [{"worker": "a", "instruction": "...", "access": []}, ...,
+                        {"worker": "c", "instruction": "...", "access": [], "when": {"disagree": [0, 1]}}]}
 three-list:  model_id = ["a", 1]  subtasks = ["...", "..."]  access_list = [[], ["all"]]
+             conditions = [None, "disagree(0, 1)"]   (optional fourth list)
 
 Worker references may be ids or 0-based positions in the pool's worker list.
 """
@@ -27,6 +39,19 @@ from conductor.errors import PlanError
 from conductor.pool import Pool
 
 DEFAULT_MAX_STEPS = 5
+CONDITIONS = ("disagree", "no_majority")
+
+
+@dataclass(frozen=True)
+class Condition:
+    kind: str  # disagree | no_majority
+    steps: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, list[int]]:
+        return {self.kind: list(self.steps)}
+
+    def __str__(self) -> str:
+        return f"{self.kind}({', '.join(map(str, self.steps))})"
 
 
 @dataclass(frozen=True)
@@ -34,9 +59,18 @@ class Step:
     worker: str
     instruction: str
     access: tuple[int, ...]  # resolved: "all" becomes every earlier index
+    when: Condition | None = None
+
+    @property
+    def waits_for(self) -> tuple[int, ...]:
+        """The steps that must finish first: those it sees and those its condition reads."""
+        return tuple(sorted(set(self.access) | set(self.when.steps if self.when else ())))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"worker": self.worker, "instruction": self.instruction, "access": list(self.access)}
+        d = {"worker": self.worker, "instruction": self.instruction, "access": list(self.access)}
+        if self.when is not None:
+            d["when"] = self.when.to_dict()
+        return d
 
 
 @dataclass(frozen=True)
@@ -50,7 +84,14 @@ class Plan:
     def from_json(cls, text: str) -> "Plan":
         """Load a plan this package serialized itself (already validated)."""
         data = orjson.loads(text)
-        return cls(tuple(Step(s["worker"], s["instruction"], tuple(s["access"])) for s in data["steps"]))
+        steps = []
+        for s in data["steps"]:
+            when = s.get("when")
+            cond = Condition(*next(iter(when.items()))) if when else None
+            if cond is not None:
+                cond = Condition(cond.kind, tuple(cond.steps))
+            steps.append(Step(s["worker"], s["instruction"], tuple(s["access"]), cond))
+        return cls(tuple(steps))
 
     @property
     def workers(self) -> list[str]:
@@ -87,8 +128,53 @@ def validate_plan(raw: Any, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> P
         instruction = s.get("instruction")
         if not isinstance(instruction, str) or not instruction.strip():
             raise PlanError(f"step {i}: instruction must be a non-empty string")
-        steps.append(Step(worker, instruction.strip(), _resolve_access(s.get("access", []), i)))
+        when = s.get("when", s.get("if", s.get("condition")))
+        steps.append(Step(worker, instruction.strip(), _resolve_access(s.get("access", []), i),
+                          _resolve_condition(when, i)))
     return Plan(tuple(steps))
+
+
+_CALL = re.compile(r"^\s*([a-z_ ]+?)\s*\(\s*(.*?)\s*\)\s*$", re.I)
+
+
+def _resolve_condition(raw: Any, i: int) -> Condition | None:
+    """`when` in any of its spellings: {"disagree": [0, 1]}, {"kind": "disagree", "steps": [0, 1]},
+    "disagree(0, 1)", or null / "" / "none" for no condition."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null", "always")):
+        return None
+    if isinstance(raw, str):
+        m = _CALL.match(raw)
+        if not m:
+            raise PlanError(f"step {i}: condition {raw!r} is not of the form disagree(0, 1) or no_majority(0, 1, 2)")
+        kind, args = m.group(1), m.group(2)
+        try:
+            steps = [int(a) for a in args.split(",") if a.strip()]
+        except ValueError:
+            raise PlanError(f"step {i}: condition {raw!r}: the steps must be step numbers") from None
+    elif isinstance(raw, dict) and "kind" in raw:
+        kind, steps = raw.get("kind"), raw.get("steps")
+    elif isinstance(raw, dict) and len(raw) == 1:
+        kind, steps = next(iter(raw.items()))
+    else:
+        raise PlanError(f"step {i}: condition must be like {{\"disagree\": [0, 1]}} (got {raw!r})")
+    kind = str(kind).strip().lower().replace(" ", "_").replace("-", "_")
+    if kind not in CONDITIONS:
+        raise PlanError(f"step {i}: unknown condition {kind!r} (known: {', '.join(CONDITIONS)})")
+    if not isinstance(steps, (list, tuple)) or len(steps) < 2:
+        raise PlanError(f"step {i}: condition {kind} needs a list of at least two earlier steps (got {steps!r})")
+    out = []
+    for a in steps:
+        if isinstance(a, str) and a.strip().isdigit():
+            a = int(a)
+        if isinstance(a, bool) or not isinstance(a, int) or a < 0:
+            raise PlanError(f"step {i}: condition {kind}: {a!r} is not a step number")
+        if a >= i:
+            raise PlanError(f"step {i}: condition {kind} reads step {a}, which is not earlier "
+                            f"(steps may only read steps 0..{i - 1})")
+        out.append(a)
+    if len(set(out)) < 2:
+        raise PlanError(f"step {i}: condition {kind} needs at least two different steps (got {out})")
+    return Condition(kind, tuple(sorted(set(out))))
 
 
 def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
@@ -155,7 +241,8 @@ def _parse_json(text: str) -> Any:
 
 _LIST_NAMES = {"model_id": ("model_id", "model_ids", "models"),
                "subtasks": ("subtasks", "subtask", "instructions"),
-               "access_list": ("access_list", "access", "access_lists")}
+               "access_list": ("access_list", "access", "access_lists"),
+               "conditions": ("conditions", "condition_list")}
 
 
 def _parse_three_lists(text: str) -> list[dict] | None:
@@ -167,6 +254,7 @@ def _parse_three_lists(text: str) -> list[dict] | None:
             if value is not None:
                 break
         found[key] = value
+    conditions = found.pop("conditions")
     if all(v is None for v in found.values()):
         return None
     missing = [k for k, v in found.items() if v is None]
@@ -178,7 +266,14 @@ def _parse_three_lists(text: str) -> list[dict] | None:
             raise PlanError(f"{name} must be a list")
     if not (len(models) == len(subtasks) == len(access)):
         raise PlanError(f"list lengths differ: model_id has {len(models)}, subtasks {len(subtasks)}, access_list {len(access)}")
-    return [{"worker": m, "instruction": s, "access": a} for m, s, a in zip(models, subtasks, access)]
+    if conditions is None:
+        conditions = [None] * len(models)
+    if not isinstance(conditions, list):
+        raise PlanError("conditions must be a list")
+    if len(conditions) != len(models):
+        raise PlanError(f"list lengths differ: model_id has {len(models)}, conditions {len(conditions)}")
+    return [{"worker": m, "instruction": s, "access": a, "when": c}
+            for m, s, a, c in zip(models, subtasks, access, conditions)]
 
 
 def _last_assignment(text: str, name: str) -> Any:

@@ -162,8 +162,23 @@ def test_every_document_the_schema_admits_is_a_valid_plan():
 def test_max_plan_chars_is_the_exact_bound():
     longest = max(POOL.ids, key=len)
     doc = {"steps": [step(longest, "x" * 40, ["all"] * i) for i in range(4)]}
+    for i in (2, 3):  # the longest condition: no_majority over as many steps as it may list
+        doc["steps"][i]["when"] = {"no_majority": list(range(i))}
     VALIDATOR.validate(doc)
     assert len(json.dumps(doc, separators=(",", ":"))) == max_plan_chars(POOL, 4, 40)
+
+
+def test_the_schema_admits_conditions_only_on_earlier_steps():
+    doc = {"steps": [step("qwen-small"), step("qwen-small"), step("vote", "x", [0, 1])]}
+    doc["steps"][2]["when"] = {"disagree": [0, 1]}
+    assert VALIDATOR.is_valid(doc)
+    parse_plan(json.dumps(doc), POOL, max_steps=4)
+    for bad in ({"disagree": [0, 2]}, {"disagree": [0]}, {"sometimes": [0, 1]}, {"disagree": [0, 1], "no_majority": [0, 1]}):
+        doc["steps"][2]["when"] = bad
+        assert not VALIDATOR.is_valid(doc), bad
+    doc["steps"][2]["when"] = {"disagree": [0, 1]}
+    doc["steps"][1]["when"] = {"disagree": [0, 0]}
+    assert not VALIDATOR.is_valid(doc)  # step 1 cannot have a condition: it has one earlier step
 
 
 def test_schema_follows_kinds_and_rejects_empty_choices():

@@ -4,7 +4,9 @@ and plan to the journal as it happens.
 
 Plans stream in from an iterator and at most `max_plans_in_flight` are held at
 once, so memory stays flat however large the run. Within a plan, a step starts
-as soon as every step it can see has finished.
+as soon as every step it can see has finished. A step with a condition (`when`)
+waits for the steps it reads and runs only if it holds; otherwise it is
+`skipped` at no cost, and the plan's answer is the last output that ran.
 
 A step given to a worker of kind "planner" re-plans: a `Replanner` writes a
 sub-workflow over the outputs the step sees, which runs one level deeper (trace
@@ -30,7 +32,8 @@ from conductor.execute.call import CallFailure, CallRequest, CallResponse, compl
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.prices import call_cost, resolve_price
-from conductor.plans import Plan, Step
+from conductor.grading import answers_agree
+from conductor.plans import Condition, Plan, Step
 from conductor.pool import Pool, Worker
 from conductor.progress import Progress
 
@@ -164,10 +167,10 @@ class Executor:
             self._finish_plan(job, "invalid_plan", None, job.error, [], t0)
             return
         rows = await self.run_steps(job, job.plan, restored, prefix="", depth=0)
-        last = rows[-1] if rows else None
+        last = plan_outcome(rows)
         failed = next((r for r in rows if r["status"] not in ("ok", "skipped")), None)
         self._sub_plans.pop(job.plan_id, None)
-        if failed is None and last is not None and last["status"] == "ok":
+        if failed is None and last is not None:
             self._finish_plan(job, "ok", last["response_text"], None, rows, t0)
         else:
             status = failed["status"] if failed else "error"
@@ -185,16 +188,24 @@ class Executor:
         async def run_one(i: int) -> None:
             step = steps[i]
             path = f"{prefix}{i}"
-            for j in step.access:
+            for j in step.waits_for:
                 await futures[j]
             if path in restored:
                 outputs[i] = restored[path]
                 rows[i] = {"status": "ok", "response_text": restored[path], "restored": True, "error": None}
                 return
-            if stop.is_set() or any(rows[j]["status"] != "ok" for j in step.access):
+            if stop.is_set() or any(rows[j]["status"] != "ok" and not rows[j].get("condition_false")
+                                    for j in step.waits_for):
                 rows[i] = self._log_step(job, path, depth, step, status="skipped",
                                          error="an earlier step of this plan failed")
                 return
+            if step.when is not None:
+                holds, why = condition_holds(step.when, outputs, job.task)
+                if not holds:
+                    rows[i] = {**self._log_step(job, path, depth, step, status="skipped", cost=0.0,
+                                                error=f"condition {step.when} is false: {why}"),
+                               "condition_false": True}
+                    return
             try:
                 rows[i] = await self._run_step(job, plan, i, outputs, restored, path, depth)
                 outputs[i] = rows[i]["response_text"]
@@ -391,7 +402,7 @@ class Executor:
             raise StepFailed("error", f"worker {worker.id}: function workers are not available")
         t0 = time.time()
         try:
-            text = self.functions(worker.function, step, [outputs[j] for j in step.access], job.task)
+            text = self.functions(worker.function, step, [outputs[j] for j in step.access if j in outputs], job.task)
         except ValueError as e:
             raise StepFailed("error", f"worker {worker.id} ({worker.function}): {e}") from None
         entry = Entry(text, 0, 0, False, False, 0.0, time.time() - t0)
@@ -436,11 +447,13 @@ class Executor:
                                model=info.get("model"))
         rows = await self.run_steps(job, sub, restored, prefix=f"{path}.", depth=depth + 1)
         failed = (next((r for r in rows if r["status"] not in ("ok", "skipped")), None)
-                  or next((r for r in rows if r["status"] != "ok"), None))
-        if failed is not None:
-            raise StepFailed(failed["status"], f"sub-workflow of step {path} failed: {failed['error']}",
+                  or next((r for r in rows if r["status"] != "ok" and not r.get("condition_false")), None))
+        last = plan_outcome(rows)
+        if failed is not None or last is None:
+            why = failed["error"] if failed else "no step produced an output"
+            raise StepFailed(failed["status"] if failed else "error", f"sub-workflow of step {path} failed: {why}",
                              extra={"sub_plan": sub.to_json()})
-        entry = Entry(rows[-1]["response_text"], 0, 0, False, False, 0.0, time.time() - t0)
+        entry = Entry(last["response_text"], 0, 0, False, False, 0.0, time.time() - t0)
         return self._log_step(job, path, depth, step, worker=worker, status="ok",
                               attempts=0, entry=entry, cost=0.0, started=t0,
                               extra={"sub_plan": sub.to_json()})
@@ -495,6 +508,40 @@ class Executor:
         }
         self.journal.step(row)
         return row
+
+
+def plan_outcome(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row whose output answers the plan: the last step that ran (later steps may have been
+    skipped by their conditions); None if a step failed or nothing ran."""
+    for r in reversed(rows):
+        if r.get("condition_false"):
+            continue
+        return r if r["status"] == "ok" else None
+    return None
+
+
+def condition_holds(cond: Condition, outputs: dict[int, str], task: str | None) -> tuple[bool, str]:
+    """Whether a step's condition holds on the final answers of the steps it reads that ran
+    (compared as the task's grader compares them; an answer that cannot be read agrees with
+    nothing), and why, for the trace."""
+    ran = [j for j in cond.steps if j in outputs]
+    groups: list[list[int]] = []
+    for j in ran:
+        for g in groups:
+            if answers_agree(task, outputs[g[0]], outputs[j]):
+                g.append(j)
+                break
+        else:
+            groups.append([j])
+    names = ", ".join(map(str, ran))
+    if cond.kind == "disagree":
+        if len(groups) > 1:
+            return True, f"steps {names} disagree"
+        return False, f"steps {names} agree" if len(ran) > 1 else f"only step {names} ran"
+    top = max((len(g) for g in groups), default=0)
+    if top * 2 > len(ran):
+        return False, f"{top} of steps {names} agree"
+    return True, f"no majority among steps {names}"
 
 
 def _ts(t: float) -> str:

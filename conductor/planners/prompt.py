@@ -15,7 +15,7 @@ from typing import Sequence
 from conductor.planners.base import Query
 from conductor.pool import WORKER_KINDS, Pool, Worker
 
-TEMPLATE_VERSION = "planner-prompt-v1"
+TEMPLATE_VERSION = "planner-prompt-v2"  # v2: conditional steps (cascades)
 MODES = ("structured", "free")
 DEFAULT_INSTRUCTION_CHARS = 600
 
@@ -30,7 +30,14 @@ The output of the last step is the final answer, so the last step must state it.
 ACCESS = """\
 Access says which earlier steps a step sees: a list of earlier step numbers, \
 "all" for every earlier step, or an empty list for none. A step can only see \
-steps that come before it. Use few steps for easy questions: one step is fine."""
+steps that come before it. Use few steps for easy questions: one step is fine.
+
+A step may have a condition: it runs only if the condition holds, else it is \
+skipped at no cost, and the final answer is the output of the last step that \
+ran. "disagree" lists earlier steps and holds when their final answers differ; \
+"no_majority" holds when no answer has a majority among them. Two cheap workers \
+followed by a strong one that runs only when they disagree is a cascade: the \
+strong worker is paid for only on the hard questions."""
 
 _FUNCTION_TEXT = {
     "vote": "returns the most common final answer among the steps it sees (no model call)",
@@ -43,15 +50,17 @@ _ANSWER_LINE = {
     "exact": "End with a final line 'Answer: <answer>'.",
 }
 
-# One example workflow per task type: (question, reasoning, [(role, instruction, access)]).
+# One example workflow per task type: (question, reasoning, [(role, instruction, access[, when])]).
 # Roles are resolved to pool workers by `_cast`, so examples only name real workers.
 _EXAMPLES = {
     "math": ("A shop sells pens at 3 dollars each. How much do 14 pens cost?",
-             "Short arithmetic: one worker solves, a second checks.", [
+             "Two cheap workers solve it; the strong worker runs only if their answers disagree.", [
         ("solver", "A shop sells pens at 3 dollars each. How much do 14 pens cost? "
                    "Solve step by step. " + _ANSWER_LINE["math"], []),
-        ("checker", "Check the solution above. If it is wrong, solve the problem again. "
-                    + _ANSWER_LINE["math"], [0]),
+        ("checker", "A shop sells pens at 3 dollars each. How much do 14 pens cost? "
+                    "Solve step by step. " + _ANSWER_LINE["math"], []),
+        ("expert", "A shop sells pens at 3 dollars each. How much do 14 pens cost? "
+                   "Solve step by step. " + _ANSWER_LINE["math"], [], {"disagree": [0, 1]}),
     ]),
     "choice": ("Which planet is largest? A) Mars B) Jupiter C) Venus D) Earth",
                "Three independent answers, then the majority decides.", [
@@ -144,6 +153,8 @@ def _format_text(mode: str, instruction_chars: int) -> str:
     if mode == "structured":
         return ("Output format: one JSON object and nothing else:\n"
                 '{"steps": [{"worker": "<worker id>", "instruction": "<text>", "access": [<step numbers>]}]}\n'
+                'A step with a condition adds "when": {"disagree": [<step numbers>]} or '
+                '"when": {"no_majority": [<step numbers>]}.\n'
                 f"Instructions are plain text of at most {instruction_chars} characters, "
                 "without double quotes or backslashes.")
     return ("Output format: first think briefly about the question and which workers suit it. "
@@ -151,7 +162,9 @@ def _format_text(mode: str, instruction_chars: int) -> str:
             "model_id = [<worker number or id for each step>]\n"
             "subtasks = [<instruction for each step, as a quoted string>]\n"
             "access_list = [<access of each step: a list of step numbers, or [\"all\"]>]\n"
-            "The three lists have one entry per step, in step order.")
+            "Optionally a fourth list: conditions = [<None, or \"disagree(0, 1)\" or \"no_majority(0, 1, 2)\" "
+            "for each step>]\n"
+            "The lists have one entry per step, in step order.")
 
 
 def _cast(pool_workers: list[tuple[int, Worker]]) -> dict[str, tuple[int, Worker]]:
@@ -160,7 +173,10 @@ def _cast(pool_workers: list[tuple[int, Worker]]) -> dict[str, tuple[int, Worker
     voters = [iw for iw in pool_workers if iw[1].kind == "function" and (iw[1].function or iw[1].id) == "vote"]
     first, second = llms[0], llms[1 % len(llms)]
     third = llms[2 % len(llms)]
-    return {"solver": first, "checker": second, "solver2": third,
+    # The strong worker of a cascade: the dearest priced one, else the last listed.
+    priced = [iw for iw in llms if iw[1].price is not None]
+    expert = max(priced, key=lambda iw: iw[1].price.input + iw[1].price.output) if priced else llms[-1]
+    return {"solver": first, "checker": second, "solver2": third, "expert": expert,
             "aggregator": voters[0] if voters else first}
 
 
@@ -168,21 +184,34 @@ def _example_text(task: str, workers: list[tuple[int, Worker]], mode: str, max_s
     if not workers:
         return ""
     question, why, steps = _EXAMPLES[task]
-    if len(steps) > max_steps:  # keep the first steps and the deciding last one
-        steps = steps[:max_steps - 1] + steps[-1:] if max_steps > 1 else steps[:1]
+    steps = [(s[0], s[1], s[2], s[3] if len(s) > 3 else None) for s in steps]
+    if len(steps) > max_steps:
+        if any(w for *_, w in steps):  # a cascade cut short is no cascade: its first step alone
+            steps = [(r, i, a, None) for r, i, a, _ in steps[:1]]
+        else:  # keep the first steps and the deciding last one
+            steps = steps[:max_steps - 1] + steps[-1:] if max_steps > 1 else steps[:1]
     cast = _cast(workers)
     head = f"Task type: {task}\nQuestion:\n{question}\nPlan:\n"
     if mode == "structured":
         body = ", ".join(
-            '{"worker": "%s", "instruction": "%s", "access": %s}'
-            % (cast[role][1].id, instr, '["all"]' if acc == "all" else str(list(acc)))
-            for role, instr, acc in steps)
+            '{"worker": "%s", "instruction": "%s", "access": %s%s}'
+            % (cast[role][1].id, instr, '["all"]' if acc == "all" else str(list(acc)),
+               "" if when is None else ', "when": {"%s": %s}' % next(iter(when.items())))
+            for role, instr, acc, when in steps)
         return head + '{"steps": [' + body + "]}"
-    ids = ", ".join(str(cast[role][0]) for role, _, _ in steps)
-    subtasks = ", ".join(_py_str(instr) for _, instr, _ in steps)
-    access = ", ".join('["all"]' if acc == "all" else str(list(acc)) for _, _, acc in steps)
-    return (head + why + "\n"
-            f"model_id = [{ids}]\nsubtasks = [{subtasks}]\naccess_list = [{access}]")
+    ids = ", ".join(str(cast[role][0]) for role, _, _, _ in steps)
+    subtasks = ", ".join(_py_str(instr) for _, instr, _, _ in steps)
+    access = ", ".join('["all"]' if acc == "all" else str(list(acc)) for _, _, acc, _ in steps)
+    text = head + why + "\n" + f"model_id = [{ids}]\nsubtasks = [{subtasks}]\naccess_list = [{access}]"
+    if any(when for *_, when in steps):
+        conds = ", ".join("None" if when is None else f'"{_call(when)}"' for *_, when in steps)
+        text += f"\nconditions = [{conds}]"
+    return text
+
+
+def _call(when: dict[str, list[int]]) -> str:
+    kind, steps = next(iter(when.items()))
+    return f"{kind}({', '.join(map(str, steps))})"
 
 
 def _py_str(s: str) -> str:

@@ -7,6 +7,8 @@ accepts:
 - 1..max_steps steps, one schema per position (`prefixItems`, no further
   items), so step i's access entries are an enum of 0..i-1 and "all": JSON
   schema cannot say "lower than my own index", a per-position enum can;
+- conditions: from step 2 on, an optional `when` naming one condition kind
+  and 2..MAX_CONDITION_STEPS earlier steps (a per-position enum again);
 - instructions: printable ASCII without `"` or `\\`, starting with a
   non-space, at most `instruction_chars` long (a bounded regex; xgrammar does
   not combine `pattern` with `maxLength`). No escapes means no control
@@ -19,7 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from conductor.plans import CONDITIONS
 from conductor.pool import WORKER_KINDS, Pool
+
+MAX_CONDITION_STEPS = 4  # a condition reads at most this many steps: keeps the grammar small
 
 # Printable ASCII minus '"' (0x22) and '\' (0x5c).
 _CHAR = r"[ !#-\[\]-~]"
@@ -59,13 +64,19 @@ def _step_schema(i: int, ids: list[str], pattern: str) -> dict[str, Any]:
     else:
         # Up to i entries: enough to list every earlier step once.
         access = {"type": "array", "items": {"enum": [*range(i), "all"]}, "maxItems": i}
+    props: dict[str, Any] = {
+        "worker": {"type": "string", "enum": ids},
+        "instruction": {"type": "string", "pattern": pattern},
+        "access": access,
+    }
+    if i >= 2:
+        listed = {"type": "array", "items": {"enum": list(range(i))}, "minItems": 2,
+                  "maxItems": min(i, MAX_CONDITION_STEPS)}
+        props["when"] = {"anyOf": [{"type": "object", "properties": {kind: listed}, "required": [kind],
+                                    "additionalProperties": False} for kind in CONDITIONS]}
     return {
         "type": "object",
-        "properties": {
-            "worker": {"type": "string", "enum": ids},
-            "instruction": {"type": "string", "pattern": pattern},
-            "access": access,
-        },
+        "properties": props,
         "required": ["worker", "instruction", "access"],
         "additionalProperties": False,
     }
@@ -83,4 +94,7 @@ def max_plan_chars(pool: Pool, max_steps: int = 5, instruction_chars: int = 600,
             entry = max(len(str(i - 1)), len('"all"'))
             total += i * entry + (i - 1)  # entries and their commas
             total += 1  # the comma before this step
+        if i >= 2:
+            n = min(i, MAX_CONDITION_STEPS)
+            total += len(',"when":{"":[]}') + max(len(k) for k in CONDITIONS) + n * len(str(i - 1)) + (n - 1)
     return total
