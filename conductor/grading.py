@@ -8,12 +8,19 @@ plain numbers runs first because nearly every math answer is one, and it keeps
 grading tens of thousands of rows fast.
 
 Tasks: "math" (a number or expression), "choice" (a letter A-J), "exact"
-(normalized string equality). No task or no reference: nothing to grade by,
-so `correct` is None.
+(normalized string equality), "literal" (a Python literal, compared by value:
+code-output prediction), "code" (the answer's code must pass the reference's
+tests, run in `conductor.sandbox`). No task or no reference: nothing to grade
+by, so `correct` is None.
+
+Every function here is total on any text: an answer a grader cannot handle is
+graded as unparsed (with `detail` saying why), never an exception, so one odd
+row never stops an evaluation.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import string
@@ -22,7 +29,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-TASKS = ("math", "choice", "exact")
+TASKS = ("math", "choice", "exact", "literal", "code")
+_LITERAL_MAX_CHARS = 100_000  # literal_eval of a huge nested literal can exhaust the stack
 
 # math-verify bounds its own work with signal.alarm, which only the main thread
 # may use; elsewhere it runs without a timeout, so inputs on which its parser is
@@ -38,16 +46,33 @@ class Grade:
     answer: str | None      # the extracted final answer (normalized form), None when none found
     parsed: bool            # an answer was found
     correct: bool | None    # None when there is no reference or no task to grade by
+    detail: str | None = None  # why: a grader that could not handle the text, a code run's outcome
 
 
 def grade(task: str | None, response: str | None, reference: str | None) -> Grade:
     """Extract the final answer of `response` and judge it against `reference`."""
     _check_task(task)
+    try:
+        return _grade(task, response, reference)
+    except Exception as e:  # noqa: BLE001 - total by design: see the module docstring
+        return Grade(None, False, None if task is None or reference is None else False,
+                     f"grader error: {type(e).__name__}: {str(e)[:200]}")
+
+
+def _grade(task: str | None, response: str | None, reference: str | None) -> Grade:
+    if task == "code":
+        return _grade_code(response, reference)
     answer = extract_answer(response or "", task)
     if task is None or reference is None:
         return Grade(answer, answer is not None, None)
+    if task == "literal":
+        ref = _literal_value(reference)
+        got = _literal_value(answer) if answer is not None else _NOTHING
+        if ref is _NOTHING:  # the reference is not a literal: compare the text
+            return Grade(answer, answer is not None, answer is not None and answer.strip() == reference.strip())
+        return Grade(answer, answer is not None, got is not _NOTHING and _same_literal(got, ref))
     if task == "exact":
-        ref = _normalize_text(reference)
+        ref = _normalize_text(reference) or reference.strip()
         ok = answer is not None and answer == ref
         if not ok and response:
             ok = _normalize_text(response) == ref  # a bare reply that is the answer itself
@@ -64,6 +89,13 @@ def grade(task: str | None, response: str | None, reference: str | None) -> Grad
 def answers_agree(task: str | None, a: str | None, b: str | None) -> bool:
     """Whether two responses (or two extracted answers) give the same final answer."""
     _check_task(task)
+    try:
+        return _agree(task, a, b)
+    except Exception:  # noqa: BLE001 - total: an answer no grader can read agrees with nothing
+        return False
+
+
+def _agree(task: str | None, a: str | None, b: str | None) -> bool:
     x, y = extract_answer(a or "", task), extract_answer(b or "", task)
     if x is None or y is None:
         return False
@@ -71,6 +103,10 @@ def answers_agree(task: str | None, a: str | None, b: str | None) -> bool:
         return _math_equal(x, y) or _math_equal(y, x)
     if task is None:
         return _normalize_text(x) == _normalize_text(y)
+    if task == "literal":
+        vx, vy = _literal_value(x), _literal_value(y)
+        if vx is not _NOTHING and vy is not _NOTHING:
+            return _same_literal(vx, vy)
     return x == y
 
 
@@ -80,11 +116,21 @@ def extract_answer(text: str | None, task: str | None) -> str | None:
     Normalized forms: math, a plain number ("1234.5") when the answer is one, else
     the answer's expression; choice, the upper-case letter; exact, the case-folded
     text without punctuation, articles or extra spaces; no task, the answer's text
-    as written. Extracting again from a normalized answer gives it back.
+    as written; literal, the answer's text; code, the answer's code. Extracting again
+    from a normalized answer gives it back. Total: None when nothing can be read.
     """
     _check_task(task)
+    try:
+        return _extract(text, task)
+    except Exception:  # noqa: BLE001 - total by design
+        return None
+
+
+def _extract(text: str | None, task: str | None) -> str | None:
     if not text or not text.strip():
         return None
+    if task == "code":
+        return _code_of(text)
     if task == "choice":
         return _choice_answer(text)
     span = _final_span(text)
@@ -95,9 +141,61 @@ def extract_answer(text: str | None, task: str | None) -> str | None:
     span = span if span is not None else _last_line(text)
     if span is None:
         return None
+    if task == "literal":
+        return span.strip().strip("`").strip() or None
     if task == "exact":
-        return _normalize_text(span) or None
+        # "[]", "''" or "." normalize to nothing: keep them as written rather than lose them.
+        return _normalize_text(span) or span.strip() or None
     return _strip_markup(span) or None
+
+
+_NOTHING = object()
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
+
+
+def _literal_value(text: str | None):
+    if text is None or len(text) > _LITERAL_MAX_CHARS:
+        return _NOTHING
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NOTHING
+
+
+def _same_literal(a, b) -> bool:
+    """Equal values of the same kind: 1 == 1.0 holds, but True is not 1 and "1" is not 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float, complex)) and isinstance(b, (int, float, complex)):
+        return a == b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_literal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_literal(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _code_of(text: str) -> str | None:
+    """The answer's program: its last fenced Python block, else its last fenced block, else the text."""
+    blocks = _FENCE.findall(text)
+    python = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
+    code = (python or [body for _, body in blocks] or [text])[-1]
+    return code.strip() or None
+
+
+def _grade_code(response: str | None, reference: str | None) -> Grade:
+    """Run the answer's code followed by the reference's tests (asserts) in the sandbox."""
+    from conductor.sandbox import run_python
+
+    code = _code_of(response or "") if response else None
+    if reference is None:
+        return Grade(code, code is not None, None)
+    if code is None:
+        return Grade(None, False, False, "no code in the response")
+    result = run_python(f"{code}\n\n{reference}\n")
+    return Grade(code, True, result.ok, result.detail)
 
 
 def _check_task(task: str | None) -> None:

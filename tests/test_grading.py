@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conductor.grading import Grade, answers_agree, extract_answer, grade
+from conductor.grading import TASKS, Grade, answers_agree, extract_answer, grade
 
 # ------------------------------------------------------------------ math extraction
 
@@ -229,3 +229,56 @@ def test_extracting_again_from_an_answer_line_gives_it_back(task, response):
     """The vote and extract functions write "Answer: <extracted>" for later graders."""
     a = extract_answer(response, task)
     assert a is not None and extract_answer(f"Votes: x2\nAnswer: {a}", task) == a
+
+
+# ---- literal, exact edge cases, totality ------------------------------------
+
+@pytest.mark.parametrize("response, reference, correct", [
+    ("Answer: [1, 2, 3]", "[1, 2, 3]", True),
+    ("Answer: (1, 2)", "(1, 2)", True),
+    ("Answer: [1, 2]", "(1, 2)", False),  # a list is not a tuple
+    ("Answer: {'a': 1, 'b': [2]}", "{'b': [2], 'a': 1}", True),
+    ("Answer: ''", "''", True),
+    ('Answer: ""', "''", True),
+    ("Answer: []", "[]", True),
+    ("Answer: {}", "{}", True),
+    ("Answer: 3.0", "3", True),
+    ("Answer: True", "1", False),  # a bool is not a number here
+    ("Answer: '1'", "1", False),
+    ("Answer: `'hello'`", "'hello'", True),
+    ("Answer: [1, 2", "[1, 2]", False),  # not a literal: wrong, not a crash
+])
+def test_literal_compares_python_values(response, reference, correct):
+    assert grade("literal", response, reference).correct is correct
+
+
+def test_literal_answers_agree_by_value():
+    assert answers_agree("literal", "Answer: (1, 2)", "Answer: (1,2)")
+    assert not answers_agree("literal", "Answer: [1]", "Answer: (1,)")
+
+
+@pytest.mark.parametrize("response, reference", [("Answer: []", "[]"), ("Answer: {}", "{}"), ("Answer: ''", "''"),
+                                                 ("Answer: .", ".")])
+def test_exact_keeps_answers_that_normalize_to_nothing(response, reference):
+    g = grade("exact", response, reference)
+    assert g.answer and g.correct is True
+    assert grade("exact", "Answer: [1]", reference).correct is False
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("response", [
+    "Answer: 1234567890123456789012345678901234567890", "Answer: NaN", "Answer: inf", "Answer: 1e999999999",
+    "Answer: \\frac{1}{", "Answer: \\boxed{\\sqrt{", "\x00\x00Answer: 4\x00", "Answer: \ud800\udfff 7",
+    "Answer: " + "(" * 5000, "Answer: " + "9" * 10000, "", None, "\u202eAnswer: 5\u202c", "Answer: \ufffd"])
+def test_every_grader_is_total(task, response):
+    g = grade(task, response, "4" if task != "code" else "assert True")
+    assert g.correct in (True, False)
+    extract_answer(response, task)
+    answers_agree(task, response, "Answer: 4")
+
+
+def test_math_reads_boxed_and_plain_answer_lines():
+    assert grade("math", "so we get $\\boxed{3}$", "3").correct
+    assert grade("math", "Answer: 3", "3").correct
+    assert grade("math", "Answer: 1234567890123456789012345678901234567890",
+                 "1234567890123456789012345678901234567890").correct

@@ -34,15 +34,18 @@ def test_grader_agrees_with_benchmark_labels(dataset, rows_at_least, capsys):
 @needs_replay
 def test_check_command_lists_disagreements_and_writes_csv(tmp_path, capsys):
     out = tmp_path / "dis.csv"
-    assert cli_main(["graders", "check", "--replay", str(REPLAY), "--limit", "3000", "--out", str(out)]) == 0
+    assert cli_main(["graders", "check", "--replay", str(REPLAY), "--limit", "3000", "--out", str(out),
+                     "--examples", "1000"]) == 0
     text = capsys.readouterr().out
-    assert "gsm8k (math): 3000 rows, agreement" in text
-    assert "mmlu_pro (choice): 3000 rows, agreement" in text
+    assert "gsm8k (math 3000): 3000 rows, agreement" in text
+    assert "mmlu_pro (choice 3000): 3000 rows, agreement" in text
     with open(out, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert rows, "the first 3000 rows of each table hold a few disagreements"
-    assert set(rows[0]) == {"dataset", "question_id", "model", "reference", "extracted", "label", "verdict",
-                            "response_tail"}
+    assert set(rows[0]) == {"dataset", "question_id", "model", "task", "kind", "reference", "extracted", "label",
+                            "verdict", "detail", "response_tail"}
+    for kind in {r["kind"] for r in rows}:  # the kinds are counted on screen
+        assert f"  {kind}" in text
     for r in rows:
         assert r["label"] != r["verdict"]
         assert r["question_id"] in text  # every disagreement is also listed on screen

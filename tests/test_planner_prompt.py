@@ -12,7 +12,7 @@ import pytest
 from conductor.errors import PlanError
 from conductor.planners import prompt as P
 from conductor.planners.base import Query
-from conductor.planners.schema import max_plan_chars, plan_schema
+from conductor.planners.schema import MAX_CONDITION_STEPS, max_plan_chars, plan_schema
 from conductor.plans import parse_plan, validate_plan
 from conductor.pool import parse_pool
 
@@ -163,7 +163,7 @@ def test_max_plan_chars_is_the_exact_bound():
     longest = max(POOL.ids, key=len)
     doc = {"steps": [step(longest, "x" * 40, ["all"] * i) for i in range(4)]}
     for i in (2, 3):  # the longest condition: no_majority over as many steps as it may list
-        doc["steps"][i]["when"] = {"no_majority": list(range(i))}
+        doc["steps"][i]["when"] = {"no_majority": list(range(i))[-MAX_CONDITION_STEPS:]}
     VALIDATOR.validate(doc)
     assert len(json.dumps(doc, separators=(",", ":"))) == max_plan_chars(POOL, 4, 40)
 
@@ -173,7 +173,8 @@ def test_the_schema_admits_conditions_only_on_earlier_steps():
     doc["steps"][2]["when"] = {"disagree": [0, 1]}
     assert VALIDATOR.is_valid(doc)
     parse_plan(json.dumps(doc), POOL, max_steps=4)
-    for bad in ({"disagree": [0, 2]}, {"disagree": [0]}, {"sometimes": [0, 1]}, {"disagree": [0, 1], "no_majority": [0, 1]}):
+    for bad in ({"disagree": [0, 2]}, {"disagree": [0]}, {"disagree": [1, 1]}, {"disagree": [1, 0]},
+                {"sometimes": [0, 1]}, {"disagree": [0, 1], "no_majority": [0, 1]}):
         doc["steps"][2]["when"] = bad
         assert not VALIDATOR.is_valid(doc), bad
     doc["steps"][2]["when"] = {"disagree": [0, 1]}

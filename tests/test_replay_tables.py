@@ -466,3 +466,11 @@ def test_unusual_answers_and_text_run_to_the_end(tmp_path):
     assert data["meta"]["planner"]["server_outcomes"].keys() == {"recorded"}  # every odd question was served
     results = pq.read_table(out / "planner-run" / "runs" / "eval-odd-all" / "results.parquet").to_pylist()
     assert len(results) == len(odd) and {r["status"] for r in results} == {"ok"}
+    # `conductor graders check` on the same table, and on a CSV export of it whose bytes are not
+    # all valid UTF-8 (as logs dumped by other tools can be): both run to the end.
+    assert cli_main(["graders", "check", "--table", str(table), "--examples", "10"]) == 0
+    csv_path = tmp_path / "odd.csv"
+    pl.read_parquet(table).write_csv(csv_path)
+    raw = csv_path.read_bytes().replace(b"Answer: 8", b"Answer: 8").replace(b"Decode", b"Decode \xff\xfe\xc3(")
+    csv_path.write_bytes(raw)
+    assert cli_main(["graders", "check", "--table", str(csv_path)]) == 0

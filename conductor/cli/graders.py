@@ -1,5 +1,7 @@
-"""`conductor graders check`: how often the graders agree with the replay tables'
-own correctness labels, and every row where they do not, for a reader to judge."""
+"""`conductor graders check`: how often the graders agree with a table's own
+correctness labels (the shared replay tables, or any table with a label column),
+what kinds of disagreement there are, and every row where they do not agree, for a
+reader to judge."""
 
 from __future__ import annotations
 
@@ -7,13 +9,14 @@ import argparse
 import csv
 import os
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
 from conductor.errors import ConductorError
-from conductor.grading import grade
+from conductor.grading import TASKS, grade
 
 DATASETS = {"gsm8k": "math", "mmlu_pro": "choice"}  # replay file stem -> task it is graded as
 REPLAY_ENV = "CONDUCTOR_REPLAY_DIR"
@@ -32,6 +35,21 @@ class Disagreement:
     label: bool
     verdict: bool | None
     response: str
+    task: str | None = None
+    detail: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """What sort of disagreement, for a reader deciding whom to believe."""
+        if self.detail and self.detail.startswith("grader error"):
+            return "grader error"
+        if self.verdict is None:
+            return "not graded (no reference or task)"
+        if self.verdict:
+            return "grader correct, label wrong"
+        if self.answer is None:
+            return "no answer extracted, label correct"
+        return "extracted a different answer, label correct"
 
 
 @dataclass(frozen=True)
@@ -41,10 +59,14 @@ class Agreement:
     agreeing: int
     seconds: float
     disagreements: list[Disagreement]
+    tasks: dict[str, int] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
         return self.agreeing / self.rows if self.rows else 0.0
+
+    def kinds(self) -> Counter:
+        return Counter(d.kind for d in self.disagreements)
 
 
 def default_replay_dir() -> Path:
@@ -56,60 +78,130 @@ def default_replay_dir() -> Path:
 
 
 def check(replay_dir: Path, dataset: str, limit: int | None = None) -> Agreement:
-    """Grade every response of one replay table and compare with its `correct` label."""
-    path = replay_dir / f"{dataset}.parquet"
+    """Grade every response of one shared replay table and compare with its `correct` label."""
+    return check_table(replay_dir / f"{dataset}.parquet", task=DATASETS[dataset], limit=limit, name=dataset)
+
+
+def check_table(path: Path, *, task: str | None = None, limit: int | None = None, name: str | None = None,
+                response_col: str = "response", reference_col: str = "reference", label_col: str = "correct") -> Agreement:
+    """Grade every response of any table with a correctness label and compare: the task of a
+    row is its `task` column's, else `task`."""
+    path = Path(path)
     if not path.is_file():
-        raise ConductorError(f"replay table {path} not found")
+        raise ConductorError(f"table {path} not found")
     try:
-        table = pl.read_parquet(path, n_rows=limit)
+        table = (pl.read_csv(path, n_rows=limit, infer_schema_length=0, encoding="utf8-lossy")
+                 if path.suffix == ".csv"
+                 else pl.read_parquet(path, n_rows=limit))
     except Exception as e:  # polars raises several types for a bad file
-        raise ConductorError(f"replay table {path}: not a readable Parquet file ({e})") from None
-    missing = [c for c in _COLUMNS if c not in table.columns]
+        raise ConductorError(f"table {path}: not a readable Parquet or CSV file ({e})") from None
+    wanted = {"response": response_col, "reference": reference_col, "correct": label_col}
+    missing = [f"{c!r} (--{k}-col)" if c != k else repr(c) for k, c in wanted.items() if c not in table.columns]
     if missing:
-        raise ConductorError(f"replay table {path}: missing column(s) {', '.join(missing)}")
-    task = DATASETS[dataset]
+        raise ConductorError(f"table {path}: missing column(s) {', '.join(missing)}; "
+                             f"it has {', '.join(table.columns[:12])}")
+    if task is not None and task not in TASKS:
+        raise ConductorError(f"--task {task!r}: unknown (choose from {', '.join(TASKS)})")
+    if "task" in table.columns:
+        tasks = table.get_column("task").cast(pl.Utf8)
+        unknown = sorted({t for t in tasks.drop_nulls().unique().to_list() if t not in TASKS})
+        if unknown:
+            raise ConductorError(f"table {path}: unknown task(s) {', '.join(map(repr, unknown))} in column 'task' "
+                                 f"(allowed: {', '.join(TASKS)})")
+        tasks = tasks.fill_null(task) if task else tasks
+    else:
+        if task is None:
+            raise ConductorError(f"table {path}: no 'task' column; pass --task ({', '.join(TASKS)})")
+        tasks = pl.Series([task] * table.height)
+    labels = _labels(table.get_column(label_col), path, label_col)
+    ids = (table.get_column("question_id").cast(pl.Utf8) if "question_id" in table.columns
+           else pl.Series([str(i) for i in range(table.height)]))
+    models = table.get_column("model").cast(pl.Utf8) if "model" in table.columns else pl.Series([""] * table.height)
+    responses = table.get_column(response_col).cast(pl.Utf8).to_list()
+    references = table.get_column(reference_col).cast(pl.Utf8).to_list()
     start = time.perf_counter()
     agreeing, bad = 0, []
-    for row in table.select(_COLUMNS).iter_rows(named=True):
-        g = grade(task, row["response"], row["reference"])
-        if bool(g.correct) == bool(row["correct"]):
+    for qid, model, t, resp, ref, label in zip(ids.to_list(), models.to_list(), tasks.to_list(), responses,
+                                               references, labels):
+        g = grade(t, resp, ref)
+        if g.correct is not None and bool(g.correct) == label:
             agreeing += 1
             continue
-        bad.append(Disagreement(dataset, str(row["question_id"]), str(row["model"]), str(row["reference"]),
-                                g.answer, bool(row["correct"]), g.correct, row["response"] or ""))
-    return Agreement(dataset, table.height, agreeing, time.perf_counter() - start, bad)
+        bad.append(Disagreement(name or path.stem, str(qid), str(model or ""), str(ref), g.answer, label,
+                                g.correct, resp or "", t, g.detail))
+    return Agreement(name or path.stem, table.height, agreeing, time.perf_counter() - start, bad,
+                     dict(Counter(str(t) for t in tasks.to_list())))
+
+
+def _labels(col: pl.Series, path: Path, name: str) -> list[bool]:
+    """A boolean label column, or 0/1 numbers, or true/false strings; anything else is named."""
+    if col.dtype == pl.Boolean:
+        return [bool(v) for v in col.fill_null(False).to_list()]
+    values = col.cast(pl.Utf8).str.to_lowercase().str.strip_chars().to_list()
+    truth = {"1": True, "1.0": True, "true": True, "t": True, "yes": True,
+             "0": False, "0.0": False, "false": False, "f": False, "no": False, None: False}
+    odd = sorted({v for v in values if v not in truth})
+    if odd:
+        raise ConductorError(f"table {path}: column {name!r} must hold correctness labels (true/false or 1/0); "
+                             f"found {', '.join(map(repr, odd[:5]))}")
+    return [truth[v] for v in values]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("graders", help="check the answer graders against recorded, labelled model outputs")
     actions = p.add_subparsers(dest="graders_command", metavar="ACTION", required=True)
-    c = actions.add_parser("check", help="agreement of the graders with the replay tables' correctness labels")
+    c = actions.add_parser("check", help="agreement of the graders with a table's correctness labels",
+                           description="Grade every recorded response and compare with the table's own "
+                                       "correctness label: the shared replay tables (default), or any table "
+                                       "with a label column (--table).")
+    c.add_argument("--table", type=Path, default=None,
+                   help="any Parquet or CSV table with response, reference and label columns")
+    c.add_argument("--task", default=None, help=f"task of rows without a 'task' column value ({', '.join(TASKS)})")
+    c.add_argument("--response-col", default="response")
+    c.add_argument("--reference-col", default="reference")
+    c.add_argument("--label-col", default="correct")
     c.add_argument("--replay", type=Path, default=None,
                    help=f"folder with gsm8k.parquet and mmlu_pro.parquet (default: ${REPLAY_ENV}, "
                         "else ../shared/replay beside the repository)")
     c.add_argument("--dataset", choices=(*DATASETS, "all"), default="all")
     c.add_argument("--limit", type=int, default=None, help="grade only the first N rows of each table")
-    c.add_argument("--out", type=Path, default=None, help="write the disagreements to this CSV file")
+    c.add_argument("--examples", type=int, default=3, help="examples printed per kind of disagreement (default 3)")
+    c.add_argument("--out", type=Path, default=None, help="write every disagreement to this CSV file")
     c.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    replay = args.replay or default_replay_dir()
-    if not replay.is_dir():
-        raise ConductorError(f"replay folder {replay} not found: pass --replay DIR or set ${REPLAY_ENV}")
     if args.limit is not None and args.limit < 1:
         raise ConductorError(f"--limit must be at least 1 (got {args.limit})")
-    names = list(DATASETS) if args.dataset == "all" else [args.dataset]
-    results = [check(replay, name, args.limit) for name in names]
+    if args.table is not None:
+        results = [check_table(args.table, task=args.task, limit=args.limit, response_col=args.response_col,
+                               reference_col=args.reference_col, label_col=args.label_col)]
+    else:
+        replay = args.replay or default_replay_dir()
+        if not replay.is_dir():
+            raise ConductorError(f"replay folder {replay} not found: pass --replay DIR or --table PATH, "
+                                 f"or set ${REPLAY_ENV}")
+        names = list(DATASETS) if args.dataset == "all" else [args.dataset]
+        results = [check(replay, name, args.limit) for name in names]
     for r in results:
-        print(f"{r.dataset} ({DATASETS[r.dataset]}): {r.rows} rows, agreement {r.rate:.2%}, "
+        tasks = ", ".join(f"{t} {n}" for t, n in sorted(r.tasks.items()))
+        print(f"{r.dataset} ({tasks}): {r.rows} rows, agreement {r.rate:.2%}, "
               f"{len(r.disagreements)} disagreement(s), graded in {r.seconds:.1f} s")
+        for kind, n in r.kinds().most_common():
+            print(f"  {n:6d}  {kind}")
     for r in results:
-        if r.disagreements:
-            print(f"\n{r.dataset} disagreements: question_id | model | reference | extracted | label | verdict | response tail")
+        if not r.disagreements:
+            continue
+        print(f"\n{r.dataset} disagreements, up to {args.examples} per kind: "
+              "question_id | model | task | reference | extracted | label | verdict | response tail")
+        shown: Counter = Counter()
         for d in r.disagreements:
-            print(" | ".join((d.question_id, d.model, d.reference, repr(d.answer), _tf(d.label), _tf(d.verdict),
-                              _tail(d.response, _TAIL))))
+            if shown[d.kind] >= args.examples:
+                continue
+            shown[d.kind] += 1
+            print(f"[{d.kind}] " + " | ".join((d.question_id, d.model, str(d.task), _tail(d.reference, 60),
+                                               repr(d.answer)[:80], _tf(d.label), _tf(d.verdict),
+                                               _tail(d.response, _TAIL))))
     if args.out:
         _write_csv(args.out, [d for r in results for d in r.disagreements])
         print(f"\nwrote {sum(len(r.disagreements) for r in results)} disagreement(s) to {args.out}")
@@ -118,12 +210,13 @@ def main(args: argparse.Namespace) -> int:
 
 def _write_csv(path: Path, rows: list[Disagreement]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with open(path, "w", newline="", encoding="utf-8", errors="replace") as f:  # lone surrogates survive
         w = csv.writer(f)
-        w.writerow(["dataset", "question_id", "model", "reference", "extracted", "label", "verdict", "response_tail"])
+        w.writerow(["dataset", "question_id", "model", "task", "kind", "reference", "extracted", "label", "verdict",
+                    "detail", "response_tail"])
         for d in rows:
-            w.writerow([d.dataset, d.question_id, d.model, d.reference, d.answer or "", _tf(d.label),
-                        _tf(d.verdict), d.response[-_CSV_TAIL:]])
+            w.writerow([d.dataset, d.question_id, d.model, d.task or "", d.kind, d.reference, d.answer or "",
+                        _tf(d.label), _tf(d.verdict), d.detail or "", d.response[-_CSV_TAIL:]])
 
 
 def _tf(v: bool | None) -> str:
@@ -131,5 +224,5 @@ def _tf(v: bool | None) -> str:
 
 
 def _tail(text: str, n: int) -> str:
-    flat = " ".join(text.split())
+    flat = " ".join(text.encode("utf-8", "replace").decode("utf-8").split())
     return ("…" + flat[-n:]) if len(flat) > n else flat

@@ -41,8 +41,11 @@ ANSWER_LINE = {
     "math": "End with a final line of the form 'Answer: <number>'.",
     "choice": "End with a final line of the form 'Answer: <letter>'.",
     "exact": "End with a final line of the form 'Answer: <answer>'.",
+    "literal": "End with a final line of the form 'Answer: <the value as a Python literal>'.",
+    "code": "Give the complete solution as one ```python code block.",
 }
-SOLVE = {"math": "Solve the problem step by step.", "choice": "Think it through.", "exact": "Answer concisely."}
+SOLVE = {"math": "Solve the problem step by step.", "choice": "Think it through.", "exact": "Answer concisely.",
+         "literal": "Work out the value.", "code": "Write the code."}
 VERIFY = ("Check the solution above step by step. If it is correct, restate its final answer; "
           "if it is wrong, solve the problem correctly.")
 AGGREGATE = ("Several independent solutions to the same problem are above. Decide which final "

@@ -48,6 +48,8 @@ _ANSWER_LINE = {
     "math": "End with a final line 'Answer: <number>'.",
     "choice": "End with a final line 'Answer: <letter>'.",
     "exact": "End with a final line 'Answer: <answer>'.",
+    "literal": "End with a final line 'Answer: <Python literal>'.",
+    "code": "Give the complete solution as one ```python code block.",
 }
 
 # One example workflow per task type: (question, reasoning, [(role, instruction, access[, when])]).

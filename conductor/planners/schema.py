@@ -8,7 +8,8 @@ accepts:
   items), so step i's access entries are an enum of 0..i-1 and "all": JSON
   schema cannot say "lower than my own index", a per-position enum can;
 - conditions: from step 2 on, an optional `when` naming one condition kind
-  and 2..MAX_CONDITION_STEPS earlier steps (a per-position enum again);
+  and a set of 2..MAX_CONDITION_STEPS earlier steps, listed as an enum of the
+  sorted sets (a plain array could repeat a step);
 - instructions: printable ASCII without `"` or `\\`, starting with a
   non-space, at most `instruction_chars` long (a bounded regex; xgrammar does
   not combine `pattern` with `maxLength`). No escapes means no control
@@ -19,12 +20,13 @@ accepts:
 
 from __future__ import annotations
 
+from itertools import combinations
 from typing import Any, Sequence
 
 from conductor.plans import CONDITIONS
 from conductor.pool import WORKER_KINDS, Pool
 
-MAX_CONDITION_STEPS = 4  # a condition reads at most this many steps: keeps the grammar small
+MAX_CONDITION_STEPS = 3  # a condition reads at most this many steps: keeps the grammar small
 
 # Printable ASCII minus '"' (0x22) and '\' (0x5c).
 _CHAR = r"[ !#-\[\]-~]"
@@ -70,8 +72,8 @@ def _step_schema(i: int, ids: list[str], pattern: str) -> dict[str, Any]:
         "access": access,
     }
     if i >= 2:
-        listed = {"type": "array", "items": {"enum": list(range(i))}, "minItems": 2,
-                  "maxItems": min(i, MAX_CONDITION_STEPS)}
+        sets = [list(c) for k in range(2, min(i, MAX_CONDITION_STEPS) + 1) for c in combinations(range(i), k)]
+        listed = {"enum": sets}
         props["when"] = {"anyOf": [{"type": "object", "properties": {kind: listed}, "required": [kind],
                                     "additionalProperties": False} for kind in CONDITIONS]}
     return {

@@ -27,12 +27,11 @@ from typing import Any
 import polars as pl
 
 from conductor.errors import ConductorError, PoolError
+from conductor.grading import TASKS  # the tasks a replay table may name: the graders'
 from conductor.pool import Pool, Worker
 
 # The shared tables' stems -> the task their rows are graded as when the table names none.
 DATASETS = {"gsm8k": "math", "mmlu_pro": "choice"}
-# Tasks a replay table may name (literal and code are graded by conductor.grading's newer graders).
-TASKS = ("math", "choice", "exact", "literal", "code")
 MIXED = "mixed"  # the pool's replay.task when the table's rows have more than one task
 REPLAY_ENV = "CONDUCTOR_REPLAY_DIR"
 REQUIRED_COLUMNS = ("question_id", "question", "reference", "model", "response", "correct")

@@ -1,0 +1,83 @@
+"""The `code` grader and its sandbox: an answer's code runs against the question's tests in
+a child process that cannot loop forever, fork without end, write outside its own folder
+or reach the network."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from conductor.grading import grade
+from conductor.sandbox import Limits, run_python
+
+TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
+FAST = Limits(timeout_s=3, cpu_s=3)
+
+
+def test_a_correct_solution_passes_and_a_wrong_one_fails():
+    right = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
+    wrong = "```python\ndef add(a, b):\n    return a - b\n```"
+    assert grade("code", right, TESTS).correct is True
+    g = grade("code", wrong, TESTS)
+    assert g.correct is False and "AssertionError" in g.detail
+    assert grade("code", "I don't know.", TESTS).correct is False  # not code: a syntax error, graded wrong
+    assert grade("code", "", TESTS).correct is False
+
+
+def test_an_infinite_loop_is_killed_at_the_timeout():
+    t0 = time.monotonic()
+    r = run_python("while True:\n    pass\n", FAST)
+    assert r.timed_out and not r.ok and r.detail == "killed: timed out"
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_fork_bomb_forks_nothing():
+    r = run_python("import os\nwhile True:\n    os.fork()\n", FAST)
+    assert not r.ok and not r.timed_out and "os.fork is not allowed" in r.stderr
+    r = run_python("import subprocess\nsubprocess.run(['sh', '-c', ':(){ :|:& };:'])\n", FAST)
+    assert not r.ok and "subprocess.Popen is not allowed" in r.stderr
+
+
+def test_writes_stay_inside_the_sandbox_folder(tmp_path):
+    target = tmp_path / "escaped.txt"
+    r = run_python(f"open({str(target)!r}, 'w').write('x')\n", FAST)
+    assert not r.ok and "outside the sandbox directory" in r.stderr and not target.exists()
+    r = run_python(f"import os\nos.remove({str(tmp_path)!r})\n", FAST)
+    assert not r.ok and tmp_path.exists()
+    r = run_python("open('scratch.txt', 'w').write('ok')\nprint(open('scratch.txt').read())\n", FAST)
+    assert r.ok and r.stdout.strip() == "ok"  # its own folder is writable
+
+
+def test_the_network_is_out_of_reach():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    try:
+        r = run_python(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\n", FAST)
+        assert not r.ok
+        assert "unreachable" in r.stderr.lower() or "not allowed" in r.stderr
+        time.sleep(0.2)
+        assert accepted == []  # nothing reached the listening socket on the host
+    finally:
+        server.close()
+    assert r.isolation == ("netns" if os.geteuid() == 0 else "audit hook")
+
+
+def test_memory_and_native_code_are_refused():
+    assert not run_python("x = bytearray(8 * 1024 ** 3)\n", FAST).ok
+    r = run_python("import ctypes\nctypes.CDLL(None)\n", FAST)
+    assert not r.ok and "ctypes.dlopen is not allowed" in r.stderr
+
+
+@pytest.mark.parametrize("reference", ["assert add(2, 3) == 5", None])
+def test_without_tests_nothing_is_graded(reference):
+    g = grade("code", "```python\ndef add(a, b): return a + b\n```", reference)
+    assert g.answer == "def add(a, b): return a + b"
+    assert g.correct is (True if reference else None)
