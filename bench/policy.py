@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-DEFAULT_LAMBDAS = {"gsm8k": [0, 10, 30, 100], "mmlu_pro": [0, 3, 10, 30]}
+DEFAULT_LAMBDAS = {"gsm8k": [0, 10, 30, 60, 100], "mmlu_pro": [0, 3, 10, 30]}
 TARGETS = {  # the issue's, relative to the best single chosen on train (accuracy delta, cost share)
     "gsm8k": ["0:0.25"],
     "mmlu_pro": ["-0.01:0.15", "0:0.5"],

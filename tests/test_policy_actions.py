@@ -127,3 +127,22 @@ def test_policy_value_is_exact_on_sweep_logs():
     v = policy_value(fixed, logs)
     truth = sum(1 for i in range(200) if i % 5 != 0) / 200  # action a on every query
     assert v["accuracy"] == pytest.approx(truth) and v["matched"] == 200
+
+
+def test_an_action_that_serves_half_the_queries_is_not_the_best_fixed_action():
+    """A replay model that recorded half the questions is perfect on those: measured on them
+    alone it would look best; counted over every query it is not."""
+    a, b = Action("single", ("a",)), Action("single", ("b",))
+    logs = []
+    for i in range(200):
+        ctx = context(f"Question {i}", "math")
+        acts = [a, b] if i % 2 else [a]
+        for j, act in enumerate(acts):
+            ok = True if act is b else (i % 10 != 0)
+            logs.append(Logged(ctx, acts, j, 1 / len(acts), float(ok), correct=ok, cost=0.0, query=f"q{i}"))
+    fixed = FixedLearner()
+    fixed.fit(logs)
+    assert fixed.choice == {"math": "single:a"}
+    from conductor.policy.training import measure
+    m = {x.action.key: x for x in measure(logs)["math"]}
+    assert m["single:b"].accuracy == pytest.approx(0.5) and m["single:a"].accuracy == pytest.approx(0.9)

@@ -199,18 +199,47 @@ def _h(s: str) -> int:
 # ---------------------------------------------------------------- the table baseline
 
 
-def action_values(examples: Sequence[Logged]) -> dict[str, dict[str, tuple[float, float, int]]]:
-    """Per task and action: self-normalized IPS mean reward, its standard error, and the count."""
-    acc: dict[tuple[str, str], list[tuple[float, float]]] = {}
+def coverage(examples: Sequence[Logged]) -> dict[tuple[str, str], float]:
+    """Per (task, action key): the share of the task's logged queries the action could serve
+    (was among the candidates). A replay model that recorded half the questions serves half."""
+    queries: dict[str, set[str]] = {}
+    served: dict[tuple[str, str], set[str]] = {}
+    for e in examples:
+        task = e.context.task or "none"
+        queries.setdefault(task, set()).add(e.query)
+        for a in e.actions:
+            served.setdefault((task, a.key), set()).add(e.query)
+    return {k: len(v) / max(len(queries[k[0]]), 1) for k, v in served.items()}
+
+
+def per_query_means(examples: Sequence[Logged], field: str = "reward") -> dict[tuple[str, str], dict[str, float]]:
+    """Per (task, action key): the action's mean `field` on each query it was logged on. Every
+    query weighs the same: a sweep logs every candidate of every query once, so weighting by
+    1/propensity would favor the queries with more candidates."""
+    sums: dict[tuple[str, str], dict[str, list[float]]] = {}
     for e in examples:
         key = (e.context.task or "none", e.actions[e.chosen].key)
-        acc.setdefault(key, []).append((1.0 / max(e.propensity, 1e-6), e.reward))
+        value = float(bool(e.correct)) if field == "correct" else float(getattr(e, field))
+        sums.setdefault(key, {}).setdefault(e.query, []).append(value)
+    return {k: {q: sum(v) / len(v) for q, v in by_q.items()} for k, by_q in sums.items()}
+
+
+def action_values(examples: Sequence[Logged]) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Per task and action: the mean reward over the task's queries, its standard error, and
+    the number of queries it was logged on. Queries the action was never logged on count as
+    reward 0 (wrong, $0), as a single worker's unanswered questions do in the evaluation:
+    otherwise an action measured on the half of the queries it can serve would be compared
+    with actions measured on all of them."""
+    n_task: dict[str, set[str]] = {}
+    for e in examples:
+        n_task.setdefault(e.context.task or "none", set()).add(e.query)
     out: dict[str, dict[str, tuple[float, float, int]]] = {}
-    for (task, a), wr in acc.items():
-        den = sum(w for w, _ in wr)
-        v = sum(w * r for w, r in wr) / den
-        se = math.sqrt(sum((w * (r - v)) ** 2 for w, r in wr)) / den
-        out.setdefault(task, {})[a] = (v, se, len(wr))
+    for (task, a), by_q in per_query_means(examples).items():
+        n = len(n_task[task])
+        values = list(by_q.values()) + [0.0] * (n - len(by_q))
+        v = sum(values) / n
+        se = math.sqrt(sum((x - v) ** 2 for x in values) / max(n - 1, 1) / n)
+        out.setdefault(task, {})[a] = (v, se, len(by_q))
     return out
 
 

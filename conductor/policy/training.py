@@ -42,7 +42,7 @@ from conductor.errors import ConductorError
 from conductor.policy import artifact as artifacts
 from conductor.policy.actions import Action, ActionSettings, Measured, action_set, from_steps, pareto, servable
 from conductor.policy.features import Context, FeatureSettings, context
-from conductor.policy.learner import LEARNERS, FixedLearner, Logged, make_learner
+from conductor.policy.learner import LEARNERS, FixedLearner, Logged, make_learner, per_query_means
 from conductor.pool import Pool, load_pool
 from conductor.queries import load_queries
 from conductor.store import RunDir
@@ -212,18 +212,19 @@ def train(cfg: TrainConfig) -> tuple[Path, dict[str, Any]]:
 
 
 def measure(examples: Sequence[Logged]) -> dict[str, list[Measured]]:
-    """Per task, every logged action's SNIPS accuracy and cost on the logs."""
-    acc: dict[tuple[str, str], list[Logged]] = {}
+    """Per task, every logged action's SNIPS accuracy and cost on the logs; the queries it could
+    not serve count as wrong and free (see `learner.action_values`)."""
+    n_task: dict[str, set[str]] = {}
+    actions: dict[str, Action] = {}
     for e in examples:
-        acc.setdefault((e.context.task or "none", e.actions[e.chosen].key), []).append(e)
+        n_task.setdefault(e.context.task or "none", set()).add(e.query)
+        actions[e.actions[e.chosen].key] = e.actions[e.chosen]
+    correct, cost = per_query_means(examples, "correct"), per_query_means(examples, "cost")
     out: dict[str, list[Measured]] = {}
-    for (task, _), es in sorted(acc.items()):
-        ws = [1.0 / max(e.propensity, 1e-6) for e in es]
-        den = sum(ws)
-        out.setdefault(task, []).append(Measured(
-            es[0].actions[es[0].chosen], len(es),
-            sum(w * bool(e.correct) for w, e in zip(ws, es)) / den,
-            sum(w * e.cost for w, e in zip(ws, es)) / den))
+    for (task, key), by_q in sorted(correct.items()):
+        n = len(n_task[task])
+        out.setdefault(task, []).append(Measured(actions[key], n, sum(by_q.values()) / n,
+                                                 sum(cost[(task, key)].values()) / n))
     return out
 
 
@@ -268,20 +269,23 @@ def policy_value(learner: Any, examples: Sequence[Logged]) -> dict[str, float]:
     """SNIPS estimates of the learner's greedy policy on logged examples: reward, accuracy and
     cost per query, with the reward's standard error."""
     greedy: dict[tuple[int, tuple[str, ...]], int] = {}
-    rows = []
+    by_query: dict[str, list[Logged]] = {}
     for e in examples:
         key = (id(e.context), tuple(a.key for a in e.actions))
         if key not in greedy:
             greedy[key] = learner.greedy(e.context, e.actions)
         if greedy[key] == e.chosen:
-            rows.append((1.0 / max(e.propensity, 1e-6), e))
-    den = sum(w for w, _ in rows)
-    if not den:
+            by_query.setdefault(e.query, []).append(e)
+    n = len(by_query)
+    if not n:
         return {"reward": -math.inf, "accuracy": 0.0, "usd": 0.0, "reward_se": math.inf, "matched": 0}
-    v = sum(w * e.reward for w, e in rows) / den
-    return {"reward": v, "reward_se": math.sqrt(sum((w * (e.reward - v)) ** 2 for w, e in rows)) / den,
-            "accuracy": sum(w * bool(e.correct) for w, e in rows) / den,
-            "usd": sum(w * e.cost for w, e in rows) / den, "matched": len(rows)}
+    # Per query, the mean of its matching examples (with sweep logs: exactly one); queries weigh the same.
+    mean = {f: [sum(getattr(e, f) if f != "correct" else float(bool(e.correct)) for e in es) / len(es)
+                for es in by_query.values()] for f in ("reward", "correct", "cost")}
+    v = sum(mean["reward"]) / n
+    se = math.sqrt(sum((x - v) ** 2 for x in mean["reward"]) / max(n - 1, 1) / n)
+    return {"reward": v, "reward_se": se, "accuracy": sum(mean["correct"]) / n, "usd": sum(mean["cost"]) / n,
+            "matched": n, "queries": len({e.query for e in examples})}
 
 
 def _held_back(query: str, share: float, seed: int) -> bool:
