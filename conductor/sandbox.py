@@ -62,6 +62,8 @@ class Result:
             return "killed: timed out"
         if self.ok:
             return "passed"
+        if self.returncode in (-signal.SIGKILL, -signal.SIGXCPU):
+            return "killed: CPU time limit"
         last = (self.stderr.strip().splitlines() or ["no output"])[-1]
         return f"exit {self.returncode}: {last[:200]}"
 

@@ -30,9 +30,12 @@ def test_a_correct_solution_passes_and_a_wrong_one_fails():
 
 def test_an_infinite_loop_is_killed_at_the_timeout():
     t0 = time.monotonic()
-    r = run_python("while True:\n    pass\n", FAST)
+    r = run_python("import time\nwhile True:\n    time.sleep(0.01)\n", Limits(timeout_s=2, cpu_s=60))
     assert r.timed_out and not r.ok and r.detail == "killed: timed out"
     assert time.monotonic() - t0 < 10
+    r = run_python("while True:\n    pass\n", Limits(timeout_s=60, cpu_s=1))  # burns CPU: the CPU limit stops it
+    assert not r.ok and r.detail == "killed: CPU time limit"
+    assert time.monotonic() - t0 < 30
 
 
 def test_a_fork_bomb_forks_nothing():
