@@ -86,10 +86,10 @@ class Plan:
         data = orjson.loads(text)
         steps = []
         for s in data["steps"]:
-            when = s.get("when")
-            cond = Condition(*next(iter(when.items()))) if when else None
-            if cond is not None:
-                cond = Condition(cond.kind, tuple(cond.steps))
+            cond = None
+            if s.get("when"):
+                kind, listed = next(iter(s["when"].items()))
+                cond = Condition(kind, tuple(listed))
             steps.append(Step(s["worker"], s["instruction"], tuple(s["access"]), cond))
         return cls(tuple(steps))
 
