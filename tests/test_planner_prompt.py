@@ -146,17 +146,23 @@ def _random_doc(rng: random.Random, schema: dict) -> dict:
         acc = s["access"]
         access = [rng.choice(acc["items"]["enum"]) for _ in range(rng.randint(0, acc["maxItems"]))] if i else []
         steps.append(step(rng.choice(s["worker"]["enum"]), instruction, access))
+        if "when" in s and rng.random() < 0.5:  # a condition the schema allows
+            kind = rng.choice(s["when"]["anyOf"])["required"][0]
+            steps[-1]["when"] = {kind: rng.choice(s["when"]["anyOf"][0]["properties"]["disagree"]["enum"])}
     return {"steps": steps}
 
 
 def test_every_document_the_schema_admits_is_a_valid_plan():
     rng = random.Random(7)
+    seen_when = 0
     for _ in range(2000):
         doc = _random_doc(rng, SCHEMA)
         VALIDATOR.validate(doc)
         text = json.dumps(doc, separators=(",", ":"))
         assert len(text) <= max_plan_chars(POOL, 4, 40)
-        parse_plan(text, POOL, max_steps=4)  # raises PlanError if the schema let a bad plan through
+        plan = parse_plan(text, POOL, max_steps=4)  # raises PlanError if the schema let a bad plan through
+        seen_when += any(s.when for s in plan.steps)
+    assert seen_when > 100  # conditions were drawn too
 
 
 def test_max_plan_chars_is_the_exact_bound():

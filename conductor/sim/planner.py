@@ -195,6 +195,8 @@ def _fit_when(when: dict[str, list[int]] | None, schema: dict[str, Any] | None) 
         spec = (option.get("properties") or {}).get(kind)
         if spec is None:
             continue
+        if "enum" in spec:  # the allowed step sets, listed
+            return {kind: list(listed)} if list(listed) in spec["enum"] else None
         enum = (spec.get("items") or {}).get("enum")
         steps = [j for j in listed if enum is None or j in enum][:spec.get("maxItems", len(listed))]
         if len(steps) >= spec.get("minItems", 0):
