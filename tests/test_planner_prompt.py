@@ -213,6 +213,10 @@ def test_xgrammar_compiles_the_schema_and_enforces_it():
     assert not accepts({"steps": [step("gpt-9")]})
     assert not accepts({"steps": [step(instruction=" leading space")]})
     assert not accepts({"steps": [step()] * 5})
+    cascade = {"steps": [step(), step(), dict(step("llama-large"), when={"disagree": [0, 1]})]}
+    assert accepts(cascade)
+    assert not accepts({"steps": [step(), dict(step(), when={"disagree": [0, 1]})]})  # reads itself
+    assert not accepts({"steps": [step(), step(), dict(step(), when={"disagree": [0, 2]})]})
 
 
 def test_plan_error_is_the_only_failure_of_garbage_three_lists():
