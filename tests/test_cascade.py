@@ -314,5 +314,6 @@ def test_bad_cascade_rate_is_refused():
 
     pool = parse_pool({"workers": [{"id": "p", "kind": "planner", "model": "openai/p",
                                     "simulate": {"role": "planner", "cascade_rate": -0.1}}]})
-    with pytest.raises(SimConfigError, match=re.escape("worker p: simulate.cascade_rate: must be a fraction in [0, 1]")):
+    message = "worker p: simulate.cascade_rate: must be a fraction in [0, 1]"
+    with pytest.raises(SimConfigError, match=re.escape(message)):
         served_models(pool)

@@ -55,7 +55,8 @@ FAULT_DEFAULTS: dict[str, float | None] = {
     "retry_after_ms": 1000.0,
 }
 ROLES = ("worker", "planner")
-SIMULATE_KEYS = ("role", "replan_rate", "cascade_rate", "skill", "latency_ms", "per_token_ms", "rpm", "rpm_window_s", *RATE_KEYS,
+SIMULATE_KEYS = ("role", "replan_rate", "cascade_rate", "skill", "latency_ms", "per_token_ms", "rpm",
+                 "rpm_window_s", *RATE_KEYS,
                  "hang_s", "require_key_env", "fail_status", "retry_after_ms")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
