@@ -14,8 +14,8 @@ simulated workers recognize it), later steps solve again, check an earlier
 step, vote over all of them, or, with probability `replan_rate`, hand the rest
 to a planner worker. With probability `cascade_rate` (when three llm workers
 and three steps are available) the plan is a cascade instead: two workers
-solve, and a third solves only when their answers disagree (`when`). Kinds are read from the prompt's worker list
-("3. vote [function]: ..."). Like every simulated answer, the plan is a pure
+solve, and a third solves only when their answers disagree (`when`). Kinds
+are read from the prompt's worker list ("3. vote [function]: ..."). Like every simulated answer, the plan is a pure
 function of (seed, model, request), so a repeated request gets the same plan
 and a different `seed` in the request gets another one.
 """
