@@ -5,6 +5,9 @@ vote     the majority final answer among the outputs the step's access grants;
 extract  the final answer of the one output the step's access grants.
 
 Both write a final line "Answer: <answer>", the form every grader reads first.
+In a cascade some granted steps may have been skipped by their conditions: their
+outputs are None (or absent) and both functions ignore them, so a vote counts
+only the steps that ran and extract reads the one granted step that ran.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from conductor.grading import answers_agree, extract_answer
 from conductor.plans import Step
 
 
-def run_function(name: str, step: Step, outputs: list[str], task: str | None) -> str:
+def run_function(name: str, step: Step, outputs: list[str | None], task: str | None) -> str:
+    outputs = [o for o in outputs if o is not None]  # skipped steps have no output
     if name == "vote":
         return vote(outputs, task)
     if name == "extract":
@@ -23,6 +27,8 @@ def run_function(name: str, step: Step, outputs: list[str], task: str | None) ->
 
 def vote(outputs: list[str], task: str | None) -> str:
     answers = [a for a in (extract_answer(o, task) for o in outputs) if a is not None]
+    if not outputs:
+        raise ValueError("none of the granted steps ran: nothing to vote on")
     if not answers:
         raise ValueError(f"none of the {len(outputs)} granted output(s) holds an answer to vote on")
     groups: list[list[str]] = []  # answers that agree, in order of first appearance
@@ -40,7 +46,7 @@ def vote(outputs: list[str], task: str | None) -> str:
 
 def extract(outputs: list[str], task: str | None) -> str:
     if len(outputs) != 1:
-        raise ValueError(f"extract needs access to exactly one earlier step (got {len(outputs)})")
+        raise ValueError(f"extract needs access to exactly one earlier step that ran (got {len(outputs)})")
     answer = extract_answer(outputs[0], task)
     if answer is None:
         raise ValueError("no final answer found in the granted output")

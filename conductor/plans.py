@@ -86,10 +86,10 @@ class Plan:
         data = orjson.loads(text)
         steps = []
         for s in data["steps"]:
-            when = s.get("when")
-            cond = Condition(*next(iter(when.items()))) if when else None
-            if cond is not None:
-                cond = Condition(cond.kind, tuple(cond.steps))
+            cond = None
+            if s.get("when"):
+                kind, listed = next(iter(s["when"].items()))
+                cond = Condition(kind, tuple(listed))
             steps.append(Step(s["worker"], s["instruction"], tuple(s["access"]), cond))
         return cls(tuple(steps))
 
@@ -232,11 +232,17 @@ def _parse_json(text: str) -> Any:
             data = json.loads(c, strict=False)
         except (ValueError, RecursionError):
             continue
-        if isinstance(data, dict) and "steps" in data:
+        # {"kind": "disagree", "steps": [0, 1]} in a fourth list also has "steps": not a plan.
+        if isinstance(data, dict) and "steps" in data and not _is_condition(data):
             return data
         if isinstance(data, list) and data and all(isinstance(s, dict) and "worker" in s for s in data):
             return data
     return None
+
+
+def _is_condition(data: dict) -> bool:
+    steps = data.get("steps")
+    return "kind" in data and isinstance(steps, list) and all(isinstance(a, (int, str)) for a in steps)
 
 
 _LIST_NAMES = {"model_id": ("model_id", "model_ids", "models"),

@@ -5,18 +5,30 @@ escalation steps run only when the cheap steps' final answers disagree."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
+import duckdb
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from conductor.cli import main as cli_main
+from conductor.errors import PlanError
+from conductor.execute.engine import condition_holds
+from conductor.functions import run_function
+from conductor.grading import answers_agree
 from conductor.localserver import start_server
 from conductor.planners.base import PlanDraft
+from conductor.plans import Condition, Plan, Step, parse_plan
+from conductor.pool import parse_pool
 from conductor.replay.main import READY
 from conductor.replay.process import ReplayHandle
 from conductor.runner import RunConfig, run_all
+from conductor.store import refresh_catalog
+from tests import plannersim
+from tests.conftest import SAMPLE, worker, write_pool
 
 # question -> (reference, {model: recorded final answer})
 RECORDED = {
@@ -127,3 +139,181 @@ def test_the_fourth_list_and_a_bad_condition(served, monkeypatch):
     assert {r["status"] for r in results.values()} == {"invalid_plan"}
     assert all("step 1: condition disagree reads step 1, which is not earlier" in r["error"]
                for r in results.values())
+
+
+# ---- the workflow language: conditions in every format ----------------------
+
+POOL = parse_pool({"workers": [
+    {"id": "small", "model": "openai/small"}, {"id": "mid", "model": "openai/mid"},
+    {"id": "big", "model": "openai/big"}, {"id": "vote", "kind": "function"},
+    {"id": "extract", "kind": "function"}]})
+
+
+def _three(when_field: str, spelling) -> str:
+    steps = [{"worker": "small", "instruction": "Q", "access": []},
+             {"worker": "mid", "instruction": "Q", "access": []},
+             {"worker": "big", "instruction": "Q", "access": [], when_field: spelling}]
+    return json.dumps({"steps": steps})
+
+
+@pytest.mark.parametrize("field, spelling", [
+    ("when", {"disagree": [0, 1]}), ("when", {"disagree": [1, "0"]}), ("if", {"disagree": [0, 1]}),
+    ("when", "disagree(0, 1)"), ("when", " Disagree (0,1) "), ("condition", {"kind": "disagree", "steps": [0, 1]}),
+])
+def test_every_spelling_of_a_condition_reads_as_the_same_step(field, spelling):
+    plan = parse_plan(_three(field, spelling), POOL)
+    assert plan.steps[2].when == Condition("disagree", (0, 1))
+    assert plan.steps[2].waits_for == (0, 1) and plan.steps[0].when is None
+    # The canonical JSON names it one way and loads back to the same plan.
+    assert json.loads(plan.to_json())["steps"][2] == {"worker": "big", "instruction": "Q", "access": [],
+                                                      "when": {"disagree": [0, 1]}}
+    assert "when" not in json.loads(plan.to_json())["steps"][0]
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_a_step_waits_for_what_it_sees_and_what_its_condition_reads():
+    plan = parse_plan(json.dumps({"steps": [
+        {"worker": "small", "instruction": "Q", "access": []}, {"worker": "mid", "instruction": "Q", "access": []},
+        {"worker": "big", "instruction": "Q", "access": []},
+        {"worker": "big", "instruction": "Q", "access": [2], "when": {"no_majority": [0, 1, 2]}}]}), POOL)
+    assert plan.steps[3].access == (2,) and plan.steps[3].waits_for == (0, 1, 2)
+    assert Plan.from_json(plan.to_json()).steps[3].when == Condition("no_majority", (0, 1, 2))
+
+
+@pytest.mark.parametrize("fourth", [
+    '[None, None, "disagree(0, 1)"]', '[null, "", {"disagree": [0, 1]}]',
+    '[None, "none", {"kind": "disagree", "steps": [0, 1]}]'])
+def test_the_fourth_list_in_any_spelling(fourth):
+    text = ('Two cheap ones, then the big one if they differ.\nmodel_id = ["small", 1, "big"]\n'
+            'subtasks = ["Q", "Q", "Q"]\naccess_list = [[], [], []]\nconditions = ' + fourth)
+    plan = parse_plan(text, POOL)
+    assert [s.when for s in plan.steps] == [None, None, Condition("disagree", (0, 1))]
+    assert parse_plan(text.split("\nconditions")[0], POOL).steps[2].when is None  # the fourth list is optional
+
+
+@pytest.mark.parametrize("spelling, message", [
+    ({"agree": [0, 1]}, "step 2: unknown condition 'agree' (known: disagree, no_majority)"),
+    ("sometimes", "step 2: condition 'sometimes' is not of the form disagree(0, 1)"),
+    ("disagree(0, x)", "step 2: condition 'disagree(0, x)': the steps must be step numbers"),
+    ({"disagree": [0]}, "step 2: condition disagree needs a list of at least two earlier steps"),
+    ({"disagree": [1, 1]}, "step 2: condition disagree needs at least two different steps (got [1, 1])"),
+    ({"disagree": [0, 2]}, "step 2: condition disagree reads step 2, which is not earlier"),
+    ({"no_majority": [0, 5]}, "step 2: condition no_majority reads step 5, which is not earlier"),
+    ({"disagree": [0, -1]}, "step 2: condition disagree: -1 is not a step number"),
+    ({"disagree": [0, True]}, "step 2: condition disagree: True is not a step number"),
+    ({"disagree": 1}, "step 2: condition disagree needs a list of at least two earlier steps (got 1)"),
+    ({"disagree": [0, 1], "no_majority": [0, 1]}, "step 2: condition must be like"),
+    (["disagree", 0, 1], "step 2: condition must be like"),
+])
+def test_a_bad_condition_is_refused_naming_the_step(spelling, message):
+    with pytest.raises(PlanError, match=re.escape(message)):
+        parse_plan(_three("when", spelling), POOL)
+
+
+def test_the_fourth_list_must_match_the_others():
+    text = 'model_id = ["small", "mid"]\nsubtasks = ["Q", "Q"]\naccess_list = [[], []]\nconditions = [None]'
+    with pytest.raises(PlanError, match="list lengths differ: model_id has 2, conditions 1"):
+        parse_plan(text, POOL)
+    with pytest.raises(PlanError, match="step 1: condition disagree reads step 1, which is not earlier"):
+        parse_plan(text.replace("[None]", '[None, "disagree(0, 1)"]'), POOL)
+
+
+@pytest.mark.parametrize("kind, answers, ran, holds, why", [
+    ("disagree", ["Answer: 4", "Answer: 4.0"], [0, 1], False, "steps 0, 1 agree"),  # the math grader's equality
+    ("disagree", ["Answer: 4", "Answer: 5"], [0, 1], True, "steps 0, 1 disagree"),
+    ("disagree", ["no idea", "no idea"], [0, 1], True, "steps 0, 1 disagree"),  # unreadable agrees with nothing
+    ("disagree", ["Answer: 4", None], [0], False, "only step 0 ran"),
+    ("no_majority", ["Answer: 4", "Answer: 5", "Answer: 4"], [0, 1, 2], False, "2 of steps 0, 1, 2 agree"),
+    ("no_majority", ["Answer: 4", "Answer: 5", None], [0, 1], True, "no majority among steps 0, 1"),
+    ("no_majority", ["Answer: 4", "Answer: 5", "Answer: 6"], [0, 1, 2], True, "no majority among steps 0, 1, 2"),
+    ("no_majority", [None, None, None], [], True, "no majority among steps "),  # nothing ran: escalate
+])
+def test_condition_semantics_on_the_steps_that_ran(kind, answers, ran, holds, why):
+    outputs = {j: answers[j] for j in ran}
+    assert condition_holds(Condition(kind, tuple(range(len(answers)))), outputs, "math") == (holds, why)
+
+
+def test_vote_and_extract_ignore_skipped_inputs():
+    step = Step("vote", "Vote.", (0, 1, 2))
+    assert run_function("vote", step, ["Answer: 3", None, "Answer: 3.0"], "math").startswith(
+        "Votes over 2 output(s): 3 x2")
+    assert run_function("extract", step, [None, "so it is 12\nAnswer: 12"], "math") == "Answer: 12"
+    with pytest.raises(ValueError, match="none of the granted steps ran"):
+        run_function("vote", step, [None, None], "math")
+    with pytest.raises(ValueError, match="extract needs access to exactly one earlier step that ran"):
+        run_function("extract", step, [None, None], "math")
+
+
+# ---- the simulated planner writes cascades; they run over real HTTP ----------
+
+CASCADE_SIM = {
+    "cheap-a": {"skill": 0.5, "latency_ms": 2}, "cheap-b": {"skill": 0.5, "latency_ms": 2},
+    "strong": {"skill": 0.95, "latency_ms": 2},
+    "casc-planner": {"role": "planner", "cascade_rate": 1.0, "latency_ms": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def cascade_sim(tmp_path_factory):
+    from conductor.sim import start_sim
+
+    d = tmp_path_factory.mktemp("cascade-sim")
+    server_pool = d / "server.yaml"
+    server_pool.write_text(yaml.safe_dump({"workers": [
+        {"id": name, "kind": "planner" if spec.get("role") else "llm", "model": f"openai/{name}", "simulate": spec}
+        for name, spec in CASCADE_SIM.items()]}))
+    with start_sim(server_pool, [SAMPLE]) as handle:
+        yield {"handle": handle, "queries": plannersim.math_queries(d / "math.parquet", 12)}
+
+
+@pytest.mark.parametrize("structured", ["on", "off"])
+def test_sim_planned_cascades_run_and_the_catalog_shows_skipped_steps(cascade_sim, tmp_path, structured):
+    url = cascade_sim["handle"].url
+    pool = write_pool(tmp_path / "pool.yaml", url, workers=[
+        worker("cheap-a", url), worker("cheap-b", url), worker("strong", url),
+        plannersim.planner_worker(url, model="casc-planner")])
+    data = tmp_path / "data"
+    summary = run_all(RunConfig(queries=cascade_sim["queries"], pool=pool, data_dir=data, progress=False,
+                                planner="llm", samples=2, cache=False,
+                                planner_options={"worker": "conductor", "structured": structured}))
+    run_dir = data / "runs" / summary["run_id"]
+    plans = pq.read_table(run_dir / "plans.parquet").to_pylist()
+    assert all(p["valid"] for p in plans)
+    if structured == "off":
+        assert all("\nconditions = [null,null,\"disagree(0, 1)\"]" in p["raw_text"] for p in plans)  # the fourth list
+    assert all(len(json.loads(p["steps_json"])["steps"]) == 3 for p in plans)
+
+    con = duckdb.connect(str(refresh_catalog(data)), read_only=True)
+    rows = con.execute("""SELECT t.plan_id, t.step, t.status, t."when", t.cost_usd, t.attempts, t.error,
+                                 t.response_text, r.final_answer, r.cost_usd AS plan_cost, t.cache_hit
+                          FROM traces t JOIN results r USING (plan_id) ORDER BY t.plan_id, t.step""").fetchall()
+    con.close()
+    by_plan: dict[str, list[tuple]] = {}
+    for row in rows:
+        by_plan.setdefault(row[0], []).append(row)
+    assert len(by_plan) == 24
+    kinds = set()
+    for steps in by_plan.values():
+        first, second, third = steps
+        assert first[3] is None and second[3] is None and third[3] == "disagree(0, 1)"
+        agree = answers_agree("math", first[7], second[7])
+        kinds.add(agree)
+        if agree:  # the escalation costs nothing, calls nothing, and the answer is the second step's
+            assert third[2:6] == ("skipped", "disagree(0, 1)", 0.0, 0) and not third[10]
+            assert third[6] == "condition disagree(0, 1) is false: steps 0, 1 agree"
+            assert third[8] == second[7] and third[9] == pytest.approx(first[4] + second[4])
+        else:
+            # called (or answered by this run's cache: two samples may share a request)
+            assert third[2] == "ok" and (third[5] == 1 or third[10]) and third[8] == third[7]
+            assert third[9] == pytest.approx(first[4] + second[4] + third[4])
+    assert kinds == {True, False}  # both paths were taken
+
+
+def test_bad_cascade_rate_is_refused():
+    from conductor.sim.config import SimConfigError, served_models
+
+    pool = parse_pool({"workers": [{"id": "p", "kind": "planner", "model": "openai/p",
+                                    "simulate": {"role": "planner", "cascade_rate": -0.1}}]})
+    message = "worker p: simulate.cascade_rate: must be a fraction in [0, 1]"
+    with pytest.raises(SimConfigError, match=re.escape(message)):
+        served_models(pool)

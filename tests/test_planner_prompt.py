@@ -146,17 +146,23 @@ def _random_doc(rng: random.Random, schema: dict) -> dict:
         acc = s["access"]
         access = [rng.choice(acc["items"]["enum"]) for _ in range(rng.randint(0, acc["maxItems"]))] if i else []
         steps.append(step(rng.choice(s["worker"]["enum"]), instruction, access))
+        if "when" in s and rng.random() < 0.5:  # a condition the schema allows
+            kind = rng.choice(s["when"]["anyOf"])["required"][0]
+            steps[-1]["when"] = {kind: rng.choice(s["when"]["anyOf"][0]["properties"]["disagree"]["enum"])}
     return {"steps": steps}
 
 
 def test_every_document_the_schema_admits_is_a_valid_plan():
     rng = random.Random(7)
+    seen_when = 0
     for _ in range(2000):
         doc = _random_doc(rng, SCHEMA)
         VALIDATOR.validate(doc)
         text = json.dumps(doc, separators=(",", ":"))
         assert len(text) <= max_plan_chars(POOL, 4, 40)
-        parse_plan(text, POOL, max_steps=4)  # raises PlanError if the schema let a bad plan through
+        plan = parse_plan(text, POOL, max_steps=4)  # raises PlanError if the schema let a bad plan through
+        seen_when += any(s.when for s in plan.steps)
+    assert seen_when > 100  # conditions were drawn too
 
 
 def test_max_plan_chars_is_the_exact_bound():
@@ -207,6 +213,10 @@ def test_xgrammar_compiles_the_schema_and_enforces_it():
     assert not accepts({"steps": [step("gpt-9")]})
     assert not accepts({"steps": [step(instruction=" leading space")]})
     assert not accepts({"steps": [step()] * 5})
+    cascade = {"steps": [step(), step(), dict(step("llama-large"), when={"disagree": [0, 1]})]}
+    assert accepts(cascade)
+    assert not accepts({"steps": [step(), dict(step(), when={"disagree": [0, 1]})]})  # reads itself
+    assert not accepts({"steps": [step(), step(), dict(step(), when={"disagree": [0, 2]})]})
 
 
 def test_plan_error_is_the_only_failure_of_garbage_three_lists():

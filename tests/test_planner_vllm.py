@@ -97,6 +97,9 @@ def test_structured_plans_200_queries_x4_in_one_call_all_valid(engine, monkeypat
             assert isinstance(d.logprob, float) and math.isfinite(d.logprob) and d.logprob < 0
     # Sampling, not one plan copied four times.
     assert sum(len({d.text for d in ds}) > 1 for ds in drafts) > 190
+    # The grammar lets conditions through, and they parse as conditions on earlier steps.
+    conditional = [s for ds in drafts for d in ds for s in parse_plan(d.text, POOL).steps if s.when]
+    assert conditional and all(s.when.kind in ("disagree", "no_majority") for s in conditional)
 
 
 def test_free_mode_drafts_parse_or_are_recorded_invalid(engine, monkeypatch):

@@ -501,6 +501,7 @@ class Executor:
             "latency_s": round(entry.latency_s, 6) if entry else None,
             "started_at": _ts(started or now), "ended_at": _ts(now),
             "instruction": step.instruction,
+            "when": str(step.when) if step.when is not None else None,
             "response_text": entry.text if entry else None,
             "simulated": entry.simulated if entry else None,
             "request_key": request_key,

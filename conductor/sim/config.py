@@ -7,6 +7,9 @@ Every llm or planner worker whose model is `openai/<name>` is served as model
                      planning prompts with a plan (see conductor/sim/planner.py)
     replan_rate:     planner role: chance that a step after the first hands the
                      rest to a planner worker, when the prompt offers one (default 0)
+    cascade_rate:    planner role: chance that a plan is a cascade (two workers
+                     solve, a third runs only when they disagree), when the
+                     pool has two llm workers and plans may have 3 steps (default 0.25)
 
     skill:           {math|choice|exact|default: probability of a correct answer}
                      (or one number for every task); default: the worker's
@@ -33,7 +36,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from conductor.errors import ConductorError
@@ -52,7 +55,8 @@ FAULT_DEFAULTS: dict[str, float | None] = {
     "retry_after_ms": 1000.0,
 }
 ROLES = ("worker", "planner")
-SIMULATE_KEYS = ("role", "replan_rate", "skill", "latency_ms", "per_token_ms", "rpm", "rpm_window_s", *RATE_KEYS,
+SIMULATE_KEYS = ("role", "replan_rate", "cascade_rate", "skill", "latency_ms", "per_token_ms", "rpm",
+                 "rpm_window_s", *RATE_KEYS,
                  "hang_s", "require_key_env", "fail_status", "retry_after_ms")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -88,6 +92,7 @@ class ModelSpec:
     require_key_env: str | None = None
     role: str = "worker"
     replan_rate: float = 0.0
+    cascade_rate: float = 0.25
 
     def skill_for(self, task: str | None) -> float:
         if task is not None and task in self.skill:
@@ -103,9 +108,7 @@ def served_models(pool: Pool) -> dict[str, ModelSpec]:
             continue
         spec = _spec(w)
         prior = specs.get(spec.name)
-        if prior is not None and (prior.skill, prior.faults, prior.require_key_env, prior.role,
-                                  prior.replan_rate) != (spec.skill, spec.faults, spec.require_key_env,
-                                                         spec.role, spec.replan_rate):
+        if prior is not None and prior != replace(spec, worker_id=prior.worker_id):  # settings differ
             raise SimConfigError(
                 f"workers {prior.worker_id} and {w.id} both use model {w.model!r} with different "
                 f"simulate settings; give them distinct model names")
@@ -132,11 +135,13 @@ def _spec(w) -> ModelSpec:
     role = sim.get("role", "worker")
     if role not in ROLES:
         raise SimConfigError(f"{at}.role: must be one of {', '.join(ROLES)} (got {role!r})")
-    replan_rate = sim.get("replan_rate", 0.0)
-    if not _is_num(replan_rate) or not 0 <= replan_rate <= 1:
-        raise SimConfigError(f"{at}.replan_rate: must be a fraction in [0, 1] (got {replan_rate!r})")
+    rates = {}
+    for key, default in (("replan_rate", 0.0), ("cascade_rate", 0.25)):
+        rates[key] = sim.get(key, default)
+        if not _is_num(rates[key]) or not 0 <= rates[key] <= 1:
+            raise SimConfigError(f"{at}.{key}: must be a fraction in [0, 1] (got {rates[key]!r})")
     for key in sim:
-        if key in ("skill", "require_key_env", "latency_ms", "role", "replan_rate"):
+        if key in ("skill", "require_key_env", "latency_ms", "role", "replan_rate", "cascade_rate"):
             continue
         faults[key] = check_fault(key, sim[key], f"{at}.{key}")
     if "latency_ms" in sim:
@@ -154,7 +159,8 @@ def _spec(w) -> ModelSpec:
     if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.match(key_env)):
         raise SimConfigError(f"{at}.require_key_env: must be the NAME of an environment variable")
     return ModelSpec(name=name, worker_id=w.id, skill=skill, faults=faults, require_key_env=key_env,
-                     role=role, replan_rate=float(replan_rate))
+                     role=role, replan_rate=float(rates["replan_rate"]),
+                     cascade_rate=float(rates["cascade_rate"]))
 
 
 def _skill(raw: Any, at: str) -> dict[str, float]:

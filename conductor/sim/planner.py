@@ -12,8 +12,10 @@ The plan is random but sensible, so that executing it means something: the
 first step solves the question (quoted verbatim when the schema allows, so the
 simulated workers recognize it), later steps solve again, check an earlier
 step, vote over all of them, or, with probability `replan_rate`, hand the rest
-to a planner worker. Kinds are read from the prompt's worker list
-("3. vote [function]: ..."). Like every simulated answer, the plan is a pure
+to a planner worker. With probability `cascade_rate` (when three llm workers
+and three steps are available) the plan is a cascade instead: two workers
+solve, and a third solves only when their answers disagree (`when`). Kinds
+are read from the prompt's worker list ("3. vote [function]: ..."). Like every simulated answer, the plan is a pure
 function of (seed, model, request), so a repeated request gets the same plan
 and a different `seed` in the request gets another one.
 """
@@ -36,7 +38,7 @@ _MAX_STEPS = 3  # plans the sim writes have at most this many steps
 
 
 def plan_reply(messages: list[dict[str, Any]], texts: list[str], body: dict[str, Any], rng: random.Random,
-               replan_rate: float = 0.0) -> str:
+               replan_rate: float = 0.0, cascade_rate: float = 0.0) -> str:
     """The planner's completion for one chat request."""
     system = "\n".join(t for m, t in zip(messages, texts) if m.get("role") == "system")
     user = next((t for m, t in zip(reversed(messages), reversed(texts)) if m.get("role") == "user"), "")
@@ -53,18 +55,30 @@ def plan_reply(messages: list[dict[str, Any]], texts: list[str], body: dict[str,
         schema = (rf.get("json_schema") or {}).get("schema") or {}
         if _is_plan_schema(schema):
             return orjson.dumps(_schema_plan(schema, kinds, voters, question, task, replan, rng,
-                                             replan_rate)).decode()
+                                             replan_rate, cascade_rate)).decode()
         return orjson.dumps(instance(schema, rng)).decode()
     ids = list(kinds) or ["0"]
-    steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, _MAX_STEPS)
+    steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, _MAX_STEPS,
+                   cascade_rate)
     reasoning = (f"Reasoning: {'the remaining work' if replan else 'this question'} needs {len(steps)} "
                  f"step(s): {', '.join(s['role'] for s in steps)}.")
-    return "\n".join([
+    lines = [
         reasoning,
         "model_id = " + orjson.dumps([s["worker"] for s in steps]).decode(),
         "subtasks = " + orjson.dumps([s["instruction"] for s in steps]).decode(),
         "access_list = " + orjson.dumps([s["access"] for s in steps]).decode(),
-    ])
+    ]
+    if any("when" in s for s in steps):  # the optional fourth list
+        lines.append("conditions = " + orjson.dumps([_call(s.get("when")) for s in steps]).decode())
+    return "\n".join(lines)
+
+
+def _call(when: dict[str, list[int]] | None) -> str | None:
+    """{"disagree": [0, 1]} as the fourth list writes it: "disagree(0, 1)"."""
+    if not when:
+        return None
+    kind, listed = next(iter(when.items()))
+    return f"{kind}({', '.join(map(str, listed))})"
 
 
 def token_logprobs(content: str, rng: random.Random) -> dict[str, Any]:
@@ -77,15 +91,23 @@ def token_logprobs(content: str, rng: random.Random) -> dict[str, Any]:
 # ---- the plan ---------------------------------------------------------------
 
 def _draft(ids: list[str], kinds: dict[str, str], voters: set[str], question: str, task: str | None,
-           replan: bool, rng: random.Random, replan_rate: float, max_steps: int) -> list[dict[str, Any]]:
-    """Steps as {worker, instruction, access, role}; workers from `ids` only."""
+           replan: bool, rng: random.Random, replan_rate: float, max_steps: int,
+           cascade_rate: float = 0.0) -> list[dict[str, Any]]:
+    """Steps as {worker, instruction, access, role[, when]}; workers from `ids` only."""
     llms = [w for w in ids if kinds.get(w, "llm") == "llm"] or list(ids)
     planners = [w for w in ids if kinds.get(w) == "planner"]
     votes = [w for w in ids if w in voters]
     answer = f" End with a final line Answer: {_ANSWER.get(task, '<answer>')}"
-    n = rng.randint(1, max(1, max_steps))
     first = (f"Check the work done so far on this question, then answer it: {question}{answer}" if replan
              else f"{question}{answer}")
+    # Three distinct workers: a repeated one would get the same request and the same answer.
+    if cascade_rate > 0 and max_steps >= 3 and len(set(llms)) >= 3 and rng.random() < cascade_rate:
+        a, b, c = rng.sample(sorted(set(llms)), 3)
+        return [{"worker": a, "instruction": first, "access": [], "role": "solve"},
+                {"worker": b, "instruction": first, "access": [], "role": "solve"},
+                {"worker": c, "instruction": first, "access": [], "role": "escalate",
+                 "when": {"disagree": [0, 1]}}]
+    n = rng.randint(1, max(1, max_steps))
     steps = [{"worker": rng.choice(llms), "instruction": first, "access": [], "role": "solve"}]
     for i in range(1, n):
         last = i == n - 1
@@ -113,7 +135,8 @@ def _is_plan_schema(schema: dict[str, Any]) -> bool:
 
 
 def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str], question: str,
-                 task: str | None, replan: bool, rng: random.Random, replan_rate: float) -> dict[str, Any]:
+                 task: str | None, replan: bool, rng: random.Random, replan_rate: float,
+                 cascade_rate: float = 0.0) -> dict[str, Any]:
     steps_schema = schema["properties"]["steps"]
     prefix = steps_schema.get("prefixItems")
     at = (lambda i: prefix[i]) if prefix else (lambda i: steps_schema["items"])
@@ -122,7 +145,10 @@ def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str]
         most = min(most, len(prefix))
     least = steps_schema.get("minItems", 1)
     ids = list(at(0)["properties"]["worker"].get("enum") or kinds or ["0"])
-    steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, min(most, _MAX_STEPS))
+    if most < 3 or "when" not in at(2)["properties"]:
+        cascade_rate = 0.0  # the schema cannot carry the escalation's condition
+    steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, min(most, _MAX_STEPS),
+                   cascade_rate)
     while len(steps) < least:
         steps.append(dict(steps[0]))
     out = []
@@ -130,8 +156,12 @@ def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str]
         props = at(i)["properties"]
         enum = props["worker"].get("enum")
         worker = s["worker"] if not enum or s["worker"] in enum else rng.choice(enum)
-        out.append({"worker": worker, "instruction": fit(s["instruction"], props["instruction"]),
-                    "access": _fit_access(s["access"], props["access"])})
+        step = {"worker": worker, "instruction": fit(s["instruction"], props["instruction"]),
+                "access": _fit_access(s["access"], props["access"])}
+        when = _fit_when(s.get("when"), props.get("when"))
+        if when is not None:
+            step["when"] = when
+        out.append(step)
     return {"steps": out}
 
 
@@ -154,6 +184,24 @@ def fit(text: str, schema: dict[str, Any]) -> str:
         else:
             hi = mid - 1
     return best if best is not None else "Answer the question."
+
+
+def _fit_when(when: dict[str, list[int]] | None, schema: dict[str, Any] | None) -> dict[str, list[int]] | None:
+    """The condition as the schema allows it, or None when it allows no such condition."""
+    if not when or not schema:
+        return None
+    kind, listed = next(iter(when.items()))
+    for option in schema.get("anyOf") or [schema]:
+        spec = (option.get("properties") or {}).get(kind)
+        if spec is None:
+            continue
+        if "enum" in spec:  # the allowed step sets, listed
+            return {kind: list(listed)} if list(listed) in spec["enum"] else None
+        enum = (spec.get("items") or {}).get("enum")
+        steps = [j for j in listed if enum is None or j in enum][:spec.get("maxItems", len(listed))]
+        if len(steps) >= spec.get("minItems", 0):
+            return {kind: steps}
+    return None
 
 
 def _fit_access(access: list[int], schema: dict[str, Any]) -> list[Any]:

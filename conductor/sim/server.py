@@ -179,7 +179,7 @@ class SimServer(LocalServer):
         rng = draw(self.seed, model, request_hash)
         logprobs = None
         if spec.role == "planner":
-            content = plan_reply(messages, texts, body, rng, spec.replan_rate)
+            content = plan_reply(messages, texts, body, rng, spec.replan_rate, spec.cascade_rate)
             if body.get("logprobs"):
                 logprobs = token_logprobs(content, rng)
         else:
