@@ -63,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--explore", type=float, default=0.3, help="epsilon of the on-policy round")
     ap.add_argument("--port", type=int, default=8931, help="the replay server's port (fixed, so reruns resume)")
     ap.add_argument("--docs", action="store_true", help="copy the charts to docs/img/policy_<dataset>.png")
+    ap.add_argument("--summary-only", action="store_true",
+                    help="rebuild summary.md from the datasets' result.json files under --work; run nothing")
     args = ap.parse_args(argv)
+    if args.summary_only:
+        results = {p.parent.name: json.loads(p.read_text()) for p in sorted(args.work.glob("*/result.json"))}
+        return _write_summary(args.work, results)
 
     from conductor.replay.tables import default_replay_dir, table_spec
 
@@ -80,10 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         lambdas = args.lambdas if args.lambdas is not None else DEFAULT_LAMBDAS.get(ds, [0, 10, 30, 100])
         targets = args.target if args.target is not None else TARGETS.get(ds, [])
         results[ds] = bench(spec, args.work / ds, lambdas, targets, args)
+        (args.work / ds / "result.json").write_text(json.dumps(results[ds], indent=2, default=str))
+    return _write_summary(args.work, results)
+
+
+def _write_summary(work: Path, results: dict) -> int:
     text = summary_markdown(results)
-    args.work.mkdir(parents=True, exist_ok=True)
-    (args.work / "summary.md").write_text(text)
-    (args.work / "summary.json").write_text(json.dumps(results, indent=2, default=str))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "summary.md").write_text(text)
+    (work / "summary.json").write_text(json.dumps(results, indent=2, default=str))
     print(text)
     return 0
 
