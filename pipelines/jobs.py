@@ -1,4 +1,5 @@
-"""The jobs: one partition's run of the pipeline, and the daily enrichment.
+"""The jobs: one partition's run of the pipeline, the daily enrichment, and one
+day's run of every enrichment job file.
 
 Run retries (instance `run_retries` in data/dagster_home/dagster.yaml) retry a
 run whose worker process died; an asset that raised is retried by its own
@@ -6,6 +7,8 @@ RetryPolicy (executions) instead, and a blocking check that failed is not
 retried at all, since it would fail again the same way."""
 
 from dagster import AssetSelection, define_asset_job
+
+from pipelines.partitions import days
 
 PIPELINE = ["query_set", "plans", "executions", "rewards", "run_report"]
 
@@ -22,3 +25,10 @@ run_query_set = define_asset_job(
 enrich_catalog = define_asset_job(
     "enrich_catalog", selection=AssetSelection.assets("worker_stats"), tags=RETRY_TAGS,
     description="Refresh the DuckDB catalog and the per-worker statistics over every run.")
+
+ENRICH_GROUP = "enrichment"
+
+# Defined only when job files exist (an empty selection is not a job).
+enrich_jobs = define_asset_job(
+    "enrich_jobs", selection=AssetSelection.groups(ENRICH_GROUP), partitions_def=days, tags=RETRY_TAGS,
+    description="One day of every enrichment job file: new or changed rows, their checks, then publishing.")
