@@ -8,8 +8,6 @@ retried at all, since it would fail again the same way."""
 
 from dagster import AssetSelection, define_asset_job
 
-from pipelines.partitions import days
-
 PIPELINE = ["query_set", "plans", "executions", "rewards", "run_report"]
 
 RETRY_TAGS = {
@@ -30,5 +28,5 @@ ENRICH_GROUP = "enrichment"
 
 # Defined only when job files exist (an empty selection is not a job).
 enrich_jobs = define_asset_job(
-    "enrich_jobs", selection=AssetSelection.groups(ENRICH_GROUP), partitions_def=days, tags=RETRY_TAGS,
+    "enrich_jobs", selection=AssetSelection.groups(ENRICH_GROUP), tags=RETRY_TAGS,
     description="One day of every enrichment job file: new or changed rows, their checks, then publishing.")
