@@ -32,15 +32,15 @@ UNITS = ["thousand", "million", "billion"]
 
 def write_job(root: Path, **over) -> Path:
     rows = [{"doc_id": f"d{i}",
-             "text": f"Company {i} reported revenue of {100 + i * 3.5} {UNITS[i % 3]} dollars in {2015 + i % 9}, "
+             "report": f"Company {i} reported revenue of {100 + i * 3.5} {UNITS[i % 3]} dollars in {2015 + i % 9}, "
                      f"up from the year before, on the strength of its retail stores.",
              "gold_amount": 100 + i * 3.5, "gold_unit": UNITS[i % 3]} for i in range(N)]
     pq.write_table(pa.Table.from_pylist(rows), root / "docs.parquet")
     doc = {
         "name": "revenue_facts",
         "description": "revenue, its unit and year from a short report",
-        "input": {"path": "docs.parquet", "id": "doc_id", "carry": ["text"]},
-        "prompt": "Read the report and extract the figures.\n\nReport: {{ text }}",
+        "input": {"path": "docs.parquet", "id": "doc_id", "carry": ["report"]},
+        "prompt": "Read the report and extract the figures.\n\nReport: {{ report }}",
         "fields": {"summary": {"type": "string", "description": "one sentence"},
                    "amount": {"type": "number", "required": True},
                    "unit": {"type": "enum", "values": UNITS, "required": True},
