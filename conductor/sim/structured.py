@@ -537,7 +537,7 @@ def _wrong_number(x: float, rng: random.Random) -> float | int:
 
 def _invalidate(record: Any, gen: _Generator) -> Any:
     """The record broken against its schema: a field given a value of a type (or
-    an enum value) the schema does not allow, or a required field removed."""
+    an enum value) the schema does not allow, else a required field removed."""
     schema = gen.resolve(gen.root)
     if not isinstance(record, dict) or _main_type(schema) != "object":
         return ["not", "an", "object"]
@@ -545,7 +545,9 @@ def _invalidate(record: Any, gen: _Generator) -> Any:
     required = [k for k in (schema.get("required") or ()) if k in record]
     typed = [k for k, v in props.items() if _allowed_types(v, gen)]
     out = dict(record)
-    if typed and (not required or gen.rng.random() < 0.6):
+    # A wrong type breaks the record under any looser schema the client may check
+    # against too (one that does not require every field); a dropped field may not.
+    if typed:
         name = gen.rng.choice(typed)
         allowed = _allowed_types(props[name], gen)
         for candidate, kinds in (("n/a", {"string"}), (12345, {"integer", "number"}), (True, {"boolean"}),
