@@ -74,7 +74,7 @@ def test_good_job_loads_and_renders(folder):
     assert job.check_schema["required"] == ["summary"]
     q = render_queries(job)
     assert q.column("query_id").to_pylist() == ["n1", "n2", "n3"]
-    assert q.column("prompt")[1].as_py() == "Kind: memo\nNote: it broke\n"
+    assert q.column("prompt")[1].as_py() == "Kind: memo\nNote: it broke"
     assert q.column("task").to_pylist() == ["record"] * 3
     assert orjson.loads(q.column("reference")[0].as_py()) == {"mood": "good"}
     assert orjson.loads(q.column("reference")[2].as_py()) == {"mood": None}
@@ -134,7 +134,7 @@ def test_join_and_csv_input(folder):
     text = text.replace("references:\n  mood: {column: gold_mood, score: exact}\n", "")
     job = load_job(write(folder, text))
     q = render_queries(job)
-    assert q.column("prompt").to_pylist() == ["Doc: d1\nNote: b1\n", "Doc: d2\nNote: b2\n"]
+    assert q.column("prompt").to_pylist() == ["Doc: d1\nNote: b1", "Doc: d2\nNote: b2"]
     (folder / "in.csv").write_text("note_id,doc\nn1,d1\nn2,d9\n")
     with pytest.raises(InputError, match=r"no match on 'doc' \(keys 'd9'; ids 'n2'\)"):
         load_rows(job)

@@ -27,13 +27,14 @@ from conductor.enrich.marks import Located, load_located
 from conductor.errors import ConductorError, InputError
 
 TOP_KEYS = ("name", "description", "input", "prompt", "fields", "references", "pool", "mode", "worker",
-            "planner", "budget_usd", "samples", "quality", "structured", "max_steps", "seed", "max_tokens")
+            "planner", "budget_usd", "samples", "quality", "structured", "max_steps", "seed")
 MODES = ("direct", "planned")
 STRUCTURED = ("auto", "response_format", "prompt")
 SCORES = ("exact", "numeric", "f1", "set", "tatqa")
 # Columns every record has; a field or carried column may not take these names.
 RESERVED = ("status", "error", "cost_usd", "calls", "run_id", "reused", "row_hash", "updated_at", "text",
             "score", "reward")
+CATALOG_VIEWS = ("plans", "traces", "results", "rewards", "runs")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -78,7 +79,6 @@ class Job:
     structured: str
     max_steps: int
     seed: int
-    max_tokens: int | None
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -97,7 +97,7 @@ class Job:
         ident = {"prompt": self.prompt, "schema": self.schema, "mode": self.mode, "worker": self.worker,
                  "planner": self.planner if self.mode == "planned" else None, "samples": self.samples,
                  "structured": self.structured, "max_steps": self.max_steps, "seed": self.seed,
-                 "max_tokens": self.max_tokens, "pool": pool_identity}
+                 "pool": pool_identity}
         return hashlib.sha256(orjson.dumps(ident, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
@@ -115,6 +115,8 @@ def load_job(path: str | Path) -> Job:
     name = _req(doc, raw, ("name",), str)
     if not _NAME.match(name):
         raise doc.error(("name",), f"{name!r}: use lower-case letters, digits and '_', starting with a letter")
+    if name in CATALOG_VIEWS:
+        raise doc.error(("name",), f"{name!r} is a catalog view already ({', '.join(CATALOG_VIEWS)}); rename the job")
     description = raw.get("description") or ""
 
     inp = _req(doc, raw, ("input",), dict)
@@ -200,8 +202,7 @@ def load_job(path: str | Path) -> Job:
         fields=fields, references=references, pool_path=pool_path, mode=mode, worker=worker,
         planner=dict(planner), budget_usd=None if budget is None else float(budget), samples=samples,
         quality={**quality, "min_valid_share": float(share)}, structured=structured,
-        max_steps=_int(doc, raw, "max_steps", 5), seed=_int(doc, raw, "seed", 0, minimum=0),
-        max_tokens=_int(doc, raw, "max_tokens", None), raw=raw)
+        max_steps=_int(doc, raw, "max_steps", 5), seed=_int(doc, raw, "seed", 0, minimum=0), raw=raw)
 
 
 def template_env() -> jinja2.Environment:

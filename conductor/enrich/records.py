@@ -106,7 +106,7 @@ def _value(f: Field, v: Any) -> Any:
     if f.type == "integer":
         return int(v)
     if f.type == "date":
-        return date.fromisoformat(v)
+        return v if isinstance(v, date) else date.fromisoformat(v)
     if f.type == "list":
         conv = {"number": float, "integer": int}.get(f.items)
         return [None if x is None else conv(x) if conv else x for x in v]

@@ -47,7 +47,8 @@ def load_rows(job: Job) -> pl.DataFrame:
 
 
 def render(job: Job, df: pl.DataFrame) -> list[str]:
-    """The prompt of every row; a row the template cannot render is an error naming its id."""
+    """The prompt of every row, without surrounding blank space (what is sent, verbatim);
+    a row the template cannot render is an error naming its id."""
     tmpl = template_env().from_string(job.prompt)
     names = list(job.template_names)
     cols = [df.get_column(n).to_list() for n in names]
@@ -55,7 +56,7 @@ def render(job: Job, df: pl.DataFrame) -> list[str]:
     out = []
     for i, rid in enumerate(ids):
         try:
-            out.append(tmpl.render({n: c[i] for n, c in zip(names, cols)}))
+            out.append(tmpl.render({n: c[i] for n, c in zip(names, cols)}).strip())
         except Exception as e:  # jinja2 raises UndefinedError, TypeError, ... from user templates
             raise InputError(f"job {job.path}: prompt: cannot render the row with {job.id_column} {rid!r}: "
                              f"{type(e).__name__}: {e}") from None
