@@ -383,7 +383,7 @@ def format_summary(s: dict[str, Any]) -> str:
     if m.get("overall") is not None:
         rows.append(("overall score", f"{m['overall']:.3f} over {m['scored_rows']} rows with references"))
     for name, f in m["fields"].items():
-        parts = [f"null {f['null_share']:.1%}"]
+        parts = [f"null {f['null_share']:.1%}" if f.get("null_share") is not None else "no valid record"]
         if f.get("accuracy") is not None:
             parts.insert(0, f"accuracy {f['accuracy']:.3f}" + "".join(
                 f", {k} {f[k]:.3f}" for k in ("em", "f1", "jaccard") if f.get(k) is not None))
