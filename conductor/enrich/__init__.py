@@ -9,4 +9,12 @@ planned mode: the planner's workflow) and writes records.parquet."""
 from conductor.enrich.job import Job, load_job
 from conductor.enrich.table import render_queries
 
-__all__ = ["Job", "load_job", "render_queries"]
+
+def run_job(job, **kwargs):
+    """See conductor.enrich.run.run_job (imported lazily: it pulls in the executor)."""
+    from conductor.enrich.run import run_job as run
+
+    return run(job, **kwargs)
+
+
+__all__ = ["Job", "load_job", "render_queries", "run_job"]

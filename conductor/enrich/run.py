@@ -37,6 +37,9 @@ from conductor.rewards import group_advantages
 from conductor.store import RunDir, refresh_catalog, rows_to_table, write_atomic, write_table
 
 TS = pa.timestamp("us", tz="UTC")
+# A row's status: ok (a valid record), invalid (no valid record after one repair), error,
+# budget_exhausted (a rerun finishes it) or invalid_plan, as in results.parquet.
+OK = "ok"
 
 
 def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = None, full_refresh: bool = False,
@@ -62,7 +65,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
 
     computed: dict[str, dict[str, Any]] = {}
     if todo:
-        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress)
+        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, full_refresh)
         _write_rewards(job, df, ids, run, plans)
     elif not run.exists():
         run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
@@ -85,8 +88,9 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
 # ---- rows to compute --------------------------------------------------------
 
 def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int],
-             run: RunDir, data_dir: Path, progress: bool):
-    """Plan and execute the rows in `todo`; returns (id -> outcome, reward rows)."""
+             run: RunDir, data_dir: Path, progress: bool, refresh: bool):
+    """Plan and execute the rows in `todo`; returns (id -> outcome, reward rows). `refresh`
+    (--full-refresh) also ignores cached responses, so every row is really asked again."""
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, close_planner, configured_planner, execute_stage, plan_stage, prepare
 
@@ -104,7 +108,8 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     cfg = RunConfig(queries=queries, pool=job.pool_path, data_dir=data_dir, run_id=run.run_id,
                     samples=job.samples, planner=job.planner.get("name", "embedded") if job.mode == "planned"
                     else "embedded", planner_options=options if job.mode == "planned" else {},
-                    seed=job.seed, max_steps=job.max_steps, budget_usd=job.budget_usd, progress=progress)
+                    seed=job.seed, max_steps=job.max_steps, budget_usd=job.budget_usd, refresh=refresh,
+                    progress=progress)
     prepared = prepare(cfg)
     planner = DirectPlanner(job.worker) if job.mode == "direct" else configured_planner(cfg)
     spec = None
@@ -134,10 +139,10 @@ def _outcomes(job: Job, pool: Pool, run: RunDir):
         rec, status, error = None, r["status"], r["error"]
         if status == "ok":
             if checker is None:
-                status = "valid"
+                status = OK
             else:
                 rec, why = checker.check(r["final_answer"])
-                status, error = ("valid", None) if why is None else ("invalid", f"final output: {why}")
+                status, error = (OK, None) if why is None else ("invalid", f"final output: {why}")
         elif status == "error" and error and "not a valid record" in error:
             status = "invalid"
         elif status == "invalid_plan":
@@ -151,7 +156,7 @@ def _outcomes(job: Job, pool: Pool, run: RunDir):
             out[r["query_id"]] = dict(row)
         else:
             cost = None if best["cost_usd"] is None or row["cost_usd"] is None else best["cost_usd"] + row["cost_usd"]
-            keep = row if best["status"] != "valid" and row["status"] == "valid" else best
+            keep = row if best["status"] != OK and row["status"] == OK else best
             out[r["query_id"]] = {**keep, "cost_usd": cost, "calls": best["calls"] + row["calls"]}
     return out, plans
 
@@ -259,7 +264,7 @@ def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) ->
         t = pq.read_table(path)
         if job.id_column not in t.column_names:
             continue
-        t = t.filter(pc.equal(t.column("status"), "valid"))
+        t = t.filter(pc.equal(t.column("status"), OK))
         names = [f.name for f in job.fields]
         for r in t.to_pylist():
             rid = r[job.id_column]
@@ -289,7 +294,7 @@ def _write_rewards(job: Job, df: pl.DataFrame, ids: list[str], run: RunDir, plan
                      "query_index": index[p["query_id"]], "sample": p["sample"], "task": "record",
                      "status": p["status"], "reference": ref,
                      "answer": orjson.dumps(p["record"]).decode() if p["record"] is not None else p.get("text"),
-                     "parsed": p["status"] == "valid", "correct": None if score is None else score == 1.0,
+                     "parsed": p["status"] == OK, "correct": None if score is None else score == 1.0,
                      "reward": score, "advantage": None, "cost_usd": p["cost_usd"]})
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -364,7 +369,7 @@ def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int,
     cost = pc.sum(table.column("cost_usd")).as_py() or 0.0
     return {
         "job": job.name, "run_id": run.run_id, "rows": table.num_rows, "computed": computed, "reused": reused,
-        "valid": statuses.get("valid", 0), "failed": table.num_rows - statuses.get("valid", 0),
+        "valid": statuses.get(OK, 0), "failed": table.num_rows - statuses.get(OK, 0),
         "statuses": statuses, "cost_usd": cost,
         "unpriced_rows": pc.sum(pc.is_null(table.column("cost_usd"))).as_py() or 0,
         "calls": pc.sum(table.column("calls")).as_py() or 0,
