@@ -17,7 +17,7 @@ from typing import IO, Any
 import orjson
 
 # Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
-FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan"}
+FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan", "invalid"}  # invalid: no valid record
 STEPS_FILE = "steps.jsonl"
 PLANS_FILE = "plans.jsonl"
 
