@@ -18,6 +18,11 @@ import orjson
 
 # Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
 FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan"}
+# Failure kinds of an `error` plan that a rerun retries anyway (a provider back up, a
+# larger budget), at most RETRY_TRANSIENT times; other errors stay final unless
+# retry_failed (`--retry-failed`).
+TRANSIENT_KINDS = {"rate_limit", "server", "timeout", "connection", "budget"}
+RETRY_TRANSIENT = 3
 STEPS_FILE = "steps.jsonl"
 PLANS_FILE = "plans.jsonl"
 
@@ -55,14 +60,21 @@ class Journal:
         self._plans.close()
 
 
-def load_state(folder: Path) -> ResumeState:
+def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
     state = ResumeState()
+    transient: dict[str, int] = {}  # plan id -> transient failures logged
     for row in _read(folder / PLANS_FILE):
         state.plans_logged += 1
-        if row["status"] in FINAL_PLAN_STATUSES:
-            state.finished.add(row["plan_id"])
+        status, pid = row["status"], row["plan_id"]
+        if status == "error" and row.get("failure") in TRANSIENT_KINDS:
+            transient[pid] = transient.get(pid, 0) + 1
+            final = transient[pid] > RETRY_TRANSIENT
         else:
-            state.finished.discard(row["plan_id"])
+            final = status in FINAL_PLAN_STATUSES
+        if final and not (retry_failed and status == "error"):
+            state.finished.add(pid)
+        else:
+            state.finished.discard(pid)
     for row in _read(folder / STEPS_FILE):
         state.steps_logged += 1
         if row.get("cost_usd") and not row.get("cache_hit"):
