@@ -22,11 +22,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor import __version__, schemas
-from conductor.errors import ConductorError, PlanError
+from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.cache import Cache
-from conductor.execute.engine import ExecOptions, Executor, PlanJob
+from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, Executor, PlanJob
 from conductor.execute.journal import Journal, load_state
 from conductor.execute.prices import resolve_price
+from conductor.execute.reserve import SpaceReserve
 from conductor.planners import make_planner
 from conductor.planners.base import Planner, Query
 from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
@@ -241,16 +242,22 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
     progress.c.usd = sum(state.spent.values())
     from conductor.functions import run_function
 
-    executor = Executor(
-        pool, journal,
-        ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=cfg.budget_usd, seed=cfg.seed),
-        cache=cache, run_cache=run_cache, progress=progress, spent=spent, paid=state.paid,
-        functions=run_function,
-        replanner=replanner, max_depth=cfg.max_depth)
-    run.dir.set_status("executing")
+    reserve = None
     try:
+        reserve = SpaceReserve(run.dir.work)
+        executor = Executor(
+            pool, journal,
+            ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=cfg.budget_usd, seed=cfg.seed),
+            cache=cache, run_cache=run_cache, progress=progress, spent=spent, paid=state.paid,
+            functions=run_function,
+            replanner=replanner, max_depth=cfg.max_depth, reserve=reserve)
+        run.dir.set_status("executing")
         asyncio.run(executor.run(_jobs(run, plans_path), state))
+    except STORAGE_ERRORS as e:
+        raise storage_error(e, run.dir.path) from None
     finally:
+        if reserve is not None:
+            reserve.release()
         journal.close()
         run_cache.close()
         if cache is not None:
@@ -260,6 +267,13 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
     finalize_journal(run.dir)
     run.dir.set_status("executed", spend=executor.ledger.summary())
     return run.dir.table("results")
+
+
+def storage_error(e: BaseException, where: Path) -> StorageError:
+    """The message for a disk or database failure: what failed, and that a rerun loses nothing."""
+    what = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+    return StorageError(f"stopped: cannot write under {where} ({what}). Free space (or fix the disk) and rerun "
+                        f"the same command: answers already paid for are kept and not paid again")
 
 
 def check_ready(run: Run, plans_path: Path) -> None:

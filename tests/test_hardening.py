@@ -116,3 +116,89 @@ def test_malformed_200_answers_fail_their_plan_not_the_batch(tmp_path, fault_ser
         assert {t["status"] for t in rows} == {"error"}, name
         assert all(t["failure"] == "malformed" and f"worker {name}" in t["error"] for t in rows), rows
     assert summary["statuses"] == {"ok": 2, "error": 2 * len(bad)}
+
+
+# ---- 2. shared requests, storage errors ------------------------------------
+
+def test_plans_sharing_a_budget_blocked_request_stay_resumable(tmp_path, fresh_sim, sample_queries):
+    """K samples of one plan send one request; when the budget refuses it, every
+    sample is budget_exhausted (not "error"), and a larger budget finishes them all."""
+    data = tmp_path / "data"
+    queries = _queries(tmp_path, sample_queries, 20)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"budget_usd": 0.002, "max_concurrency": 4}})
+    planner = FixedPlanner(solve("slow"))
+    cfg = dict(queries=queries, pool=pool, data_dir=data, progress=False, samples=4, cache=False)
+    summary = run_all(RunConfig(**cfg), planner=planner)
+    assert set(summary["statuses"]) == {"ok", "budget_exhausted"}, summary["statuses"]
+    results = pq.read_table(data / "runs" / summary["run_id"] / "results.parquet").to_pylist()
+    by_query = {}
+    for r in results:
+        by_query.setdefault(r["query_id"], set()).add(r["status"])
+    assert all(len(s) == 1 for s in by_query.values()), by_query  # samples share their request's fate
+    sent = fresh_sim.log()["by_body"]
+    write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+               providers={"sim": {"budget_usd": 1.0, "max_concurrency": 4}})
+    summary = run_all(RunConfig(**cfg), planner=planner)
+    assert summary["statuses"] == {"ok": 80}
+    log = fresh_sim.log()["by_body"]
+    assert all(log[b] == 1 for b in sent) and sum(log.values()) == 20
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs: a disk that fills."""
+    import os
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_disk_filling_mid_run_stops_it_cleanly_and_the_rerun_pays_nothing_twice(
+        tmp_path, fresh_sim, sample_queries, small_disk):
+    import time
+
+    data = small_disk / "data"
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 8, "timeout_s": 10}})
+    filler = small_disk / "filler"
+    stop = threading.Event()
+
+    def fill_when_busy():  # fill the disk once a third of the calls were sent
+        while not stop.is_set() and fresh_sim.log()["total"] < 20:
+            time.sleep(0.05)
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=fill_when_busy, daemon=True)
+    t.start()
+    env = {"CONDUCTOR_RESERVE_BYTES": str(512 << 10)}
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--quiet",
+                env=env, timeout=120)
+    stop.set()
+    t.join()
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "Free space" in r.stderr and "rerun the same command" in r.stderr
+    assert "Traceback" not in r.stderr
+    first = fresh_sim.log()["total"]
+    assert 20 <= first < 60
+
+    filler.unlink()
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--quiet",
+                env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = fresh_sim.log()["by_body"]
+    assert sum(log.values()) == 60 and set(log.values()) == {1}  # every request paid exactly once

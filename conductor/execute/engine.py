@@ -33,6 +33,7 @@ from conductor.execute.call import CallFailure, CallRequest, CallResponse, compl
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.prices import call_cost, resolve_price
+from conductor.execute.reserve import SpaceReserve
 from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
 from conductor.pool import Pool, Worker
@@ -121,7 +122,7 @@ class Executor:
                  progress: Progress | None = None,
                  spent: dict[str, float] | None = None, paid: set[str] | None = None,
                  functions: FunctionRunner | None = None, replanner: Replanner | None = None,
-                 max_depth: int = 1):
+                 max_depth: int = 1, reserve: SpaceReserve | None = None):
         self.pool = pool
         self.journal = journal
         self.opt = options
@@ -141,6 +142,7 @@ class Executor:
         self._inflight: dict[str, asyncio.Future] = {}
         self._dead: dict[str, tuple[str, str]] = {}  # worker or provider id -> why every call to it fails, kind
         self._abort: BaseException | None = None  # the storage error that stops the run
+        self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
         self._sub_plans: dict[str, dict[str, str]] = {}  # from the journal: plan id -> step path -> sub-plan
         self._rng = random.Random(options.seed)
 
@@ -167,7 +169,7 @@ class Executor:
             if job.plan_id in resume.finished:
                 continue
             await slots.acquire()
-            if failure:
+            if failure or self._abort is not None:
                 break
             t = asyncio.create_task(self._run_plan(job, resume.outputs.pop(job.plan_id, {})))
             tasks.add(t)
@@ -247,14 +249,17 @@ class Executor:
 
         for i in range(len(steps)):
             futures[i] = asyncio.ensure_future(run_one(i))
-        await asyncio.gather(*futures.values())
+        # Every step ends before the plan does (a call in flight is paid: its answer is kept).
+        for outcome in await asyncio.gather(*futures.values(), return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
         return [rows[i] for i in range(len(steps))]
 
     def _finish_plan(self, job: PlanJob, status: str, answer: str | None, error: str | None,
                      rows: list[dict[str, Any]], t0: float, failure: str | None = None) -> None:
         t1 = time.time()
         called = [r for r in rows if not r.get("restored") and r["status"] != "skipped"]
-        self.journal.plan({
+        self._durably(self.journal.plan, {
             "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
             "query_index": job.query_index, "sample": job.sample, "status": status,
             "final_answer": answer, "error": error,
@@ -323,7 +328,7 @@ class Executor:
                                     resp.simulated, cost, latency, resp.logprob, attempts)
             for cache in (self.run_cache, self.cache):
                 if cache is not None:
-                    cache.put(key, worker.model, entry)
+                    self._durably(cache.put, key, worker.model, entry)
             self._paid.add(key)
         except BaseException as e:
             if isinstance(e, STORAGE_ERRORS):
@@ -554,8 +559,21 @@ class Executor:
             "sub_plan": (extra or {}).get("sub_plan"),
             "failure": failure if status not in ("ok", "skipped") else None,
         }
-        self.journal.step(row)
+        self._durably(self.journal.step, row)
         return row
+
+    def _durably(self, write: Callable[..., None], *args: Any) -> None:
+        """A write to the journal or a cache. On a storage error the run stops sending,
+        frees its reserved space, and tries the write once more: answers already paid
+        for are kept when the disk fills."""
+        try:
+            write(*args)
+        except STORAGE_ERRORS as e:
+            self._abort = self._abort or e
+            if self.reserve is None:
+                raise
+            self.reserve.release()
+            write(*args)
 
 
 def plan_outcome(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

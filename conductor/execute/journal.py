@@ -9,6 +9,7 @@ process (not a power cut). A line torn by a kill is cut off on reopening.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,15 +90,26 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
 
 
 def _write(f: IO[bytes], row: dict[str, Any]) -> None:
+    """Append one line, unbuffered; a write that fails part way (disk full) is cut
+    back off, so that the file holds whole lines only and the write can be retried."""
     row["_seq"] = time.time_ns()
-    f.write(orjson.dumps(row) + b"\n")
-    f.flush()
+    data = memoryview(orjson.dumps(row) + b"\n")
+    start = os.fstat(f.fileno()).st_size
+    try:
+        while data:
+            data = data[f.write(data) or 0:]
+    except OSError:
+        try:
+            os.ftruncate(f.fileno(), start)
+        except OSError:
+            pass
+        raise
 
 
 def _open_append(path: Path) -> IO[bytes]:
     if path.exists() and path.stat().st_size:
         _cut_torn_tail(path)
-    return open(path, "ab")
+    return open(path, "ab", buffering=0)
 
 
 def _cut_torn_tail(path: Path) -> None:
