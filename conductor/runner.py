@@ -28,6 +28,7 @@ from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, Executor, Plan
 from conductor.execute.journal import Journal, load_state
 from conductor.execute.prices import resolve_price
 from conductor.execute.reserve import SpaceReserve
+from conductor.failures import failure_groups
 from conductor.planners import make_planner
 from conductor.planners.base import Planner, Query
 from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
@@ -57,6 +58,7 @@ class RunConfig:
     plan_chunk: int = 50_000
     rewards: RewardScheme = field(default_factory=RewardScheme)
     progress: bool = True
+    retry_failed: bool = False  # rerun every failed plan, not only those whose failure was transient
 
 
 @dataclass
@@ -218,7 +220,7 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
     cfg = run.config
     plans_path = run.dir.table("plans")
     check_ready(run, plans_path)
-    state = load_state(run.dir.work)
+    state = load_state(run.dir.work, retry_failed=cfg.retry_failed)
     spent = dict(state.spent)
     if planning_dir(run).exists():
         for pid, usd in load_state(planning_dir(run)).spent.items():
@@ -297,6 +299,10 @@ def check_ready(run: Run, plans_path: Path) -> None:
                 problems.append(f"provider {pid}: no known price for worker(s) {', '.join(unpriced)}, so they "
                                 f"cannot run under a budget; add price: {{input_per_mtok, output_per_mtok}} "
                                 f"in the pool file")
+    if not problems:
+        from conductor.preflight import preflight
+
+        problems = preflight(run.pool, used)
     if problems:
         raise ConductorError("cannot start executing (plans are saved; fix this and rerun): " + "; ".join(problems))
 
@@ -377,6 +383,7 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "wall_time_s": wall_time_s,
         "spend": manifest.get("spend", []),
         "outputs": str(run.dir.path),
+        "failures": failure_groups(run.dir.table("traces"), run.pool),
     }
     write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     complete = "budget_exhausted" not in statuses

@@ -202,3 +202,86 @@ def test_a_disk_filling_mid_run_stops_it_cleanly_and_the_rerun_pays_nothing_twic
     assert r.returncode == 0, r.stdout + r.stderr
     log = fresh_sim.log()["by_body"]
     assert sum(log.values()) == 60 and set(log.values()) == {1}  # every request paid exactly once
+
+
+# ---- 3. loud failures, resumable errors, preflight --------------------------
+
+@pytest.fixture
+def own_sim(tmp_path):
+    """A simulated pool this test may stop and restart (on the same port)."""
+    import yaml
+
+    from conductor.sim import start_sim
+    from tests.conftest import SAMPLE, SIM_MODELS
+
+    server_pool = tmp_path / "server.yaml"
+    server_pool.write_text(yaml.safe_dump({"workers": [
+        {"id": n, "model": f"openai/{n}", "simulate": s} for n, s in SIM_MODELS.items()]}))
+    handles = []
+
+    def start(port=0):
+        h = start_sim(server_pool, [SAMPLE], port=port)
+        handles.append(h)
+        return h
+
+    yield start
+    for h in handles:
+        h.stop()
+
+
+def test_endpoint_down_is_loud_and_the_same_command_finishes_the_run(tmp_path, own_sim, sample_queries):
+    import time
+
+    sim = own_sim()
+    port, url = sim.port, sim.url
+    pool = write_pool(tmp_path / "pool.yaml", url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 4, "timeout_s": 5, "max_attempts": 2}})
+    data = tmp_path / "data"
+    cmd = ("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--quiet")
+
+    sim.stop()  # down before the run: the preflight says so, and nothing is written but the plans
+    r = run_cli(*cmd)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "worker slow" in r.stderr and url in r.stderr and "cannot reach" in r.stderr
+
+    sim = own_sim(port)  # up, then down mid-run
+    stopper = threading.Thread(target=lambda: (_wait_for(sim, 12), sim.stop()), daemon=True)
+    stopper.start()
+    r = run_cli(*cmd)
+    stopper.join()
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "plans failed" in r.stderr
+    assert f"worker slow at {url}: connection" in r.stdout and "a rerun retries these" in r.stdout
+    run_dir = next((data / "runs").iterdir())
+    done = [x for x in pq.read_table(run_dir / "results.parquet").to_pylist() if x["status"] == "ok"]
+    assert 12 <= len(done) < 60
+
+    sim = own_sim(port)  # back: the same command finishes, sending only what is not done
+    r = run_cli(*cmd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = pq.read_table(run_dir / "results.parquet").to_pylist()
+    assert [x["status"] for x in results] == ["ok"] * 60
+    assert sim.log()["total"] == 60 - len(done)  # 0 finished steps re-sent
+
+
+def _wait_for(sim, n):
+    import time
+
+    while sim.log()["total"] < n:
+        time.sleep(0.02)
+
+
+def test_preflight_reports_a_typo_d_provider_and_an_unknown_model_before_any_call(tmp_path, fresh_sim,
+                                                                                sample_queries):
+    workers = [worker("fast", fresh_sim.url), worker("typo", fresh_sim.url, model="openia/fast"),
+               worker("ghost", fresh_sim.url)]
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, workers=workers)
+    names = ["fast", "typo", "ghost"]
+    queries = _queries(tmp_path, sample_queries, 6)
+    with pytest.raises(Exception) as e:
+        _run(tmp_path, pool, queries, FixedPlanner(lambda q: solve(names[q.index % 3])(q)))
+    msg = str(e.value)
+    assert "worker typo" in msg and "'openia'" in msg
+    assert "worker ghost" in msg and "does not serve model 'ghost'" in msg and fresh_sim.url in msg
+    assert "worker fast" not in msg
+    assert fresh_sim.log()["total"] == 0
