@@ -306,3 +306,14 @@ def test_litellm_passes_the_schema_and_gets_a_record(sim):
                                                "json_schema": {"name": "job", "schema": SCHEMA, "strict": True}})
     rec = orjson.loads(resp.choices[0].message.content)
     assert rec["answer"] == r["_ref"]["answer"] and not list(VALIDATOR.iter_errors(rec))
+
+
+def test_malformed_json_flag_at_start(files):
+    """`conductor sim --malformed-json 1` (start_sim's keyword) breaks every record; plain answers are untouched."""
+    with start_sim(files / "pool.yaml", files / "queries.parquet", latency_ms=0, malformed_json=1.0) as other:
+        kinds = [classify(content(resp)) for _, resp in ask_all(other, [with_format("sim-oracle", r["prompt"])
+                                                                         for r in ROWS[:20]])]
+        assert "record" not in kinds
+        assert other.faults()["effective"]["sim-oracle"]["malformed_json"] == 1.0
+        status, resp = post(other, {"model": "sim-oracle", "messages": [{"role": "user", "content": ROWS[0]["prompt"]}]})
+        assert status == 200 and content(resp).splitlines()[-1].startswith("Answer: ")
