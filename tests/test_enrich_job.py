@@ -71,7 +71,8 @@ def test_good_job_loads_and_renders(folder):
     assert job.name == "notes" and job.template_names == ("body", "kind")
     assert [f.name for f in job.fields] == ["summary", "mood", "amount"]
     assert job.schema["required"] == ["summary", "mood", "amount"]  # strict shape on the wire
-    assert job.check_schema["required"] == ["summary"]
+    assert job.check_schema == job.schema  # replies are validated against what was sent
+    assert job.schema["properties"]["amount"]["type"] == ["number", "null"]  # optional: may be null
     q = render_queries(job)
     assert q.column("query_id").to_pylist() == ["n1", "n2", "n3"]
     assert q.column("prompt")[1].as_py() == "Kind: memo\nNote: it broke"

@@ -3,8 +3,7 @@ Arrow type each becomes in records.parquet.
 
 The schema sent to providers is "strict"-shaped (every property listed as
 required, optional ones nullable, no extra properties), which is what OpenAI's
-structured outputs accept; validation uses the same schema but only requires
-the fields the job marks `required`.
+structured outputs accept; replies are validated against the same schema.
 """
 
 from __future__ import annotations

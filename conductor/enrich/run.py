@@ -368,7 +368,8 @@ def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int,
     statuses = {d["values"]: d["counts"] for d in pc.value_counts(table.column("status")).to_pylist()}
     cost = pc.sum(table.column("cost_usd")).as_py() or 0.0
     return {
-        "job": job.name, "run_id": run.run_id, "rows": table.num_rows, "computed": computed, "reused": reused,
+        "job": job.name, "run_id": run.run_id, "id_column": job.id_column,
+        "fields": [f.name for f in job.fields] or ["text"], "rows": table.num_rows, "computed": computed, "reused": reused,
         "valid": statuses.get(OK, 0), "failed": table.num_rows - statuses.get(OK, 0),
         "statuses": statuses, "cost_usd": cost,
         "unpriced_rows": pc.sum(pc.is_null(table.column("cost_usd"))).as_py() or 0,
