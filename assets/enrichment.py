@@ -54,7 +54,7 @@ from pipelines.resources import StorageResource
 
 GROUP = "enrichment"
 PREFIX = "enrich"
-VALID_STATUS = "ok"
+VALID_STATUS = "valid"  # a record that parsed and validated (run_job's status)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _PREVIEW_ROWS = 5
 
@@ -133,6 +133,7 @@ def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChec
         table = newest_records(data, records["job"])
         write_table(out, table)
         return Output(str(out), metadata={**table_metadata(out, _preview_columns(table.schema, records["id_column"])),
+                                          "published_path": MetadataValue.path(str(out)),
                                           "run_id": records["run_id"]})
 
     return [records, published], [valid_share_check, unique_ids_check]
@@ -159,9 +160,13 @@ def all_job_assets(folder: Path | None = None) -> tuple[list[AssetsDefinition], 
 def records_metadata(path: Path, summary: dict[str, Any], held: list[str]) -> dict:
     t = pq.read_table(path)
     rows = t.num_rows
-    fields = [c for c in summary.get("fields", []) if c in t.column_names] or _field_columns(t, summary)
-    nulls = {f: (t.column(f).null_count / rows if rows else 0.0) for f in fields}
     metrics = summary.get("metrics") or {}
+    per_field = metrics.get("fields") if isinstance(metrics.get("fields"), dict) else {}
+    fields = [f for f in per_field if f in t.column_names] or _field_columns(t, summary)
+    # null share among valid records (a failed row has no values to be null), as run_job reports it
+    valid = pc.fill_null(pc.equal(t.column("status"), VALID_STATUS), False) if "status" in t.column_names else None
+    kept = t.filter(valid) if valid is not None else t
+    nulls = {f: (kept.column(f).null_count / kept.num_rows if kept.num_rows else None) for f in fields}
     md = {
         **table_metadata(path, _preview_columns(t.schema, summary["id_column"])),
         "run_id": summary.get("run_id"),
@@ -169,12 +174,16 @@ def records_metadata(path: Path, summary: dict[str, Any], held: list[str]) -> di
         "rows": rows,
         "computed": summary.get("computed"), "reused": summary.get("reused"),
         "valid": summary.get("valid"), "failed": summary.get("failed"),
+        "statuses": MetadataValue.json(_jsonable(summary.get("statuses") or {})),
         "cost_usd": float(summary.get("cost_usd") or 0.0),
+        "calls": summary.get("calls"),
+        "overall_score": metrics.get("overall"),
         "null_share": MetadataValue.json(nulls),
         "metrics": MetadataValue.json(_jsonable(metrics)),
         "fields": MetadataValue.md(markdown_table(
-            [{"field": f, "null_share": nulls[f], "accuracy": _accuracy(metrics, f)} for f in fields],
-            ["field", "null_share", "accuracy"])),
+            [{"field": f, "null_share": nulls[f], "accuracy": _accuracy(metrics, f),
+              "mean_confidence": (per_field.get(f) or {}).get("mean_confidence")} for f in fields],
+            ["field", "null_share", "accuracy", "mean_confidence"])),
         "pools": MetadataValue.json(held),
     }
     return {k: v for k, v in md.items() if v is not None}

@@ -123,7 +123,7 @@ def validation_alone(job_path: Path, queries: pa.Table) -> dict:
     replies = []
     for qid, prompt, ref in zip(*(queries.column(c).to_pylist() for c in ("query_id", "prompt", "reference"))):
         req = StructuredRequest(job.schema, False, [prompt])
-        replies.append(record_reply(req, Known(qid, prompt, "record", ref), 0.8, rng, 0.0, rng)[0])
+        replies.append(record_reply(req, Known(qid, prompt, "record", ref), 0.8, rng, 0.0, lambda: rng)[0])
     checker = RecordChecker(job.check_schema)
     tracemalloc.start()
     t = time.perf_counter()

@@ -13,5 +13,11 @@ class PoolError(ConductorError):
     """A pool file that does not validate."""
 
 
+class StorageError(ConductorError):
+    """The disk or a database on it failed (full, read-only, gone): the run stopped cleanly."""
+
+    exit_code = 5
+
+
 class PlanError(ValueError):
     """A plan that does not parse or validate; recorded per plan, never fatal."""

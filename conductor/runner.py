@@ -22,11 +22,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor import __version__, schemas
-from conductor.errors import ConductorError, PlanError
+from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.cache import Cache
-from conductor.execute.engine import ExecOptions, Executor, PlanJob
+from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, Executor, PlanJob
 from conductor.execute.journal import Journal, load_state
 from conductor.execute.prices import resolve_price
+from conductor.execute.reserve import SpaceReserve
+from conductor.failures import failure_groups
 from conductor.planners import make_planner
 from conductor.planners.base import Planner, Query
 from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
@@ -56,6 +58,7 @@ class RunConfig:
     plan_chunk: int = 50_000
     rewards: RewardScheme = field(default_factory=RewardScheme)
     progress: bool = True
+    retry_failed: bool = False  # rerun every failed plan, not only those whose failure was transient
 
 
 @dataclass
@@ -218,7 +221,7 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
     cfg = run.config
     plans_path = run.dir.table("plans")
     check_ready(run, plans_path)
-    state = load_state(run.dir.work)
+    state = load_state(run.dir.work, retry_failed=cfg.retry_failed)
     spent = dict(state.spent)
     if planning_dir(run).exists():
         for pid, usd in load_state(planning_dir(run)).spent.items():
@@ -242,16 +245,22 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
     progress.c.usd = sum(state.spent.values())
     from conductor.functions import run_function
 
-    executor = Executor(
-        pool, journal,
-        ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=cfg.budget_usd, seed=cfg.seed),
-        cache=cache, run_cache=run_cache, progress=progress, spent=spent, paid=state.paid,
-        functions=run_function,
-        replanner=replanner, max_depth=cfg.max_depth)
-    run.dir.set_status("executing")
+    reserve = None
     try:
+        reserve = SpaceReserve(run.dir.work)
+        executor = Executor(
+            pool, journal,
+            ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=cfg.budget_usd, seed=cfg.seed),
+            cache=cache, run_cache=run_cache, progress=progress, spent=spent, paid=state.paid,
+            functions=run_function,
+            replanner=replanner, max_depth=cfg.max_depth, reserve=reserve)
+        run.dir.set_status("executing")
         asyncio.run(executor.run(_jobs(run, plans_path, record), state))
+    except STORAGE_ERRORS as e:
+        raise storage_error(e, run.dir.path) from None
     finally:
+        if reserve is not None:
+            reserve.release()
         journal.close()
         run_cache.close()
         if cache is not None:
@@ -261,6 +270,13 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
     finalize_journal(run.dir)
     run.dir.set_status("executed", spend=executor.ledger.summary())
     return run.dir.table("results")
+
+
+def storage_error(e: BaseException, where: Path) -> StorageError:
+    """The message for a disk or database failure: what failed, and that a rerun loses nothing."""
+    what = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+    return StorageError(f"stopped: cannot write under {where} ({what}). Free space (or fix the disk) and rerun "
+                        f"the same command: answers already paid for are kept and not paid again")
 
 
 def check_ready(run: Run, plans_path: Path) -> None:
@@ -284,6 +300,10 @@ def check_ready(run: Run, plans_path: Path) -> None:
                 problems.append(f"provider {pid}: no known price for worker(s) {', '.join(unpriced)}, so they "
                                 f"cannot run under a budget; add price: {{input_per_mtok, output_per_mtok}} "
                                 f"in the pool file")
+    if not problems:
+        from conductor.preflight import preflight
+
+        problems = preflight(run.pool, used)
     if problems:
         raise ConductorError("cannot start executing (plans are saved; fix this and rerun): " + "; ".join(problems))
 
@@ -364,6 +384,7 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "wall_time_s": wall_time_s,
         "spend": manifest.get("spend", []),
         "outputs": str(run.dir.path),
+        "failures": failure_groups(run.dir.table("traces"), run.pool),
     }
     write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     complete = "budget_exhausted" not in statuses

@@ -27,7 +27,7 @@ TRACES = pa.schema([
     ("started_at", TS), ("ended_at", TS),
     ("instruction", pa.string()), ("when", pa.string()), ("response_text", pa.string()),
     ("simulated", pa.bool_()),
-    ("request_key", pa.string()), ("sub_plan", pa.string()),
+    ("request_key", pa.string()), ("sub_plan", pa.string()), ("failure", pa.string()),
 ])
 
 RESULTS = pa.schema([
@@ -91,6 +91,8 @@ DOCS = {
         "response_text": "the worker's output", "simulated": "answered by the simulated or replay pool",
         "request_key": "cache key: hash of model, api_base, messages and sampling parameters",
         "sub_plan": "the workflow a re-planning step ran, as JSON",
+        "failure": "a failed step's kind of failure: connection, timeout, server, rate_limit (a rerun retries "
+                   "these), budget, auth, not_found, client, malformed, config, other",
     },
     "results": {
         "run_id": "the run", "plan_id": "the plan", "query_id": "the query", "query_index": "row of the query",

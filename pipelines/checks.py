@@ -5,7 +5,9 @@ output must not flow on):
 - plans: the share of valid plans is at least `checks.min_valid_share` (else
   executing would pay for a run that mostly fails), and plan ids are unique;
 - executions: every plan has a result or an explicit status, and ids are unique
-  (grading a run with missing or doubled plans reports a wrong accuracy);
+  (grading a run with missing or doubled plans reports a wrong accuracy); the
+  share of failed plans is at most the threshold (a provider that was down must
+  not be graded as a model that answered wrong; re-materializing retries them);
 - rewards: plan ids are unique.
 Not blocking, severity ERROR: spend <= budget. The money is spent by then; the
 report must still be written so that the overspend is visible.
@@ -23,6 +25,7 @@ import pyarrow.parquet as pq
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from conductor import runner
+from conductor.failures import failed_plans, failure_groups, max_failed_share
 from conductor.pool import load_pool
 from conductor.report import markdown_table
 from conductor.store import RunDir
@@ -100,6 +103,26 @@ def evaluate_results_complete(plans_path: Path, results_path: Path) -> AssetChec
                   "statuses": MetadataValue.json(statuses)})
 
 
+def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> AssetCheckResult:
+    """Failed plans (every status but ok and budget_exhausted) against the threshold,
+    with the failures grouped by worker and kind, and the URL each worker calls."""
+    status = pq.read_table(run.table("results"), columns=["status"]).column("status")
+    statuses = {str(d["values"]): d["counts"] for d in pc.value_counts(status).to_pylist()}
+    failed, total = failed_plans(statuses)
+    share = failed / total if total else 0.0
+    groups = failure_groups(run.table("traces"), load_pool(pool_path))
+    desc = f"{failed} of {total} plans failed ({share:.1%}); threshold {threshold:.1%}"
+    if groups:
+        desc += "; " + "; ".join(f"worker {g['worker']} at {g['url']}: {g['failure']} x{g['plans']}"
+                                 for g in groups[:_SHOW])
+    return AssetCheckResult(
+        passed=total > 0 and share <= threshold, description=desc,
+        metadata={"failed_share": share, "threshold": threshold, "failed_plans": failed,
+                  "failures": MetadataValue.md(markdown_table(groups, ["worker", "url", "failure", "plans",
+                                                                      "retried_on_rerun", "example"])
+                                               if groups else "_none_")})
+
+
 def evaluate_spend(run: RunDir, pool_path: Path, run_budget: float | None,
                    max_run_usd: float | None) -> AssetCheckResult:
     """Spend against every cap that applies: the run's budget, the checks'
@@ -159,6 +182,14 @@ def executions_unique_ids(executions: runner.RunConfig) -> AssetCheckResult:
     return evaluate_unique_ids(run.table("traces"), ["plan_id", "step_path"])
 
 
+@asset_check(partitions_def=query_sets, asset="executions", name="failed_share", blocking=True,
+             description="Share of failed plans <= $CONDUCTOR_MAX_FAILED_SHARE (default 5%); blocks grading a run "
+                         "whose provider was down. Re-materializing retries transient failures.")
+def executions_failed_share(executions: runner.RunConfig) -> AssetCheckResult:
+    run = _run_dir(executions)
+    return evaluate_failed_share(run, Path(executions.pool), max_failed_share())
+
+
 @asset_check(partitions_def=query_sets, asset="executions", name="spend_within_budget", blocking=False,
              description="Spend <= the run budget, checks.max_run_usd and each provider's budget_usd.")
 def executions_spend(executions: runner.RunConfig, checks: ChecksResource) -> AssetCheckResult:
@@ -171,5 +202,5 @@ def rewards_unique_ids(rewards: runner.RunConfig) -> AssetCheckResult:
     return evaluate_unique_ids(_run_dir(rewards).table("rewards"), ["plan_id"])
 
 
-ALL = [plans_valid_share, plans_unique_ids, executions_complete, executions_unique_ids, executions_spend,
-       rewards_unique_ids]
+ALL = [plans_valid_share, plans_unique_ids, executions_complete, executions_unique_ids, executions_failed_share,
+       executions_spend, rewards_unique_ids]

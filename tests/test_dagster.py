@@ -178,3 +178,33 @@ def test_a_user_error_in_executions_fails_at_once_instead_of_retrying(tmp_path, 
     [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_key == "executions"
     assert "CONDUCTOR_TEST_UNSET_KEY is not set" in str(failure.event_specific_data.error.message)
+
+
+def test_a_provider_down_fails_the_failed_share_check_and_a_rematerialization_finishes(
+        tmp_path, fresh_sim, sample_queries):
+    """Every call dropped: executions materializes with every plan failed, its blocking
+    failed_share check fails naming worker and URL, and rewards does not run. With the
+    provider back, re-materializing retries those plans only and goes through."""
+    fresh_sim.set_faults("fast", drop_rate=1.0)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",),
+                      providers={"sim": {"max_concurrency": 16, "max_attempts": 1}})
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "small", sample_queries)
+        result = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res,
+                             raise_on_error=False)
+        assert not result.success
+        done = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+        assert done == {"query_set", "plans", "executions"}  # rewards is blocked
+        [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "failed_share"]
+        assert not check.passed
+        assert "60 of 60 plans failed" in check.description
+        assert f"worker fast at {fresh_sim.url}: connection" in check.description
+
+        fresh_sim.clear_faults()
+        fresh_sim.reset()
+        again = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res)
+        assert again.success
+        [check] = [e for e in again.get_asset_check_evaluations() if e.check_name == "failed_share"]
+        assert check.passed
+    assert fresh_sim.log()["total"] == 60  # each failed plan's one call, nothing sent twice

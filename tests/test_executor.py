@@ -77,12 +77,14 @@ def test_independent_steps_run_concurrently_and_the_last_waits(tmp_path, fresh_s
 
 def test_a_failing_call_fails_its_plan_not_the_batch(tmp_path, fresh_sim, sample_queries):
     url = fresh_sim.url
-    pool = write_pool(tmp_path / "pool.yaml", url, workers=[worker("fast", url), worker("ghost", url)])
-    planner = FixedPlanner(lambda q: solve("ghost" if q.index % 3 == 0 else "fast")(q))
+    # The server lists "weak" among its models (so the preflight lets it through) but answers 404.
+    fresh_sim.set_faults("weak", fail_status=404)
+    pool = write_pool(tmp_path / "pool.yaml", url, workers=[worker("fast", url), worker("weak", url)])
+    planner = FixedPlanner(lambda q: solve("weak" if q.index % 3 == 0 else "fast")(q))
     summary, traces, results = run(tmp_path, pool, sample_queries, planner)
     ghost = [r for r in results if r["query_index"] % 3 == 0]
     assert {r["status"] for r in ghost} == {"error"}
-    assert all("worker ghost" in r["error"] and "404" in r["error"] for r in ghost)
+    assert all("worker weak" in r["error"] and "404" in r["error"] for r in ghost)
     assert {r["status"] for r in results if r["query_index"] % 3} == {"ok"}
     assert summary["statuses"] == {"error": 20, "ok": 40}
 

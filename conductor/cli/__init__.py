@@ -5,6 +5,7 @@ so adding a command touches no shared file."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
@@ -33,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConductorError as e:
         print(f"conductor: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+            raise
+        print(f"conductor: error: cannot write {e.filename or ''}: {e.strerror}. Free space (or fix the disk) "
+              f"and rerun the same command: finished work is kept", file=sys.stderr)
+        return 5
     except KeyboardInterrupt:
         print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

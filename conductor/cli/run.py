@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from conductor.errors import ConductorError
+from conductor.failures import failed_plans, format_failures, max_failed_share, too_many_failed
 from conductor.planners import PLANNERS
 from conductor.rewards import RewardScheme
 from conductor.runner import RunConfig, run_all
@@ -41,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refresh", action="store_true", help="ignore cached responses; store the fresh ones")
     p.add_argument("--cost-penalty", type=float, default=0.0, help="reward points subtracted per USD")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--max-failed-share", type=float, metavar="SHARE",
+                   help="exit 4 when more than this share of plans failed (default 0.05, or "
+                        "$CONDUCTOR_MAX_FAILED_SHARE); a rerun retries transient failures")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="rerun every failed plan, also those whose failure is final (401/403/404, bad requests)")
     p.set_defaults(func=main)
 
 
@@ -57,11 +64,20 @@ def main(args: argparse.Namespace) -> int:
         queries=args.queries, pool=args.pool, data_dir=args.data_dir, run_id=args.run_id,
         samples=args.samples, planner=args.planner, planner_options=options, seed=args.seed,
         max_steps=args.max_steps, max_depth=args.max_depth, cache=not args.no_cache, refresh=args.refresh,
-        budget_usd=args.budget,
+        budget_usd=args.budget, retry_failed=args.retry_failed,
         rewards=RewardScheme(cost_penalty=args.cost_penalty), progress=not args.quiet,
     )
+    threshold = max_failed_share(args.max_failed_share)
     summary = run_all(cfg)
     print(format_summary(summary))
+    if summary.get("failures"):
+        print("\nfailures by worker and kind:\n" + format_failures(summary["failures"]))
+    if too_many_failed(summary["statuses"], threshold):
+        failed, total = failed_plans(summary["statuses"])
+        print(f"\nconductor: {failed} of {total} plans failed ({failed / total:.1%}, more than "
+              f"{threshold:.1%}). Fix the cause above and rerun the same command: finished steps are kept, and "
+              f"transient failures are retried.", file=sys.stderr)
+        return 4
     blocked = summary["statuses"].get("budget_exhausted", 0)
     if blocked:
         print(f"\n{blocked} plan(s) stopped by a budget. Raise it (pool file or --budget) and rerun the "

@@ -53,7 +53,7 @@ class CallFailure(Exception):
     def __init__(self, kind: str, message: str, status: int | None = None,
                  retry_after: float | None = None):
         super().__init__(message)
-        self.kind = kind  # rate_limit | server | timeout | connection | auth | client | other
+        self.kind = kind  # rate_limit | server | timeout | connection | auth | client | malformed | other
         self.status = status
         self.retry_after = retry_after
 
@@ -77,11 +77,31 @@ async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
         )
     except Exception as e:  # litellm maps provider errors onto many classes
         raise classify(e, api_key) from None
-    choice = resp.choices[0]
-    text = choice.message.content or ""
+    try:
+        return _read_response(req, resp)
+    except CallFailure:
+        raise
+    except Exception as e:  # whatever else a malformed answer raises fails this call only
+        raise CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _read_response(req: CallRequest, resp: Any) -> CallResponse:
+    """The response's text and usage, after checking its shape: a provider answering
+    200 with no choices, no message or non-text content is a classified failure."""
+    choices = getattr(resp, "choices", None)
+    if not choices:
+        raise CallFailure("malformed", "malformed response: no choices")
+    choice = choices[0]
+    message = getattr(choice, "message", None)
+    if message is None:
+        raise CallFailure("malformed", "malformed response: choice 0 has no message")
+    content = getattr(message, "content", None)
+    if content is not None and not isinstance(content, str):
+        raise CallFailure("malformed", f"malformed response: content is {type(content).__name__}, not text")
+    text = content or ""
     usage = getattr(resp, "usage", None)
-    pt = getattr(usage, "prompt_tokens", None) if usage else None
-    ct = getattr(usage, "completion_tokens", None) if usage else None
+    pt = _tokens(getattr(usage, "prompt_tokens", None)) if usage else None
+    ct = _tokens(getattr(usage, "completion_tokens", None)) if usage else None
     headers = (getattr(resp, "_hidden_params", None) or {}).get("additional_headers") or {}
     # A server that only estimated the usage it reports says so (the replay server does).
     estimated = pt is None or ct is None or headers.get("llm_provider-x-conductor-usage-estimated") == "1"
@@ -93,6 +113,13 @@ async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
                  or headers.get("llm_provider-x-conductor-simulated") == "1")
     return CallResponse(text, int(pt), int(ct), estimated, simulated, getattr(choice, "finish_reason", None),
                         completion_logprob(choice), _usd(headers.get("llm_provider-x-conductor-cost-usd")))
+
+
+def _tokens(value: Any) -> int | None:
+    """A reported token count: an integer >= 0, else None (then estimated)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
 
 
 def _usd(value: Any) -> float | None:
@@ -121,6 +148,11 @@ def completion_logprob(choice: Any) -> float | None:
     return total
 
 
+# litellm reports a 200 whose body it cannot read as a 500 InternalServerError with one of these.
+_MALFORMED_MARKERS = ("Invalid response object", "Expecting value: line", "provider returned 'choices'",
+                      "JSONDecodeError")
+
+
 def classify(e: Exception, api_key: str | None) -> CallFailure:
     status = getattr(e, "status_code", None)
     if not isinstance(status, int):
@@ -128,6 +160,8 @@ def classify(e: Exception, api_key: str | None) -> CallFailure:
     message = redact(f"{type(e).__name__}: {e}", api_key)
     retry_after = _retry_after(getattr(e, "litellm_response_headers", None))
     name = type(e).__name__
+    if any(m in message for m in _MALFORMED_MARKERS):
+        return CallFailure("malformed", "malformed response: " + message.split(" Traceback ", 1)[0].strip())
     if status == 429 or name == "RateLimitError":
         return CallFailure("rate_limit", message, 429, retry_after)
     if name in ("Timeout", "APITimeoutError") or status == 408:

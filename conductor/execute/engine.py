@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,6 +33,7 @@ from conductor.execute.call import CallFailure, CallRequest, CallResponse, compl
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.prices import call_cost, resolve_price
+from conductor.execute.reserve import SpaceReserve
 from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
@@ -97,14 +99,26 @@ class ReplanRequest:
 Replanner = Callable[["Executor", ReplanRequest], Awaitable[Plan]]
 
 
+# Errors of the disk or the databases on it (full, read-only, gone): they abort the
+# run, since nothing paid could be recorded, and a rerun after freeing space resumes.
+STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
+
+
 class StepFailed(Exception):
     def __init__(self, status: str, message: str, attempts: int = 0, extra: dict[str, Any] | None = None,
-                 row: dict[str, Any] | None = None):
+                 kind: str | None = None, row: dict[str, Any] | None = None):
         super().__init__(message)
         self.status = status
         self.attempts = attempts
         self.extra = extra  # row fields for the failed step's trace row (the sub-plan that failed)
         self.row = row  # the trace row already written for this failure (with what the call cost)
+        # why, as a class: a call failure's kind (connection, timeout, server, rate_limit, auth,
+        # not_found, client, malformed, other), budget, config or plan
+        self.kind = kind or ("budget" if status == "budget_exhausted" else "other")
+
+
+class Aborted(Exception):
+    """The run is stopping (a storage error elsewhere): stop this plan without recording it."""
 
 
 class Executor:
@@ -113,7 +127,7 @@ class Executor:
                  progress: Progress | None = None,
                  spent: dict[str, float] | None = None, paid: set[str] | None = None,
                  functions: FunctionRunner | None = None, replanner: Replanner | None = None,
-                 max_depth: int = 1):
+                 max_depth: int = 1, reserve: SpaceReserve | None = None):
         self.pool = pool
         self.journal = journal
         self.opt = options
@@ -131,7 +145,9 @@ class Executor:
         self._budgeted = {pid for pid, p in pool.providers.items()
                           if p.budget_usd is not None or options.run_budget_usd is not None}
         self._inflight: dict[str, asyncio.Future] = {}
-        self._dead: dict[str, str] = {}  # worker or provider id -> why every call to it fails
+        self._dead: dict[str, tuple[str, str]] = {}  # worker or provider id -> why every call to it fails, kind
+        self._abort: BaseException | None = None  # the storage error that stops the run
+        self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
         self._sub_plans: dict[str, dict[str, str]] = {}  # from the journal: plan id -> step path -> sub-plan
         self._rng = random.Random(options.seed)
 
@@ -151,12 +167,14 @@ class Executor:
             slots.release()
             if not t.cancelled() and t.exception() is not None:
                 failure.append(t.exception())
+                if self._abort is None and not isinstance(t.exception(), Aborted):
+                    self._abort = t.exception()
 
         for job in jobs:
             if job.plan_id in resume.finished:
                 continue
             await slots.acquire()
-            if failure:
+            if failure or self._abort is not None:
                 break
             t = asyncio.create_task(self._run_plan(job, resume.outputs.pop(job.plan_id, {})))
             tasks.add(t)
@@ -164,13 +182,15 @@ class Executor:
         while tasks:
             await asyncio.wait(set(tasks))
         self.progress.close()
+        if self._abort is not None:
+            raise self._abort
         if failure:
             raise failure[0]
 
     async def _run_plan(self, job: PlanJob, restored: dict[str, str]) -> None:
         t0 = time.time()
         if job.plan is None:
-            self._finish_plan(job, "invalid_plan", None, job.error, [], t0)
+            self._finish_plan(job, "invalid_plan", None, job.error, [], t0, failure="plan")
             return
         rows = await self.run_steps(job, job.plan, restored, prefix="", depth=0)
         last = plan_outcome(rows)
@@ -180,7 +200,8 @@ class Executor:
             self._finish_plan(job, "ok", last["response_text"], None, rows, t0)
         else:
             status = failed["status"] if failed else "error"
-            self._finish_plan(job, status, None, failed["error"] if failed else "no output", rows, t0)
+            self._finish_plan(job, status, None, failed["error"] if failed else "no output", rows, t0,
+                              failure=failed.get("failure") if failed else "other")
 
     async def run_steps(self, job: PlanJob, plan: Plan, restored: dict[str, str], prefix: str,
                         depth: int) -> list[dict[str, Any]]:
@@ -218,27 +239,42 @@ class Executor:
                 rows[i] = await self._run_step(job, plan, i, outputs, restored, path, depth)
                 outputs[i] = rows[i]["response_text"]
             except StepFailed as f:
-                rows[i] = f.row if f.row is not None else self._log_step(
-                    job, path, depth, step, status=f.status, error=str(f), attempts=f.attempts, extra=f.extra)
+                logged = f.row if f.row is not None else self._log_step(
+                    job, path, depth, step, status=f.status, error=str(f), attempts=f.attempts, extra=f.extra,
+                    failure=f.kind)
+                rows[i] = {**logged, "failure": f.kind}
+            except Aborted:
+                raise
+            except STORAGE_ERRORS as e:
+                self._abort = self._abort or e
+                raise
+            except Exception as e:  # a bug or an odd input in one step fails its plan, never the batch
+                rows[i] = {**self._log_step(job, path, depth, step, status="error", failure="other",
+                                            error=f"step {path}: unexpected {type(e).__name__}: {e}"),
+                           "failure": "other"}
             if rows[i]["status"] != "ok":
                 stop.set()
 
         for i in range(len(steps)):
             futures[i] = asyncio.ensure_future(run_one(i))
-        await asyncio.gather(*futures.values())
+        # Every step ends before the plan does (a call in flight is paid: its answer is kept).
+        for outcome in await asyncio.gather(*futures.values(), return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
         return [rows[i] for i in range(len(steps))]
 
     def _finish_plan(self, job: PlanJob, status: str, answer: str | None, error: str | None,
-                     rows: list[dict[str, Any]], t0: float) -> None:
+                     rows: list[dict[str, Any]], t0: float, failure: str | None = None) -> None:
         t1 = time.time()
         called = [r for r in rows if not r.get("restored") and r["status"] != "skipped"]
-        self.journal.plan({
+        self._durably(self.journal.plan, {
             "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
             "query_index": job.query_index, "sample": job.sample, "status": status,
             "final_answer": answer, "error": error,
             "calls": sum(1 for r in called if r.get("attempts")),
             "cache_hits": sum(1 for r in called if r.get("cache_hit")),
             "started_at": _ts(t0), "ended_at": _ts(t1), "wall_time_s": round(t1 - t0, 6),
+            "failure": failure,  # the failure's kind: a rerun retries transient ones (journal.TRANSIENT_KINDS)
         })
         self.progress.c.plans_done += 1
         self.progress.tick()
@@ -281,27 +317,39 @@ class Executor:
                 return self._claim_row(job, path, depth, step, worker, key, hit, t0, accept)
             return self._cached_row(job, path, depth, step, worker, key, hit, t0, accept)
         if key in self._inflight:  # the same request is already on its way: share its answer
-            entry = await asyncio.shield(self._inflight[key])
-            if entry is None:
-                raise StepFailed("error", "an identical request in this run failed")
-            return self._cached_row(job, path, depth, step, worker, key, entry, t0, accept)
+            shared = await asyncio.shield(self._inflight[key])
+            if isinstance(shared, StepFailed):  # the owner's exact status: budget_exhausted stays resumable
+                raise StepFailed(shared.status, f"an identical request in this run failed: {shared}",
+                                 kind=shared.kind)
+            if not isinstance(shared, Entry):
+                raise Aborted() if self._abort is not None else StepFailed(
+                    "error", f"an identical request in this run failed: {type(shared).__name__}: {shared}",
+                    kind="other")
+            return self._cached_row(job, path, depth, step, worker, key, shared, t0, accept)
+        if self._abort is not None:
+            raise Aborted()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
+        outcome: Any = None  # what waiters on the same request get, set on every path
         try:
             resp, attempts, latency = await self._call_with_retries(worker, messages, params, key)
-        except BaseException:
-            fut.set_result(None)
+            cost = self._cost(worker, resp)
+            entry = outcome = Entry(resp.text, resp.prompt_tokens, resp.completion_tokens, resp.usage_estimated,
+                                    resp.simulated, cost, latency, resp.logprob, attempts)
+            for cache in (self.run_cache, self.cache):
+                if cache is not None:
+                    self._durably(cache.put, key, worker.model, entry)
+            self._paid.add(key)
+        except BaseException as e:
+            if isinstance(e, STORAGE_ERRORS):
+                self._abort = self._abort or e
+            if outcome is None:
+                outcome = e
             raise
         finally:
             del self._inflight[key]
-        cost = self._cost(worker, resp)
-        entry = Entry(resp.text, resp.prompt_tokens, resp.completion_tokens, resp.usage_estimated,
-                      resp.simulated, cost, latency, resp.logprob, attempts)
-        for cache in (self.run_cache, self.cache):
-            if cache is not None:
-                cache.put(key, worker.model, entry)
-        self._paid.add(key)
-        fut.set_result(entry)
+            if not fut.done():
+                fut.set_result(outcome)
         c = self.progress.c
         c.calls += 1
         c.usd += cost or 0.0
@@ -319,15 +367,15 @@ class Executor:
         if failure is None:
             return self._log_step(job, path, depth, step, worker=worker, status="ok", extra=extra, **row)
         logged = self._log_step(job, path, depth, step, worker=worker, status=failure.status, error=str(failure),
-                                **row)
-        raise StepFailed(failure.status, str(failure), row.get("attempts", 0), row=logged)
+                                failure=failure.kind, **row)
+        raise StepFailed(failure.status, str(failure), row.get("attempts", 0), kind=failure.kind, row=logged)
 
     async def _call_with_retries(self, worker: Worker, messages: list[dict[str, str]],
                                  params: dict[str, Any], key: str) -> tuple[CallResponse, int, float]:
         provider = self.pool.provider_of(worker)
         for dead in (worker.id, provider.id):
             if dead in self._dead:
-                raise StepFailed("error", self._dead[dead])
+                raise StepFailed("error", self._dead[dead][0], kind=self._dead[dead][1])
         api_key = os.environ.get(provider.api_key_env) if provider.api_key_env else None
         if api_key is None and worker.api_base:
             api_key = "no-key"  # OpenAI-compatible local servers need some value
@@ -340,18 +388,20 @@ class Executor:
             if price is None:
                 raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
                                           f"cannot run under a budget; add price: {{input_per_mtok, "
-                                          f"output_per_mtok}} to it in the pool file")
+                                          f"output_per_mtok}} to it in the pool file", kind="config")
             worst = est_in * 2 * price.input + params["max_tokens"] * price.output  # x2: chars/4 can undercount
             try:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
                 self.progress.c.budget_blocked += 1
-                raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}") from None
+                raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
         limiter = self.limiters[provider.id]
         attempt = 0
         try:
             while True:
                 attempt += 1
+                if self._abort is not None:
+                    raise Aborted()
                 try:
                     async with limiter.slot(est_tokens):
                         t = time.monotonic()
@@ -360,7 +410,7 @@ class Executor:
                     limiter.settle_tokens(est_tokens, 0)
                     if not f.retryable or attempt >= provider.max_attempts:
                         raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
-                                         attempt) from None
+                                         attempt, kind="not_found" if f.status == 404 else f.kind) from None
                     self.progress.c.retries += 1
                     await asyncio.sleep(self._backoff(attempt, f.retry_after, limiter))
                     continue
@@ -396,11 +446,11 @@ class Executor:
                    "the provider rejected the request's credentials (set api_key_env for provider "
                    f"{provider.id} in the pool file)")
             msg = f"{where}: {why} (HTTP {f.status})"
-            self._dead[provider.id] = msg
+            self._dead[provider.id] = (msg, "auth")
             return msg
         if f.status == 404:
             msg = f"{where}: the provider does not know this model (HTTP 404): {f}"
-            self._dead[worker.id] = msg
+            self._dead[worker.id] = (msg, "not_found")
             return msg
         if f.retryable:
             return f"{where}: gave up after {attempts} attempts: {f}"
@@ -448,7 +498,7 @@ class Executor:
                 sub = await self.replanner(self, req)
             except StepFailed as f:
                 raise StepFailed(f.status, f"worker {step.worker}: re-planning step {path} failed: {f}",
-                                 f.attempts) from None
+                                 f.attempts, kind=f.kind) from None
             except Exception as e:  # a bad sub-plan fails this step, not the batch
                 raise StepFailed("error", f"worker {step.worker}: re-planning step {path} failed: "
                                           f"{type(e).__name__}: {e}") from None
@@ -467,7 +517,7 @@ class Executor:
         if failed is not None or last is None:
             why = failed["error"] if failed else "no step produced an output"
             raise StepFailed(failed["status"] if failed else "error", f"sub-workflow of step {path} failed: {why}",
-                             extra={"sub_plan": sub.to_json()})
+                             extra={"sub_plan": sub.to_json()}, kind=(failed or {}).get("failure"))
         entry = Entry(last["response_text"], 0, 0, False, False, 0.0, time.time() - t0)
         return self._log_step(job, path, depth, step, worker=worker, status="ok",
                               attempts=0, entry=entry, cost=0.0, started=t0,
@@ -496,7 +546,8 @@ class Executor:
                   worker: Worker | None = None, error: str | None = None, attempts: int = 0,
                   request_key: str | None = None, entry: Entry | None = None, cost: float | None = None,
                   started: float | None = None, cache_hit: bool = False,
-                  extra: dict[str, Any] | None = None, model: str | None = None) -> dict[str, Any]:
+                  extra: dict[str, Any] | None = None, model: str | None = None,
+                  failure: str | None = None) -> dict[str, Any]:
         worker = worker or self.pool.worker(step.worker)
         now = time.time()
         if status not in ("ok", "skipped"):
@@ -521,9 +572,23 @@ class Executor:
             "simulated": entry.simulated if entry else None,
             "request_key": request_key,
             "sub_plan": (extra or {}).get("sub_plan"),
+            "failure": failure if status not in ("ok", "skipped") else None,
         }
-        self.journal.step(row)
+        self._durably(self.journal.step, row)
         return row
+
+    def _durably(self, write: Callable[..., None], *args: Any) -> None:
+        """A write to the journal or a cache. On a storage error the run stops sending,
+        frees its reserved space, and tries the write once more: answers already paid
+        for are kept when the disk fills."""
+        try:
+            write(*args)
+        except STORAGE_ERRORS as e:
+            self._abort = self._abort or e
+            if self.reserve is None:
+                raise
+            self.reserve.release()
+            write(*args)
 
 
 def plan_outcome(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

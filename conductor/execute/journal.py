@@ -9,6 +9,7 @@ process (not a power cut). A line torn by a kill is cut off on reopening.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,11 @@ import orjson
 
 # Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
 FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan", "invalid"}  # invalid: no valid record
+# Failure kinds of an `error` plan that a rerun retries anyway (a provider back up, a
+# larger budget), at most RETRY_TRANSIENT times; other errors stay final unless
+# retry_failed (`--retry-failed`).
+TRANSIENT_KINDS = {"rate_limit", "server", "timeout", "connection", "budget"}
+RETRY_TRANSIENT = 3
 STEPS_FILE = "steps.jsonl"
 PLANS_FILE = "plans.jsonl"
 
@@ -55,14 +61,21 @@ class Journal:
         self._plans.close()
 
 
-def load_state(folder: Path) -> ResumeState:
+def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
     state = ResumeState()
+    transient: dict[str, int] = {}  # plan id -> transient failures logged
     for row in _read(folder / PLANS_FILE):
         state.plans_logged += 1
-        if row["status"] in FINAL_PLAN_STATUSES:
-            state.finished.add(row["plan_id"])
+        status, pid = row["status"], row["plan_id"]
+        if status == "error" and row.get("failure") in TRANSIENT_KINDS:
+            transient[pid] = transient.get(pid, 0) + 1
+            final = transient[pid] > RETRY_TRANSIENT
         else:
-            state.finished.discard(row["plan_id"])
+            final = status in FINAL_PLAN_STATUSES
+        if final and not (retry_failed and status == "error"):
+            state.finished.add(pid)
+        else:
+            state.finished.discard(pid)
     for row in _read(folder / STEPS_FILE):
         state.steps_logged += 1
         if row.get("cost_usd") and not row.get("cache_hit"):
@@ -77,15 +90,26 @@ def load_state(folder: Path) -> ResumeState:
 
 
 def _write(f: IO[bytes], row: dict[str, Any]) -> None:
+    """Append one line, unbuffered; a write that fails part way (disk full) is cut
+    back off, so that the file holds whole lines only and the write can be retried."""
     row["_seq"] = time.time_ns()
-    f.write(orjson.dumps(row) + b"\n")
-    f.flush()
+    data = memoryview(orjson.dumps(row) + b"\n")
+    start = os.fstat(f.fileno()).st_size
+    try:
+        while data:
+            data = data[f.write(data) or 0:]
+    except OSError:
+        try:
+            os.ftruncate(f.fileno(), start)
+        except OSError:
+            pass
+        raise
 
 
 def _open_append(path: Path) -> IO[bytes]:
     if path.exists() and path.stat().st_size:
         _cut_torn_tail(path)
-    return open(path, "ab")
+    return open(path, "ab", buffering=0)
 
 
 def _cut_torn_tail(path: Path) -> None:

@@ -199,7 +199,7 @@ class SimServer(LocalServer):
         elif structured is not None:
             known = self.index.find(structured.texts)
             content, kind, _, _ = record_reply(structured, known, spec.skill_for(known.task if known else None),
-                                               rng, f.malformed_json, draw(self.seed, model, request_hash + "/fault"))
+                                               rng, f.malformed_json, lambda: draw(self.seed, model, request_hash + "/fault"))
             kinds = (kind, "repair") if structured.repair else (kind,)
         else:
             known = self.index.find(texts)

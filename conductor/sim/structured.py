@@ -20,7 +20,7 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -32,7 +32,8 @@ REPAIR_MARKER = "Your reply was not a valid record:"
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n\s*```", re.S)
 _NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?![\w])")
 _YEAR = re.compile(r"\b(19[5-9]\d|20[0-4]\d)\b")
-_WORD = re.compile(r"[^\s|`*#]+")  # words of prose and table cells, not Markdown table rules
+# Words of prose and table cells ("12.5", "2019-12-31", "company's"), not punctuation or Markdown rules.
+_WORD = re.compile(r"[\w$%&]+(?:[.,:'/-][\w$%&]+)*")
 _MISSING = object()
 MAX_DEPTH = 8
 
@@ -121,20 +122,21 @@ def reference_record(known: Known | None) -> dict[str, Any] | None:
 
 
 def record_reply(req: StructuredRequest, known: Known | None, skill: float, rng: random.Random,
-                 malformed_rate: float, fault_rng: random.Random) -> tuple[str, str, int, int]:
+                 malformed_rate: float, fault_rng: Callable[[], random.Random]) -> tuple[str, str, int, int]:
     """(content, kind, fields right, fields with a reference); kind is "record",
-    "unparseable" or "invalid"."""
+    "unparseable" or "invalid". `fault_rng` makes the fault's own draw (only
+    called when the rate is above 0), so the rate does not change the record."""
     doc = Document(known.prompt if known is not None else _last_user_text(req.texts))
     gen = _Generator(req.schema, doc, rng)
     counts = [0, 0]
     record = gen.value(req.schema, reference_record(known), skill, counts, 0, top=True)
     kind = "record"
-    if fault_rng.random() < malformed_rate:
-        if fault_rng.random() < 0.5:
+    if malformed_rate > 0 and (fault := fault_rng()).random() < malformed_rate:
+        if fault.random() < 0.5:
             text = orjson.dumps(record).decode()
-            cut = max(1, int(len(text) * fault_rng.uniform(0.3, 0.8)))
+            cut = max(1, int(len(text) * fault.uniform(0.3, 0.8)))
             return text[:cut], "unparseable", counts[0], counts[1]
-        gen.rng = fault_rng
+        gen.rng = fault
         record = _invalidate(record, gen)
         kind = "invalid"
     return orjson.dumps(record).decode(), kind, counts[0], counts[1]
@@ -151,12 +153,12 @@ class Document:
         self.text = text
         self._words: list[str] | None = None
         self._numbers: list[str] | None = None
+        self._years: list[str] | None = None
 
     @property
     def words(self) -> list[str]:
         if self._words is None:
-            words = (w.strip(".,;:()[]\"'") for w in _WORD.findall(self.text[:20000]))
-            self._words = [w for w in words if w and not set(w) <= set("-:")]
+            self._words = _WORD.findall(self.text[:20000])
         return self._words
 
     @property
@@ -173,8 +175,9 @@ class Document:
         return " ".join(words[i:i + n_words])
 
     def year(self, rng: random.Random) -> int | None:
-        years = _YEAR.findall(self.text[:20000])
-        return int(rng.choice(years)) if years else None
+        if self._years is None:
+            self._years = _YEAR.findall(self.text[:20000])
+        return int(rng.choice(self._years)) if self._years else None
 
 
 class _Generator:
@@ -534,7 +537,7 @@ def _wrong_number(x: float, rng: random.Random) -> float | int:
 
 def _invalidate(record: Any, gen: _Generator) -> Any:
     """The record broken against its schema: a field given a value of a type (or
-    an enum value) the schema does not allow, or a required field removed."""
+    an enum value) the schema does not allow, else a required field removed."""
     schema = gen.resolve(gen.root)
     if not isinstance(record, dict) or _main_type(schema) != "object":
         return ["not", "an", "object"]
@@ -542,7 +545,9 @@ def _invalidate(record: Any, gen: _Generator) -> Any:
     required = [k for k in (schema.get("required") or ()) if k in record]
     typed = [k for k, v in props.items() if _allowed_types(v, gen)]
     out = dict(record)
-    if typed and (not required or gen.rng.random() < 0.6):
+    # A wrong type breaks the record under any looser schema the client may check
+    # against too (one that does not require every field); a dropped field may not.
+    if typed:
         name = gen.rng.choice(typed)
         allowed = _allowed_types(props[name], gen)
         for candidate, kinds in (("n/a", {"string"}), (12345, {"integer", "number"}), (True, {"boolean"}),

@@ -1,0 +1,72 @@
+"""Failed plans, made loud: their share against a threshold (a batch job with
+nobody watching must not exit 0 when its provider was down), and a summary
+grouped by worker and kind of failure, with the URL the worker calls."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from conductor.errors import ConductorError
+from conductor.execute.journal import TRANSIENT_KINDS
+from conductor.pool import Pool
+
+DEFAULT_MAX_FAILED_SHARE = 0.05
+ENV_MAX_FAILED_SHARE = "CONDUCTOR_MAX_FAILED_SHARE"
+NOT_FAILED = ("ok", "budget_exhausted")  # a budget stop has its own exit code and message
+
+
+def max_failed_share(value: float | None = None) -> float:
+    """The threshold: `value` (--max-failed-share), else $CONDUCTOR_MAX_FAILED_SHARE, else 5%."""
+    if value is None:
+        raw = os.environ.get(ENV_MAX_FAILED_SHARE)
+        try:
+            value = float(raw) if raw not in (None, "") else DEFAULT_MAX_FAILED_SHARE
+        except ValueError:
+            raise ConductorError(f"{ENV_MAX_FAILED_SHARE}={raw!r}: expected a share between 0 and 1") from None
+    if not 0.0 <= value <= 1.0:
+        raise ConductorError(f"the largest share of failed plans must be between 0 and 1 (got {value})")
+    return value
+
+
+def failed_plans(statuses: dict[str, int]) -> tuple[int, int]:
+    """(failed plans, all plans): failed is every status but ok and budget_exhausted."""
+    total = sum(statuses.values())
+    return total - sum(statuses.get(s, 0) for s in NOT_FAILED), total
+
+
+def too_many_failed(statuses: dict[str, int], threshold: float) -> bool:
+    failed, total = failed_plans(statuses)
+    return total > 0 and failed / total > threshold
+
+
+def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str, Any]]:
+    """Failed steps grouped by worker and kind: plans, whether a rerun retries them, the URL, an example."""
+    t = pq.read_table(traces, columns=["plan_id", "worker", "status", "failure", "error"])
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in t.to_pylist():
+        if r["status"] in ("ok", "skipped"):
+            continue
+        kind = r["failure"] or ("budget" if r["status"] == "budget_exhausted" else "other")
+        g = groups.get((r["worker"], kind))
+        if g is None:
+            w = pool.worker(r["worker"]) if pool.has(r["worker"]) else None
+            g = groups[(r["worker"], kind)] = {
+                "worker": r["worker"], "failure": kind, "url": (w.api_base if w else None) or "(provider default)",
+                "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS,
+                "plans": set(), "example": (r["error"] or "")[:300]}
+        g["plans"].add(r["plan_id"])
+    out = [{**g, "plans": len(g["plans"])} for g in groups.values()]
+    return sorted(out, key=lambda g: -g["plans"])
+
+
+def format_failures(groups: list[dict[str, Any]]) -> str:
+    lines = []
+    for g in groups:
+        again = "a rerun retries these" if g["retried_on_rerun"] else "final (rerun with --retry-failed)"
+        lines.append(f"  worker {g['worker']} at {g['url']}: {g['failure']}, {g['plans']} plan(s); {again}\n"
+                     f"    e.g. {g['example']}")
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""Checks before any call: a run whose workers cannot work should say so at
+once, naming the worker and the URL, instead of paying for half a run and
+recording every plan as an error.
+
+For each LLM worker the plans use: litellm knows its provider prefix (a typo
+such as `openia/` is caught), and where the worker names an endpoint
+(`api_base`), the endpoint answers and, when it lists its models
+(GET /models, one request per endpoint and run), serves the worker's model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any, Iterable
+
+from conductor.pool import Pool, Worker
+
+TIMEOUT_S = 5.0
+
+
+def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
+    """Problems that would fail every call of a worker, one line each (empty: go)."""
+    problems: list[str] = []
+    listed: dict[str, Any] = {}  # api_base -> model ids, None (cannot say) or an error line
+    for wid in sorted(set(worker_ids)):
+        w = pool.worker(wid) if pool.has(wid) else None
+        if w is None or w.kind != "llm" or not w.model:
+            continue
+        name, why = _provider_model(w)
+        if why:
+            problems.append(f"worker {w.id}: {why}")
+            continue
+        if not w.api_base:
+            continue
+        base = w.api_base.rstrip("/")
+        if base not in listed:
+            provider = pool.providers.get(w.provider)
+            env = provider.api_key_env if provider else None
+            listed[base] = _list_models(base, os.environ.get(env) if env else None)
+        models = listed[base]
+        if isinstance(models, str):
+            problems.append(f"worker {w.id}: {models}")
+        elif models is not None and name not in models:
+            shown = ", ".join(sorted(models)[:10]) + (" ..." if len(models) > 10 else "")
+            problems.append(f"worker {w.id}: {base} does not serve model {name!r} (model {w.model}); "
+                            f"it serves: {shown or 'nothing'}")
+    return problems
+
+
+def _provider_model(w: Worker) -> tuple[str, str | None]:
+    """The model name litellm sends, or why litellm cannot route the model string."""
+    import litellm
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # litellm prints a banner on this error
+            name, _provider, _key, _base = litellm.get_llm_provider(w.model, api_base=w.api_base)
+    except Exception:
+        prefix = w.model.split("/", 1)[0] if "/" in w.model else w.model
+        return w.model, (f"model {w.model!r}: litellm does not know the provider {prefix!r}; use a prefix such as "
+                         f"openai/, anthropic/, hosted_vllm/ (see https://docs.litellm.ai/docs/providers)")
+    return name, None
+
+
+def _list_models(base: str, api_key: str | None) -> set[str] | str | None:
+    """The endpoint's model ids; None when it does not say; a message when it cannot be reached."""
+    req = urllib.request.Request(f"{base}/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            doc = json.loads(resp.read(1 << 22))
+    except urllib.error.HTTPError:
+        return None  # it answers, but not this question (no /models, or a key is needed)
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        return f"cannot reach {base} ({reason}); start the server or fix api_base in the pool file"
+    except ValueError:
+        return None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return None
+    return {m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)}

@@ -1,0 +1,287 @@
+"""Faults real providers and disks produce (issue 12): malformed answers, storage
+errors, shared requests that fail, endpoints that go away. Real HTTP to local
+servers on 127.0.0.1: the simulated pool, or a tiny fault server for shapes the
+sim cannot produce."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pyarrow.parquet as pq
+import pytest
+
+from conductor.runner import RunConfig, run_all
+from tests.conftest import run_cli, worker, write_pool
+from tests.test_executor import FixedPlanner, solve
+
+
+def _ok(model: str, content="Answer: 4", usage=None) -> dict:
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": usage or {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}}
+
+
+# What the fault server answers, by the model a request names (after "openai/").
+SHAPES = {
+    "good": lambda m: (200, _ok(m)),
+    "nochoices": lambda m: (200, {**_ok(m), "choices": []}),
+    "nomessage": lambda m: (200, {**_ok(m), "choices": [{"index": 0, "finish_reason": "stop"}]}),
+    "listcontent": lambda m: (200, _ok(m, content=[{"type": "text", "text": "hi"}])),
+    "notjson": lambda m: (200, "this is not json"),
+    "nullchoices": lambda m: (200, {**_ok(m), "choices": None}),
+}
+
+
+class FaultServer:
+    """An OpenAI-compatible endpoint that answers each model with a fixed (status, body)."""
+
+    def __init__(self, shapes=SHAPES):
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in shapes]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+                outer.requests.append(body)
+                model = body.get("model", "")
+                status, doc = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
+                self._send(status, doc)
+
+            def _send(self, status, doc):
+                data = doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fault_server():
+    with FaultServer() as s:
+        yield s
+
+
+def _run(tmp_path, pool, queries, planner, **kw):
+    cfg = RunConfig(queries=queries, pool=pool, data_dir=tmp_path / "data", progress=False, **kw)
+    summary = run_all(cfg, planner=planner)
+    out = tmp_path / "data" / "runs" / summary["run_id"]
+    return summary, pq.read_table(out / "traces.parquet").to_pylist(), pq.read_table(out / "results.parquet").to_pylist()
+
+
+def _queries(tmp_path, sample_queries, n):
+    path = tmp_path / f"q{n}.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, n), path)
+    return path
+
+
+# ---- 1. malformed answers fail their plan, never the batch --------------------
+
+def test_malformed_200_answers_fail_their_plan_not_the_batch(tmp_path, fault_server, sample_queries):
+    bad = [s for s in SHAPES if s != "good"]
+    workers = [worker(name, fault_server.url) for name in SHAPES]
+    for w in workers:
+        w["model"] = f"openai/{w['id']}"
+    pool = write_pool(tmp_path / "pool.yaml", fault_server.url, workers=workers)
+    names = list(SHAPES)
+    planner = FixedPlanner(lambda q: solve(names[q.index % len(names)])(q))
+    queries = _queries(tmp_path, sample_queries, 2 * len(names))
+    summary, traces, results = _run(tmp_path, pool, queries, planner, cache=False)
+    by_worker = {}
+    for t in traces:
+        by_worker.setdefault(t["worker"], []).append(t)
+    assert {t["status"] for t in by_worker["good"]} == {"ok"}
+    for name in bad:
+        rows = by_worker[name]
+        assert {t["status"] for t in rows} == {"error"}, name
+        assert all(t["failure"] == "malformed" and f"worker {name}" in t["error"] for t in rows), rows
+    assert summary["statuses"] == {"ok": 2, "error": 2 * len(bad)}
+
+
+# ---- 2. shared requests, storage errors ------------------------------------
+
+def test_plans_sharing_a_budget_blocked_request_stay_resumable(tmp_path, fresh_sim, sample_queries):
+    """K samples of one plan send one request; when the budget refuses it, every
+    sample is budget_exhausted (not "error"), and a larger budget finishes them all."""
+    data = tmp_path / "data"
+    queries = _queries(tmp_path, sample_queries, 20)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"budget_usd": 0.002, "max_concurrency": 4}})
+    planner = FixedPlanner(solve("slow"))
+    cfg = dict(queries=queries, pool=pool, data_dir=data, progress=False, samples=4, cache=False)
+    summary = run_all(RunConfig(**cfg), planner=planner)
+    assert set(summary["statuses"]) == {"ok", "budget_exhausted"}, summary["statuses"]
+    results = pq.read_table(data / "runs" / summary["run_id"] / "results.parquet").to_pylist()
+    by_query = {}
+    for r in results:
+        by_query.setdefault(r["query_id"], set()).add(r["status"])
+    assert all(len(s) == 1 for s in by_query.values()), by_query  # samples share their request's fate
+    sent = fresh_sim.log()["by_body"]
+    write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+               providers={"sim": {"budget_usd": 1.0, "max_concurrency": 4}})
+    summary = run_all(RunConfig(**cfg), planner=planner)
+    assert summary["statuses"] == {"ok": 80}
+    log = fresh_sim.log()["by_body"]
+    assert all(log[b] == 1 for b in sent) and sum(log.values()) == 20
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs: a disk that fills."""
+    import os
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_disk_filling_mid_run_stops_it_cleanly_and_the_rerun_pays_nothing_twice(
+        tmp_path, fresh_sim, sample_queries, small_disk):
+    import time
+
+    data = small_disk / "data"
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 8, "timeout_s": 10}})
+    filler = small_disk / "filler"
+    stop = threading.Event()
+
+    def fill_when_busy():  # fill the disk once a third of the calls were sent
+        while not stop.is_set() and fresh_sim.log()["total"] < 20:
+            time.sleep(0.05)
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=fill_when_busy, daemon=True)
+    t.start()
+    env = {"CONDUCTOR_RESERVE_BYTES": str(512 << 10)}
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--quiet",
+                env=env, timeout=120)
+    stop.set()
+    t.join()
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "Free space" in r.stderr and "rerun the same command" in r.stderr
+    assert "Traceback" not in r.stderr
+    first = fresh_sim.log()["total"]
+    assert 20 <= first < 60
+
+    filler.unlink()
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--quiet",
+                env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = fresh_sim.log()["by_body"]
+    assert sum(log.values()) == 60 and set(log.values()) == {1}  # every request paid exactly once
+
+
+# ---- 3. loud failures, resumable errors, preflight --------------------------
+
+@pytest.fixture
+def own_sim(tmp_path):
+    """A simulated pool this test may stop and restart (on the same port)."""
+    import yaml
+
+    from conductor.sim import start_sim
+    from tests.conftest import SAMPLE, SIM_MODELS
+
+    server_pool = tmp_path / "server.yaml"
+    server_pool.write_text(yaml.safe_dump({"workers": [
+        {"id": n, "model": f"openai/{n}", "simulate": s} for n, s in SIM_MODELS.items()]}))
+    handles = []
+
+    def start(port=0):
+        h = start_sim(server_pool, [SAMPLE], port=port)
+        handles.append(h)
+        return h
+
+    yield start
+    for h in handles:
+        h.stop()
+
+
+def test_endpoint_down_is_loud_and_the_same_command_finishes_the_run(tmp_path, own_sim, sample_queries):
+    import time
+
+    sim = own_sim()
+    port, url = sim.port, sim.url
+    pool = write_pool(tmp_path / "pool.yaml", url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 4, "timeout_s": 5, "max_attempts": 2}})
+    data = tmp_path / "data"
+    cmd = ("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--quiet")
+
+    sim.stop()  # down before the run: the preflight says so, and nothing is written but the plans
+    r = run_cli(*cmd)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "worker slow" in r.stderr and url in r.stderr and "cannot reach" in r.stderr
+
+    sim = own_sim(port)  # up, then down mid-run
+    stopper = threading.Thread(target=lambda: (_wait_for(sim, 12), sim.stop()), daemon=True)
+    stopper.start()
+    r = run_cli(*cmd)
+    stopper.join()
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "plans failed" in r.stderr
+    assert f"worker slow at {url}: connection" in r.stdout and "a rerun retries these" in r.stdout
+    run_dir = next((data / "runs").iterdir())
+    done = [x for x in pq.read_table(run_dir / "results.parquet").to_pylist() if x["status"] == "ok"]
+    assert 12 <= len(done) < 60
+
+    sim = own_sim(port)  # back: the same command finishes, sending only what is not done
+    r = run_cli(*cmd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = pq.read_table(run_dir / "results.parquet").to_pylist()
+    assert [x["status"] for x in results] == ["ok"] * 60
+    assert sim.log()["total"] == 60 - len(done)  # 0 finished steps re-sent
+
+
+def _wait_for(sim, n):
+    import time
+
+    while sim.log()["total"] < n:
+        time.sleep(0.02)
+
+
+def test_preflight_reports_a_typo_d_provider_and_an_unknown_model_before_any_call(tmp_path, fresh_sim,
+                                                                                sample_queries):
+    workers = [worker("fast", fresh_sim.url), worker("typo", fresh_sim.url, model="openia/fast"),
+               worker("ghost", fresh_sim.url)]
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, workers=workers)
+    names = ["fast", "typo", "ghost"]
+    queries = _queries(tmp_path, sample_queries, 6)
+    with pytest.raises(Exception) as e:
+        _run(tmp_path, pool, queries, FixedPlanner(lambda q: solve(names[q.index % 3])(q)))
+    msg = str(e.value)
+    assert "worker typo" in msg and "'openia'" in msg
+    assert "worker ghost" in msg and "does not serve model 'ghost'" in msg and fresh_sim.url in msg
+    assert "worker fast" not in msg
+    assert fresh_sim.log()["total"] == 0
