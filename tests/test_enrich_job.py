@@ -149,3 +149,10 @@ def test_cli_check_refuses_with_exit_code(folder):
     r = run_cli("job", "check", write(folder, GOOD))
     assert r.returncode == 0, r.stderr
     assert "3 rows" in r.stdout
+
+
+def test_judge_needs_a_pool_worker_and_a_rubric(folder):
+    text = GOOD.replace("worker: fast\n", "worker: fast\nquality:\n  judge: {worker: big, rubric: be right}\n")
+    assert f"job.yaml:{line_of(text, 'judge:')}: quality.judge.worker:" in refused(folder, text)
+    text = GOOD.replace("worker: fast\n", "worker: fast\nquality:\n  judge: {worker: fast}\n")
+    assert "quality.judge: the judge needs a rubric" in refused(folder, text)

@@ -267,6 +267,12 @@ def test_planned_documents_job_gives_confidence_from_agreement(sim, tmp_path):
     m = s["metrics"]
     assert "overall" not in m and m["fields"]["summary"]["mean_confidence"] is not None
     assert m["valid_share"] == s["valid"] / 40
+    # No references: the job's judge scored every valid record, through the executor (its own run).
+    judged = ok.column("judge_score").to_pylist()
+    assert all(j is not None and 0 <= j <= 1 for j in judged) and all(ok.column("judge_reason").to_pylist())
+    assert m["judge"]["judged_rows"] == ok.num_rows and s["judge_cost_usd"] > 0
+    jtraces = pq.read_table(tmp_path / "data" / "runs" / f"{s['run_id']}-judge" / "traces.parquet")
+    assert set(jtraces.column("worker").to_pylist()) == {"mid"} and jtraces.num_rows >= ok.num_rows
     assert rec.schema.field("n_questions").type == pa.int64()  # a carried column keeps its type
 
 
@@ -312,3 +318,12 @@ def test_queries_cli_writes_what_direct_mode_sends(tmp_path):
     assert q.num_rows == 1668 and set(q.column("task").to_pylist()) == {"record"}
     ref = orjson.loads(q.column("reference")[0].as_py())
     assert set(ref) == {"answer", "scale", "answer_type"} and isinstance(ref["answer"], list)
+
+
+def test_cli_exits_4_when_valid_share_is_below_the_jobs_floor(sim, tmp_path):
+    path = variant(QA_JOB, tmp_path, "qa_broken", rows=questions(20))
+    sim.set_faults("*", malformed_json=1.0)  # every reply and every repair is broken
+    r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--quiet")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "below the job's quality.min_valid_share 95.0%" in r.stdout
+    assert re.search(r"statuses\s+invalid 20", r.stdout)

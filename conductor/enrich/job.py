@@ -33,7 +33,8 @@ STRUCTURED = ("auto", "response_format", "prompt")
 SCORES = ("exact", "numeric", "f1", "set", "tatqa")
 # Columns every record has; a field or carried column may not take these names.
 # A plain-text job (no fields) also writes `text`.
-RESERVED = ("status", "error", "cost_usd", "calls", "run_id", "reused", "row_hash", "updated_at", "score")
+RESERVED = ("status", "error", "cost_usd", "calls", "run_id", "reused", "row_hash", "updated_at", "score",
+            "judge_score", "judge_reason")
 CATALOG_VIEWS = ("plans", "traces", "results", "rewards", "runs")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -354,6 +355,11 @@ def _check_pool(doc: Located, pool_path: Path, mode: str, worker: Any, raw: dict
             raise doc.error(("quality", "judge"), "must be a mapping {worker, rubric}")
         if not pool.has(judge["worker"]):
             raise doc.error(("quality", "judge", "worker"), f"{judge['worker']!r} is not in pool {pool_path}")
+        if pool.worker(judge["worker"]).kind != "llm":
+            raise doc.error(("quality", "judge", "worker"), f"{judge['worker']!r} is not an llm worker")
+        if not isinstance(judge.get("rubric"), str) or not judge["rubric"].strip():
+            raise doc.error(("quality", "judge", "rubric") if "rubric" in judge else ("quality", "judge"),
+                            "the judge needs a rubric: what a good record is, in a few sentences")
 
 
 def _columns(doc: Located, at: tuple, path: Path) -> list[str]:

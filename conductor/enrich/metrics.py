@@ -69,6 +69,9 @@ def metrics(job: Job, df: pl.DataFrame, records: list[dict[str, Any] | None], ta
                 if vals:
                     m[extra] = fmean(vals)
         out["fields"][f.name] = m
+    if "judge_score" in table.column_names:
+        judged = [s for s in table.column("judge_score").to_pylist() if s is not None]
+        out["judge"] = {"mean_score": fmean(judged) if judged else None, "judged_rows": len(judged)}
     if job.references:
         scores = [s for s in (table.column("score").to_pylist() if "score" in table.column_names else []) if s is not None]
         out["overall"] = fmean(scores) if scores else None

@@ -64,9 +64,12 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     todo = [i for i in range(len(ids)) if i not in reused]
 
     computed: dict[str, dict[str, Any]] = {}
+    judge_cost = 0.0
     if todo:
         computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, full_refresh)
         _write_rewards(job, df, ids, run, plans)
+        if job.quality.get("judge") and job.fields:
+            judge_cost = _judge(job, df, ids, prompts, todo, computed, run, data_dir, progress)
     elif not run.exists():
         run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
 
@@ -76,6 +79,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     write_table(run.table("records"), table)
     summary = _summary(job, table, run, len(todo), len(reuse), time.monotonic() - t0,
                        compute_metrics(job, df, records, table))
+    summary["judge_cost_usd"] = judge_cost
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
     run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary,
@@ -124,6 +128,25 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
         if job.mode == "planned":
             close_planner(planner)
     return _outcomes(job, pool, run)
+
+
+def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int], computed: dict,
+           run: RunDir, data_dir: Path, progress: bool) -> float:
+    """Have the judge score this run's valid records of rows without any reference value."""
+    from conductor.enrich.judge import judge
+
+    gold = [df.get_column(r.column).to_list() for r in job.references.values()]
+    items = []
+    for i in todo:
+        c = computed.get(ids[i])
+        if c and c["status"] == OK and all(g[i] is None for g in gold):
+            items.append((ids[i], prompts[i], c["record"]))
+    if not items:
+        return 0.0
+    scores, cost = judge(job, run, data_dir, items, progress)
+    for rid, (score, reason) in scores.items():
+        computed[rid]["judge_score"], computed[rid]["judge_reason"] = score, reason
+    return cost
 
 
 def _outcomes(job: Job, pool: Pool, run: RunDir):
@@ -201,7 +224,7 @@ def _row_outcomes(ids: list[str], computed: dict, previous: dict, reused: set[in
             p = previous[rid]
             rows.append({"record": p["record"], "text": p.get("text"), "status": p["status"], "error": p["error"],
                          "cost_usd": 0.0, "calls": 0, "confidence": p["confidence"], "run_id": p["run_id"],
-                         "reused": True})
+                         "reused": True, "judge_score": p.get("judge_score"), "judge_reason": p.get("judge_reason")})
         else:
             c = computed.get(rid) or {"record": None, "text": None, "status": "error", "confidence": None,
                                       "error": "no outcome recorded", "cost_usd": None, "calls": 0}
@@ -227,6 +250,9 @@ def _records_table(job: Job, df: pl.DataFrame, ids: list[str], hashes: list[str]
     if job.references:
         scores = row_scores(job, df, records)
         cols["score"] = pa.array(scores, pa.float64())
+    if job.quality.get("judge") and job.fields:
+        cols["judge_score"] = pa.array([r.get("judge_score") for r in rows], pa.float64())
+        cols["judge_reason"] = pa.array([r.get("judge_reason") for r in rows], pa.string())
     cols.update({
         "status": pa.array([r["status"] for r in rows], pa.string()),
         "error": pa.array([r["error"] for r in rows], pa.string()),
@@ -275,6 +301,7 @@ def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) ->
                 "row_hash": r["row_hash"], "status": r["status"], "error": r["error"], "run_id": r["run_id"],
                 "record": {k: r[k] for k in names} if names else None, "text": r.get("text"),
                 "confidence": {k: r.get(f"{k}_confidence") for k in names} if names else None,
+                "judge_score": r.get("judge_score"), "judge_reason": r.get("judge_reason"),
             }
     return out
 
@@ -396,6 +423,11 @@ def format_summary(s: dict[str, Any]) -> str:
         if f.get("mean_confidence") is not None:
             parts.append(f"confidence {f['mean_confidence']:.3f}")
         rows.append((f"  {name}", "; ".join(parts)))
+    if m.get("judge"):
+        j = m["judge"]
+        rows.append(("judge", f"mean score {j['mean_score']:.3f} over {j['judged_rows']} rows without references"
+                              f" (${s.get('judge_cost_usd') or 0:.6f})" if j["mean_score"] is not None
+                     else "no row judged"))
     rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
              ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
     width = max(len(k) for k, _ in rows)
