@@ -307,7 +307,7 @@ def test_plain_text_job_carries_text(sim, tmp_path):
     s = run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
     rec = pq.read_table(s["records_path"])
     assert "text" in rec.column_names and "answer" not in rec.column_names and doc["fields"]
-    assert s["valid"] == 20 and all(rec.column("text").to_pylist())
+    assert s["valid"] == 20 and all(rec.column("text").to_pylist()) and s["metrics"]["valid_share"] == 1.0
 
 
 def test_queries_cli_writes_what_direct_mode_sends(tmp_path):
