@@ -327,3 +327,19 @@ def test_cli_exits_4_when_valid_share_is_below_the_jobs_floor(sim, tmp_path):
     assert r.returncode == 4, r.stdout + r.stderr
     assert "below the job's quality.min_valid_share 95.0%" in r.stdout
     assert re.search(r"statuses\s+invalid 20", r.stdout)
+
+
+def test_integer_ids_from_csv_keep_their_type_and_join_back(sim, tmp_path):
+    (tmp_path / "notes.csv").write_text("note_id,body\n" + "".join(f"{i},note {i} on revenue of {i}.5 million\n"
+                                                                   for i in range(1, 11)))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "notes", "input": {"path": "notes.csv", "id": "note_id"}, "prompt": "Read: {{ body }}",
+        "fields": {"amount": {"type": "number"}, "unit": {"type": "enum", "values": ["thousand", "million"]}},
+        "pool": str(SIM_POOL), "worker": "small"}))
+    s = run_job(load_job(tmp_path / "job.yaml"), data_dir=tmp_path / "data", progress=False)
+    rec = pq.read_table(s["records_path"])
+    assert rec.schema.field("note_id").type == pa.int64() and s["valid"] == 10
+    con = duckdb.connect(str(tmp_path / "data" / "conductor.duckdb"), read_only=True)
+    n = con.sql(f"SELECT count(*) FROM notes JOIN read_csv('{tmp_path / 'notes.csv'}') USING (note_id)").fetchone()
+    assert n == (10,)
+    con.close()

@@ -28,7 +28,7 @@ from conductor import schemas
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.enrich.records import RecordChecker, parse_reply, schema_block, typed_columns
-from conductor.enrich.table import load_rows, references, render, row_hashes
+from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
 from conductor.errors import ConductorError, InputError
 from conductor.execute.call import estimate_tokens
 from conductor.execute.structured import RecordSpec
@@ -50,7 +50,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     pool = load_pool(job.pool_path)
     definition = job.definition_hash(pool.identity_hash())
     df = load_rows(job)
-    ids = df.get_column(job.id_column).to_list()
+    ids = ids_of(job, df)
     prompts = render(job, df)
     hashes = row_hashes(job, df, definition)
     check_context(job, pool, ids, prompts)
@@ -235,7 +235,8 @@ def _row_outcomes(ids: list[str], computed: dict, previous: dict, reused: set[in
 def _records_table(job: Job, df: pl.DataFrame, ids: list[str], hashes: list[str], rows: list[dict[str, Any]],
                    records: list[dict[str, Any] | None], now: datetime) -> pa.Table:
     n = len(ids)
-    cols: dict[str, pa.Array] = {job.id_column: pa.array(ids, pa.string())}
+    # The id keeps its input type, so the view joins to the input table without a cast.
+    cols: dict[str, pa.Array] = {job.id_column: _plain(df.select(job.id_column).to_arrow().column(0))}
     if job.carry:
         carried = df.select(list(job.carry)).to_arrow()
         for name in job.carry:
@@ -293,7 +294,7 @@ def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) ->
         t = t.filter(pc.equal(t.column("status"), OK))
         names = [f.name for f in job.fields]
         for r in t.to_pylist():
-            rid = r[job.id_column]
+            rid = str(r[job.id_column])
             if rid in best and best[rid] >= r["updated_at"]:
                 continue
             best[rid] = r["updated_at"]
