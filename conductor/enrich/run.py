@@ -185,25 +185,35 @@ def _outcomes(job: Job, pool: Pool, run: RunDir):
 
 
 def _record_steps(pool: Pool, run: RunDir) -> dict[str, list[dict[str, Any]]]:
-    """Per plan, the records its llm steps answered (the last answer per step, repairs included)."""
+    """Per plan, the records its top-level llm steps answered (repairs included), leaving out
+    the step whose output is the plan's answer: the others are the witnesses of its values."""
     traces = pq.read_table(run.table("traces"), columns=[
         "plan_id", "step_path", "worker", "status", "response_text"]).to_pylist()
     llm = {w.id for w in pool.workers if w.kind == "llm"}
-    per: dict[str, dict[str, Any]] = {}
+    per: dict[str, dict[int, Any]] = {}
+    last: dict[str, tuple[int, str]] = {}  # plan -> (index, worker) of the last step that ran
     for t in traces:
-        if t["status"] != "ok" or t["worker"] not in llm:
-            continue
         path = t["step_path"].removesuffix(".repair")
-        obj, err = parse_reply(t["response_text"])
-        if err is None:
-            per.setdefault(t["plan_id"], {})[path] = obj
-    return {pid: list(steps.values()) for pid, steps in per.items()}
+        if t["status"] != "ok" or not path.isdigit():
+            continue
+        i = int(path)
+        if i >= last.get(t["plan_id"], (-1, ""))[0]:
+            last[t["plan_id"]] = (i, t["worker"])
+        if t["worker"] in llm:
+            obj, err = parse_reply(t["response_text"])
+            if err is None:
+                per.setdefault(t["plan_id"], {})[i] = obj
+    out = {}
+    for pid, steps in per.items():
+        final, worker = last[pid]
+        out[pid] = [r for i, r in sorted(steps.items()) if not (i == final and worker in llm)]
+    return out
 
 
 def _confidence(job: Job, rec: dict | None, step_records: list[dict[str, Any]]) -> dict[str, float] | None:
-    """Share of the plan's record-producing steps that gave each field's final value; None
-    with fewer than two such steps (one step says nothing about agreement)."""
-    if rec is None or len(step_records) < 2:
+    """Per field, the share of the plan's other record steps (extractors a reconciler or a
+    vote saw) that gave the final value; None when the answer came from the only one."""
+    if rec is None or not step_records:
         return None
     out = {}
     for f in job.fields:
