@@ -237,6 +237,9 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
     pool = extend(run.pool) if callable(extend) else run.pool
     cache = Cache(_cache_path(cfg)) if cfg.cache else None
     run_cache = Cache(run.dir.work / "responses.sqlite")
+    for key, pid, usd in state.unsettled.values():
+        if run_cache.get(key) is None:  # sent by a killed process, maybe paid: count it (else claimed below)
+            spent[pid] = spent.get(pid, 0.0) + usd
     journal = Journal(run.dir.work)
     progress = progress or Progress(enabled=cfg.progress)
     progress.c.plans_total = pq.ParquetFile(plans_path).metadata.num_rows

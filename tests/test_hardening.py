@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow.parquet as pq
@@ -34,11 +35,25 @@ SHAPES = {
 }
 
 
+def _billing(body: dict, lie: str | None = None) -> tuple[int, dict]:
+    """Usage like a real tokenizer on CJK (one token per character) and a full max_tokens
+    completion; `lie` reports something else than what is billed."""
+    pt = sum(len(m["content"]) for m in body["messages"])
+    ct = body.get("max_tokens") or 16
+    usage = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+    if lie == "negative":
+        usage = {"prompt_tokens": -1000000, "completion_tokens": -1000000, "total_tokens": -2000000}
+    elif lie == "huge":
+        usage = {"prompt_tokens": pt, "completion_tokens": 10_000_000, "total_tokens": pt + 10_000_000}
+    return 200, _ok(body["model"], content="Answer: " + "x" * 8, usage=usage)
+
+
 class FaultServer:
     """An OpenAI-compatible endpoint that answers each model with a fixed (status, body)."""
 
     def __init__(self, shapes=SHAPES):
         self.requests: list[dict] = []
+        self.billed: list[float] = []  # USD per request at $1/$2 per Mtok, on the real usage
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,13 +61,21 @@ class FaultServer:
                 pass
 
             def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in shapes]})
+                self._send(200, {"object": "list", "data": [{"id": m, "object": "model"}
+                                                             for m in [*shapes, "cjk", "negative", "huge", "slowcjk"]]})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
                 outer.requests.append(body)
                 model = body.get("model", "")
-                status, doc = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
+                if model in ("cjk", "negative", "huge", "slowcjk"):
+                    outer.billed.append(sum(len(m["content"]) for m in body["messages"]) * 1e-6
+                                        + (body.get("max_tokens") or 16) * 2e-6)  # billed on receipt
+                    if model == "slowcjk":
+                        time.sleep(0.5)
+                    status, doc = _billing(body, model if model in ("negative", "huge") else None)
+                else:
+                    status, doc = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
                 self._send(status, doc)
 
             def _send(self, status, doc):
@@ -285,3 +308,70 @@ def test_preflight_reports_a_typo_d_provider_and_an_unknown_model_before_any_cal
     assert "worker ghost" in msg and "does not serve model 'ghost'" in msg and fresh_sim.url in msg
     assert "worker fast" not in msg
     assert fresh_sim.log()["total"] == 0
+
+
+
+# ---- 4. budgets hold under any script and any reported usage ----------------
+
+@pytest.mark.parametrize("model", ["cjk", "negative", "huge"])
+def test_budget_holds_on_cjk_prompts_and_against_usage_lies(tmp_path, fault_server, model):
+    """$1/$2 per Mtok; the server bills one token per character (CJK) and max_tokens;
+    'negative' and 'huge' report usage that is not what was billed."""
+    import pyarrow as pa
+
+    queries = _cjk_queries(tmp_path)
+    w = worker(model, fault_server.url)
+    w["params"] = {"temperature": 0, "max_tokens": 64}
+    pool = write_pool(tmp_path / "pool.yaml", fault_server.url, workers=[w],
+                      providers={"sim": {"max_concurrency": 16, "budget_usd": 0.02}})
+    summary, traces, results = _run(tmp_path, pool, queries, FixedPlanner(solve(model)), cache=False)
+    billed = sum(fault_server.billed)
+    assert 0 < billed <= 0.02, billed  # what the provider would bill never passes the budget
+    assert "budget_exhausted" in summary["statuses"]
+    spent = sum(t["cost_usd"] or 0 for t in traces)
+    assert 0 <= spent <= 0.02
+    assert all((t["cost_usd"] or 0) >= 0 for t in traces)
+    if model == "huge":
+        ok = [t for t in traces if t["status"] == "ok"]
+        assert ok and all(t["completion_tokens"] == 64 and "clamped" in t["error"] for t in ok)
+
+
+
+def _cjk_queries(tmp_path, n=80):
+    import pyarrow as pa
+
+    prompts = ["請計算下列各題並只寫出最後的答案。" * 40 + f"第{i}題：{i}加{i}等於多少？" for i in range(n)]
+    queries = tmp_path / "cjk.parquet"
+    pq.write_table(pa.table({"query_id": [f"q{i}" for i in range(n)], "prompt": prompts}), queries)
+    return queries
+
+
+def test_three_kills_mid_run_never_bill_above_the_budget(tmp_path, fault_server):
+    """Calls in flight at a SIGKILL are paid: their reservations, journaled before
+    sending, count as spent when the run resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    w = worker("slowcjk", fault_server.url)
+    w["params"] = {"temperature": 0, "max_tokens": 64}
+    pool = write_pool(tmp_path / "pool.yaml", fault_server.url, workers=[w],
+                      providers={"sim": {"max_concurrency": 8, "budget_usd": 0.01}})
+    queries = _cjk_queries(tmp_path)
+    cmd = [sys.executable, "-m", "conductor", "run", str(queries), "--pool", str(pool), "--data-dir",
+           str(tmp_path / "data"), "--no-cache", "--quiet"]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    for _ in range(3):
+        before = len(fault_server.billed)
+        p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while len(fault_server.billed) < before + 6 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.01)
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr  # stopped by the budget, not over it
+    assert sum(fault_server.billed) <= 0.01, sum(fault_server.billed)

@@ -45,6 +45,8 @@ class CallResponse:
     finish_reason: str | None = None
     logprob: float | None = None  # sum of the sampled tokens' log-probabilities, when the provider sent them
     cost_usd: float | None = None  # what the server says the call cost (the replay server's recorded cost)
+    warning: str | None = None  # reported usage that could not be right (clamped for budgets)
+    usage_reported: bool = True  # False: no valid usage in the answer (missing, negative, not a number)
 
 
 class CallFailure(Exception):
@@ -105,6 +107,7 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     headers = (getattr(resp, "_hidden_params", None) or {}).get("additional_headers") or {}
     # A server that only estimated the usage it reports says so (the replay server does).
     estimated = pt is None or ct is None or headers.get("llm_provider-x-conductor-usage-estimated") == "1"
+    reported = pt is not None and ct is not None
     if pt is None:
         pt = estimate_tokens(req.messages)
     if ct is None:
@@ -112,7 +115,8 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     simulated = (getattr(resp, "system_fingerprint", None) == "conductor-sim"
                  or headers.get("llm_provider-x-conductor-simulated") == "1")
     return CallResponse(text, int(pt), int(ct), estimated, simulated, getattr(choice, "finish_reason", None),
-                        completion_logprob(choice), _usd(headers.get("llm_provider-x-conductor-cost-usd")))
+                        completion_logprob(choice), _usd(headers.get("llm_provider-x-conductor-cost-usd")),
+                        usage_reported=reported)
 
 
 def _tokens(value: Any) -> int | None:
@@ -217,3 +221,10 @@ def estimate_tokens(messages: list[dict[str, str]]) -> int:
     """Characters / 4 plus a few tokens of framing per message: cheap, and close
     enough for rate limits and budget reservations, which reconcile afterwards."""
     return sum(math.ceil(len(m.get("content") or "") / 4) + 4 for m in messages)
+
+
+def max_prompt_tokens(messages: list[dict[str, str]]) -> int:
+    """An upper bound on a prompt's tokens in any script and tokenizer: its UTF-8
+    bytes (a byte-level tokenizer never makes a token of less than one byte),
+    plus framing per message. For budget reservations, which must not undershoot."""
+    return sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + 8 for m in messages)
