@@ -61,6 +61,7 @@ class Worker:
     system: str | None = None
     function: str | None = None
     simulate: dict[str, Any] | None = None
+    context_tokens: int | None = None  # the model's context window, when litellm does not know it
 
     def skill(self, task: str | None) -> float | None:
         """Expected accuracy on a task tag, None when the pool does not say."""
@@ -217,6 +218,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     simulate = w.get("simulate")
     if simulate is not None and not isinstance(simulate, dict):
         raise PoolError(f"{at}.simulate: must be a mapping")
+    context = _num(w, "context_tokens", at, positive=True)
     return Worker(
         id=wid,
         provider=provider,
@@ -230,6 +232,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         system=system,
         function=function,
         simulate=simulate,
+        context_tokens=None if context is None else int(context),
     )
 
 

@@ -15,7 +15,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor.errors import InputError
-from conductor.grading import TASKS  # the graders define the tasks
+from conductor.grading import TASKS as GRADED  # the graders define the tasks
+
+# "record": a row of an enrichment job, answered with a JSON record and scored by the job's references.
+TASKS = (*GRADED, "record")
 COLUMNS = ("query_id", "prompt", "task", "reference", "metadata")
 SCHEMA = pa.schema([(c, pa.string()) for c in COLUMNS])
 _SHOW = 5

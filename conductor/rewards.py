@@ -33,6 +33,8 @@ class RewardScheme:
 def score(status: str, task: str | None, reference: str | None, answer_text: str | None,
           cost: float | None, scheme: RewardScheme) -> dict[str, Any]:
     """Grade one plan's outcome: answer, parsed, correct, reward."""
+    if task == "record":  # enrichment rows: scored by their job (conductor.enrich), not by a grader
+        return {"answer": None, "parsed": None, "correct": None, "reward": None}
     if status == "budget_exhausted" or task is None or reference is None:
         g = grade(task, answer_text, None) if status == "ok" else None
         return {"answer": g.answer if g else None, "parsed": g.parsed if g else None,

@@ -8,7 +8,9 @@ data/runs/<run_id>/
   rewards.parquet        one row per plan, graded
   summary.json           the printed summary, as data
   work/                  the journal the run resumes from (safe to delete once complete)
-data/conductor.duckdb    views plans, traces, results, rewards, runs over every run's files
+  records.parquet        enrichment jobs: one typed record per input row (conductor.enrich)
+data/conductor.duckdb    views plans, traces, results, rewards, runs over every run's files,
+                         and one view per enrichment job: the newest record per id
 """
 
 from __future__ import annotations
@@ -185,9 +187,44 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
                 FROM read_json({_q(runs / '*' / 'manifest.json')}, format='auto', union_by_name=true,
                                columns={{run_id: 'VARCHAR', status: 'VARCHAR', created_at: 'TIMESTAMPTZ',
                                          updated_at: 'TIMESTAMPTZ', inputs: 'JSON', summary: 'JSON'}})""")
+        _job_views(con, runs)
     finally:
         con.close()
     return db
+
+
+def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
+    """Enrichment jobs found in run manifests: name -> {id_column, files (records.parquet, oldest first)}."""
+    jobs: dict[str, dict[str, Any]] = {}
+    manifests = sorted(runs.glob("*/manifest.json")) if runs.exists() else []
+    for m in manifests:
+        if not (m.parent / "records.parquet").exists():
+            continue
+        try:
+            manifest = orjson.loads(m.read_bytes())
+        except orjson.JSONDecodeError:
+            continue
+        job = manifest.get("job")
+        if not isinstance(job, dict) or not job.get("name"):
+            continue
+        entry = jobs.setdefault(job["name"], {"id_column": job.get("id_column"), "files": []})
+        entry["files"].append((manifest.get("created_at") or "", str(m.parent / "records.parquet")))
+        entry["id_column"] = job.get("id_column") or entry["id_column"]
+    for entry in jobs.values():
+        entry["files"] = [f for _, f in sorted(entry["files"])]
+    return jobs
+
+
+def _job_views(con: duckdb.DuckDBPyConnection, runs: Path) -> None:
+    """One view per enrichment job: the newest record per id across the job's runs."""
+    for name, entry in job_runs(runs).items():
+        if name in schemas.TABLES or name == "runs" or not entry["id_column"]:
+            continue
+        files = "[" + ", ".join(_q(f) for f in entry["files"]) + "]"
+        key = '"' + entry["id_column"].replace('"', '""') + '"'
+        con.execute(f"""CREATE OR REPLACE VIEW "{name}" AS
+            SELECT * FROM read_parquet({files}, union_by_name = true)
+            QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY updated_at DESC, run_id DESC) = 1""")
 
 
 def _q(path: Path | str) -> str:

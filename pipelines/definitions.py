@@ -2,7 +2,8 @@
 resource of the code location.
 
 Asset modules under `assets/` (and their checks) are found automatically, so a
-new domain module needs no edit here. Settings come from CONDUCTOR_*
+new domain module needs no edit here; each job file in jobs/ (CONDUCTOR_JOBS_DIR)
+adds its assets (assets/enrichment.py) and, when there is one, the daily job schedule. Settings come from CONDUCTOR_*
 environment variables with defaults that work from the repository root (see
 pipelines/resources.py)."""
 
@@ -11,6 +12,7 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import assets  # noqa: E402
+from assets.enrichment import JOB_ASSETS  # noqa: E402
 from dagster import (  # noqa: E402
     Definitions,
     load_asset_checks_from_package_module,
@@ -21,9 +23,9 @@ from pipelines import checks, executors, jobs, resources, schedules, sensors  # 
 defs = Definitions(
     assets=load_assets_from_package_module(assets),
     asset_checks=[*load_asset_checks_from_package_module(assets), *checks.ALL],
-    jobs=[jobs.run_query_set, jobs.enrich_catalog],
+    jobs=[jobs.run_query_set, jobs.enrich_catalog, *([jobs.enrich_jobs] if JOB_ASSETS else [])],
     sensors=[sensors.query_set_inbox],
-    schedules=[schedules.daily_enrichment()],
+    schedules=[schedules.daily_enrichment(), *([schedules.daily_enrich_jobs()] if JOB_ASSETS else [])],
     resources=resources.from_env(),
     executor=executors.executor_from_env(),
 )

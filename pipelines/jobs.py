@@ -1,4 +1,5 @@
-"""The jobs: one partition's run of the pipeline, and the daily enrichment.
+"""The jobs: one partition's run of the pipeline, the daily enrichment, and one
+day's run of every enrichment job file.
 
 Run retries (instance `run_retries` in data/dagster_home/dagster.yaml) retry a
 run whose worker process died; an asset that raised is retried by its own
@@ -22,3 +23,10 @@ run_query_set = define_asset_job(
 enrich_catalog = define_asset_job(
     "enrich_catalog", selection=AssetSelection.assets("worker_stats"), tags=RETRY_TAGS,
     description="Refresh the DuckDB catalog and the per-worker statistics over every run.")
+
+ENRICH_GROUP = "enrichment"
+
+# Defined only when job files exist (an empty selection is not a job).
+enrich_jobs = define_asset_job(
+    "enrich_jobs", selection=AssetSelection.groups(ENRICH_GROUP), tags=RETRY_TAGS,
+    description="One day of every enrichment job file: new or changed rows, their checks, then publishing.")

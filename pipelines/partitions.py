@@ -1,6 +1,11 @@
-"""One partition per query-set file: the key is the file's name without
-".parquet"; the inbox sensor adds keys as files arrive."""
+"""Partitions: one per query-set file (the key is the file's name without
+".parquet"; the inbox sensor adds keys as files arrive), and one per day for the
+enrichment jobs (each day's run pays only for the rows that changed)."""
 
-from dagster import DynamicPartitionsDefinition
+import os
+
+from dagster import DailyPartitionsDefinition, DynamicPartitionsDefinition
 
 query_sets = DynamicPartitionsDefinition(name="query_sets")
+days = DailyPartitionsDefinition(start_date=os.environ.get("CONDUCTOR_ENRICH_START", "2026-01-01"),
+                                 timezone="UTC")

@@ -389,8 +389,10 @@ def test_request_log_counts_and_reset(sim):
     assert log["by_body"][hashlib.sha256(same).hexdigest()] == 2 and len(log["by_body"]) == 4
     assert len(log["accepted_times"]["sim-plain"]) == 2
     assert all(before - 10 < t <= before for t in log["accepted_times"]["sim-plain"])
+    assert log["by_query"] == {QUERIES[1]["query_id"]: 2} and log["by_kind"] == {}
     sim.reset()
-    assert sim.log() == {"total": 0, "by_model": {}, "by_status": {}, "by_body": {}, "by_request_key": {}, "accepted_times": {}}
+    assert sim.log() == {"total": 0, "by_model": {}, "by_status": {}, "by_body": {}, "by_request_key": {},
+                         "accepted_times": {}, "by_query": {}, "by_kind": {}}
 
 
 def test_models_and_health(sim):

@@ -35,6 +35,7 @@ from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
+from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
 from conductor.pool import Pool, Worker
@@ -51,6 +52,9 @@ class PlanJob:
     prompt: str
     plan: Plan | None
     error: str | None = None  # why the plan is invalid
+    # Set for an enrichment job with fields (conductor.execute.structured.RecordSpec):
+    # every llm step must answer with a record under its schema, repaired at most once.
+    record: Any = None
 
 
 @dataclass(frozen=True)
@@ -103,11 +107,12 @@ STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
 
 class StepFailed(Exception):
     def __init__(self, status: str, message: str, attempts: int = 0, extra: dict[str, Any] | None = None,
-                 kind: str | None = None):
+                 kind: str | None = None, row: dict[str, Any] | None = None):
         super().__init__(message)
         self.status = status
         self.attempts = attempts
         self.extra = extra  # row fields for the failed step's trace row (the sub-plan that failed)
+        self.row = row  # the trace row already written for this failure (with what the call cost)
         # why, as a class: a call failure's kind (connection, timeout, server, rate_limit, auth,
         # not_found, client, malformed, other), budget, config or plan
         self.kind = kind or ("budget" if status == "budget_exhausted" else "other")
@@ -213,9 +218,10 @@ class Executor:
             path = f"{prefix}{i}"
             for j in step.waits_for:
                 await futures[j]
-            if path in restored:
-                outputs[i] = restored[path]
-                rows[i] = {"status": "ok", "response_text": restored[path], "restored": True, "error": None}
+            done = next((p for p in (path, f"{path}.repair") if p in restored), None)
+            if done is not None:  # a record step may have finished with its repair call
+                outputs[i] = restored[done]
+                rows[i] = {"status": "ok", "response_text": restored[done], "restored": True, "error": None}
                 return
             if stop.is_set() or any(rows[j]["status"] != "ok" and not rows[j].get("condition_false")
                                     for j in step.waits_for):
@@ -223,7 +229,8 @@ class Executor:
                                          error="an earlier step of this plan failed")
                 return
             if step.when is not None:
-                holds, why = condition_holds(step.when, outputs, job.task)
+                holds, why = condition_holds(step.when, outputs, job.task,
+                                             records_agree if job.record is not None else None)
                 if not holds:
                     rows[i] = {**self._log_step(job, path, depth, step, status="skipped", cost=0.0,
                                                 error=f"condition {step.when} is false: {why}"),
@@ -233,9 +240,10 @@ class Executor:
                 rows[i] = await self._run_step(job, plan, i, outputs, restored, path, depth)
                 outputs[i] = rows[i]["response_text"]
             except StepFailed as f:
-                rows[i] = {**self._log_step(job, path, depth, step, status=f.status, error=str(f),
-                                            attempts=f.attempts, extra=f.extra, failure=f.kind),
-                           "failure": f.kind}
+                logged = f.row if f.row is not None else self._log_step(
+                    job, path, depth, step, status=f.status, error=str(f), attempts=f.attempts, extra=f.extra,
+                    failure=f.kind)
+                rows[i] = {**logged, "failure": f.kind}
             except Aborted:
                 raise
             except STORAGE_ERRORS as e:
@@ -283,6 +291,8 @@ class Executor:
         if worker.kind == "planner":
             return await self._replan(job, plan, i, outputs, restored, path, depth)
         messages = step_messages(step, plan.steps, outputs, worker.system)
+        if job.record is not None:
+            return await structured_call(self, job, path, depth, step, worker, messages)
         return await self.call_worker(job, path, depth, step, worker, messages)
 
     async def call_worker(self, job: PlanJob, path: str, depth: int, step: Step, worker: Worker,
@@ -357,9 +367,10 @@ class Executor:
                 failure = f
         if failure is None:
             return self._log_step(job, path, depth, step, worker=worker, status="ok", extra=extra, **row)
-        row.pop("error", None)
-        self._log_step(job, path, depth, step, worker=worker, status=failure.status, error=str(failure), **row)
-        raise StepFailed(failure.status, str(failure), row.get("attempts", 0), kind=failure.kind)
+        row.pop("error", None)  # a usage warning; the failure's message replaces it
+        logged = self._log_step(job, path, depth, step, worker=worker, status=failure.status, error=str(failure),
+                                failure=failure.kind, **row)
+        raise StepFailed(failure.status, str(failure), row.get("attempts", 0), kind=failure.kind, row=logged)
 
     async def _call_with_retries(self, worker: Worker, messages: list[dict[str, str]],
                                  params: dict[str, Any], key: str) -> tuple[CallResponse, int, float]:
@@ -485,8 +496,12 @@ class Executor:
         if self.functions is None:
             raise StepFailed("error", f"worker {worker.id}: function workers are not available")
         t0 = time.time()
+        granted = [outputs[j] for j in step.access if j in outputs]
         try:
-            text = self.functions(worker.function, step, [outputs[j] for j in step.access if j in outputs], job.task)
+            if job.record is not None:  # records are combined field by field
+                text = combine_records(worker.function, granted)
+            else:
+                text = self.functions(worker.function, step, granted, job.task)
         except ValueError as e:
             raise StepFailed("error", f"worker {worker.id} ({worker.function}): {e}") from None
         entry = Entry(text, 0, 0, False, False, 0.0, time.time() - t0)
@@ -620,7 +635,8 @@ def plan_outcome(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def condition_holds(cond: Condition, outputs: dict[int, str], task: str | None) -> tuple[bool, str]:
+def condition_holds(cond: Condition, outputs: dict[int, str], task: str | None,
+                    agree: Callable[[str, str], bool] | None = None) -> tuple[bool, str]:
     """Whether a step's condition holds on the final answers of the steps it reads that ran
     (compared as the task's grader compares them; an answer that cannot be read agrees with
     nothing), and why, for the trace."""
@@ -628,7 +644,7 @@ def condition_holds(cond: Condition, outputs: dict[int, str], task: str | None) 
     groups: list[list[int]] = []
     for j in ran:
         for g in groups:
-            if answers_agree(task, outputs[g[0]], outputs[j]):
+            if (agree(outputs[g[0]], outputs[j]) if agree else answers_agree(task, outputs[g[0]], outputs[j])):
                 g.append(j)
                 break
         else:

@@ -18,7 +18,7 @@ from typing import IO, Any
 import orjson
 
 # Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
-FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan"}
+FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan", "invalid"}  # invalid: no valid record
 # Failure kinds of an `error` plan that a rerun retries anyway (a provider back up, a
 # larger budget), at most RETRY_TRANSIENT times; other errors stay final unless
 # retry_failed (`--retry-failed`).

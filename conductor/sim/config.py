@@ -11,7 +11,8 @@ Every llm or planner worker whose model is `openai/<name>` is served as model
                      solve, a third runs only when they disagree), when the
                      pool has two llm workers and plans may have 3 steps (default 0.25)
 
-    skill:           {math|choice|exact|default: probability of a correct answer}
+    skill:           {math|choice|exact|record|default: probability of a correct answer;
+                     for a record, of each field that has a reference}
                      (or one number for every task); default: the worker's
                      `skills`, else 0.5
     latency_ms:      {mean, sd, per_token_ms} or one number (the mean)
@@ -26,6 +27,9 @@ Every llm or planner worker whose model is `openai/<name>` is served as model
     require_key_env: NAME of an env var holding the key the server demands
     fail_status:     answer every request with this HTTP error status (400-599),
                      to test how clients treat statuses the other faults don't make
+    malformed_json:  fraction of structured (JSON record) replies that are broken,
+                     half so they do not parse, half so they break the schema;
+                     decided per request, so a repeated request breaks the same way
 
 Fault values can be overridden for all models ("*") or one model, at start
 and at run time; a model's override beats "*", which beats the pool.
@@ -42,9 +46,9 @@ from typing import Any
 from conductor.errors import ConductorError
 from conductor.pool import Pool
 
-SKILL_TASKS = ("math", "choice", "exact", "default")
+SKILL_TASKS = ("math", "choice", "exact", "record", "default")
 DEFAULT_SKILL = 0.5
-RATE_KEYS = ("error_rate", "rate_limit_rate", "hang_rate", "drop_rate")
+RATE_KEYS = ("error_rate", "rate_limit_rate", "hang_rate", "drop_rate", "malformed_json")
 # Flat fault names, as used by overrides (CLI flags, start_sim kwargs, /admin/faults).
 FAULT_KEYS = ("rpm", "rpm_window_s", *RATE_KEYS, "hang_s", "latency_ms", "latency_sd_ms", "per_token_ms",
               "fail_status", "retry_after_ms")
@@ -52,7 +56,7 @@ FAULT_DEFAULTS: dict[str, float | None] = {
     "rpm": None, "rpm_window_s": 60.0, "error_rate": 0.0, "rate_limit_rate": 0.0,
     "hang_rate": 0.0, "drop_rate": 0.0, "hang_s": 30.0,
     "latency_ms": 20.0, "latency_sd_ms": 5.0, "per_token_ms": 0.0, "fail_status": None,
-    "retry_after_ms": 1000.0,
+    "retry_after_ms": 1000.0, "malformed_json": 0.0,
 }
 ROLES = ("worker", "planner")
 SIMULATE_KEYS = ("role", "replan_rate", "cascade_rate", "skill", "latency_ms", "per_token_ms", "rpm",
@@ -79,6 +83,7 @@ class Faults:
     per_token_ms: float
     fail_status: float | None
     retry_after_ms: float
+    malformed_json: float
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,14 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from conductor.errors import InputError
-from conductor.queries import load_queries
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from conductor.errors import InputError
+from conductor.queries import load_queries, validate
+
+RECORD_TASK = "record"  # an enrichment job's rows: the reference is a JSON object of field values
 CHUNK = 16
 SPLIT = 8
 _WORD_START = re.compile(r"(?<!\w)\S")
@@ -154,9 +159,27 @@ def query_files(paths: Sequence[str | Path]) -> list[Path]:
 def load_index(paths: Sequence[str | Path]) -> QueryIndex:
     def rows() -> Iterable[Known]:
         for f in query_files(paths):
-            t = load_queries(f)
+            t = _load(f)
             cols: list[list[Any]] = [t.column(c).to_pylist() for c in ("query_id", "prompt", "task", "reference")]
             for qid, prompt, task, ref in zip(*cols):
                 yield Known(qid, prompt, task, ref)
 
     return QueryIndex(rows())
+
+
+def _load(path: Path) -> pa.Table:
+    """A query set, validated as `conductor run` reads it, except that task
+    "record" (an enrichment job's rows, see `conductor job queries`) is allowed."""
+    try:
+        table = pq.read_table(path)
+    except Exception:  # load_queries names the problem
+        return load_queries(path)
+    if "task" not in table.column_names or not pa.types.is_string(table.schema.field("task").type):
+        return validate(table, str(path))
+    task = table.column("task")
+    is_record = pc.fill_null(pc.equal(task, RECORD_TASK), False)
+    if not pc.any(is_record).as_py():
+        return validate(table, str(path))
+    blanked = pc.if_else(is_record, pa.scalar(None, pa.string()), task)
+    checked = validate(table.set_column(table.column_names.index("task"), "task", blanked), str(path))
+    return checked.set_column(checked.column_names.index("task"), "task", task.combine_chunks().cast(pa.string()))

@@ -3,7 +3,7 @@
 Endpoints: POST /v1/chat/completions, GET /v1/models, GET /health, and for
 tests and benchmarks GET /admin/log, POST /admin/reset, GET|POST /admin/faults.
 Faults and latency are random (seeded); the answer is a pure function of the
-request, see `answers`.
+request, see `answers` and, for structured requests, `structured`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, ef
                                   Faults)
 from conductor.sim.index import QueryIndex
 from conductor.sim.planner import plan_reply, token_logprobs
+from conductor.sim.structured import StructuredRequestError, parse_request, record_reply
 
 FINGERPRINT = "conductor-sim"
 MAX_TIMES = 100_000
@@ -40,6 +41,10 @@ class SimLog(RequestLog):
         super().reset()
         self.by_body: Counter[str] = Counter()
         self.accepted_times: dict[str, deque[float]] = {}
+        # Answers per known query id, and structured replies by kind (record,
+        # repair, unparseable, invalid), so tests can tell which rows were sent.
+        self.by_query: Counter[str] = Counter()
+        self.by_kind: Counter[str] = Counter()
 
     def request(self, body_sha: str, model: str | None) -> None:
         self.total += 1
@@ -57,7 +62,8 @@ class SimLog(RequestLog):
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "by_body": dict(self.by_body),
-                "accepted_times": {m: list(t) for m, t in self.accepted_times.items()}}
+                "accepted_times": {m: list(t) for m, t in self.accepted_times.items()},
+                "by_query": dict(self.by_query), "by_kind": dict(self.by_kind)}
 
 
 class SimServer(LocalServer):
@@ -135,6 +141,12 @@ class SimServer(LocalServer):
             return self._error(401, "Incorrect API key provided", "invalid_request_error",
                                code="invalid_api_key", model=model)
         problem = _check_request(body)
+        structured = None
+        if not problem and spec.role != "planner":
+            try:
+                structured = parse_request(body, [message_text(m.get("content")) for m in body["messages"]])
+            except StructuredRequestError as e:
+                problem = (e.args[0], e.args[1])
         if problem:
             return self._error(400, problem[1], "invalid_request_error", param=problem[0], model=model)
 
@@ -178,10 +190,17 @@ class SimServer(LocalServer):
             {k: v for k, v in body.items() if k not in _NOT_SAMPLING}, option=orjson.OPT_SORT_KEYS)).hexdigest()
         rng = draw(self.seed, model, request_hash)
         logprobs = None
+        known = None
+        kinds: tuple[str, ...] = ()
         if spec.role == "planner":
             content = plan_reply(messages, texts, body, rng, spec.replan_rate, spec.cascade_rate)
             if body.get("logprobs"):
                 logprobs = token_logprobs(content, rng)
+        elif structured is not None:
+            known = self.index.find(structured.texts)
+            content, kind, _, _ = record_reply(structured, known, spec.skill_for(known.task if known else None),
+                                               rng, f.malformed_json, lambda: draw(self.seed, model, request_hash + "/fault"))
+            kinds = (kind, "repair") if structured.repair else (kind,)
         else:
             known = self.index.find(texts)
             content, _ = reply(known, spec.skill_for(known.task if known else None), rng, self.index)
@@ -195,6 +214,10 @@ class SimServer(LocalServer):
             log.status("499", model)
             return web.Response(status=499)
         log.status("200", model, received)
+        if known is not None:
+            log.by_query[known.query_id] += 1
+        for kind in kinds:
+            log.by_kind[kind] += 1
         if (request_key := request.headers.get("x-conductor-request")) is not None:
             log.by_request_key[request_key] += 1
         payload = {

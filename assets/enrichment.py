@@ -1,0 +1,255 @@
+"""Enrichment jobs as Dagster assets: each job file in the jobs folder
+(CONDUCTOR_JOBS_DIR, default `jobs/`) becomes a small group, partitioned by day:
+
+    enrich/<job>/records    runs the job (only new or changed rows are paid for)
+    enrich/<job>/published  the newest valid record per id, for downstream readers
+
+with blocking checks on `records`: the schema-valid share is at least the job's
+`quality.min_valid_share`, and ids are unique. A failing check stops `published`,
+so a bad run never replaces what readers see.
+
+Job files are only glanced at (their `name`) when the code location loads; they
+are read and checked in full when a partition materializes, so one bad file
+fails its own asset with a message naming file, key and line, not the location.
+The day of a partition does not filter the input: each run reads the file as it
+stands, and the incremental run pays only for rows that changed since.
+"""
+
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import yaml
+from dagster import (
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetExecutionContext,
+    AssetIn,
+    AssetKey,
+    AssetsDefinition,
+    Config,
+    Failure,
+    MetadataValue,
+    Output,
+    asset,
+    asset_check,
+)
+from pydantic import Field
+
+from conductor.errors import ConductorError
+from conductor.pool import load_pool
+from conductor.report import markdown_table
+from conductor.store import refresh_catalog, write_table
+from pipelines.checks import evaluate_unique_ids
+from pipelines.concurrency import POOLS_TAG, hold_pools, provider_pools
+from pipelines.metadata import table_metadata
+from pipelines.partitions import days
+from pipelines.resources import StorageResource
+
+GROUP = "enrichment"
+PREFIX = "enrich"
+VALID_STATUS = "valid"  # a record that parsed and validated (run_job's status)
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_PREVIEW_ROWS = 5
+
+
+class JobRunSettings(Config):
+    full_refresh: bool = Field(default=False, description="recompute every row, not only new or changed ones")
+
+
+def jobs_dir(env=os.environ) -> Path:
+    return Path(env.get("CONDUCTOR_JOBS_DIR", "jobs"))
+
+
+def job_name(path: Path) -> str:
+    """The job's `name`, read without checking the rest of the file; the file's
+    stem when the name cannot be read (the full check reports why at run time)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+        name = raw.get("name") if isinstance(raw, dict) else None
+    except (OSError, yaml.YAMLError):
+        name = None
+    if isinstance(name, str) and _NAME.match(name):
+        return name
+    return re.sub(r"[^a-z0-9_]", "_", path.stem.lower()) or "job"
+
+
+def _load(path: Path):
+    from conductor.enrich import load_job
+
+    try:
+        return load_job(path)
+    except ConductorError as e:
+        raise Failure(str(e), allow_retries=False) from None
+
+
+def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChecksDefinition]]:
+    """The records and published assets of one job file, and their checks."""
+    path = Path(path).resolve()
+    name = job_name(path)
+    records_key = AssetKey([PREFIX, name, "records"])
+
+    @asset(key=records_key, partitions_def=days, group_name=GROUP, tags=POOLS_TAG,
+           description=f"Job {path.name}: one typed record per input row; only new or changed rows are sent. "
+                       "Holds a slot in the concurrency pool of each provider of the job's pool.")
+    def records(context: AssetExecutionContext, config: JobRunSettings, storage: StorageResource) -> Output[dict]:
+        from conductor.enrich import run_job
+
+        job = _load(path)
+        with hold_pools(context, provider_pools(load_pool(job.pool_path))) as held:
+            try:
+                summary = run_job(job, data_dir=Path(storage.data_dir), full_refresh=config.full_refresh,
+                                  progress=False)
+            except ConductorError as e:
+                raise Failure(str(e), allow_retries=False) from None
+        out = {**summary, "job": job.name, "id_column": job.id_column,
+               "min_valid_share": float(job.quality.get("min_valid_share", 0.95)),
+               "records_path": str(summary["records_path"])}
+        return Output(out, metadata=records_metadata(Path(out["records_path"]), out, held))
+
+    @asset_check(asset=records_key, partitions_def=days, name="schema_valid_share", blocking=True,
+                 description="Share of rows with a schema-valid record >= the job's quality.min_valid_share.")
+    def valid_share_check(records: dict) -> AssetCheckResult:
+        return evaluate_valid_share(Path(records["records_path"]), records["min_valid_share"])
+
+    @asset_check(asset=records_key, partitions_def=days, name="unique_ids", blocking=True,
+                 description="The id column is unique and never null.")
+    def unique_ids_check(records: dict) -> AssetCheckResult:
+        return evaluate_unique_ids(Path(records["records_path"]), [records["id_column"]])
+
+    @asset(key=AssetKey([PREFIX, name, "published"]), partitions_def=days, group_name=GROUP,
+           ins={"records": AssetIn(key=records_key)},
+           description=f"Job {path.name}: the newest record per id across runs (the catalog view), "
+                       "written for downstream readers once the checks on records pass.")
+    def published(records: dict, storage: StorageResource) -> Output[str]:
+        data = Path(storage.data_dir).resolve()
+        out = data / "enrichment" / f"{records['job']}.parquet"
+        table = newest_records(data, records["job"])
+        write_table(out, table)
+        return Output(str(out), metadata={**table_metadata(out, _preview_columns(table.schema, records["id_column"])),
+                                          "published_path": MetadataValue.path(str(out)),
+                                          "run_id": records["run_id"]})
+
+    return [records, published], [valid_share_check, unique_ids_check]
+
+
+def all_job_assets(folder: Path | None = None) -> tuple[list[AssetsDefinition], list[AssetChecksDefinition]]:
+    folder = jobs_dir() if folder is None else folder
+    assets: list[AssetsDefinition] = []
+    checks: list[AssetChecksDefinition] = []
+    seen: dict[str, Path] = {}
+    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+        name = job_name(path)
+        if name in seen:  # two files, one asset key: keep the first, the run of the second would clash anyway
+            continue
+        seen[name] = path
+        a, c = job_assets(path)
+        assets += a
+        checks += c
+    return assets, checks
+
+
+# ---- what the assets and checks show --------------------------------------------
+
+def records_metadata(path: Path, summary: dict[str, Any], held: list[str]) -> dict:
+    t = pq.read_table(path)
+    rows = t.num_rows
+    metrics = summary.get("metrics") or {}
+    per_field = metrics.get("fields") if isinstance(metrics.get("fields"), dict) else {}
+    fields = [f for f in per_field if f in t.column_names] or _field_columns(t, summary)
+    # null share among valid records (a failed row has no values to be null), as run_job reports it
+    valid = pc.fill_null(pc.equal(t.column("status"), VALID_STATUS), False) if "status" in t.column_names else None
+    kept = t.filter(valid) if valid is not None else t
+    nulls = {f: (kept.column(f).null_count / kept.num_rows if kept.num_rows else None) for f in fields}
+    md = {
+        **table_metadata(path, _preview_columns(t.schema, summary["id_column"])),
+        "run_id": summary.get("run_id"),
+        "records_path": MetadataValue.path(str(path)),
+        "rows": rows,
+        "computed": summary.get("computed"), "reused": summary.get("reused"),
+        "valid": summary.get("valid"), "failed": summary.get("failed"),
+        "statuses": MetadataValue.json(_jsonable(summary.get("statuses") or {})),
+        "cost_usd": float(summary.get("cost_usd") or 0.0),
+        "calls": summary.get("calls"),
+        "overall_score": metrics.get("overall"),
+        "null_share": MetadataValue.json(nulls),
+        "metrics": MetadataValue.json(_jsonable(metrics)),
+        "fields": MetadataValue.md(markdown_table(
+            [{"field": f, "null_share": nulls[f], "accuracy": _accuracy(metrics, f),
+              "mean_confidence": (per_field.get(f) or {}).get("mean_confidence")} for f in fields],
+            ["field", "null_share", "accuracy", "mean_confidence"])),
+        "pools": MetadataValue.json(held),
+    }
+    return {k: v for k, v in md.items() if v is not None}
+
+
+def _field_columns(t: pa.Table, summary: dict[str, Any]) -> list[str]:
+    """Field columns when the summary does not list them: what is neither the id,
+    a record column nor a confidence."""
+    from conductor.enrich.job import RESERVED
+
+    skip = {summary["id_column"], *RESERVED}
+    return [c for c in t.column_names if c not in skip and not c.endswith("_confidence")]
+
+
+def _accuracy(metrics: dict[str, Any], field: str) -> float | None:
+    acc = metrics.get("accuracy")
+    if isinstance(acc, dict) and isinstance(acc.get(field), (int, float)):
+        return float(acc[field])
+    per = metrics.get("fields")
+    if isinstance(per, dict) and isinstance(per.get(field), dict):
+        v = per[field].get("accuracy")
+        return float(v) if isinstance(v, (int, float)) else None
+    return None
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+
+
+def _preview_columns(schema: pa.Schema, id_column: str) -> list[str]:
+    names = [n for n in schema.names if n not in ("row_hash", "updated_at")]
+    first = [n for n in (id_column, "status") if n in names]
+    return first + [n for n in names if n not in first][: 8 - len(first)]
+
+
+def evaluate_valid_share(path: Path, threshold: float) -> AssetCheckResult:
+    """Share of rows whose record is schema-valid (status ok); failures are listed."""
+    t = pq.read_table(path, columns=[c for c in ("status", "error") if c in pq.ParquetFile(path).schema_arrow.names])
+    n = t.num_rows
+    ok = pc.fill_null(pc.equal(t.column("status"), VALID_STATUS), False)
+    valid = pc.sum(ok.cast("int64")).as_py() or 0
+    share = valid / n if n else 0.0
+    bad = pc.filter(t, pc.invert(ok))
+    statuses = {str(d["values"]): d["counts"] for d in pc.value_counts(bad.column("status")).to_pylist()}
+    shown = bad.slice(0, _PREVIEW_ROWS).to_pylist()
+    return AssetCheckResult(
+        passed=n > 0 and share >= threshold,
+        description=f"{valid} of {n} records schema-valid ({share:.1%}); threshold {threshold:.1%}",
+        metadata={"valid_share": share, "threshold": threshold, "rows": n, "not_valid": n - valid,
+                  "statuses": MetadataValue.json(statuses),
+                  "examples": MetadataValue.md(markdown_table(shown, [c for c in ("status", "error")
+                                                                        if c in t.column_names]))})
+
+
+def newest_records(data_dir: Path, job: str) -> pa.Table:
+    """The job's catalog view: the newest record per id across its runs."""
+    db = refresh_catalog(data_dir)
+    with duckdb.connect(str(db), read_only=True) as con:
+        try:
+            return con.execute(f'SELECT * FROM "{job}"').to_arrow_table()
+        except duckdb.CatalogException as e:
+            raise ConductorError(f"catalog {db}: no view {job!r} for the job's records ({e})") from None
+
+
+JOB_ASSETS, JOB_CHECKS = all_job_assets()

@@ -1,0 +1,62 @@
+"""`conductor job`: enrichment jobs (check a job file, write its query set, run it)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("job", help="enrichment jobs: typed records per input row, incremental",
+                       description="Run an enrichment job file (YAML): each new or changed input row "
+                                   "becomes one typed record in DATA_DIR/runs/RUN_ID/records.parquet, and "
+                                   "the catalog view named after the job holds the newest record per id.")
+    jsub = p.add_subparsers(dest="job_command", metavar="ACTION", required=True)
+    r = jsub.add_parser("run", help="run a job: only new or changed rows call a provider")
+    r.add_argument("job", type=Path, help="job file (YAML)")
+    r.add_argument("--data-dir", type=Path, default=Path("data"), help="where runs, cache and catalog live")
+    r.add_argument("--run-id", help="name of the run (default: <job>-<UTC time>)")
+    r.add_argument("--full-refresh", action="store_true", help="recompute every row, reusing no record")
+    r.add_argument("--quiet", action="store_true", help="no progress line")
+    r.set_defaults(func=run)
+    c = jsub.add_parser("check", help="validate a job file and its input; makes no call")
+    c.add_argument("job", type=Path)
+    c.set_defaults(func=check)
+    q = jsub.add_parser("queries", help="write the query set the job sends (query_id, prompt, task, reference)")
+    q.add_argument("job", type=Path)
+    q.add_argument("--out", type=Path, required=True, help="Parquet file to write")
+    q.set_defaults(func=queries)
+
+
+def check(args: argparse.Namespace) -> int:
+    from conductor.enrich import load_job
+    from conductor.enrich.table import load_rows, render
+
+    job = load_job(args.job)
+    rows = load_rows(job)
+    render(job, rows)
+    kind = f"{len(job.fields)} field(s)" if job.fields else "plain text"
+    print(f"job {job.name}: ok ({rows.height} rows, {kind}, {job.mode} mode)")
+    return 0
+
+
+def queries(args: argparse.Namespace) -> int:
+    from conductor.enrich import load_job, render_queries
+    from conductor.store import write_table
+
+    job = load_job(args.job)
+    table = render_queries(job)
+    write_table(args.out, table)
+    print(f"wrote {table.num_rows} queries to {args.out}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from conductor.enrich import load_job
+    from conductor.enrich.run import format_summary, run_job
+
+    job = load_job(args.job)
+    summary = run_job(job, data_dir=args.data_dir, run_id=args.run_id, full_refresh=args.full_refresh,
+                      progress=not args.quiet)
+    print(format_summary(summary))
+    return 3 if summary.get("statuses", {}).get("budget_exhausted") else 0

@@ -1,0 +1,61 @@
+"""A job's input table: Parquet, CSV or JSON Lines (by extension), one file or a
+folder of them, left-joined with lookup tables. Read with polars."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from conductor.errors import InputError
+
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "ndjson", ".ndjson": "ndjson",
+           ".json": "ndjson"}
+
+
+def input_files(path: Path) -> list[Path]:
+    """The files of an input: the file itself, or every readable file of a folder, sorted."""
+    if not path.exists():
+        raise InputError(f"input {path}: not found")
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FORMATS)
+        if not files:
+            raise InputError(f"input {path}: folder holds no .parquet, .csv or .jsonl file")
+        kinds = {FORMATS[p.suffix.lower()] for p in files}
+        if len(kinds) > 1:
+            raise InputError(f"input {path}: folder mixes formats ({', '.join(sorted(kinds))}); keep one")
+        return files
+    if path.suffix.lower() not in FORMATS:
+        raise InputError(f"input {path}: unknown format {path.suffix!r} (use .parquet, .csv or .jsonl)")
+    return [path]
+
+
+def scan(path: Path) -> pl.LazyFrame:
+    files = input_files(path)
+    kind = FORMATS[files[0].suffix.lower()]
+    try:
+        if kind == "parquet":
+            return pl.scan_parquet(files)
+        if kind == "csv":
+            return pl.concat([pl.scan_csv(f, infer_schema_length=10_000) for f in files], how="diagonal_relaxed")
+        return pl.concat([pl.scan_ndjson(f) for f in files], how="diagonal_relaxed")
+    except Exception as e:  # polars raises several types for unreadable files
+        raise InputError(f"input {path}: cannot read ({type(e).__name__}: {e})") from None
+
+
+def columns(path: Path) -> list[str]:
+    try:
+        return list(scan(path).collect_schema().names())
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"input {path}: cannot read its columns ({type(e).__name__}: {e})") from None
+
+
+def read(path: Path) -> pl.DataFrame:
+    try:
+        return scan(path).collect()
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"input {path}: cannot read ({type(e).__name__}: {e})") from None

@@ -1,0 +1,377 @@
+"""Job files: one YAML file per enrichment job (input table, prompt template,
+output fields, references, pool and execution settings).
+
+`load_job` refuses a bad file before anything is sent, naming the file, the
+line and the key: an unknown column in the template, an unknown field type, an
+enum without values, a missing id or reference column, and so on. Duplicate ids
+are found when the input is read (`conductor.enrich.table.load_rows`), still
+before any call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+import jinja2.nodes
+import orjson
+
+from conductor.enrich import inputs
+from conductor.enrich.fields import ITEM_TYPES, TYPES, Field, object_schema
+from conductor.enrich.marks import Located, load_located
+from conductor.errors import ConductorError, InputError
+
+TOP_KEYS = ("name", "description", "input", "prompt", "fields", "references", "pool", "mode", "worker",
+            "planner", "budget_usd", "samples", "quality", "structured", "max_steps", "seed")
+MODES = ("direct", "planned")
+STRUCTURED = ("auto", "response_format", "prompt")
+SCORES = ("exact", "numeric", "f1", "set", "tatqa")
+# Columns every record has; a field or carried column may not take these names.
+RESERVED = ("status", "error", "cost_usd", "calls", "run_id", "reused", "row_hash", "updated_at", "text",
+            "score", "reward")
+CATALOG_VIEWS = ("plans", "traces", "results", "rewards", "runs")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Join:
+    path: Path
+    on: str
+
+
+@dataclass(frozen=True)
+class Reference:
+    field: str
+    column: str
+    score: str
+    rel_tol: float = 0.0
+    scale_field: str | None = None  # tatqa: the field holding the predicted scale
+    scale_column: str | None = None  # tatqa: the column holding the gold scale
+    type_column: str | None = None  # tatqa: the gold answer type (arithmetic and count: F1 = EM)
+
+
+@dataclass(frozen=True)
+class Job:
+    path: Path
+    name: str
+    description: str
+    input_path: Path
+    id_column: str
+    joins: tuple[Join, ...]
+    carry: tuple[str, ...]
+    prompt: str
+    template_names: tuple[str, ...]  # input columns the template reads, sorted
+    fields: tuple[Field, ...]  # empty: a plain-text job (records carry `text`)
+    references: dict[str, Reference]
+    pool_path: Path
+    mode: str
+    worker: str | None
+    planner: dict[str, Any]
+    budget_usd: float | None
+    samples: int
+    quality: dict[str, Any]
+    structured: str
+    max_steps: int
+    seed: int
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON Schema sent to providers (strict shape); None for a plain-text job."""
+        return object_schema(self.fields, strict=True) if self.fields else None
+
+    @property
+    def check_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema every record is validated against."""
+        return object_schema(self.fields, strict=False) if self.fields else None
+
+    def definition_hash(self, pool_identity: str = "") -> str:
+        """What decides a row's record besides its content: template, fields, how it runs.
+        References and quality settings are left out: changing them rescores, not recomputes."""
+        ident = {"prompt": self.prompt, "schema": self.schema, "mode": self.mode, "worker": self.worker,
+                 "planner": self.planner if self.mode == "planned" else None, "samples": self.samples,
+                 "structured": self.structured, "max_steps": self.max_steps, "seed": self.seed,
+                 "pool": pool_identity}
+        return hashlib.sha256(orjson.dumps(ident, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def load_job(path: str | Path) -> Job:
+    """Read and check a job file; raises InputError naming file, line and key."""
+    path = Path(path)
+    doc = load_located(path)
+    raw = doc.data
+    if not isinstance(raw, dict):
+        raise doc.error((), "the top level must be a mapping (name, input, prompt, fields, pool, ...)")
+    for k in raw:
+        if k not in TOP_KEYS:
+            raise doc.error((k,), f"unknown key (allowed: {', '.join(TOP_KEYS)})")
+    base = path.parent
+    name = _req(doc, raw, ("name",), str)
+    if not _NAME.match(name):
+        raise doc.error(("name",), f"{name!r}: use lower-case letters, digits and '_', starting with a letter")
+    if name in CATALOG_VIEWS:
+        raise doc.error(("name",), f"{name!r} is a catalog view already ({', '.join(CATALOG_VIEWS)}); rename the job")
+    description = raw.get("description") or ""
+
+    inp = _req(doc, raw, ("input",), dict)
+    for k in inp:
+        if k not in ("path", "id", "join", "carry"):
+            raise doc.error(("input", k), "unknown key (allowed: path, id, join, carry)")
+    input_path = base / _req(doc, inp, ("input", "path"), str)
+    cols = _columns(doc, ("input", "path"), input_path)
+    id_column = _req(doc, inp, ("input", "id"), str)
+    if id_column not in cols:
+        raise doc.error(("input", "id"), f"id column {id_column!r} is not in the input "
+                                         f"(columns: {', '.join(cols)})")
+    joins = []
+    join_raw = inp.get("join") or []
+    if not isinstance(join_raw, list):
+        raise doc.error(("input", "join"), "must be a list of {path, on}")
+    all_cols = list(cols)
+    for i, j in enumerate(join_raw):
+        at = ("input", "join", i)
+        if isinstance(j, dict) and True in j:  # YAML 1.1 reads a bare `on` key as true
+            j = {("on" if k is True else k): v for k, v in j.items()}
+        if not isinstance(j, dict) or set(j) - {"path", "on"}:
+            raise doc.error(at, "must be a mapping with keys path and on")
+        jpath = base / _req(doc, j, at + ("path",), str)
+        on = _req(doc, j, at + ("on",), str)
+        jcols = _columns(doc, at + ("path",), jpath)
+        for where, have in (("the input", all_cols), (str(jpath), jcols)):
+            if on not in have:
+                raise doc.error(at + ("on",), f"join column {on!r} is not in {where} (columns: {', '.join(have)})")
+        all_cols += [c for c in jcols if c not in all_cols]
+        joins.append(Join(jpath, on))
+    carry = inp.get("carry") or []
+    if not isinstance(carry, list) or not all(isinstance(c, str) for c in carry):
+        raise doc.error(("input", "carry"), "must be a list of column names")
+    for i, c in enumerate(carry):
+        if c not in all_cols:
+            raise doc.error(("input", "carry", i), f"column {c!r} is not in the input (columns: {', '.join(all_cols)})")
+        if c in RESERVED:
+            raise doc.error(("input", "carry", i), f"column {c!r} clashes with a record column; rename it")
+    carry = [c for c in carry if c != id_column]
+
+    prompt = _req(doc, raw, ("prompt",), str)
+    names = _template_names(doc, prompt, all_cols)
+
+    fields = _fields(doc, raw.get("fields"), ("fields",))
+    taken = {id_column, *carry}
+    for f in fields:
+        if f.name in RESERVED or f.name in taken:
+            raise doc.error(("fields", f.name), f"field name {f.name!r} clashes with "
+                                                f"{'a record column' if f.name in RESERVED else 'an input column'}"
+                                                f"; rename it")
+    references = _references(doc, raw.get("references"), fields, all_cols)
+
+    pool_path = base / _req(doc, raw, ("pool",), str)
+    mode = raw.get("mode", "direct")
+    if mode not in MODES:
+        raise doc.error(("mode",), f"{mode!r}: must be one of {', '.join(MODES)}")
+    worker = raw.get("worker")
+    planner = raw.get("planner") or {"name": "embedded"}
+    if not isinstance(planner, dict) or not isinstance(planner.get("name", "embedded"), str):
+        raise doc.error(("planner",), "must be a mapping like {name: embedded} with the planner's options")
+    from conductor.planners import PLANNERS
+
+    if planner.get("name", "embedded") not in PLANNERS:
+        raise doc.error(("planner", "name"), f"{planner.get('name')!r}: must be one of {', '.join(PLANNERS)}")
+    _check_pool(doc, pool_path, mode, worker, raw)
+    structured = raw.get("structured", "auto")
+    if structured not in STRUCTURED:
+        raise doc.error(("structured",), f"{structured!r}: must be one of {', '.join(STRUCTURED)}")
+    budget = raw.get("budget_usd")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
+        raise doc.error(("budget_usd",), f"must be a number >= 0 (got {budget!r})")
+    samples = _int(doc, raw, "samples", 1)
+    quality = raw.get("quality") or {}
+    if not isinstance(quality, dict):
+        raise doc.error(("quality",), "must be a mapping (min_valid_share, judge)")
+    share = quality.get("min_valid_share", 0.95)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise doc.error(("quality", "min_valid_share"), f"must be a number in [0, 1] (got {share!r})")
+    return Job(
+        path=path, name=name, description=str(description), input_path=input_path, id_column=id_column,
+        joins=tuple(joins), carry=tuple(carry), prompt=prompt, template_names=tuple(sorted(names)),
+        fields=fields, references=references, pool_path=pool_path, mode=mode, worker=worker,
+        planner=dict(planner), budget_usd=None if budget is None else float(budget), samples=samples,
+        quality={**quality, "min_valid_share": float(share)}, structured=structured,
+        max_steps=_int(doc, raw, "max_steps", 5), seed=_int(doc, raw, "seed", 0, minimum=0), raw=raw)
+
+
+def template_env() -> jinja2.Environment:
+    """Strict: a name the row does not have is an error, never an empty string.
+    A null value renders as an empty string."""
+    return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
+                              finalize=lambda v: "" if v is None else v)
+
+
+def _template_names(doc: Located, prompt: str, columns: list[str]) -> set[str]:
+    env = template_env()
+    first = _prompt_line(doc)
+    try:
+        ast = env.parse(prompt)
+    except jinja2.TemplateSyntaxError as e:
+        line = first + (e.lineno or 1) - 1
+        raise InputError(f"job file {doc.path}:{line}: prompt: template syntax error: {e.message}") from None
+    names = jinja2.meta.find_undeclared_variables(ast)
+    unknown = sorted(n for n in names if n not in columns)
+    if unknown:
+        where = {}
+        for node in ast.find_all(jinja2.nodes.Name):
+            if node.name in unknown and node.ctx == "load":
+                where.setdefault(node.name, node.lineno)
+        n = unknown[0]
+        line = first + where.get(n, 1) - 1
+        more = f" (also unknown: {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+        raise InputError(f"job file {doc.path}:{line}: prompt: template reads column {n!r}, which the input "
+                         f"does not have{more} (columns: {', '.join(columns)})")
+    return set(names)
+
+
+def _prompt_line(doc: Located) -> int:
+    """File line of the template's first line: a block scalar (| or >) starts on the next line."""
+    line = doc.line("prompt", "<value>") or doc.line("prompt") or 1
+    return line + 1 if doc.styles.get(("prompt",)) in ("|", ">") else line
+
+
+def _fields(doc: Located, raw: Any, at: tuple) -> tuple[Field, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        raise doc.error(at, "must be a mapping of field name to {type, description, required}")
+    out = []
+    for name, spec in raw.items():
+        fat = at + (name,)
+        if not isinstance(name, str) or not _FIELD.match(name):
+            raise doc.error(fat, f"field name {name!r}: use letters, digits and '_'")
+        if isinstance(spec, str):
+            spec = {"type": spec}
+        if not isinstance(spec, dict):
+            raise doc.error(fat, "must be a mapping like {type: string, description: ..., required: true}")
+        for k in spec:
+            if k not in ("type", "description", "required", "values", "items", "fields"):
+                raise doc.error(fat + (k,), "unknown key (allowed: type, description, required, values, items, fields)")
+        t = spec.get("type")
+        if t not in TYPES:
+            raise doc.error(fat + ("type",), f"unknown field type {t!r} (allowed: {', '.join(TYPES)})")
+        values: tuple = ()
+        if t == "enum":
+            v = spec.get("values")
+            if not isinstance(v, list) or not v:
+                raise doc.error(fat + ("values",) if "values" in spec else fat,
+                                "an enum needs values: a non-empty list, e.g. values: [low, high]")
+            if len(set(map(str, v))) != len(v):
+                raise doc.error(fat + ("values",), "values repeat")
+            values = tuple(v)
+        elif "values" in spec:
+            raise doc.error(fat + ("values",), f"only an enum takes values (this field is {t})")
+        items = spec.get("items", "string")
+        if t == "list" and items not in ITEM_TYPES:
+            raise doc.error(fat + ("items",), f"unknown item type {items!r} (allowed: {', '.join(ITEM_TYPES)})")
+        sub: tuple[Field, ...] = ()
+        if t == "object":
+            if not spec.get("fields"):
+                raise doc.error(fat, "an object needs fields: a mapping of name to type")
+            sub = _fields(doc, spec["fields"], fat + ("fields",))
+        required = spec.get("required", False)
+        if not isinstance(required, bool):
+            raise doc.error(fat + ("required",), f"must be true or false (got {required!r})")
+        out.append(Field(name, t, str(spec.get("description") or ""), required, values, items, sub))
+    return tuple(out)
+
+
+def _references(doc: Located, raw: Any, fields: tuple[Field, ...], columns: list[str]) -> dict[str, Reference]:
+    if raw is None:
+        return {}
+    at = ("references",)
+    if not isinstance(raw, dict):
+        raise doc.error(at, "must be a mapping of field name to {column, score}")
+    if not fields:
+        raise doc.error(at, "a job without fields has nothing to score against references")
+    by_name = {f.name: f for f in fields}
+    out = {}
+    for name, spec in raw.items():
+        rat = at + (name,)
+        if name not in by_name:
+            raise doc.error(rat, f"{name!r} is not a field (fields: {', '.join(by_name)})")
+        if not isinstance(spec, dict):
+            raise doc.error(rat, "must be a mapping like {column: gold, score: exact}")
+        allowed = ("column", "score", "rel_tol", "scale_field", "scale_column", "type_column")
+        for k in spec:
+            if k not in allowed:
+                raise doc.error(rat + (k,), f"unknown key (allowed: {', '.join(allowed)})")
+        column = _req(doc, spec, rat + ("column",), str)
+        if column not in columns:
+            raise doc.error(rat + ("column",), f"reference column {column!r} is not in the input "
+                                               f"(columns: {', '.join(columns)})")
+        score = spec.get("score", "exact")
+        if score not in SCORES:
+            raise doc.error(rat + ("score",), f"unknown score {score!r} (allowed: {', '.join(SCORES)})")
+        tol = spec.get("rel_tol", 0.0)
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or tol < 0:
+            raise doc.error(rat + ("rel_tol",), f"must be a number >= 0 (got {tol!r})")
+        sf, sc, tc = spec.get("scale_field"), spec.get("scale_column"), spec.get("type_column")
+        if sf is not None and sf not in by_name:
+            raise doc.error(rat + ("scale_field",), f"{sf!r} is not a field")
+        for key, col in (("scale_column", sc), ("type_column", tc)):
+            if col is not None and col not in columns:
+                raise doc.error(rat + (key,), f"column {col!r} is not in the input")
+        out[name] = Reference(name, column, score, float(tol), sf, sc, tc)
+    return out
+
+
+def _check_pool(doc: Located, pool_path: Path, mode: str, worker: Any, raw: dict) -> None:
+    from conductor.pool import load_pool
+
+    try:
+        pool = load_pool(pool_path)
+    except ConductorError as e:
+        raise doc.error(("pool",), str(e)) from None
+    if mode == "direct":
+        if not isinstance(worker, str):
+            raise doc.error(("worker",) if "worker" in raw else ("mode",),
+                            f"direct mode needs worker: one of {', '.join(pool.ids)}")
+        if not pool.has(worker):
+            raise doc.error(("worker",), f"{worker!r} is not in pool {pool_path} (workers: {', '.join(pool.ids)})")
+        if pool.worker(worker).kind != "llm":
+            raise doc.error(("worker",), f"{worker!r} is a {pool.worker(worker).kind} worker; direct mode needs an llm")
+    elif worker is not None:
+        raise doc.error(("worker",), "only direct mode takes a worker; planned mode uses planner")
+    judge = (raw.get("quality") or {}).get("judge") if isinstance(raw.get("quality"), dict) else None
+    if judge is not None:
+        if not isinstance(judge, dict) or not isinstance(judge.get("worker"), str):
+            raise doc.error(("quality", "judge"), "must be a mapping {worker, rubric}")
+        if not pool.has(judge["worker"]):
+            raise doc.error(("quality", "judge", "worker"), f"{judge['worker']!r} is not in pool {pool_path}")
+
+
+def _columns(doc: Located, at: tuple, path: Path) -> list[str]:
+    try:
+        return inputs.columns(path)
+    except InputError as e:
+        raise doc.error(at, str(e)) from None
+
+
+def _req(doc: Located, d: dict, key: tuple, kind: type) -> Any:
+    v = d.get(key[-1])
+    if v is None:
+        raise doc.error(key, "required")
+    if not isinstance(v, kind) or (kind is str and not v.strip()):
+        raise doc.error(key, f"must be a {'mapping' if kind is dict else 'non-empty string'} (got {v!r})")
+    return v
+
+
+def _int(doc: Located, raw: dict, key: str, default: int | None, minimum: int = 1) -> Any:
+    v = raw.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise doc.error((key,), f"must be an integer >= {minimum} (got {v!r})")
+    return v

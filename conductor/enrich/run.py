@@ -1,0 +1,401 @@
+"""Running a job: only new or changed rows are sent; the rest keep their records.
+
+A row's record is reused (at $0, no call) when an earlier run of the same job
+with the same definition holds a valid record for its id with the same content
+hash (the columns the template reads, plus the job definition). Rows to compute
+go through the ordinary run machinery (plan, execute with the cache, budgets,
+journal and traces), so an enrichment run is also a run in the catalog. The
+run's records.parquet holds every input row: the id, the carried columns, one
+typed column per field, status, error, cost and calls, per-field confidence
+where the workflow had several record-producing steps, and the row's score
+where references exist.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from conductor import schemas
+from conductor.enrich.job import Job
+from conductor.enrich.metrics import metrics as compute_metrics, row_scores
+from conductor.enrich.records import RecordChecker, parse_reply, schema_block, typed_columns
+from conductor.enrich.table import load_rows, references, render, row_hashes
+from conductor.errors import ConductorError, InputError
+from conductor.execute.call import estimate_tokens
+from conductor.execute.structured import RecordSpec
+from conductor.pool import Pool, Worker, load_pool
+from conductor.rewards import group_advantages
+from conductor.store import RunDir, refresh_catalog, rows_to_table, write_atomic, write_table
+
+TS = pa.timestamp("us", tz="UTC")
+# A row's status: ok (a valid record), invalid (no valid record after one repair), error,
+# budget_exhausted (a rerun finishes it) or invalid_plan, as in results.parquet.
+OK = "ok"
+
+
+def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = None, full_refresh: bool = False,
+            progress: bool = True) -> dict[str, Any]:
+    """Run a job and return its summary (also written to the run's summary.json)."""
+    t0 = time.monotonic()
+    data_dir = Path(data_dir)
+    pool = load_pool(job.pool_path)
+    definition = job.definition_hash(pool.identity_hash())
+    df = load_rows(job)
+    ids = df.get_column(job.id_column).to_list()
+    prompts = render(job, df)
+    hashes = row_hashes(job, df, definition)
+    check_context(job, pool, ids, prompts)
+    now = datetime.now(timezone.utc)
+    run_id = run_id or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}"
+    run = RunDir(data_dir, run_id)
+
+    previous = {} if full_refresh else previous_records(data_dir, job, definition, exclude=run_id)
+    reuse = [i for i, (rid, h) in enumerate(zip(ids, hashes)) if previous.get(rid, {}).get("row_hash") == h]
+    reused = set(reuse)
+    todo = [i for i in range(len(ids)) if i not in reused]
+
+    computed: dict[str, dict[str, Any]] = {}
+    if todo:
+        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, full_refresh)
+        _write_rewards(job, df, ids, run, plans)
+    elif not run.exists():
+        run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
+
+    rows = _row_outcomes(ids, computed, previous, reused, run_id)
+    records = [r["record"] for r in rows]
+    table = _records_table(job, df, ids, hashes, rows, records, now)
+    write_table(run.table("records"), table)
+    summary = _summary(job, table, run, len(todo), len(reuse), time.monotonic() - t0,
+                       compute_metrics(job, df, records, table))
+    write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
+    statuses = summary["statuses"]
+    run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary,
+                   job={"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
+                        "definition": definition})
+    summary["catalog"] = str(refresh_catalog(data_dir))
+    return summary
+
+
+# ---- rows to compute --------------------------------------------------------
+
+def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int],
+             run: RunDir, data_dir: Path, progress: bool, refresh: bool):
+    """Plan and execute the rows in `todo`; returns (id -> outcome, reward rows). `refresh`
+    (--full-refresh) also ignores cached responses, so every row is really asked again."""
+    from conductor.enrich.direct import DirectPlanner
+    from conductor.runner import RunConfig, close_planner, configured_planner, execute_stage, plan_stage, prepare
+
+    queries = run.path / "queries.parquet"
+    if not run.exists() or not queries.exists():
+        sub = df[todo]
+        write_table(queries, pa.table({
+            "query_id": pa.array([ids[i] for i in todo], pa.string()),
+            "prompt": pa.array([prompts[i] for i in todo], pa.string()),
+            "task": pa.array(["record" if job.fields else None] * len(todo), pa.string()),
+            "reference": pa.array(references(job, sub), pa.string()),
+            "metadata": pa.nulls(len(todo), pa.string()),
+        }))
+    options = {k: v for k, v in job.planner.items() if k != "name"}
+    cfg = RunConfig(queries=queries, pool=job.pool_path, data_dir=data_dir, run_id=run.run_id,
+                    samples=job.samples, planner=job.planner.get("name", "embedded") if job.mode == "planned"
+                    else "embedded", planner_options=options if job.mode == "planned" else {},
+                    seed=job.seed, max_steps=job.max_steps, budget_usd=job.budget_usd, refresh=refresh,
+                    progress=progress)
+    prepared = prepare(cfg)
+    planner = DirectPlanner(job.worker) if job.mode == "direct" else configured_planner(cfg)
+    spec = None
+    if job.fields:
+        spec = RecordSpec(job.name, job.schema, RecordChecker(job.check_schema), job.structured)
+    try:
+        plan_stage(prepared, planner)
+        if job.mode == "planned":
+            check_planned_context(job, pool, prepared)
+        execute_stage(prepared, planner=planner if job.mode == "planned" else None, record=spec)
+    finally:
+        if job.mode == "planned":
+            close_planner(planner)
+    return _outcomes(job, pool, run)
+
+
+def _outcomes(job: Job, pool: Pool, run: RunDir):
+    """Per id: the chosen plan's record (sample 0 unless another sample is valid and it is
+    not), status, error, cost and calls over all samples, and per-field confidence."""
+    checker = RecordChecker(job.check_schema) if job.fields else None
+    results = pq.read_table(run.table("results"), columns=[
+        "plan_id", "query_id", "sample", "status", "final_answer", "error", "cost_usd", "calls"]).to_pylist()
+    steps = _record_steps(pool, run) if job.fields else {}
+    out: dict[str, dict[str, Any]] = {}
+    plans: list[dict[str, Any]] = []
+    for r in results:
+        rec, status, error = None, r["status"], r["error"]
+        if status == "ok":
+            if checker is None:
+                status = OK
+            else:
+                rec, why = checker.check(r["final_answer"])
+                status, error = (OK, None) if why is None else ("invalid", f"final output: {why}")
+        elif status == "error" and error and "not a valid record" in error:
+            status = "invalid"
+        elif status == "invalid_plan":
+            status = "invalid_plan"
+        row = {"record": rec, "text": r["final_answer"] if checker is None else None, "status": status,
+               "error": error, "cost_usd": r["cost_usd"], "calls": r["calls"] or 0, "plan_id": r["plan_id"],
+               "sample": r["sample"], "confidence": _confidence(job, rec, steps.get(r["plan_id"], []))}
+        plans.append({**row, "query_id": r["query_id"]})
+        best = out.get(r["query_id"])
+        if best is None:
+            out[r["query_id"]] = dict(row)
+        else:
+            cost = None if best["cost_usd"] is None or row["cost_usd"] is None else best["cost_usd"] + row["cost_usd"]
+            keep = row if best["status"] != OK and row["status"] == OK else best
+            out[r["query_id"]] = {**keep, "cost_usd": cost, "calls": best["calls"] + row["calls"]}
+    return out, plans
+
+
+def _record_steps(pool: Pool, run: RunDir) -> dict[str, list[dict[str, Any]]]:
+    """Per plan, the records its llm steps answered (the last answer per step, repairs included)."""
+    traces = pq.read_table(run.table("traces"), columns=[
+        "plan_id", "step_path", "worker", "status", "response_text"]).to_pylist()
+    llm = {w.id for w in pool.workers if w.kind == "llm"}
+    per: dict[str, dict[str, Any]] = {}
+    for t in traces:
+        if t["status"] != "ok" or t["worker"] not in llm:
+            continue
+        path = t["step_path"].removesuffix(".repair")
+        obj, err = parse_reply(t["response_text"])
+        if err is None:
+            per.setdefault(t["plan_id"], {})[path] = obj
+    return {pid: list(steps.values()) for pid, steps in per.items()}
+
+
+def _confidence(job: Job, rec: dict | None, step_records: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Share of the plan's record-producing steps that gave each field's final value; None
+    with fewer than two such steps (one step says nothing about agreement)."""
+    if rec is None or len(step_records) < 2:
+        return None
+    out = {}
+    for f in job.fields:
+        final = orjson.dumps(rec.get(f.name), option=orjson.OPT_SORT_KEYS)
+        same = sum(orjson.dumps(s.get(f.name), option=orjson.OPT_SORT_KEYS) == final for s in step_records)
+        out[f.name] = same / len(step_records)
+    return out
+
+
+# ---- records ----------------------------------------------------------------
+
+def _row_outcomes(ids: list[str], computed: dict, previous: dict, reused: set[int],
+                  run_id: str) -> list[dict[str, Any]]:
+    """Per input row: its reused or computed outcome."""
+    rows: list[dict[str, Any]] = []
+    for i, rid in enumerate(ids):
+        if i in reused:
+            p = previous[rid]
+            rows.append({"record": p["record"], "text": p.get("text"), "status": p["status"], "error": p["error"],
+                         "cost_usd": 0.0, "calls": 0, "confidence": p["confidence"], "run_id": p["run_id"],
+                         "reused": True})
+        else:
+            c = computed.get(rid) or {"record": None, "text": None, "status": "error", "confidence": None,
+                                      "error": "no outcome recorded", "cost_usd": None, "calls": 0}
+            rows.append({**c, "run_id": run_id, "reused": False})
+    return rows
+
+
+def _records_table(job: Job, df: pl.DataFrame, ids: list[str], hashes: list[str], rows: list[dict[str, Any]],
+                   records: list[dict[str, Any] | None], now: datetime) -> pa.Table:
+    n = len(ids)
+    cols: dict[str, pa.Array] = {job.id_column: pa.array(ids, pa.string())}
+    if job.carry:
+        carried = df.select(list(job.carry)).to_arrow()
+        for name in job.carry:
+            cols[name] = _plain(carried.column(name))
+    if job.fields:
+        cols.update(typed_columns(job.fields, records))
+        for f in job.fields:
+            cols[f"{f.name}_confidence"] = pa.array(
+                [(r["confidence"] or {}).get(f.name) for r in rows], pa.float64())
+    else:
+        cols["text"] = pa.array([r.get("text") for r in rows], pa.string())
+    if job.references:
+        scores = row_scores(job, df, records)
+        cols["score"] = pa.array(scores, pa.float64())
+    cols.update({
+        "status": pa.array([r["status"] for r in rows], pa.string()),
+        "error": pa.array([r["error"] for r in rows], pa.string()),
+        "cost_usd": pa.array([r["cost_usd"] for r in rows], pa.float64()),
+        "calls": pa.array([r["calls"] for r in rows], pa.int32()),
+        "run_id": pa.array([r["run_id"] for r in rows], pa.string()),
+        "reused": pa.array([r["reused"] for r in rows], pa.bool_()),
+        "row_hash": pa.array(hashes, pa.string()),
+        "updated_at": pa.array([now] * n, TS),
+    })
+    return pa.table(cols)
+
+
+def _plain(arr: pa.ChunkedArray) -> pa.ChunkedArray:
+    """polars writes large/view strings; the catalog and joins want plain utf8."""
+    t = arr.type
+    if pa.types.is_large_string(t) or str(t) == "string_view":
+        return arr.cast(pa.string())
+    return arr
+
+
+def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) -> dict[str, dict[str, Any]]:
+    """Newest valid record per id among earlier runs of this job with the same definition."""
+    runs = Path(data_dir) / "runs"
+    found: list[tuple[str, Path]] = []
+    for m in runs.glob("*/manifest.json") if runs.exists() else ():
+        if m.parent.name == exclude or not (m.parent / "records.parquet").exists():
+            continue
+        info = orjson.loads(m.read_bytes()).get("job") or {}
+        if info.get("name") == job.name and info.get("definition") == definition:
+            found.append((m.parent.name, m.parent / "records.parquet"))
+    out: dict[str, dict[str, Any]] = {}
+    best: dict[str, Any] = {}
+    for _, path in found:
+        t = pq.read_table(path)
+        if job.id_column not in t.column_names:
+            continue
+        t = t.filter(pc.equal(t.column("status"), OK))
+        names = [f.name for f in job.fields]
+        for r in t.to_pylist():
+            rid = r[job.id_column]
+            if rid in best and best[rid] >= r["updated_at"]:
+                continue
+            best[rid] = r["updated_at"]
+            out[rid] = {
+                "row_hash": r["row_hash"], "status": r["status"], "error": r["error"], "run_id": r["run_id"],
+                "record": {k: r[k] for k in names} if names else None, "text": r.get("text"),
+                "confidence": {k: r.get(f"{k}_confidence") for k in names} if names else None,
+            }
+    return out
+
+
+def _write_rewards(job: Job, df: pl.DataFrame, ids: list[str], run: RunDir, plans: list[dict[str, Any]]) -> None:
+    """rewards.parquet for the plans this run executed: the row's score against its references
+    (0 for a plan without a valid record), so enrichment rows serve the policy and RL export too."""
+    index = {rid: i for i, rid in enumerate(ids)}
+    sub = df[[index[p["query_id"]] for p in plans]] if plans else df.clear()
+    scores = row_scores(job, sub, [p["record"] for p in plans]) if job.references else [None] * len(plans)
+    refs = references(job, sub)
+    rows = []
+    for p, score, ref in zip(plans, scores, refs):
+        if p["status"] == "budget_exhausted":
+            score = None  # not finished: a rerun finishes it
+        rows.append({"run_id": run.run_id, "plan_id": p["plan_id"], "query_id": p["query_id"],
+                     "query_index": index[p["query_id"]], "sample": p["sample"], "task": "record",
+                     "status": p["status"], "reference": ref,
+                     "answer": orjson.dumps(p["record"]).decode() if p["record"] is not None else p.get("text"),
+                     "parsed": p["status"] == OK, "correct": None if score is None else score == 1.0,
+                     "reward": score, "advantage": None, "cost_usd": p["cost_usd"]})
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["query_id"], []).append(r)
+    for g in groups.values():
+        for r, a in zip(g, group_advantages([r["reward"] for r in g])):
+            r["advantage"] = a
+    write_table(run.table("rewards"), rows_to_table(rows, schemas.REWARDS))
+
+
+# ---- checks -----------------------------------------------------------------
+
+def context_window(worker: Worker) -> int | None:
+    """The worker's context window in tokens: the pool's context_tokens, else litellm's model info."""
+    if worker.context_tokens:
+        return worker.context_tokens
+    try:
+        import litellm
+
+        info = litellm.get_model_info(worker.model)
+    except Exception:  # noqa: BLE001 - a model litellm does not know: no limit to check
+        return None
+    return info.get("max_input_tokens") or info.get("max_tokens")
+
+
+def _too_long(job: Job, worker: Worker, prompts: list[str]) -> list[int]:
+    window = context_window(worker)
+    if window is None:
+        return []
+    extra = estimate_tokens([{"content": schema_block(job.schema)}]) if job.schema else 0
+    return [i for i, p in enumerate(prompts) if estimate_tokens([{"role": "user", "content": p}]) + extra > window]
+
+
+def check_context(job: Job, pool: Pool, ids: list[str], prompts: list[str]) -> None:
+    """Direct mode: refuse, before any call, rows whose prompt exceeds the worker's window."""
+    if job.mode != "direct":
+        return
+    worker = pool.worker(job.worker)
+    bad = _too_long(job, worker, prompts)
+    if bad:
+        raise InputError(f"job {job.path}: {len(bad)} row(s) have a prompt longer than worker {worker.id}'s "
+                         f"context window ({context_window(worker)} tokens): {job.id_column} "
+                         f"{', '.join(repr(ids[i]) for i in bad[:5])}{' and more' if len(bad) > 5 else ''}")
+
+
+def check_planned_context(job: Job, pool: Pool, prepared) -> None:
+    """Planned mode: refuse, before executing, plans that give a row to a worker too small for it."""
+    q = prepared.queries
+    prompts = q.column("prompt").to_pylist()
+    ids = q.column("query_id").to_pylist()
+    plans = pq.read_table(prepared.dir.table("plans"), columns=["query_index", "workers"]).to_pylist()
+    problems = []
+    for w in pool.workers:
+        if w.kind != "llm":
+            continue
+        rows = {p["query_index"] for p in plans if w.id in (p["workers"] or ())}
+        bad = [i for i in _too_long(job, w, [prompts[i] for i in sorted(rows)])]
+        if bad:
+            listed = [ids[sorted(rows)[i]] for i in bad]
+            problems.append(f"worker {w.id} ({context_window(w)} tokens): {job.id_column} "
+                            f"{', '.join(map(repr, listed[:5]))}{' and more' if len(listed) > 5 else ''}")
+    if problems:
+        raise ConductorError(f"job {job.path}: prompts longer than the context window of the worker their plan "
+                             f"gives them to (plans are saved; nothing was sent): " + "; ".join(problems))
+
+
+# ---- summary ----------------------------------------------------------------
+
+def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int, wall: float,
+             metrics: dict[str, Any]) -> dict[str, Any]:
+    statuses = {d["values"]: d["counts"] for d in pc.value_counts(table.column("status")).to_pylist()}
+    cost = pc.sum(table.column("cost_usd")).as_py() or 0.0
+    return {
+        "job": job.name, "run_id": run.run_id, "rows": table.num_rows, "computed": computed, "reused": reused,
+        "valid": statuses.get(OK, 0), "failed": table.num_rows - statuses.get(OK, 0),
+        "statuses": statuses, "cost_usd": cost,
+        "unpriced_rows": pc.sum(pc.is_null(table.column("cost_usd"))).as_py() or 0,
+        "calls": pc.sum(table.column("calls")).as_py() or 0,
+        "records_path": str(run.table("records")), "metrics": metrics,
+        "wall_time_s": round(wall, 3),
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    m = s["metrics"]
+    rows = [("job", s["job"]), ("run", s["run_id"]),
+            ("rows", f"{s['rows']}  (computed {s['computed']}, reused {s['reused']} at $0)"),
+            ("valid", f"{s['valid']} ({m['valid_share']:.1%})"),
+            ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))),
+            ("calls", s["calls"]), ("cost", f"${s['cost_usd']:.6f}")]
+    if m.get("overall") is not None:
+        rows.append(("overall score", f"{m['overall']:.3f} over {m['scored_rows']} rows with references"))
+    for name, f in m["fields"].items():
+        parts = [f"null {f['null_share']:.1%}" if f.get("null_share") is not None else "no valid record"]
+        if f.get("accuracy") is not None:
+            parts.insert(0, f"accuracy {f['accuracy']:.3f}" + "".join(
+                f", {k} {f[k]:.3f}" for k in ("em", "f1", "jaccard") if f.get(k) is not None))
+        if f.get("mean_confidence") is not None:
+            parts.append(f"confidence {f['mean_confidence']:.3f}")
+        rows.append((f"  {name}", "; ".join(parts)))
+    rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
+             ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

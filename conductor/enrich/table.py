@@ -1,0 +1,107 @@
+"""A job's rows: the input read and joined, ids checked, prompts rendered, and a
+content hash per row over the columns the template reads plus the job's
+definition, so that a rerun can tell which rows changed."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+import polars as pl
+import pyarrow as pa
+
+from conductor.enrich import inputs
+from conductor.enrich.job import Job, template_env
+from conductor.enrich.score import reference_value
+from conductor.errors import InputError
+
+_SHOW = 5
+
+
+def load_rows(job: Job) -> pl.DataFrame:
+    """The input after joins, in input order; every problem named with the ids involved."""
+    df = inputs.read(job.input_path)
+    where = f"job {job.path}: input {job.input_path}"
+    ids = df.get_column(job.id_column)
+    if ids.null_count():
+        raise InputError(f"{where}: id column {job.id_column!r} has {ids.null_count()} null value(s)")
+    df = df.with_columns(pl.col(job.id_column).cast(pl.Utf8))
+    dup = df.group_by(job.id_column).len().filter(pl.col("len") > 1).get_column(job.id_column).to_list()
+    if dup:
+        raise InputError(f"{where}: id column {job.id_column!r} has {len(dup)} duplicate id(s): {_list(sorted(dup))}")
+    for j in job.joins:
+        right = inputs.read(j.path)
+        rdup = right.group_by(j.on).len().filter(pl.col("len") > 1).get_column(j.on).to_list()
+        if rdup:
+            raise InputError(f"job {job.path}: join {j.path}: key {j.on!r} repeats: {_list(rdup)}")
+        right = right.select([j.on] + [c for c in right.columns if c not in df.columns])
+        missing = df.join(right.select(j.on), on=j.on, how="anti")
+        if missing.height:
+            keys = missing.get_column(j.on).to_list()
+            rows = missing.get_column(job.id_column).to_list()
+            raise InputError(f"job {job.path}: join {j.path}: {missing.height} row(s) have no match on {j.on!r} "
+                             f"(keys {_list(keys)}; ids {_list(rows)})")
+        df = df.join(right, on=j.on, how="left", maintain_order="left")
+    return df
+
+
+def render(job: Job, df: pl.DataFrame) -> list[str]:
+    """The prompt of every row, without surrounding blank space (what is sent, verbatim);
+    a row the template cannot render is an error naming its id."""
+    tmpl = template_env().from_string(job.prompt)
+    names = list(job.template_names)
+    cols = [df.get_column(n).to_list() for n in names]
+    ids = df.get_column(job.id_column).to_list()
+    out = []
+    for i, rid in enumerate(ids):
+        try:
+            out.append(tmpl.render({n: c[i] for n, c in zip(names, cols)}).strip())
+        except Exception as e:  # jinja2 raises UndefinedError, TypeError, ... from user templates
+            raise InputError(f"job {job.path}: prompt: cannot render the row with {job.id_column} {rid!r}: "
+                             f"{type(e).__name__}: {e}") from None
+    return out
+
+
+def row_hashes(job: Job, df: pl.DataFrame, definition: str) -> list[str]:
+    """Hash of (job definition, values of the columns the template reads), per row."""
+    names = list(job.template_names)
+    cols = [df.get_column(n).to_list() for n in names]
+    prefix = definition.encode() + b"\0"
+    out = []
+    for i in range(df.height):
+        values = orjson.dumps([c[i] for c in cols], default=str, option=orjson.OPT_NON_STR_KEYS)
+        out.append(hashlib.sha256(prefix + values).hexdigest()[:32])
+    return out
+
+
+def references(job: Job, df: pl.DataFrame) -> list[str | None]:
+    """Per row, the JSON object {field: reference value or null} the simulated pool answers from."""
+    if not job.references:
+        return [None] * df.height
+    by_name = {f.name: f for f in job.fields}
+    cols = {name: df.get_column(r.column).to_list() for name, r in job.references.items()}
+    out = []
+    for i in range(df.height):
+        ref = {name: reference_value(by_name[name], cols[name][i]) for name in cols}
+        out.append(orjson.dumps(ref, default=str).decode())
+    return out
+
+
+def render_queries(job: Job, df: pl.DataFrame | None = None) -> pa.Table:
+    """The query set a job sends: query_id, prompt (exactly what direct mode sends as the user
+    message), task "record" and the reference object. `conductor job queries` writes it."""
+    df = load_rows(job) if df is None else df
+    n = df.height
+    return pa.table({
+        "query_id": pa.array(df.get_column(job.id_column).to_list(), pa.string()),
+        "prompt": pa.array(render(job, df), pa.string()),
+        "task": pa.array(["record" if job.fields else None] * n, pa.string()),
+        "reference": pa.array(references(job, df), pa.string()),
+        "metadata": pa.nulls(n, pa.string()),
+    })
+
+
+def _list(values: list[Any]) -> str:
+    shown = ", ".join(repr(v) for v in values[:_SHOW])
+    return shown + (f" and {len(values) - _SHOW} more" if len(values) > _SHOW else "")

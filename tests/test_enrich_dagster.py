@@ -1,0 +1,192 @@
+"""Enrichment jobs as Dagster assets: a job file materializes through
+`materialize` against the simulated pool, with its metadata and checks; a
+rematerialized day pays for nothing; a failing schema-validity check blocks
+the downstream asset; the code location lists the assets and the schedule."""
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance, Definitions, materialize
+
+from assets.enrichment import all_job_assets, job_assets, job_name
+from conductor.sim import start_sim
+from pipelines.resources import StorageResource
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+try:
+    import conductor.enrich
+    HAVE_RUN_JOB = hasattr(conductor.enrich, "run_job")
+except ImportError:
+    HAVE_RUN_JOB = False
+needs_run_job = pytest.mark.skipif(not HAVE_RUN_JOB, reason="conductor.enrich.run_job is not on this branch yet")
+
+DAY = "2026-11-01"
+N = 30
+UNITS = ["thousand", "million", "billion"]
+
+
+def write_job(root: Path, **over) -> Path:
+    rows = [{"doc_id": f"d{i}",
+             "report": f"Company {i} reported revenue of {100 + i * 3.5} {UNITS[i % 3]} dollars in {2015 + i % 9}, "
+                     f"up from the year before, on the strength of its retail stores.",
+             "gold_amount": 100 + i * 3.5, "gold_unit": UNITS[i % 3]} for i in range(N)]
+    pq.write_table(pa.Table.from_pylist(rows), root / "docs.parquet")
+    doc = {
+        "name": "revenue_facts",
+        "description": "revenue, its unit and year from a short report",
+        "input": {"path": "docs.parquet", "id": "doc_id", "carry": ["report"]},
+        "prompt": "Read the report and extract the figures.\n\nReport: {{ report }}",
+        "fields": {"summary": {"type": "string", "description": "one sentence"},
+                   "amount": {"type": "number", "required": True},
+                   "unit": {"type": "enum", "values": UNITS, "required": True},
+                   "year": {"type": "integer"}},
+        "references": {"amount": {"column": "gold_amount", "score": "numeric", "rel_tol": 0.001},
+                       "unit": {"column": "gold_unit", "score": "exact"}},
+        "pool": "pool.yaml", "mode": "direct", "worker": "ext", "budget_usd": 1.0,
+        "quality": {"min_valid_share": 0.9},
+        **over,
+    }
+    path = root / "revenue_facts.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def write_pool(root: Path, url: str) -> Path:
+    doc = {"providers": {"sim": {"max_concurrency": 16, "timeout_s": 10}},
+           "workers": [{"id": "ext", "model": "openai/ext", "provider": "sim", "api_base": url,
+                        "description": "simulated extractor", "params": {"temperature": 0, "max_tokens": 512},
+                        "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+                        "simulate": {"skill": {"record": 0.8}}}]}
+    path = root / "pool.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def job_sim(tmp_path):
+    """A job file, and the sim started on the job's own rendered queries."""
+    write_pool(tmp_path, "http://127.0.0.1:9/v1")  # the sim's address is not known yet
+    job_path = write_job(tmp_path)
+    queries = tmp_path / "queries.parquet"
+    pq.write_table(conductor.enrich.render_queries(conductor.enrich.load_job(job_path)), queries)
+    with start_sim(tmp_path / "pool.yaml", queries, latency_ms=0) as sim:
+        write_pool(tmp_path, sim.url)
+        yield job_path, sim
+
+
+def run(job_path: Path, data: Path, instance, **kw):
+    assets, checks = job_assets(job_path)
+    return materialize([*assets, *checks], partition_key=DAY, instance=instance,
+                       resources={"storage": StorageResource(data_dir=str(data))}, **kw)
+
+
+@needs_run_job
+def test_job_asset_materializes_with_metadata_and_checks_and_a_rerun_pays_nothing(tmp_path, job_sim):
+    job_path, sim = job_sim
+    data = tmp_path / "data"
+    with DagsterInstance.ephemeral() as inst:
+        result = run(job_path, data, inst)
+        assert result.success
+        mats = {e.asset_key.to_user_string(): e.materialization.metadata
+                for e in result.get_asset_materialization_events()}
+        assert set(mats) == {"enrich/revenue_facts/records", "enrich/revenue_facts/published"}
+        md = mats["enrich/revenue_facts/records"]
+        assert md["dagster/row_count"].value == md["rows"].value == N
+        assert md["computed"].value == N and md["reused"].value == 0
+        assert md["cost_usd"].value > 0
+        assert md["preview"].value.startswith("| doc_id | status")
+        assert md["run_id"].value.startswith("revenue_facts")
+        records_path = Path(md["records_path"].value)
+        assert records_path.exists()
+        assert set(md["null_share"].value) == {"summary", "amount", "unit", "year"}
+        assert md["null_share"].value["amount"] == 0.0  # required
+        assert 0 < md["null_share"].value["year"] < 0.5  # optional: the sim leaves a few out
+        # the sim answers with skill 0.8 per referenced field: accuracy shows per field
+        acc = {r.split("|")[1].strip(): r.split("|")[3].strip() for r in md["fields"].value.splitlines()[2:]}
+        assert 0.6 <= float(acc["amount"]) <= 0.95 and 0.6 <= float(acc["unit"]) <= 0.95 and acc["year"] in ("", "-")
+        t = pq.read_table(records_path)
+        assert t.schema.field("amount").type == pa.float64() and t.schema.field("year").type == pa.int64()
+        evals = {e.check_name: e for e in result.get_asset_check_evaluations()}
+        assert set(evals) == {"schema_valid_share", "unique_ids"} and all(e.passed for e in evals.values())
+        assert evals["schema_valid_share"].metadata["valid_share"].value == 1.0
+        published = pq.read_table(mats["enrich/revenue_facts/published"]["published_path"].value)
+        assert published.num_rows == N and len(set(published.column("doc_id").to_pylist())) == N
+        assert sim.log()["total"] == N
+
+        # The same day again: every row is reused at $0, nothing is sent.
+        sim.reset()
+        again = run(job_path, data, inst)
+        assert again.success
+        md2 = {e.asset_key.to_user_string(): e.materialization.metadata
+               for e in again.get_asset_materialization_events()}["enrich/revenue_facts/records"]
+        assert md2["reused"].value == N and md2["computed"].value == 0 and md2["cost_usd"].value == 0
+        assert sim.log()["total"] == 0
+        assert inst.get_latest_materialization_event(AssetKey(["enrich", "revenue_facts", "published"]))
+
+
+@needs_run_job
+def test_failing_schema_validity_check_blocks_the_downstream_asset(tmp_path, job_sim):
+    job_path, sim = job_sim
+    sim.set_faults("*", malformed_json=1.0)  # every reply and every repair is broken
+    with DagsterInstance.ephemeral() as inst:
+        result = run(job_path, tmp_path / "data", inst, raise_on_error=False)
+    assert not result.success
+    done = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert done == {"enrich/revenue_facts/records"}
+    failed = {e.check_name: e for e in result.get_asset_check_evaluations() if not e.passed}
+    assert set(failed) == {"schema_valid_share"}
+    assert failed["schema_valid_share"].metadata["valid_share"].value == 0.0
+    assert not (tmp_path / "data" / "enrichment" / "revenue_facts.parquet").exists()
+
+
+@needs_run_job
+def test_threshold_above_one_share_fails_the_check_though_every_record_is_valid(tmp_path, job_sim):
+    """quality.min_valid_share is the job's; a share the run cannot reach blocks publishing."""
+    job_path, sim = job_sim
+    doc = yaml.safe_load(job_path.read_text())
+    doc["quality"]["min_valid_share"] = 1.0
+    job_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    sim.set_faults("*", malformed_json=0.5)
+    with DagsterInstance.ephemeral() as inst:
+        result = run(job_path, tmp_path / "data", inst, raise_on_error=False)
+    evals = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    share = evals["schema_valid_share"].metadata["valid_share"].value
+    # half the replies break, and a quarter of those break again on repair
+    assert 0.6 < share < 1.0 and not evals["schema_valid_share"].passed
+    assert "enrich/revenue_facts/published" not in {e.asset_key.to_user_string()
+                                                    for e in result.get_asset_materialization_events()}
+
+
+def test_code_location_has_a_group_per_job_file_and_a_daily_schedule(tmp_path):
+    from pipelines import jobs, schedules
+
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("name: alpha_facts\n")
+    (folder / "b.yaml").write_text("name: [not a name\n")  # broken: still an asset, fails when run
+    assets, checks = all_job_assets(folder)
+    keys = {k.to_user_string() for a in assets for k in a.keys}
+    assert keys == {"enrich/alpha_facts/records", "enrich/alpha_facts/published",
+                    "enrich/b/records", "enrich/b/published"}
+    assert job_name(folder / "b.yaml") == "b"
+    defs = Definitions(assets=assets, asset_checks=checks, jobs=[jobs.enrich_jobs],
+                       schedules=[schedules.daily_enrich_jobs({"CONDUCTOR_ENRICH_JOBS_HOUR": "5"})],
+                       resources={"storage": StorageResource(data_dir=str(tmp_path))})
+    graph = defs.resolve_asset_graph()
+    blocking = {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys}
+    assert ("enrich/alpha_facts/records", "schema_valid_share") in blocking
+    for a in checks:
+        assert all(s.blocking for s in a.check_specs)
+    assert defs.resolve_schedule_def("daily_enrich_jobs").cron_schedule == "0 5 * * *"
+    assert defs.resolve_job_def("enrich_jobs").partitions_def.get_cron_schedule() == "0 0 * * *"
+    # the repository's own job files are in the code location
+    from pipelines.definitions import defs as repo_defs
+
+    repo_jobs = {job_name(p) for p in Path(__file__).parents[1].joinpath("jobs").glob("*.yaml")}
+    repo_keys = {k.to_user_string() for k in repo_defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {f"enrich/{n}/records" for n in repo_jobs} <= repo_keys

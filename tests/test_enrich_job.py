@@ -1,0 +1,150 @@
+"""Job files: a bad one is refused before any call, naming the file, the line and the key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conductor.enrich import load_job, render_queries
+from conductor.enrich.table import load_rows
+from conductor.errors import InputError
+from tests.conftest import REPO, run_cli
+
+GOOD = """\
+name: notes
+description: two fields from a note
+input:
+  path: in.parquet
+  id: note_id
+  carry: [kind]
+prompt: |
+  Kind: {{ kind }}
+  Note: {{ body }}
+fields:
+  summary: {type: string, description: one sentence, required: true}
+  mood: {type: enum, values: [good, bad]}
+  amount: {type: number}
+references:
+  mood: {column: gold_mood, score: exact}
+pool: pool.yaml
+mode: direct
+worker: fast
+"""
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    pq.write_table(pa.table({"note_id": ["n1", "n2", "n3"], "kind": ["memo", "memo", "mail"],
+                             "body": ["all fine", "it broke", "so so"], "gold_mood": ["good", "bad", None]}),
+                   tmp_path / "in.parquet")
+    (tmp_path / "pool.yaml").write_text(textwrap.dedent("""\
+        providers: {sim: {max_concurrency: 4}}
+        workers:
+          - {id: fast, model: openai/fast, provider: sim, api_base: "http://127.0.0.1:1/v1"}
+        """))
+    return tmp_path
+
+
+def write(folder: Path, text: str) -> Path:
+    p = folder / "job.yaml"
+    p.write_text(text)
+    return p
+
+
+def line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def refused(folder: Path, text: str) -> str:
+    with pytest.raises(InputError) as e:
+        load_job(write(folder, text))
+    return str(e.value)
+
+
+def test_good_job_loads_and_renders(folder):
+    job = load_job(write(folder, GOOD))
+    assert job.name == "notes" and job.template_names == ("body", "kind")
+    assert [f.name for f in job.fields] == ["summary", "mood", "amount"]
+    assert job.schema["required"] == ["summary", "mood", "amount"]  # strict shape on the wire
+    assert job.check_schema["required"] == ["summary"]
+    q = render_queries(job)
+    assert q.column("query_id").to_pylist() == ["n1", "n2", "n3"]
+    assert q.column("prompt")[1].as_py() == "Kind: memo\nNote: it broke"
+    assert q.column("task").to_pylist() == ["record"] * 3
+    assert orjson.loads(q.column("reference")[0].as_py()) == {"mood": "good"}
+    assert orjson.loads(q.column("reference")[2].as_py()) == {"mood": None}
+
+
+def test_unknown_column_in_template_names_line(folder):
+    text = GOOD.replace("Note: {{ body }}", "Note: {{ bodyy }}")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'bodyy')}: prompt:" in msg and "'bodyy'" in msg
+
+
+def test_unknown_field_type(folder):
+    text = GOOD.replace("{type: number}", "{type: decimal}")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'decimal')}: fields.amount.type:" in msg and "'decimal'" in msg
+
+
+def test_enum_without_values(folder):
+    text = GOOD.replace("{type: enum, values: [good, bad]}", "{type: enum}")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'mood: {type: enum}')}: fields.mood:" in msg and "values" in msg
+
+
+def test_missing_reference_column(folder):
+    text = GOOD.replace("column: gold_mood", "column: gold_feeling")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'gold_feeling')}: references.mood.column:" in msg
+    assert "'gold_feeling'" in msg
+
+
+def test_missing_id_column(folder):
+    text = GOOD.replace("id: note_id", "id: nid")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'id: nid')}: input.id:" in msg and "'nid'" in msg
+
+
+def test_duplicate_ids_named(folder):
+    pq.write_table(pa.table({"note_id": ["n1", "n1", "n2"], "kind": ["a", "b", "c"], "body": ["x", "y", "z"],
+                             "gold_mood": [None, None, None]}), folder / "in.parquet")
+    job = load_job(write(folder, GOOD))
+    with pytest.raises(InputError, match=r"duplicate id\(s\): 'n1'"):
+        load_rows(job)
+
+
+def test_unknown_key_and_bad_worker(folder):
+    text = GOOD.replace("mode: direct", "mdoe: direct")
+    assert f"job.yaml:{line_of(text, 'mdoe')}: mdoe: unknown key" in refused(folder, text)
+    text = GOOD.replace("worker: fast", "worker: huge")
+    assert f"job.yaml:{line_of(text, 'worker: huge')}: worker:" in refused(folder, text)
+
+
+def test_join_and_csv_input(folder):
+    (folder / "in.csv").write_text("note_id,doc\nn1,d1\nn2,d2\n")
+    pq.write_table(pa.table({"doc": ["d1", "d2"], "body": ["b1", "b2"]}), folder / "docs.parquet")
+    text = GOOD.replace("path: in.parquet", "path: in.csv\n  join:\n    - {path: docs.parquet, on: doc}")
+    text = text.replace("carry: [kind]", "carry: [doc]").replace("Kind: {{ kind }}", "Doc: {{ doc }}")
+    text = text.replace("references:\n  mood: {column: gold_mood, score: exact}\n", "")
+    job = load_job(write(folder, text))
+    q = render_queries(job)
+    assert q.column("prompt").to_pylist() == ["Doc: d1\nNote: b1", "Doc: d2\nNote: b2"]
+    (folder / "in.csv").write_text("note_id,doc\nn1,d1\nn2,d9\n")
+    with pytest.raises(InputError, match=r"no match on 'doc' \(keys 'd9'; ids 'n2'\)"):
+        load_rows(job)
+
+
+def test_cli_check_refuses_with_exit_code(folder):
+    text = GOOD.replace("{type: number}", "{type: decimal}")
+    p = write(folder, text)
+    r = run_cli("job", "check", p)
+    assert r.returncode == 2 and "fields.amount.type" in r.stderr and "decimal" in r.stderr
+    r = run_cli("job", "check", write(folder, GOOD))
+    assert r.returncode == 0, r.stderr
+    assert "3 rows" in r.stdout

@@ -1,0 +1,314 @@
+"""Enrichment jobs end to end on the real finance data against the simulated pool over HTTP:
+typed records, the catalog view joined back to the input, metrics checked by a separate
+computation, repairs under malformed JSON, incremental reruns counted in the sim's log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import string
+from pathlib import Path
+
+import duckdb
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conductor.enrich import load_job, render_queries
+from conductor.enrich.run import run_job
+from conductor.errors import InputError
+from conductor.store import write_table
+from tests.conftest import REPO, run_cli
+
+FINANCE = Path(os.environ.get("CONDUCTOR_FINANCE_DIR", REPO.parent / "shared" / "finance"))
+QA_JOB = REPO / "jobs" / "finance_qa.yaml"
+DOCS_JOB = REPO / "jobs" / "finance_documents.yaml"
+SIM_POOL = REPO / "data" / "pools" / "sim.yaml"
+
+pytestmark = pytest.mark.skipif(not (FINANCE / "questions.parquet").exists(),
+                                reason=f"the finance data is not at {FINANCE} (see ../shared/finance/README.md)")
+
+
+@pytest.fixture(scope="module")
+def fin_sim(tmp_path_factory):
+    """The demo pool's simulated workers, knowing every query of both finance jobs."""
+    from conductor.sim import start_sim
+
+    d = tmp_path_factory.mktemp("finsim")
+    files = []
+    for job in (QA_JOB, DOCS_JOB):
+        out = d / f"{job.stem}.parquet"
+        write_table(out, render_queries(load_job(job)))
+        files.append(out)
+    old = os.environ.get("CONDUCTOR_SIM_URL")
+    with start_sim(SIM_POOL, files) as sim:
+        os.environ["CONDUCTOR_SIM_URL"] = sim.url
+        try:
+            yield sim
+        finally:
+            if old is None:
+                os.environ.pop("CONDUCTOR_SIM_URL", None)
+            else:
+                os.environ["CONDUCTOR_SIM_URL"] = old
+
+
+@pytest.fixture
+def sim(fin_sim):
+    fin_sim.clear_faults()
+    fin_sim.reset()
+    return fin_sim
+
+
+def variant(src: Path, folder: Path, name: str | None = None, rows: pa.Table | None = None, **changes) -> Path:
+    """A copy of a shipped job in `folder`, paths made absolute, optionally over other rows."""
+    doc = yaml.safe_load(src.read_text())
+    doc["input"]["path"] = str((src.parent / doc["input"]["path"]).resolve())
+    for j in doc["input"].get("join", []):
+        j["path"] = str((src.parent / j["path"]).resolve())
+    doc["pool"] = str((src.parent / doc["pool"]).resolve())
+    if rows is not None:
+        pq.write_table(rows, folder / "input.parquet")
+        doc["input"]["path"] = str(folder / "input.parquet")
+    doc.update(changes)
+    if name:
+        doc["name"] = name
+    path = folder / f"{doc['name']}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def questions(n: int | None = None, offset: int = 0) -> pa.Table:
+    t = pq.read_table(FINANCE / "questions.parquet")
+    return t.slice(offset, n) if n is not None else t
+
+
+# ---- the per-question job over all rows ----------------------------------------
+
+def test_finance_qa_all_rows_typed_joined_and_scored(sim, tmp_path):
+    data = tmp_path / "data"
+    s = run_job(load_job(QA_JOB), data_dir=data, progress=False)
+    gold = questions()
+    assert s["rows"] == gold.num_rows == 1668 and s["computed"] == 1668 and s["reused"] == 0
+
+    rec = pq.read_table(s["records_path"])
+    types = {f.name: f.type for f in rec.schema}
+    assert types["question_id"] == pa.string() and types["doc_id"] == pa.string()
+    assert types["answer"] == pa.list_(pa.string())
+    assert types["scale"] == pa.string() and types["answer_type"] == pa.string()
+    assert types["evidence"] == pa.string()
+    assert types["cost_usd"] == pa.float64() and types["calls"] == pa.int32() and types["score"] == pa.float64()
+    assert set(rec.column("status").to_pylist()) <= {"ok", "invalid"}
+    ok = pc.equal(rec.column("status"), "ok")
+    assert pc.all(pc.is_valid(pc.filter(rec.column("answer"), ok))).as_py()  # required field present
+    assert set(pc.filter(rec.column("scale"), ok).to_pylist()) <= {"", "thousand", "million", "billion", "percent"}
+
+    # The catalog view joins back to the input on its id: no row lost, none duplicated.
+    con = duckdb.connect(str(data / "conductor.duckdb"), read_only=True)
+    qpath = str(FINANCE / "questions.parquet")
+    n, distinct = con.sql(f"SELECT count(*), count(DISTINCT question_id) FROM finance_qa "
+                          f"JOIN read_parquet('{qpath}') USING (question_id)").fetchone()
+    assert n == distinct == 1668
+    lost = con.sql(f"SELECT count(*) FROM read_parquet('{qpath}') q ANTI JOIN finance_qa USING (question_id)")
+    assert lost.fetchone()[0] == 0
+    # Costs in the records are what the traces paid.
+    paid = con.sql(f"SELECT sum(cost_usd) FROM traces WHERE run_id = '{s['run_id']}'").fetchone()[0]
+    assert pc.sum(rec.column("cost_usd")).as_py() == pytest.approx(paid)
+    con.close()
+
+    # Per-field metrics match a separate computation from the records and the gold answers.
+    g = {r["question_id"]: r for r in gold.to_pylist()}
+    rows = rec.to_pylist()
+    scale_acc = sum(r["status"] == "ok" and r["scale"] == g[r["question_id"]]["scale"] for r in rows) / len(rows)
+    type_acc = sum(r["status"] == "ok" and r["answer_type"] == g[r["question_id"]]["answer_type"]
+                   for r in rows) / len(rows)
+    em = [tatqa_em(r, g[r["question_id"]]) for r in rows]
+    m = s["metrics"]["fields"]
+    assert m["scale"]["accuracy"] == pytest.approx(scale_acc)
+    assert m["answer_type"]["accuracy"] == pytest.approx(type_acc)
+    assert m["answer"]["em"] == pytest.approx(sum(em) / len(em))
+    assert m["answer"]["scored_rows"] == 1668
+    overall = sum((e + (r["status"] == "ok" and r["scale"] == g[r["question_id"]]["scale"])
+                   + (r["status"] == "ok" and r["answer_type"] == g[r["question_id"]]["answer_type"])) / 3
+                  for e, r in zip(em, rows)) / len(rows)
+    assert s["metrics"]["overall"] == pytest.approx(overall)
+    # The simulated worker is right with its skill, so the scores are neither 0 nor 1.
+    assert 0.2 < m["answer"]["em"] < 0.95 and 0.2 < scale_acc < 0.95
+    # Rewards per row for the policy and RL export.
+    rewards = pq.read_table(Path(s["records_path"]).with_name("rewards.parquet"))
+    assert rewards.num_rows == 1668 and pc.all(pc.is_valid(rewards.column("reward"))).as_py()
+
+
+def tatqa_em(rec: dict, gold: dict) -> float:
+    """TAT-QA exact match, written out again here: answers sorted and joined, numbers rounded
+    to 2 decimals and multiplied by their scale, words followed by the scale, compared
+    after lower-casing and removing punctuation, articles and extra spaces."""
+    if rec["status"] != "ok" or not rec["answer"]:
+        return 0.0
+    mult = {"": 1, "thousand": 1e3, "million": 1e6, "billion": 1e9, "percent": 1}
+
+    def num(x):
+        s = str(x).strip().replace(",", "").replace("$", "").replace("%", "").replace(" ", "")
+        neg = s.startswith("(") and s.endswith(")")
+        try:
+            v = float(s.strip("()"))
+        except ValueError:
+            return None
+        return -v if neg else v
+
+    def canon(items, scale):
+        out = []
+        for a in sorted(map(str, items)):
+            v = num(a)
+            out.append(f"{a} {scale}".strip() if v is None else
+                       "%.4f" % v if "%" in a else "%.4f" % (round(v, 2) * mult[scale]))
+        return " ".join(out)
+
+    def norm(s):
+        s = "".join(c for c in s.lower() if c not in string.punctuation)
+        return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+
+    g = json.loads(gold["answer_json"])
+    target = norm(canon(g if isinstance(g, list) else [g], gold["scale"]))
+    tries = [canon(rec["answer"], rec["scale"])]
+    if len(rec["answer"]) == 1 and not rec["scale"] and "%" not in rec["answer"][0] and num(rec["answer"][0]) is not None:
+        tries.append("%.4f" % num(rec["answer"][0]))
+    return float(any(norm(t) == target for t in tries))
+
+
+# ---- malformed JSON and repairs ---------------------------------------------------
+
+def test_malformed_json_every_row_valid_or_explicit_failure(sim, tmp_path):
+    job = load_job(variant(QA_JOB, tmp_path, "qa_faults", rows=questions(300)))
+    sim.set_faults("*", malformed_json=0.2)
+    s = run_job(job, data_dir=tmp_path / "data", progress=False)
+    rec = pq.read_table(s["records_path"])
+    assert rec.num_rows == 300 and sorted(rec.column("question_id").to_pylist()) == sorted(
+        questions(300).column("question_id").to_pylist())
+    statuses = rec.column("status").to_pylist()
+    assert set(statuses) <= {"ok", "invalid"} and statuses.count("ok") > 250
+    for r in rec.to_pylist():
+        assert (r["status"] == "ok") == (r["error"] is None)
+        if r["status"] == "invalid":
+            assert "not a valid record" in r["error"] and r["answer"] is None and r["calls"] == 2
+    traces = pq.read_table(Path(s["records_path"]).with_name("traces.parquet")).to_pylist()
+    repairs = [t for t in traces if t["step_path"] == "0.repair"]
+    first_bad = [t for t in traces if t["step_path"] == "0" and t["status"] == "invalid"]
+    assert 30 < len(repairs) == len(first_bad) < 100
+    assert all(t["cost_usd"] > 0 and t["attempts"] == 1 for t in repairs)
+    assert pc.sum(rec.column("cost_usd")).as_py() == pytest.approx(sum(t["cost_usd"] for t in traces))
+    assert sim.log()["by_kind"].get("repair", 0) == len(repairs)
+
+
+# ---- incremental runs -------------------------------------------------------------
+
+def test_rerun_sends_only_new_rows_template_change_and_full_refresh_send_all(sim, tmp_path):
+    data = tmp_path / "data"
+    path = variant(QA_JOB, tmp_path, "qa_daily", rows=questions(200))
+    first = run_job(load_job(path), data_dir=data, progress=False)
+    assert first["computed"] == 200 and sim.log()["total"] == 200
+
+    # Tomorrow's file: the same 200 rows and 100 new ones.
+    pq.write_table(questions(300), tmp_path / "input.parquet")
+    sim.reset()
+    second = run_job(load_job(path), data_dir=data, progress=False)
+    new_ids = set(questions(100, offset=200).column("question_id").to_pylist())
+    log = sim.log()
+    assert second["computed"] == 100 and second["reused"] == 200
+    assert log["total"] == 100 and set(log["by_query"]) == new_ids
+    rec = pq.read_table(second["records_path"])
+    reused = pc.filter(rec, rec.column("reused"))
+    assert reused.num_rows == 200 and pc.sum(reused.column("cost_usd")).as_py() == 0
+    assert set(reused.column("run_id").to_pylist()) == {first["run_id"]}
+    con = duckdb.connect(str(data / "conductor.duckdb"), read_only=True)
+    assert con.sql("SELECT count(*), count(DISTINCT question_id) FROM qa_daily").fetchone() == (300, 300)
+    con.close()
+
+    # Nothing new: nothing sent.
+    sim.reset()
+    assert run_job(load_job(path), data_dir=data, progress=False)["computed"] == 0 and sim.log()["total"] == 0
+
+    # A changed template recomputes every row.
+    doc = yaml.safe_load(path.read_text())
+    doc["prompt"] = doc["prompt"].replace("You are a financial analyst.", "You are a careful financial analyst.")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    sim.reset()
+    third = run_job(load_job(path), data_dir=data, progress=False)
+    assert third["computed"] == 300 and sim.log()["total"] == 300
+
+    # --full-refresh recomputes every row, and asks the workers again (no cache).
+    sim.reset()
+    r = run_cli("job", "run", path, "--data-dir", data, "--full-refresh", "--quiet",
+                env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"rows\s+300\s+\(computed 300, reused 0", r.stdout)
+    assert sim.log()["total"] == 300
+
+
+# ---- modes and checks ------------------------------------------------------------
+
+def test_planned_documents_job_gives_confidence_from_agreement(sim, tmp_path):
+    docs = pq.read_table(FINANCE / "documents.parquet").slice(0, 40)
+    s = run_job(load_job(variant(DOCS_JOB, tmp_path, "docs_small", rows=docs)), data_dir=tmp_path / "data",
+                progress=False)
+    rec = pq.read_table(s["records_path"])
+    assert rec.num_rows == 40 and s["valid"] >= 36
+    assert rec.schema.field("largest_item").type == pa.struct(
+        [("name", pa.string()), ("latest", pa.float64()), ("prior", pa.float64())])
+    assert rec.schema.field("periods").type == pa.list_(pa.string())
+    ok = pc.filter(rec, pc.equal(rec.column("status"), "ok"))
+    conf = ok.column("main_change_confidence").to_pylist()
+    assert all(c is not None and 0 < c <= 1 for c in conf)  # the final value is one of the three answers
+    # Three record steps per document (two extractors, one reconciler): every confidence is k/3.
+    assert {round(c * 3, 6) for c in conf} <= {1.0, 2.0, 3.0}
+    m = s["metrics"]
+    assert "overall" not in m and m["fields"]["summary"]["mean_confidence"] is not None
+    assert m["valid_share"] == s["valid"] / 40
+    assert rec.schema.field("n_questions").type == pa.int64()  # a carried column keeps its type
+
+
+def test_prompt_mode_asks_for_json_in_the_prompt(sim, tmp_path):
+    job = load_job(variant(QA_JOB, tmp_path, "qa_prompt", rows=questions(40), structured="prompt"))
+    s = run_job(job, data_dir=tmp_path / "data", progress=False)
+    assert s["valid"] == 40 and sim.log()["total"] == 40
+
+
+def test_prompt_longer_than_context_window_is_refused_before_any_call(sim, tmp_path):
+    pool = yaml.safe_load(SIM_POOL.read_text())
+    for w in pool["workers"]:
+        if w["id"] == "mid":
+            w["context_tokens"] = 400
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    path = variant(QA_JOB, tmp_path, "qa_small_window", rows=questions(60))
+    doc = yaml.safe_load(path.read_text())
+    doc["pool"] = str(tmp_path / "pool.yaml")
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InputError, match=r"longer than worker mid's context window \(400 tokens\): question_id '"):
+        run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
+    assert sim.log()["total"] == 0 and not (tmp_path / "data" / "runs").exists()
+
+
+def test_plain_text_job_carries_text(sim, tmp_path):
+    doc = yaml.safe_load(QA_JOB.read_text())
+    path = variant(QA_JOB, tmp_path, "qa_plain", rows=questions(20))
+    plain = yaml.safe_load(path.read_text())
+    for k in ("fields", "references"):
+        plain.pop(k)
+    path.write_text(yaml.safe_dump(plain))
+    s = run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
+    rec = pq.read_table(s["records_path"])
+    assert "text" in rec.column_names and "answer" not in rec.column_names and doc["fields"]
+    assert s["valid"] == 20 and all(rec.column("text").to_pylist())
+
+
+def test_queries_cli_writes_what_direct_mode_sends(tmp_path):
+    out = tmp_path / "q.parquet"
+    r = run_cli("job", "queries", QA_JOB, "--out", out)
+    assert r.returncode == 0, r.stderr
+    q = pq.read_table(out)
+    assert q.num_rows == 1668 and set(q.column("task").to_pylist()) == {"record"}
+    ref = orjson.loads(q.column("reference")[0].as_py())
+    assert set(ref) == {"answer", "scale", "answer_type"} and isinstance(ref["answer"], list)
