@@ -27,6 +27,7 @@ from conductor.execute.cache import Cache
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, Executor, PlanJob
 from conductor.execute.journal import Journal, load_state
 from conductor.execute.prices import resolve_price
+from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
 from conductor.failures import failure_groups
 from conductor.planners import make_planner
@@ -120,7 +121,8 @@ def plan_stage(run: Run, planner: Planner | None = None) -> Path:
     own = planner is None
     planner = planner or configured_planner(cfg)
     try:
-        return _plan(run, planner, out)
+        with run_lock(run.dir.work, run.dir.run_id):
+            return _plan(run, planner, out)
     finally:
         if own:
             close_planner(planner)
@@ -209,8 +211,14 @@ def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> lis
 
 # ---- execute ----------------------------------------------------------------
 
-def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
-                  planner: Planner | None = None, record=None) -> Path:
+def execute_stage(run: Run, **kw: Any) -> Path:
+    """`_execute_stage` holding the run's lock: a second process on the same run refuses."""
+    with run_lock(run.dir.work, run.dir.run_id):
+        return _execute_stage(run, **kw)
+
+
+def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
+                   planner: Planner | None = None, record=None) -> Path:
     """Run every plan not yet finished; then write traces.parquet and results.parquet.
 
     Steps assigned to a planner worker re-plan with `replanner`, else with the

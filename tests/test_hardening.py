@@ -375,3 +375,28 @@ def test_three_kills_mid_run_never_bill_above_the_budget(tmp_path, fault_server)
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 3, r.stdout + r.stderr  # stopped by the budget, not over it
     assert sum(fault_server.billed) <= 0.01, sum(fault_server.billed)
+
+
+# ---- 5. one process per run ---------------------------------------------------
+
+def test_a_second_process_on_the_same_run_refuses_naming_the_first(tmp_path, fresh_sim, sample_queries):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 1}})  # 60 x 0.3 s: still running when the second starts
+    cmd = [sys.executable, "-m", "conductor", "run", str(sample_queries), "--pool", str(pool), "--data-dir",
+           str(tmp_path / "data"), "--no-cache", "--quiet"]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(fresh_sim, 4)
+    second = run_cli(*cmd[3:])
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert f"already running in process {first.pid}" in second.stderr
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out + err
+    log = fresh_sim.log()["by_body"]
+    assert sum(log.values()) == 60 and set(log.values()) == {1}  # nothing paid twice
