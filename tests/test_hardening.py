@@ -48,6 +48,9 @@ def _billing(body: dict, lie: str | None = None) -> tuple[int, dict]:
     return 200, _ok(body["model"], content="Answer: " + "x" * 8, usage=usage)
 
 
+EXTRA_MODELS = ["cjk", "negative", "huge", "slowcjk", "trickle", "hugeerror"]
+
+
 class FaultServer:
     """An OpenAI-compatible endpoint that answers each model with a fixed (status, body)."""
 
@@ -62,12 +65,16 @@ class FaultServer:
 
             def do_GET(self):
                 self._send(200, {"object": "list", "data": [{"id": m, "object": "model"}
-                                                             for m in [*shapes, "cjk", "negative", "huge", "slowcjk"]]})
+                                                             for m in [*shapes, *EXTRA_MODELS]]})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
                 outer.requests.append(body)
                 model = body.get("model", "")
+                if model == "trickle":
+                    return self._trickle(_ok(model))
+                if model == "hugeerror":
+                    return self._send(400, {"error": {"message": "bad request " + "x" * 300_000}})
                 if model in ("cjk", "negative", "huge", "slowcjk"):
                     outer.billed.append(sum(len(m["content"]) for m in body["messages"]) * 1e-6
                                         + (body.get("max_tokens") or 16) * 2e-6)  # billed on receipt
@@ -77,6 +84,20 @@ class FaultServer:
                 else:
                     status, doc = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
                 self._send(status, doc)
+
+            def _trickle(self, doc):  # a valid answer, one byte every 0.2 s
+                data = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                try:
+                    for i in range(len(data)):
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                except OSError:
+                    pass
 
             def _send(self, status, doc):
                 data = doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
@@ -400,3 +421,24 @@ def test_a_second_process_on_the_same_run_refuses_naming_the_first(tmp_path, fre
     assert first.returncode == 0, out + err
     log = fresh_sim.log()["by_body"]
     assert sum(log.values()) == 60 and set(log.values()) == {1}  # nothing paid twice
+
+
+
+# ---- 6. deadlines and error bodies --------------------------------------------
+
+def test_timeout_s_bounds_the_whole_attempt_and_error_bodies_are_cut(tmp_path, fault_server, sample_queries):
+    """A server trickling a valid answer a byte at a time is a timeout, not a minute-long
+    call; a 400 with 300 kB of body leaves a short error in the traces."""
+    from conductor.execute.call import MAX_ERROR_CHARS
+
+    pool = write_pool(tmp_path / "pool.yaml", fault_server.url,
+                      workers=[worker("trickle", fault_server.url), worker("hugeerror", fault_server.url)],
+                      providers={"sim": {"max_concurrency": 4, "timeout_s": 1, "max_attempts": 1}})
+    planner = FixedPlanner(lambda q: solve("trickle" if q.index % 2 else "hugeerror")(q))
+    _, traces, _ = _run(tmp_path, pool, _queries(tmp_path, sample_queries, 4), planner, cache=False)
+    trickle = [t for t in traces if t["worker"] == "trickle"]
+    assert {t["status"] for t in trickle} == {"error"} and {t["failure"] for t in trickle} == {"timeout"}
+    assert all("timeout_s=1" in t["error"] for t in trickle)
+    huge = [t for t in traces if t["worker"] == "hugeerror"]
+    assert {t["failure"] for t in huge} == {"client"}
+    assert all(len(t["error"]) < MAX_ERROR_CHARS + 200 and "cut: " in t["error"] for t in huge)

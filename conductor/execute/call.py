@@ -8,6 +8,7 @@ asked us to wait.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import time
@@ -21,6 +22,10 @@ import litellm  # noqa: E402
 # told not to; a batch job's output must stay clean. This is the library's only
 # switch for it.
 litellm.suppress_debug_info = True
+
+# Error messages kept in traces and journals are cut to this many characters (a provider
+# may answer a 400 with megabytes of body).
+MAX_ERROR_CHARS = 2000
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529}
 
@@ -66,7 +71,9 @@ class CallFailure(Exception):
 
 async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
     try:
-        resp = await litellm.acompletion(
+        # timeout_s bounds the whole attempt: the HTTP client's timeout is per read, so a
+        # server trickling a byte at a time would hold the call for ever
+        resp = await asyncio.wait_for(litellm.acompletion(
             model=req.model,
             messages=req.messages,
             api_base=req.api_base,
@@ -76,7 +83,9 @@ async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
             max_retries=0,
             **({"extra_headers": {"X-Conductor-Request": req.request_id}} if req.request_id and req.api_base else {}),
             **req.params,
-        )
+        ), req.timeout_s)
+    except asyncio.TimeoutError:
+        raise CallFailure("timeout", f"Timeout: no complete answer within timeout_s={req.timeout_s:g} s") from None
     except Exception as e:  # litellm maps provider errors onto many classes
         raise classify(e, api_key) from None
     try:
@@ -161,7 +170,7 @@ def classify(e: Exception, api_key: str | None) -> CallFailure:
     status = getattr(e, "status_code", None)
     if not isinstance(status, int):
         status = None
-    message = redact(f"{type(e).__name__}: {e}", api_key)
+    message = _cut(redact(f"{type(e).__name__}: {e}", api_key))
     retry_after = _retry_after(getattr(e, "litellm_response_headers", None))
     name = type(e).__name__
     if any(m in message for m in _MALFORMED_MARKERS):
@@ -184,6 +193,12 @@ def classify(e: Exception, api_key: str | None) -> CallFailure:
     if name in ("InternalServerError", "ServiceUnavailableError", "BadGatewayError"):
         return CallFailure("server", message, status, retry_after)
     return CallFailure("other", message, status)
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return text[:MAX_ERROR_CHARS] + f"... (cut: {len(text):,} characters)"
 
 
 def _retry_after(headers: Any) -> float | None:
