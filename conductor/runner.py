@@ -93,6 +93,9 @@ def prepare(cfg: RunConfig) -> Run:
     run_id = cfg.run_id or f"{Path(cfg.queries).stem}-{digest[:10]}"
     if not _valid_run_id(run_id):
         raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
+    if any(c in str(Path(cfg.data_dir).resolve()) for c in "[]*?"):
+        raise ConductorError(f"--data-dir {cfg.data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
+                             f"a file pattern, so the run's files could not be read back; use a folder without them")
     run = RunDir(cfg.data_dir, run_id)
     if run.exists():
         old = run.read_manifest()
@@ -268,6 +271,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
         run.dir.set_status("executing")
         asyncio.run(executor.run(_jobs(run, plans_path, record), state))
     except STORAGE_ERRORS as e:
+        check_work(run)
         raise storage_error(e, run.dir.path) from None
     finally:
         if reserve is not None:
@@ -278,9 +282,18 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             cache.close()
         if own_planner is not None:
             close_planner(own_planner)
+    check_work(run)
     finalize_journal(run.dir)
     run.dir.set_status("executed", spend=executor.ledger.summary())
     return run.dir.table("results")
+
+
+def check_work(run: Run) -> None:
+    """A work folder deleted while the run executed took its journal with it: say so."""
+    if not (run.dir.work / "steps.jsonl").exists():
+        raise ConductorError(f"the run's work folder {run.dir.work} was deleted while the run was executing, and "
+                             f"with it the record of what was done; rerun the same command to redo the run "
+                             f"(answers in the shared response cache are not paid again)")
 
 
 def storage_error(e: BaseException, where: Path) -> StorageError:

@@ -442,3 +442,67 @@ def test_timeout_s_bounds_the_whole_attempt_and_error_bodies_are_cut(tmp_path, f
     huge = [t for t in traces if t["worker"] == "hugeerror"]
     assert {t["failure"] for t in huge} == {"client"}
     assert all(len(t["error"]) < MAX_ERROR_CHARS + 200 and "cut: " in t["error"] for t in huge)
+
+
+# ---- 7. clear messages for damaged storage and bad text ------------------------
+
+def test_damaged_files_and_bad_text_get_a_message_naming_the_file_and_what_to_do(tmp_path, fresh_sim,
+                                                                                 sample_queries):
+    import shutil
+
+    import pyarrow as pa
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    queries = _queries(tmp_path, sample_queries, 6)
+    data = tmp_path / "data"
+    cmd = ("run", queries, "--pool", pool, "--data-dir", data, "--quiet")
+
+    assert run_cli(*cmd).returncode == 0
+    steps = next((data / "runs").iterdir()) / "work" / "steps.jsonl"
+    lines = steps.read_bytes().splitlines(keepends=True)
+    steps.write_bytes(b"".join(lines[:2] + [b"{not json\n"] + lines[2:]))
+    r = run_cli(*cmd)
+    assert r.returncode == 2 and f"{steps}, line 3: not a journal line" in r.stderr and "sed -i '3d'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+    cache = data / "cache.sqlite"
+    shutil.rmtree(data / "runs")
+    for suffix in ("-wal", "-shm"):
+        (data / f"cache.sqlite{suffix}").unlink(missing_ok=True)
+    cache.write_bytes(b"this is not a database" * 100)
+    r = run_cli(*cmd)
+    assert r.returncode == 2 and f"{cache} is not a readable response cache" in r.stderr and "mv " in r.stderr
+    assert "Traceback" not in r.stderr
+
+    t = pq.read_table(queries)
+    prompts = t.column("prompt").combine_chunks().cast(pa.binary()).to_pylist()
+    prompts[4] = b"caf\xe9 au lait"  # Latin-1, not UTF-8
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(t.set_column(1, "prompt", pa.array(prompts, pa.binary()).view(pa.string())), bad)
+    r = run_cli("run", bad, "--pool", pool, "--data-dir", tmp_path / "other")
+    qid = t.column("query_id")[4].as_py()
+    assert r.returncode == 2 and "not valid UTF-8 at row(s) 4" in r.stderr and qid in r.stderr, r.stderr
+    assert not (tmp_path / "other" / "runs").exists()
+
+    odd = tmp_path / "data[1]"
+    r = run_cli("run", queries, "--pool", pool, "--data-dir", odd)
+    assert r.returncode == 2 and "DuckDB reads as a file pattern" in r.stderr, r.stderr
+
+
+def test_a_work_folder_deleted_mid_run_gets_a_message(tmp_path, fresh_sim, sample_queries):
+    import shutil
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 2}})
+    data = tmp_path / "data"
+
+    def delete_work():
+        _wait_for(fresh_sim, 4)
+        shutil.rmtree(next((data / "runs").iterdir()) / "work")
+
+    t = threading.Thread(target=delete_work, daemon=True)
+    t.start()
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--quiet", "--no-cache")
+    t.join()
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "was deleted while the run was executing" in r.stderr and "Traceback" not in r.stderr

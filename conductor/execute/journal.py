@@ -17,6 +17,8 @@ from typing import IO, Any
 
 import orjson
 
+from conductor.errors import ConductorError
+
 # Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
 FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan", "invalid"}  # invalid: no valid record
 # Failure kinds of an `error` plan that a rerun retries anyway (a provider back up, a
@@ -155,7 +157,16 @@ def _read(path: Path):
     if not path.exists():
         return
     with open(path, "rb") as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             if not line.endswith(b"\n"):
                 break  # torn by a kill
-            yield orjson.loads(line)
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                row = e
+            if not isinstance(row, dict):
+                raise ConductorError(
+                    f"{path}, line {n}: not a journal line ({str(row)[:100] if isinstance(row, Exception) else row!r}). "
+                    f"The file was edited or damaged; delete that line (sed -i '{n}d' '{path}') and rerun: "
+                    f"what it recorded runs again") from None
+            yield row
