@@ -413,7 +413,11 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     complete = "budget_exhausted" not in statuses
     run.dir.set_status("complete" if complete else "incomplete", summary=summary)
-    summary["catalog"] = str(refresh_catalog(run.config.data_dir))
+    try:
+        summary["catalog"] = str(refresh_catalog(run.config.data_dir, attempts=4))
+    except ConductorError:  # another process holds the catalog: the run's outputs are complete anyway
+        summary["catalog"] = (f"not refreshed (another process holds {Path(run.config.data_dir) / 'conductor.duckdb'}); "
+                              f"`conductor sql` refreshes it when it is free")
     return summary
 
 

@@ -506,3 +506,40 @@ def test_a_work_folder_deleted_mid_run_gets_a_message(tmp_path, fresh_sim, sampl
     t.join()
     assert r.returncode == 2, r.stdout + r.stderr
     assert "was deleted while the run was executing" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- 8. the catalog -------------------------------------------------------------
+
+def test_sql_is_read_only_and_answers_while_another_process_holds_the_catalog(tmp_path, fresh_sim,
+                                                                             sample_queries):
+    import duckdb
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    data = tmp_path / "data"
+    assert run_cli("run", _queries(tmp_path, sample_queries, 6), "--pool", pool, "--data-dir", data,
+                   "--quiet").returncode == 0
+    db = data / "conductor.duckdb"
+    before = db.stat().st_mtime_ns
+    r = run_cli("sql", "SELECT count(*) AS n FROM results", "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.split() == ["n", "6"], r.stdout + r.stderr
+    assert db.stat().st_mtime_ns == before  # views unchanged: not rewritten
+
+    out = tmp_path / "leak.csv"
+    for q in (f"COPY (SELECT * FROM results) TO '{out}'", "INSTALL httpfs", f"ATTACH '{tmp_path / 'x.db'}'",
+              "CREATE TABLE t AS SELECT 1"):
+        r = run_cli("sql", q, "--data-dir", data)
+        assert r.returncode == 2 and "runs queries only" in r.stderr, (q, r.stderr)
+    assert not out.exists() and not (tmp_path / "x.db").exists()
+
+    holder = duckdb.connect(str(db))  # another process (here, this one) holds the catalog
+    try:
+        r = run_cli("sql", "SELECT count(*) AS n FROM results", "--data-dir", data, "--format", "csv")
+        assert r.returncode == 0 and r.stdout.split() == ["n", "6"], r.stdout + r.stderr
+        assert r.stderr.count("\n") == 1 and "held by another process" in r.stderr
+        r = run_cli("run", _queries(tmp_path, sample_queries, 8), "--pool", pool, "--data-dir", data, "--quiet")
+        assert r.returncode == 0, r.stdout + r.stderr  # the run's outputs are complete
+        assert "not refreshed" in r.stdout and "conductor sql" in r.stdout
+    finally:
+        holder.close()
+    r = run_cli("sql", "SELECT count(*) AS n FROM results", "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.split() == ["n", "14"], r.stdout + r.stderr

@@ -16,12 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-import litellm  # noqa: E402
 
-# litellm prints a "Give Feedback" banner to stdout on every exception unless
-# told not to; a batch job's output must stay clean. This is the library's only
-# switch for it.
-litellm.suppress_debug_info = True
+
+def _litellm() -> Any:
+    """litellm, imported on the first call: importing it takes seconds, which every
+    command (`--help`, `conductor sql`) would otherwise pay."""
+    import litellm
+
+    # litellm prints a "Give Feedback" banner to stdout on every exception unless
+    # told not to; a batch job's output must stay clean. This is the library's only
+    # switch for it.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def __getattr__(name: str) -> Any:  # `from conductor.execute.call import litellm` still works
+    if name == "litellm":
+        return _litellm()
+    raise AttributeError(name)
 
 # Error messages kept in traces and journals are cut to this many characters (a provider
 # may answer a 400 with megabytes of body).
@@ -73,7 +85,7 @@ async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
     try:
         # timeout_s bounds the whole attempt: the HTTP client's timeout is per read, so a
         # server trickling a byte at a time would hold the call for ever
-        resp = await asyncio.wait_for(litellm.acompletion(
+        resp = await asyncio.wait_for(_litellm().acompletion(
             model=req.model,
             messages=req.messages,
             api_base=req.api_base,
