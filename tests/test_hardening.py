@@ -308,6 +308,22 @@ def test_endpoint_down_is_loud_and_the_same_command_finishes_the_run(tmp_path, o
     assert sim.log()["total"] == 60 - len(done)  # 0 finished steps re-sent
 
 
+def test_permanent_failures_stay_final_unless_retry_failed(tmp_path, fresh_sim, sample_queries):
+    fresh_sim.set_faults("fast", fail_status=404)  # listed by the server, so past the preflight
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    queries = _queries(tmp_path, sample_queries, 10)
+    cmd = ("run", queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet", "--no-cache")
+    r = run_cli(*cmd)
+    assert r.returncode == 4 and "not_found" in r.stdout and "final (rerun with --retry-failed)" in r.stdout
+    fresh_sim.clear_faults()
+    fresh_sim.reset()
+    r = run_cli(*cmd)
+    assert r.returncode == 4 and fresh_sim.log()["total"] == 0  # final: nothing sent again
+    r = run_cli(*cmd, "--retry-failed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "plan statuses     ok 10" in r.stdout and fresh_sim.log()["total"] == 10
+
+
 def _wait_for(sim, n):
     import time
 
