@@ -54,7 +54,7 @@ from pipelines.resources import StorageResource
 
 GROUP = "enrichment"
 PREFIX = "enrich"
-VALID_STATUS = "valid"  # a record that parsed and validated (run_job's status)
+VALID_STATUS = "ok"  # a record that parsed and validated (run_job's status)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _PREVIEW_ROWS = 5
 
