@@ -286,18 +286,22 @@ def _plain(arr: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) -> dict[str, dict[str, Any]]:
-    """Newest valid record per id among earlier runs of this job with the same definition."""
+    """Newest valid record per id in the newest earlier run of this job with the same
+    definition. Each run's records hold every row of its input (reused ones copied), so
+    the newest run has every reusable record, and a daily job reads one file, not a year's."""
     runs = Path(data_dir) / "runs"
-    found: list[tuple[str, Path]] = []
+    found: list[tuple[str, str, Path]] = []
     for m in runs.glob("*/manifest.json") if runs.exists() else ():
         if m.parent.name == exclude or not (m.parent / "records.parquet").exists():
             continue
-        info = orjson.loads(m.read_bytes()).get("job") or {}
+        manifest = orjson.loads(m.read_bytes())
+        info = manifest.get("job") or {}
         if info.get("name") == job.name and info.get("definition") == definition:
-            found.append((m.parent.name, m.parent / "records.parquet"))
+            found.append((manifest.get("created_at") or "", m.parent.name, m.parent / "records.parquet"))
+    found = sorted(found)[-1:]
     out: dict[str, dict[str, Any]] = {}
     best: dict[str, Any] = {}
-    for _, path in found:
+    for _, _, path in found:
         t = pq.read_table(path)
         if job.id_column not in t.column_names:
             continue
