@@ -22,7 +22,7 @@ from conductor.enrich import load_job, render_queries
 from conductor.enrich.run import run_job
 from conductor.errors import InputError
 from conductor.store import write_table
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, kill_when_journaled, line_count, run_cli
 
 FINANCE = Path(os.environ.get("CONDUCTOR_FINANCE_DIR", REPO.parent / "shared" / "finance"))
 QA_JOB = REPO / "jobs" / "finance_qa.yaml"
@@ -369,3 +369,18 @@ def test_planned_vote_of_three_extractors_combines_records_field_by_field(sim, t
             assert voted[field] == max(values, key=values.count) == r[field]
             # confidence: the share of the three extractors that gave the voted value
             assert r[f"{field}_confidence"] == pytest.approx(values.count(r[field]) / 3)
+
+
+def test_killed_job_run_resumes_the_same_run_without_asking_twice(sim, tmp_path):
+    sim.set_faults(latency_ms=40, latency_sd_ms=5)
+    path = variant(QA_JOB, tmp_path, "qa_kill", rows=questions(120))
+    data = tmp_path / "data"
+    run_dir = kill_when_journaled(["job", "run", path, "--quiet"], data, lines=40)
+    assert run_dir is not None, "the run ended before it could be killed"
+    journaled = line_count(run_dir / "work" / "steps.jsonl")
+    assert not (run_dir / "records.parquet").exists()
+    sim.reset()
+    s = run_job(load_job(path), data_dir=data, progress=False)
+    assert s["run_id"] == run_dir.name and s["rows"] == 120 and s["valid"] == 120
+    assert sim.log()["total"] <= 120 - journaled  # answered steps are not asked again
+    assert len(list((data / "runs").iterdir())) == 1

@@ -55,18 +55,21 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     hashes = row_hashes(job, df, definition)
     check_context(job, pool, ids, prompts)
     now = datetime.now(timezone.utc)
-    run_id = run_id or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}"
-    run = RunDir(data_dir, run_id)
 
     previous = {} if full_refresh else previous_records(data_dir, job, definition, exclude=run_id)
     reuse = [i for i, (rid, h) in enumerate(zip(ids, hashes)) if previous.get(rid, {}).get("row_hash") == h]
     reused = set(reuse)
     todo = [i for i in range(len(ids)) if i not in reused]
+    info = {"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
+            "definition": definition, "full_refresh": full_refresh}
+    run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo])
+              or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}")
+    run = RunDir(data_dir, run_id)
 
     computed: dict[str, dict[str, Any]] = {}
     judge_cost = 0.0
     if todo:
-        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, full_refresh)
+        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info)
         _write_rewards(job, df, ids, run, plans)
         if job.quality.get("judge") and job.fields:
             judge_cost = _judge(job, df, ids, prompts, todo, computed, run, data_dir, progress)
@@ -82,9 +85,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     summary["judge_cost_usd"] = judge_cost
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
-    run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary,
-                   job={"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
-                        "definition": definition})
+    run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary, job=info)
     summary["catalog"] = str(refresh_catalog(data_dir))
     return summary
 
@@ -92,7 +93,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
 # ---- rows to compute --------------------------------------------------------
 
 def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int],
-             run: RunDir, data_dir: Path, progress: bool, refresh: bool):
+             run: RunDir, data_dir: Path, progress: bool, info: dict[str, Any]):
     """Plan and execute the rows in `todo`; returns (id -> outcome, reward rows). `refresh`
     (--full-refresh) also ignores cached responses, so every row is really asked again."""
     from conductor.enrich.direct import DirectPlanner
@@ -112,9 +113,10 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     cfg = RunConfig(queries=queries, pool=job.pool_path, data_dir=data_dir, run_id=run.run_id,
                     samples=job.samples, planner=job.planner.get("name", "embedded") if job.mode == "planned"
                     else "embedded", planner_options=options if job.mode == "planned" else {},
-                    seed=job.seed, max_steps=job.max_steps, budget_usd=job.budget_usd, refresh=refresh,
-                    progress=progress)
+                    seed=job.seed, max_steps=job.max_steps, budget_usd=job.budget_usd,
+                    refresh=info["full_refresh"], progress=progress)
     prepared = prepare(cfg)
+    run.set_status(run.read_manifest().get("status", "created"), job=info)  # an interrupted run is found by it
     planner = DirectPlanner(job.worker) if job.mode == "direct" else configured_planner(cfg)
     spec = None
     if job.fields:
@@ -283,6 +285,26 @@ def _plain(arr: pa.ChunkedArray) -> pa.ChunkedArray:
     if pa.types.is_large_string(t) or str(t) == "string_view":
         return arr.cast(pa.string())
     return arr
+
+
+def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> str | None:
+    """The newest run of this job that stopped before writing its records and was computing
+    exactly these rows with the same definition: rerunning the command resumes it, so
+    nothing is planned or paid twice."""
+    runs = Path(data_dir) / "runs"
+    found = []
+    for m in runs.glob("*/manifest.json") if runs.exists() else ():
+        folder = m.parent
+        if (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
+            continue
+        manifest = orjson.loads(m.read_bytes())
+        if manifest.get("job") == info:
+            found.append((manifest.get("created_at") or "", folder))
+    for _, folder in sorted(found, reverse=True):
+        ids = pq.read_table(folder / "queries.parquet", columns=["query_id"]).column(0).to_pylist()
+        if ids == todo:
+            return folder.name
+    return None
 
 
 def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) -> dict[str, dict[str, Any]]:
