@@ -61,6 +61,14 @@ def validate(table: pa.Table, where: str) -> pa.Table:
         cols[col] = pc.cast(arr, pa.string()).combine_chunks()
     if problems:
         raise InputError(f"query set {where}: " + "; ".join(problems))
+    for col, arr in cols.items():  # Parquet can hold bytes that are not UTF-8; planning would crash on them
+        bad = _invalid_utf8_rows(arr)
+        if bad:
+            shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+            who = "" if col == "query_id" else _utf8_ids(cols["query_id"], bad)
+            problems.append(f"column '{col}' holds text that is not valid UTF-8 at row(s) {shown}{who}")
+    if problems:
+        raise InputError(f"query set {where}: " + "; ".join(problems))
 
     ids = cols["query_id"]
     null_ids = pc.sum(pc.is_null(ids)).as_py() or 0
@@ -109,6 +117,29 @@ def input_columns(path: str | Path) -> pa.Table | None:
     `conductor run` carries them into results.parquet."""
     names = [n for n in pq.ParquetFile(path).schema_arrow.names if n not in COLUMNS]
     return pq.read_table(path, columns=names) if names else None
+
+
+def _invalid_utf8_rows(arr: pa.Array) -> list[int]:
+    try:
+        arr.validate(full=True)
+        return []
+    except pa.ArrowInvalid:
+        pass
+    out = []
+    for i, v in enumerate(arr.cast(pa.binary()).to_pylist()):
+        if v is not None:
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError:
+                out.append(i)
+    return out
+
+
+def _utf8_ids(ids: pa.Array, rows: list[int]) -> str:
+    try:
+        return " (query_id " + ", ".join(str(ids[i].as_py()) for i in rows[:10]) + ")"
+    except Exception:  # the ids themselves may be bad
+        return ""
 
 
 def file_digest(path: str | Path) -> str:

@@ -27,6 +27,7 @@ from conductor.execute.cache import Cache
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, Executor, PlanJob
 from conductor.execute.journal import Journal, load_state
 from conductor.execute.prices import resolve_price
+from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
 from conductor.failures import failure_groups
 from conductor.planners import make_planner
@@ -92,6 +93,9 @@ def prepare(cfg: RunConfig) -> Run:
     run_id = cfg.run_id or f"{Path(cfg.queries).stem}-{digest[:10]}"
     if not _valid_run_id(run_id):
         raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
+    if any(c in str(Path(cfg.data_dir).resolve()) for c in "[]*?"):
+        raise ConductorError(f"--data-dir {cfg.data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
+                             f"a file pattern, so the run's files could not be read back; use a folder without them")
     run = RunDir(cfg.data_dir, run_id)
     if run.exists():
         old = run.read_manifest()
@@ -120,7 +124,8 @@ def plan_stage(run: Run, planner: Planner | None = None) -> Path:
     own = planner is None
     planner = planner or configured_planner(cfg)
     try:
-        return _plan(run, planner, out)
+        with run_lock(run.dir.work, run.dir.run_id):
+            return _plan(run, planner, out)
     finally:
         if own:
             close_planner(planner)
@@ -209,8 +214,14 @@ def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> lis
 
 # ---- execute ----------------------------------------------------------------
 
-def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
-                  planner: Planner | None = None, record=None) -> Path:
+def execute_stage(run: Run, **kw: Any) -> Path:
+    """`_execute_stage` holding the run's lock: a second process on the same run refuses."""
+    with run_lock(run.dir.work, run.dir.run_id):
+        return _execute_stage(run, **kw)
+
+
+def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
+                   planner: Planner | None = None, record=None) -> Path:
     """Run every plan not yet finished; then write traces.parquet and results.parquet.
 
     Steps assigned to a planner worker re-plan with `replanner`, else with the
@@ -238,6 +249,9 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
     pool = extend(run.pool) if callable(extend) else run.pool
     cache = Cache(_cache_path(cfg)) if cfg.cache else None
     run_cache = Cache(run.dir.work / "responses.sqlite")
+    for key, pid, usd in state.unsettled.values():
+        if run_cache.get(key) is None:  # sent by a killed process, maybe paid: count it (else claimed below)
+            spent[pid] = spent.get(pid, 0.0) + usd
     journal = Journal(run.dir.work)
     progress = progress or Progress(enabled=cfg.progress)
     progress.c.plans_total = pq.ParquetFile(plans_path).metadata.num_rows
@@ -257,6 +271,7 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
         run.dir.set_status("executing")
         asyncio.run(executor.run(_jobs(run, plans_path, record), state))
     except STORAGE_ERRORS as e:
+        check_work(run)
         raise storage_error(e, run.dir.path) from None
     finally:
         if reserve is not None:
@@ -267,6 +282,7 @@ def execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
             cache.close()
         if own_planner is not None:
             close_planner(own_planner)
+    check_work(run)
     finalize_journal(run.dir)
     carry_columns(run)
     run.dir.set_status("executed", spend=executor.ledger.summary())
@@ -289,6 +305,14 @@ def carry_columns(run: Run) -> None:
             continue
         results = results.append_column(out, taken.column(name))
     write_table(path, results)
+
+
+def check_work(run: Run) -> None:
+    """A work folder deleted while the run executed took its journal with it: say so."""
+    if not (run.dir.work / "steps.jsonl").exists():
+        raise ConductorError(f"the run's work folder {run.dir.work} was deleted while the run was executing, and "
+                             f"with it the record of what was done; rerun the same command to redo the run "
+                             f"(answers in the shared response cache are not paid again)")
 
 
 def storage_error(e: BaseException, where: Path) -> StorageError:
@@ -408,7 +432,11 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     complete = "budget_exhausted" not in statuses
     run.dir.set_status("complete" if complete else "incomplete", summary=summary)
-    summary["catalog"] = str(refresh_catalog(run.config.data_dir))
+    try:
+        summary["catalog"] = str(refresh_catalog(run.config.data_dir, attempts=4))
+    except ConductorError:  # another process holds the catalog: the run's outputs are complete anyway
+        summary["catalog"] = (f"not refreshed (another process holds {Path(run.config.data_dir) / 'conductor.duckdb'}); "
+                              f"`conductor sql` refreshes it when it is free")
     return summary
 
 

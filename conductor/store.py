@@ -173,24 +173,50 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
     else:
         raise ConductorError(f"cannot open {db}: {last}")
     try:
-        con.execute("SET TimeZone = 'UTC'")
-        for name in schemas.TABLES:
-            pattern = runs / "*" / f"{name}.parquet"
-            if any(runs.glob(f"*/{name}.parquet")):
-                con.execute(f"CREATE OR REPLACE VIEW {name} AS "
-                            f"SELECT * FROM read_parquet({_q(pattern)}, union_by_name = true)")
-            else:
-                con.execute(f"DROP VIEW IF EXISTS {name}")
-        if any(runs.glob("*/manifest.json")):
-            con.execute(f"""CREATE OR REPLACE VIEW runs AS
-                SELECT run_id, status, created_at, updated_at, inputs, summary
-                FROM read_json({_q(runs / '*' / 'manifest.json')}, format='auto', union_by_name=true,
-                               columns={{run_id: 'VARCHAR', status: 'VARCHAR', created_at: 'TIMESTAMPTZ',
-                                         updated_at: 'TIMESTAMPTZ', inputs: 'JSON', summary: 'JSON'}})""")
-        _job_views(con, runs)
+        create_views(con, runs)
     finally:
         con.close()
+    try:
+        (data_dir / VIEWS_STAMP).write_text(views_signature(data_dir))
+    except OSError:
+        pass  # only an optimization: `conductor sql` refreshes again next time
     return db
+
+
+VIEWS_STAMP = ".conductor.duckdb.views"  # which views the catalog holds, so `conductor sql` refreshes only on change
+
+
+def views_signature(data_dir: Path) -> str:
+    """The views the catalog should hold: the tables that have files, and the enrichment jobs."""
+    runs = Path(data_dir).resolve() / "runs"
+    have = [n for n in schemas.TABLES if any(runs.glob(f"*/{n}.parquet"))]
+    have += ["runs"] if any(runs.glob("*/manifest.json")) else []
+    return orjson.dumps({"views": have, "jobs": job_runs(runs)}, default=str, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def catalog_is_current(data_dir: Path) -> bool:
+    data_dir = Path(data_dir).resolve()
+    stamp = data_dir / VIEWS_STAMP
+    return (data_dir / CATALOG).exists() and stamp.exists() and stamp.read_text() == views_signature(data_dir)
+
+
+def create_views(con: duckdb.DuckDBPyConnection, runs: Path) -> None:
+    """The catalog's views over every run's files, in `con` (the catalog file, or memory)."""
+    con.execute("SET TimeZone = 'UTC'")
+    for name in schemas.TABLES:
+        pattern = runs / "*" / f"{name}.parquet"
+        if any(runs.glob(f"*/{name}.parquet")):
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS "
+                        f"SELECT * FROM read_parquet({_q(pattern)}, union_by_name = true)")
+        else:
+            con.execute(f"DROP VIEW IF EXISTS {name}")
+    if any(runs.glob("*/manifest.json")):
+        con.execute(f"""CREATE OR REPLACE VIEW runs AS
+            SELECT run_id, status, created_at, updated_at, inputs, summary
+            FROM read_json({_q(runs / '*' / 'manifest.json')}, format='auto', union_by_name=true,
+                           columns={{run_id: 'VARCHAR', status: 'VARCHAR', created_at: 'TIMESTAMPTZ',
+                                     updated_at: 'TIMESTAMPTZ', inputs: 'JSON', summary: 'JSON'}})""")
+    _job_views(con, runs)
 
 
 def job_runs(runs: Path) -> dict[str, dict[str, Any]]:

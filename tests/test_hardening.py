@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow.parquet as pq
@@ -34,11 +35,28 @@ SHAPES = {
 }
 
 
+def _billing(body: dict, lie: str | None = None) -> tuple[int, dict]:
+    """Usage like a real tokenizer on CJK (one token per character) and a full max_tokens
+    completion; `lie` reports something else than what is billed."""
+    pt = sum(len(m["content"]) for m in body["messages"])
+    ct = body.get("max_tokens") or 16
+    usage = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+    if lie == "negative":
+        usage = {"prompt_tokens": -1000000, "completion_tokens": -1000000, "total_tokens": -2000000}
+    elif lie == "huge":
+        usage = {"prompt_tokens": pt, "completion_tokens": 10_000_000, "total_tokens": pt + 10_000_000}
+    return 200, _ok(body["model"], content="Answer: " + "x" * 8, usage=usage)
+
+
+EXTRA_MODELS = ["cjk", "negative", "huge", "slowcjk", "trickle", "hugeerror"]
+
+
 class FaultServer:
     """An OpenAI-compatible endpoint that answers each model with a fixed (status, body)."""
 
     def __init__(self, shapes=SHAPES):
         self.requests: list[dict] = []
+        self.billed: list[float] = []  # USD per request at $1/$2 per Mtok, on the real usage
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,14 +64,40 @@ class FaultServer:
                 pass
 
             def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in shapes]})
+                self._send(200, {"object": "list", "data": [{"id": m, "object": "model"}
+                                                             for m in [*shapes, *EXTRA_MODELS]]})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
                 outer.requests.append(body)
                 model = body.get("model", "")
-                status, doc = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
+                if model == "trickle":
+                    return self._trickle(_ok(model))
+                if model == "hugeerror":
+                    return self._send(400, {"error": {"message": "bad request " + "x" * 300_000}})
+                if model in ("cjk", "negative", "huge", "slowcjk"):
+                    outer.billed.append(sum(len(m["content"]) for m in body["messages"]) * 1e-6
+                                        + (body.get("max_tokens") or 16) * 2e-6)  # billed on receipt
+                    if model == "slowcjk":
+                        time.sleep(0.5)
+                    status, doc = _billing(body, model if model in ("negative", "huge") else None)
+                else:
+                    status, doc = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
                 self._send(status, doc)
+
+            def _trickle(self, doc):  # a valid answer, one byte every 0.2 s
+                data = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                try:
+                    for i in range(len(data)):
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                except OSError:
+                    pass
 
             def _send(self, status, doc):
                 data = doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
@@ -264,6 +308,22 @@ def test_endpoint_down_is_loud_and_the_same_command_finishes_the_run(tmp_path, o
     assert sim.log()["total"] == 60 - len(done)  # 0 finished steps re-sent
 
 
+def test_permanent_failures_stay_final_unless_retry_failed(tmp_path, fresh_sim, sample_queries):
+    fresh_sim.set_faults("fast", fail_status=404)  # listed by the server, so past the preflight
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    queries = _queries(tmp_path, sample_queries, 10)
+    cmd = ("run", queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet", "--no-cache")
+    r = run_cli(*cmd)
+    assert r.returncode == 4 and "not_found" in r.stdout and "final (rerun with --retry-failed)" in r.stdout
+    fresh_sim.clear_faults()
+    fresh_sim.reset()
+    r = run_cli(*cmd)
+    assert r.returncode == 4 and fresh_sim.log()["total"] == 0  # final: nothing sent again
+    r = run_cli(*cmd, "--retry-failed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "plan statuses     ok 10" in r.stdout and fresh_sim.log()["total"] == 10
+
+
 def _wait_for(sim, n):
     import time
 
@@ -285,3 +345,217 @@ def test_preflight_reports_a_typo_d_provider_and_an_unknown_model_before_any_cal
     assert "worker ghost" in msg and "does not serve model 'ghost'" in msg and fresh_sim.url in msg
     assert "worker fast" not in msg
     assert fresh_sim.log()["total"] == 0
+
+
+
+# ---- 4. budgets hold under any script and any reported usage ----------------
+
+@pytest.mark.parametrize("model", ["cjk", "negative", "huge"])
+def test_budget_holds_on_cjk_prompts_and_against_usage_lies(tmp_path, fault_server, model):
+    """$1/$2 per Mtok; the server bills one token per character (CJK) and max_tokens;
+    'negative' and 'huge' report usage that is not what was billed."""
+    import pyarrow as pa
+
+    queries = _cjk_queries(tmp_path)
+    w = worker(model, fault_server.url)
+    w["params"] = {"temperature": 0, "max_tokens": 64}
+    pool = write_pool(tmp_path / "pool.yaml", fault_server.url, workers=[w],
+                      providers={"sim": {"max_concurrency": 16, "budget_usd": 0.02}})
+    summary, traces, results = _run(tmp_path, pool, queries, FixedPlanner(solve(model)), cache=False)
+    billed = sum(fault_server.billed)
+    assert 0 < billed <= 0.02, billed  # what the provider would bill never passes the budget
+    assert "budget_exhausted" in summary["statuses"]
+    spent = sum(t["cost_usd"] or 0 for t in traces)
+    assert 0 <= spent <= 0.02
+    assert all((t["cost_usd"] or 0) >= 0 for t in traces)
+    if model == "huge":
+        ok = [t for t in traces if t["status"] == "ok"]
+        assert ok and all(t["completion_tokens"] == 64 and "clamped" in t["error"] for t in ok)
+
+
+
+def _cjk_queries(tmp_path, n=80):
+    import pyarrow as pa
+
+    prompts = ["請計算下列各題並只寫出最後的答案。" * 40 + f"第{i}題：{i}加{i}等於多少？" for i in range(n)]
+    queries = tmp_path / "cjk.parquet"
+    pq.write_table(pa.table({"query_id": [f"q{i}" for i in range(n)], "prompt": prompts}), queries)
+    return queries
+
+
+def test_three_kills_mid_run_never_bill_above_the_budget(tmp_path, fault_server):
+    """Calls in flight at a SIGKILL are paid: their reservations, journaled before
+    sending, count as spent when the run resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    w = worker("slowcjk", fault_server.url)
+    w["params"] = {"temperature": 0, "max_tokens": 64}
+    pool = write_pool(tmp_path / "pool.yaml", fault_server.url, workers=[w],
+                      providers={"sim": {"max_concurrency": 8, "budget_usd": 0.01}})
+    queries = _cjk_queries(tmp_path)
+    cmd = [sys.executable, "-m", "conductor", "run", str(queries), "--pool", str(pool), "--data-dir",
+           str(tmp_path / "data"), "--no-cache", "--quiet"]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    for _ in range(3):
+        before = len(fault_server.billed)
+        p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while len(fault_server.billed) < before + 6 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.01)
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr  # stopped by the budget, not over it
+    assert sum(fault_server.billed) <= 0.01, sum(fault_server.billed)
+
+
+# ---- 5. one process per run ---------------------------------------------------
+
+def test_a_second_process_on_the_same_run_refuses_naming_the_first(tmp_path, fresh_sim, sample_queries):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 1}})  # 60 x 0.3 s: still running when the second starts
+    cmd = [sys.executable, "-m", "conductor", "run", str(sample_queries), "--pool", str(pool), "--data-dir",
+           str(tmp_path / "data"), "--no-cache", "--quiet"]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(fresh_sim, 4)
+    second = run_cli(*cmd[3:])
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert f"already running in process {first.pid}" in second.stderr
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out + err
+    log = fresh_sim.log()["by_body"]
+    assert sum(log.values()) == 60 and set(log.values()) == {1}  # nothing paid twice
+
+
+
+# ---- 6. deadlines and error bodies --------------------------------------------
+
+def test_timeout_s_bounds_the_whole_attempt_and_error_bodies_are_cut(tmp_path, fault_server, sample_queries):
+    """A server trickling a valid answer a byte at a time is a timeout, not a minute-long
+    call; a 400 with 300 kB of body leaves a short error in the traces."""
+    from conductor.execute.call import MAX_ERROR_CHARS
+
+    pool = write_pool(tmp_path / "pool.yaml", fault_server.url,
+                      workers=[worker("trickle", fault_server.url), worker("hugeerror", fault_server.url)],
+                      providers={"sim": {"max_concurrency": 4, "timeout_s": 1, "max_attempts": 1}})
+    planner = FixedPlanner(lambda q: solve("trickle" if q.index % 2 else "hugeerror")(q))
+    _, traces, _ = _run(tmp_path, pool, _queries(tmp_path, sample_queries, 4), planner, cache=False)
+    trickle = [t for t in traces if t["worker"] == "trickle"]
+    assert {t["status"] for t in trickle} == {"error"} and {t["failure"] for t in trickle} == {"timeout"}
+    assert all("timeout_s=1" in t["error"] for t in trickle)
+    huge = [t for t in traces if t["worker"] == "hugeerror"]
+    assert {t["failure"] for t in huge} == {"client"}
+    assert all(len(t["error"]) < MAX_ERROR_CHARS + 200 and "cut: " in t["error"] for t in huge)
+
+
+# ---- 7. clear messages for damaged storage and bad text ------------------------
+
+def test_damaged_files_and_bad_text_get_a_message_naming_the_file_and_what_to_do(tmp_path, fresh_sim,
+                                                                                 sample_queries):
+    import shutil
+
+    import pyarrow as pa
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    queries = _queries(tmp_path, sample_queries, 6)
+    data = tmp_path / "data"
+    cmd = ("run", queries, "--pool", pool, "--data-dir", data, "--quiet")
+
+    assert run_cli(*cmd).returncode == 0
+    steps = next((data / "runs").iterdir()) / "work" / "steps.jsonl"
+    lines = steps.read_bytes().splitlines(keepends=True)
+    steps.write_bytes(b"".join(lines[:2] + [b"{not json\n"] + lines[2:]))
+    r = run_cli(*cmd)
+    assert r.returncode == 2 and f"{steps}, line 3: not a journal line" in r.stderr and "sed -i '3d'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+    cache = data / "cache.sqlite"
+    shutil.rmtree(data / "runs")
+    for suffix in ("-wal", "-shm"):
+        (data / f"cache.sqlite{suffix}").unlink(missing_ok=True)
+    cache.write_bytes(b"this is not a database" * 100)
+    r = run_cli(*cmd)
+    assert r.returncode == 2 and f"{cache} is not a readable response cache" in r.stderr and "mv " in r.stderr
+    assert "Traceback" not in r.stderr
+
+    t = pq.read_table(queries)
+    prompts = t.column("prompt").combine_chunks().cast(pa.binary()).to_pylist()
+    prompts[4] = b"caf\xe9 au lait"  # Latin-1, not UTF-8
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(t.set_column(1, "prompt", pa.array(prompts, pa.binary()).view(pa.string())), bad)
+    r = run_cli("run", bad, "--pool", pool, "--data-dir", tmp_path / "other")
+    qid = t.column("query_id")[4].as_py()
+    assert r.returncode == 2 and "not valid UTF-8 at row(s) 4" in r.stderr and qid in r.stderr, r.stderr
+    assert not (tmp_path / "other" / "runs").exists()
+
+    odd = tmp_path / "data[1]"
+    r = run_cli("run", queries, "--pool", pool, "--data-dir", odd)
+    assert r.returncode == 2 and "DuckDB reads as a file pattern" in r.stderr, r.stderr
+
+
+def test_a_work_folder_deleted_mid_run_gets_a_message(tmp_path, fresh_sim, sample_queries):
+    import shutil
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 2}})
+    data = tmp_path / "data"
+
+    def delete_work():
+        _wait_for(fresh_sim, 4)
+        shutil.rmtree(next((data / "runs").iterdir()) / "work")
+
+    t = threading.Thread(target=delete_work, daemon=True)
+    t.start()
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--quiet", "--no-cache")
+    t.join()
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "was deleted while the run was executing" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- 8. the catalog -------------------------------------------------------------
+
+def test_sql_is_read_only_and_answers_while_another_process_holds_the_catalog(tmp_path, fresh_sim,
+                                                                             sample_queries):
+    import duckdb
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    data = tmp_path / "data"
+    assert run_cli("run", _queries(tmp_path, sample_queries, 6), "--pool", pool, "--data-dir", data,
+                   "--quiet").returncode == 0
+    db = data / "conductor.duckdb"
+    before = db.stat().st_mtime_ns
+    r = run_cli("sql", "SELECT count(*) AS n FROM results", "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.split() == ["n", "6"], r.stdout + r.stderr
+    assert db.stat().st_mtime_ns == before  # views unchanged: not rewritten
+
+    out = tmp_path / "leak.csv"
+    for q in (f"COPY (SELECT * FROM results) TO '{out}'", "INSTALL httpfs", f"ATTACH '{tmp_path / 'x.db'}'",
+              "CREATE TABLE t AS SELECT 1"):
+        r = run_cli("sql", q, "--data-dir", data)
+        assert r.returncode == 2 and "runs queries only" in r.stderr, (q, r.stderr)
+    assert not out.exists() and not (tmp_path / "x.db").exists()
+
+    holder = duckdb.connect(str(db))  # another process (here, this one) holds the catalog
+    try:
+        r = run_cli("sql", "SELECT count(*) AS n FROM results", "--data-dir", data, "--format", "csv")
+        assert r.returncode == 0 and r.stdout.split() == ["n", "6"], r.stdout + r.stderr
+        assert r.stderr.count("\n") == 1 and "held by another process" in r.stderr
+        r = run_cli("run", _queries(tmp_path, sample_queries, 8), "--pool", pool, "--data-dir", data, "--quiet")
+        assert r.returncode == 0, r.stdout + r.stderr  # the run's outputs are complete
+        assert "not refreshed" in r.stdout and "conductor sql" in r.stdout
+    finally:
+        holder.close()
+    r = run_cli("sql", "SELECT count(*) AS n FROM results", "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.split() == ["n", "14"], r.stdout + r.stderr

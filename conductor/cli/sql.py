@@ -1,4 +1,11 @@
-"""`conductor sql`: query every run's outputs with SQL through the DuckDB catalog."""
+"""`conductor sql`: query every run's outputs with SQL through the DuckDB catalog.
+
+Read only: the catalog is opened read-only and refreshed only when the set of
+views changed; statements other than queries (COPY ... TO, INSTALL, ATTACH,
+CREATE, SET) are refused, and extensions are never installed or loaded. When
+another process holds the catalog file, the same views are built in memory
+over the run files, and the answer says so in one line.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,9 @@ from pathlib import Path
 import duckdb
 
 from conductor.errors import ConductorError
-from conductor.store import refresh_catalog
+from conductor.store import CATALOG, catalog_is_current, create_views, refresh_catalog
+
+ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,10 +32,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     if not (args.data_dir / "runs").is_dir():
         raise ConductorError(f"no runs under {args.data_dir / 'runs'}: run `conductor run` first")
-    db = refresh_catalog(args.data_dir)
-    con = duckdb.connect(str(db), read_only=True)
+    con = _open(args.data_dir)
     try:
         con.execute("SET TimeZone = 'UTC'")
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET autoload_known_extensions = false")
+        try:
+            kinds = {st.type for st in con.extract_statements(args.query)}
+        except duckdb.Error as e:
+            raise ConductorError(f"SQL error: {e}") from None
+        refused = sorted(k.name for k in kinds - ALLOWED)
+        if refused:
+            raise ConductorError(f"conductor sql runs queries only (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN); "
+                                 f"refused: {', '.join(refused)} (the run files under DATA_DIR/runs are "
+                                 f"Parquet: read or copy them directly)")
         rel = con.sql(args.query)
         if rel is None:
             return 0
@@ -45,6 +64,27 @@ def main(args: argparse.Namespace) -> int:
     finally:
         con.close()
     return 0
+
+
+def _open(data_dir: Path) -> duckdb.DuckDBPyConnection:
+    """The catalog, read-only (refreshed first if its views changed); or, when another
+    process holds it, the same views in memory."""
+    db = Path(data_dir).resolve() / CATALOG
+    if not catalog_is_current(data_dir):
+        try:
+            refresh_catalog(data_dir, attempts=2)
+        except ConductorError:
+            pass  # held by another process: answered from memory below
+    try:
+        return duckdb.connect(str(db), read_only=True)
+    except duckdb.Error:
+        import sys
+
+        print(f"conductor: {db} is held by another process; answering from the run files directly",
+              file=sys.stderr)
+        con = duckdb.connect(":memory:")
+        create_views(con, Path(data_dir).resolve() / "runs")
+        return con
 
 
 def _csv(rel) -> str:

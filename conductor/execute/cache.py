@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from conductor.errors import ConductorError
+
 KEY_VERSION = 1
 
 
@@ -44,10 +46,19 @@ class Cache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a process kill
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, value BLOB, created REAL)")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL survives a process kill
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, value BLOB, created REAL)")
+            self._db.execute("SELECT count(*) FROM (SELECT 1 FROM responses LIMIT 1)").fetchone()
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                raise
+            raise ConductorError(
+                f"{self.path} is not a readable response cache ({e}). It holds cached answers only: move it "
+                f"away (mv '{self.path}' '{self.path}.bad') and rerun; its answers will be asked for again") from None
 
     def get(self, key: str) -> Entry | None:
         row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()

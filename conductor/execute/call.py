@@ -8,6 +8,7 @@ asked us to wait.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import time
@@ -15,12 +16,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-import litellm  # noqa: E402
 
-# litellm prints a "Give Feedback" banner to stdout on every exception unless
-# told not to; a batch job's output must stay clean. This is the library's only
-# switch for it.
-litellm.suppress_debug_info = True
+
+def _litellm() -> Any:
+    """litellm, imported on the first call: importing it takes seconds, which every
+    command (`--help`, `conductor sql`) would otherwise pay."""
+    import litellm
+
+    # litellm prints a "Give Feedback" banner to stdout on every exception unless
+    # told not to; a batch job's output must stay clean. This is the library's only
+    # switch for it.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def __getattr__(name: str) -> Any:  # `from conductor.execute.call import litellm` still works
+    if name == "litellm":
+        return _litellm()
+    raise AttributeError(name)
+
+# Error messages kept in traces and journals are cut to this many characters (a provider
+# may answer a 400 with megabytes of body).
+MAX_ERROR_CHARS = 2000
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529}
 
@@ -45,6 +62,8 @@ class CallResponse:
     finish_reason: str | None = None
     logprob: float | None = None  # sum of the sampled tokens' log-probabilities, when the provider sent them
     cost_usd: float | None = None  # what the server says the call cost (the replay server's recorded cost)
+    warning: str | None = None  # reported usage that could not be right (clamped for budgets)
+    usage_reported: bool = True  # False: no valid usage in the answer (missing, negative, not a number)
 
 
 class CallFailure(Exception):
@@ -64,7 +83,9 @@ class CallFailure(Exception):
 
 async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
     try:
-        resp = await litellm.acompletion(
+        # timeout_s bounds the whole attempt: the HTTP client's timeout is per read, so a
+        # server trickling a byte at a time would hold the call for ever
+        resp = await asyncio.wait_for(_litellm().acompletion(
             model=req.model,
             messages=req.messages,
             api_base=req.api_base,
@@ -74,7 +95,9 @@ async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
             max_retries=0,
             **({"extra_headers": {"X-Conductor-Request": req.request_id}} if req.request_id and req.api_base else {}),
             **req.params,
-        )
+        ), req.timeout_s)
+    except asyncio.TimeoutError:
+        raise CallFailure("timeout", f"Timeout: no complete answer within timeout_s={req.timeout_s:g} s") from None
     except Exception as e:  # litellm maps provider errors onto many classes
         raise classify(e, api_key) from None
     try:
@@ -105,6 +128,7 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     headers = (getattr(resp, "_hidden_params", None) or {}).get("additional_headers") or {}
     # A server that only estimated the usage it reports says so (the replay server does).
     estimated = pt is None or ct is None or headers.get("llm_provider-x-conductor-usage-estimated") == "1"
+    reported = pt is not None and ct is not None
     if pt is None:
         pt = estimate_tokens(req.messages)
     if ct is None:
@@ -112,7 +136,8 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     simulated = (getattr(resp, "system_fingerprint", None) == "conductor-sim"
                  or headers.get("llm_provider-x-conductor-simulated") == "1")
     return CallResponse(text, int(pt), int(ct), estimated, simulated, getattr(choice, "finish_reason", None),
-                        completion_logprob(choice), _usd(headers.get("llm_provider-x-conductor-cost-usd")))
+                        completion_logprob(choice), _usd(headers.get("llm_provider-x-conductor-cost-usd")),
+                        usage_reported=reported)
 
 
 def _tokens(value: Any) -> int | None:
@@ -157,7 +182,7 @@ def classify(e: Exception, api_key: str | None) -> CallFailure:
     status = getattr(e, "status_code", None)
     if not isinstance(status, int):
         status = None
-    message = redact(f"{type(e).__name__}: {e}", api_key)
+    message = _cut(redact(f"{type(e).__name__}: {e}", api_key))
     retry_after = _retry_after(getattr(e, "litellm_response_headers", None))
     name = type(e).__name__
     if any(m in message for m in _MALFORMED_MARKERS):
@@ -180,6 +205,12 @@ def classify(e: Exception, api_key: str | None) -> CallFailure:
     if name in ("InternalServerError", "ServiceUnavailableError", "BadGatewayError"):
         return CallFailure("server", message, status, retry_after)
     return CallFailure("other", message, status)
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return text[:MAX_ERROR_CHARS] + f"... (cut: {len(text):,} characters)"
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -217,3 +248,10 @@ def estimate_tokens(messages: list[dict[str, str]]) -> int:
     """Characters / 4 plus a few tokens of framing per message: cheap, and close
     enough for rate limits and budget reservations, which reconcile afterwards."""
     return sum(math.ceil(len(m.get("content") or "") / 4) + 4 for m in messages)
+
+
+def max_prompt_tokens(messages: list[dict[str, str]]) -> int:
+    """An upper bound on a prompt's tokens in any script and tokenizer: its UTF-8
+    bytes (a byte-level tokenizer never makes a token of less than one byte),
+    plus framing per message. For budget reservations, which must not undershoot."""
+    return sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + 8 for m in messages)

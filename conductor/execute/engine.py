@@ -22,14 +22,15 @@ import os
 import random
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable
 
 from conductor.context import step_messages
 from conductor.execute.budget import BudgetExhausted, Ledger
 from conductor.execute.cache import Cache, Entry, cache_key
-from conductor.execute.call import CallFailure, CallRequest, CallResponse, complete, estimate_tokens
+from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
+                                    max_prompt_tokens)
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.prices import call_cost, resolve_price
@@ -354,7 +355,7 @@ class Executor:
         c.calls += 1
         c.usd += cost or 0.0
         return self._accepted_row(job, path, depth, step, worker, accept, attempts=attempts,
-                                  request_key=key, entry=entry, cost=cost, started=t0)
+                                  request_key=key, entry=entry, cost=cost, started=t0, error=resp.warning)
 
     def _accepted_row(self, job: PlanJob, path: str, depth: int, step: Step, worker: Worker, accept,
                       **row: Any) -> dict[str, Any]:
@@ -366,6 +367,7 @@ class Executor:
                 failure = f
         if failure is None:
             return self._log_step(job, path, depth, step, worker=worker, status="ok", extra=extra, **row)
+        row.pop("error", None)  # a usage warning; the failure's message replaces it
         logged = self._log_step(job, path, depth, step, worker=worker, status=failure.status, error=str(failure),
                                 failure=failure.kind, **row)
         raise StepFailed(failure.status, str(failure), row.get("attempts", 0), kind=failure.kind, row=logged)
@@ -389,12 +391,18 @@ class Executor:
                 raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
                                           f"cannot run under a budget; add price: {{input_per_mtok, "
                                           f"output_per_mtok}} to it in the pool file", kind="config")
-            worst = est_in * 2 * price.input + params["max_tokens"] * price.output  # x2: chars/4 can undercount
+            # UTF-8 bytes bound the prompt's tokens in any script (chars/4 undercounts CJK 4x)
+            worst = max_prompt_tokens(messages) * price.input + params["max_tokens"] * price.output
             try:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
                 self.progress.c.budget_blocked += 1
                 raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
+            try:
+                rid = self._durably(self.journal.reservation, key, provider.id, worst)  # before sending
+            except BaseException:
+                await self.ledger.settle(reservation, 0.0)
+                raise
         limiter = self.limiters[provider.id]
         attempt = 0
         try:
@@ -415,15 +423,41 @@ class Executor:
                     await asyncio.sleep(self._backoff(attempt, f.retry_after, limiter))
                     continue
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
+                resp = self._clamped(resp, messages, params)
                 if reservation is not None:
-                    await self.ledger.settle(reservation, self._cost(worker, resp))
+                    await self.ledger.settle(reservation, self._cost(worker, resp) or 0.0)
                     reservation = None
+                    self._durably(self.journal.settled, rid, self._cost(worker, resp) or 0.0)
                 elif (cost := self._cost(worker, resp)):
                     self.ledger.record(provider.id, cost)
                 return resp, attempt, time.monotonic() - t
         finally:
             if reservation is not None:
                 await self.ledger.settle(reservation, 0.0)
+                try:
+                    self.journal.settled(rid, 0.0)
+                except STORAGE_ERRORS:
+                    pass  # left unsettled: a resume counts it as spent, which errs on the safe side
+
+    def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:
+        """Reported usage no larger than the request could use (the prompt's UTF-8 bytes, max_tokens):
+        budgets hold against a server that over-reports; the overrun is counted and kept in the row."""
+        pt_max, ct_max = max_prompt_tokens(messages), params.get("max_tokens")
+        if not resp.usage_reported and resp.cost_usd is None and isinstance(ct_max, int):
+            return replace(resp, prompt_tokens=pt_max, completion_tokens=ct_max, usage_estimated=True,
+                           warning="no valid usage in the answer: counted at the request's upper bound "
+                                   "(prompt UTF-8 bytes, max_tokens)")
+        over = []
+        if resp.prompt_tokens > pt_max:
+            over.append(f"prompt_tokens {resp.prompt_tokens} > {pt_max} (the prompt's UTF-8 bytes)")
+        if isinstance(ct_max, int) and resp.completion_tokens > ct_max:
+            over.append(f"completion_tokens {resp.completion_tokens} > max_tokens {ct_max}")
+        if not over:
+            return resp
+        return replace(resp, prompt_tokens=min(resp.prompt_tokens, pt_max),
+                       completion_tokens=min(resp.completion_tokens, ct_max if isinstance(ct_max, int)
+                                             else resp.completion_tokens),
+                       usage_estimated=True, warning="reported usage clamped: " + "; ".join(over))
 
     def _cost(self, worker: Worker, resp: CallResponse) -> float | None:
         """The call's cost: what the server reported (a recorded cost), else tokens x price."""
@@ -577,18 +611,18 @@ class Executor:
         self._durably(self.journal.step, row)
         return row
 
-    def _durably(self, write: Callable[..., None], *args: Any) -> None:
+    def _durably(self, write: Callable[..., Any], *args: Any) -> Any:
         """A write to the journal or a cache. On a storage error the run stops sending,
         frees its reserved space, and tries the write once more: answers already paid
         for are kept when the disk fills."""
         try:
-            write(*args)
+            return write(*args)
         except STORAGE_ERRORS as e:
             self._abort = self._abort or e
             if self.reserve is None:
                 raise
             self.reserve.release()
-            write(*args)
+            return write(*args)
 
 
 def plan_outcome(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -17,6 +17,8 @@ from typing import IO, Any
 
 import orjson
 
+from conductor.errors import ConductorError
+
 # Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
 FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan", "invalid"}  # invalid: no valid record
 # Failure kinds of an `error` plan that a rerun retries anyway (a provider back up, a
@@ -26,6 +28,9 @@ TRANSIENT_KINDS = {"rate_limit", "server", "timeout", "connection", "budget"}
 RETRY_TRANSIENT = 3
 STEPS_FILE = "steps.jsonl"
 PLANS_FILE = "plans.jsonl"
+# A budget reservation is journaled before its request is sent and settled when it ends, so a
+# process killed with calls in flight leaves unsettled reservations, counted as spent on resume.
+RESERVATIONS_FILE = "reservations.jsonl"
 
 
 @dataclass
@@ -41,6 +46,8 @@ class ResumeState:
     paid: set[str] = field(default_factory=set)
     steps_logged: int = 0
     plans_logged: int = 0
+    # reservation id -> (request key, provider, USD reserved) of calls sent by a process that never settled them
+    unsettled: dict[str, tuple[str, str, float]] = field(default_factory=dict)
 
 
 class Journal:
@@ -49,6 +56,7 @@ class Journal:
         folder.mkdir(parents=True, exist_ok=True)
         self._steps = _open_append(folder / STEPS_FILE)
         self._plans = _open_append(folder / PLANS_FILE)
+        self._reservations = _open_append(folder / RESERVATIONS_FILE)
 
     def step(self, row: dict[str, Any]) -> None:
         _write(self._steps, row)
@@ -56,9 +64,19 @@ class Journal:
     def plan(self, row: dict[str, Any]) -> None:
         _write(self._plans, row)
 
+    def reservation(self, key: str, provider: str, usd: float) -> str:
+        """Journal a reservation before its request is sent; returns its id for `settled`."""
+        rid = f"{key}:{time.time_ns()}:{os.getpid()}"
+        _write(self._reservations, {"id": rid, "key": key, "provider": provider, "usd": usd})
+        return rid
+
+    def settled(self, rid: str, usd: float) -> None:
+        _write(self._reservations, {"id": rid, "settled": usd})
+
     def close(self) -> None:
         self._steps.close()
         self._plans.close()
+        self._reservations.close()
 
 
 def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
@@ -86,6 +104,11 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
             state.outputs.setdefault(row["plan_id"], {})[row["step_path"]] = row["response_text"]
             if row.get("sub_plan"):
                 state.sub_plans.setdefault(row["plan_id"], {})[row["step_path"]] = row["sub_plan"]
+    for row in _read(folder / RESERVATIONS_FILE):
+        if "settled" in row:
+            state.unsettled.pop(row["id"], None)
+        else:
+            state.unsettled[row["id"]] = (row["key"], row["provider"], row["usd"])
     return state
 
 
@@ -134,7 +157,16 @@ def _read(path: Path):
     if not path.exists():
         return
     with open(path, "rb") as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             if not line.endswith(b"\n"):
                 break  # torn by a kill
-            yield orjson.loads(line)
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as e:
+                row = e
+            if not isinstance(row, dict):
+                raise ConductorError(
+                    f"{path}, line {n}: not a journal line ({str(row)[:100] if isinstance(row, Exception) else row!r}). "
+                    f"The file was edited or damaged; delete that line (sed -i '{n}d' '{path}') and rerun: "
+                    f"what it recorded runs again") from None
+            yield row
