@@ -25,21 +25,21 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor import schemas
+from conductor.enrich.context import check_context, check_planned_context
+from conductor.enrich.history import OK, interrupted_run, previous_records
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
-from conductor.enrich.records import RecordChecker, parse_reply, schema_block, typed_columns
+from conductor.enrich.records import RecordChecker, parse_reply, typed_columns
 from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
-from conductor.errors import ConductorError, InputError
-from conductor.execute.call import estimate_tokens
 from conductor.execute.structured import RecordSpec
-from conductor.pool import Pool, Worker, load_pool
+from conductor.pool import Pool, load_pool
 from conductor.rewards import group_advantages
 from conductor.store import RunDir, refresh_catalog, rows_to_table, write_atomic, write_table
 
 TS = pa.timestamp("us", tz="UTC")
-# A row's status: ok (a valid record), invalid (no valid record after one repair), error,
+# A row's status: OK ("ok", a valid record), invalid (no valid record after one repair), error,
 # budget_exhausted (a rerun finishes it) or invalid_plan, as in results.parquet.
-OK = "ok"
+__all__ = ["OK", "run_job", "format_summary"]
 
 
 def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = None, full_refresh: bool = False,
@@ -287,62 +287,6 @@ def _plain(arr: pa.ChunkedArray) -> pa.ChunkedArray:
     return arr
 
 
-def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> str | None:
-    """The newest run of this job that stopped before writing its records and was computing
-    exactly these rows with the same definition: rerunning the command resumes it, so
-    nothing is planned or paid twice."""
-    runs = Path(data_dir) / "runs"
-    found = []
-    for m in runs.glob("*/manifest.json") if runs.exists() else ():
-        folder = m.parent
-        if (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
-            continue
-        manifest = orjson.loads(m.read_bytes())
-        if manifest.get("job") == info:
-            found.append((manifest.get("created_at") or "", folder))
-    for _, folder in sorted(found, reverse=True):
-        ids = pq.read_table(folder / "queries.parquet", columns=["query_id"]).column(0).to_pylist()
-        if ids == todo:
-            return folder.name
-    return None
-
-
-def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) -> dict[str, dict[str, Any]]:
-    """Newest valid record per id in the newest earlier run of this job with the same
-    definition. Each run's records hold every row of its input (reused ones copied), so
-    the newest run has every reusable record, and a daily job reads one file, not a year's."""
-    runs = Path(data_dir) / "runs"
-    found: list[tuple[str, str, Path]] = []
-    for m in runs.glob("*/manifest.json") if runs.exists() else ():
-        if m.parent.name == exclude or not (m.parent / "records.parquet").exists():
-            continue
-        manifest = orjson.loads(m.read_bytes())
-        info = manifest.get("job") or {}
-        if info.get("name") == job.name and info.get("definition") == definition:
-            found.append((manifest.get("created_at") or "", m.parent.name, m.parent / "records.parquet"))
-    found = sorted(found)[-1:]
-    out: dict[str, dict[str, Any]] = {}
-    best: dict[str, Any] = {}
-    for _, _, path in found:
-        t = pq.read_table(path)
-        if job.id_column not in t.column_names:
-            continue
-        t = t.filter(pc.equal(t.column("status"), OK))
-        names = [f.name for f in job.fields]
-        for r in t.to_pylist():
-            rid = str(r[job.id_column])
-            if rid in best and best[rid] >= r["updated_at"]:
-                continue
-            best[rid] = r["updated_at"]
-            out[rid] = {
-                "row_hash": r["row_hash"], "status": r["status"], "error": r["error"], "run_id": r["run_id"],
-                "record": {k: r[k] for k in names} if names else None, "text": r.get("text"),
-                "confidence": {k: r.get(f"{k}_confidence") for k in names} if names else None,
-                "judge_score": r.get("judge_score"), "judge_reason": r.get("judge_reason"),
-            }
-    return out
-
-
 def _write_rewards(job: Job, df: pl.DataFrame, ids: list[str], run: RunDir, plans: list[dict[str, Any]]) -> None:
     """rewards.parquet for the plans this run executed: the row's score against its references
     (0 for a plan without a valid record), so enrichment rows serve the policy and RL export too."""
@@ -367,62 +311,6 @@ def _write_rewards(job: Job, df: pl.DataFrame, ids: list[str], run: RunDir, plan
         for r, a in zip(g, group_advantages([r["reward"] for r in g])):
             r["advantage"] = a
     write_table(run.table("rewards"), rows_to_table(rows, schemas.REWARDS))
-
-
-# ---- checks -----------------------------------------------------------------
-
-def context_window(worker: Worker) -> int | None:
-    """The worker's context window in tokens: the pool's context_tokens, else litellm's model info."""
-    if worker.context_tokens:
-        return worker.context_tokens
-    try:
-        import litellm
-
-        info = litellm.get_model_info(worker.model)
-    except Exception:  # noqa: BLE001 - a model litellm does not know: no limit to check
-        return None
-    return info.get("max_input_tokens") or info.get("max_tokens")
-
-
-def _too_long(job: Job, worker: Worker, prompts: list[str]) -> list[int]:
-    window = context_window(worker)
-    if window is None:
-        return []
-    extra = estimate_tokens([{"content": schema_block(job.schema)}]) if job.schema else 0
-    return [i for i, p in enumerate(prompts) if estimate_tokens([{"role": "user", "content": p}]) + extra > window]
-
-
-def check_context(job: Job, pool: Pool, ids: list[str], prompts: list[str]) -> None:
-    """Direct mode: refuse, before any call, rows whose prompt exceeds the worker's window."""
-    if job.mode != "direct":
-        return
-    worker = pool.worker(job.worker)
-    bad = _too_long(job, worker, prompts)
-    if bad:
-        raise InputError(f"job {job.path}: {len(bad)} row(s) have a prompt longer than worker {worker.id}'s "
-                         f"context window ({context_window(worker)} tokens): {job.id_column} "
-                         f"{', '.join(repr(ids[i]) for i in bad[:5])}{' and more' if len(bad) > 5 else ''}")
-
-
-def check_planned_context(job: Job, pool: Pool, prepared) -> None:
-    """Planned mode: refuse, before executing, plans that give a row to a worker too small for it."""
-    q = prepared.queries
-    prompts = q.column("prompt").to_pylist()
-    ids = q.column("query_id").to_pylist()
-    plans = pq.read_table(prepared.dir.table("plans"), columns=["query_index", "workers"]).to_pylist()
-    problems = []
-    for w in pool.workers:
-        if w.kind != "llm":
-            continue
-        rows = {p["query_index"] for p in plans if w.id in (p["workers"] or ())}
-        bad = [i for i in _too_long(job, w, [prompts[i] for i in sorted(rows)])]
-        if bad:
-            listed = [ids[sorted(rows)[i]] for i in bad]
-            problems.append(f"worker {w.id} ({context_window(w)} tokens): {job.id_column} "
-                            f"{', '.join(map(repr, listed[:5]))}{' and more' if len(listed) > 5 else ''}")
-    if problems:
-        raise ConductorError(f"job {job.path}: prompts longer than the context window of the worker their plan "
-                             f"gives them to (plans are saved; nothing was sent): " + "; ".join(problems))
 
 
 # ---- summary ----------------------------------------------------------------
