@@ -156,3 +156,20 @@ def test_judge_needs_a_pool_worker_and_a_rubric(folder):
     assert f"job.yaml:{line_of(text, 'judge:')}: quality.judge.worker:" in refused(folder, text)
     text = GOOD.replace("worker: fast\n", "worker: fast\nquality:\n  judge: {worker: fast}\n")
     assert "quality.judge: the judge needs a rubric" in refused(folder, text)
+
+
+def test_json_lines_and_a_folder_of_parquet_files(folder):
+    (folder / "in.jsonl").write_text('{"note_id": "n1", "kind": "memo", "body": "b1", "gold_mood": "good"}\n'
+                                     '{"note_id": "n2", "kind": "mail", "body": "b2", "gold_mood": null}\n')
+    job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: in.jsonl")))
+    assert render_queries(job).column("prompt").to_pylist() == ["Kind: memo\nNote: b1", "Kind: mail\nNote: b2"]
+    parts = folder / "parts"
+    parts.mkdir()
+    for i in range(3):
+        pq.write_table(pa.table({"note_id": [f"p{i}"], "kind": ["k"], "body": [f"x{i}"], "gold_mood": ["bad"]}),
+                       parts / f"part-{i}.parquet")
+    job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: parts")))
+    assert render_queries(job).column("query_id").to_pylist() == ["p0", "p1", "p2"]
+    text = GOOD.replace("path: in.parquet", "path: in.xlsx")
+    (folder / "in.xlsx").write_text("x")
+    assert f"job.yaml:{line_of(text, 'in.xlsx')}: input.path:" in refused(folder, text)

@@ -20,7 +20,7 @@ import yaml
 
 from conductor.enrich import load_job, render_queries
 from conductor.enrich.run import run_job
-from conductor.errors import InputError
+from conductor.errors import ConductorError, InputError
 from conductor.store import write_table
 from tests.conftest import REPO, kill_when_journaled, line_count, run_cli
 
@@ -384,3 +384,16 @@ def test_killed_job_run_resumes_the_same_run_without_asking_twice(sim, tmp_path)
     assert s["run_id"] == run_dir.name and s["rows"] == 120 and s["valid"] == 120
     assert sim.log()["total"] <= 120 - journaled  # answered steps are not asked again
     assert len(list((data / "runs").iterdir())) == 1
+
+
+def test_planned_mode_refuses_rows_a_plan_gives_to_a_worker_too_small_for_them(sim, tmp_path):
+    pool = yaml.safe_load(SIM_POOL.read_text())
+    for w in pool["workers"]:
+        if w["id"] == "budget":
+            w["context_tokens"] = 300
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    docs = pq.read_table(FINANCE / "documents.parquet").slice(0, 10)
+    path = variant(DOCS_JOB, tmp_path, "docs_window", rows=docs, pool=str(tmp_path / "pool.yaml"))
+    with pytest.raises(ConductorError, match=r"worker budget \(300 tokens\): doc_id '"):
+        run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
+    assert sim.log()["total"] == 0
