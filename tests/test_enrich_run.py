@@ -326,6 +326,8 @@ def test_cli_exits_4_when_valid_share_is_below_the_jobs_floor(sim, tmp_path):
     assert r.returncode == 4, r.stdout + r.stderr
     assert "below the job's quality.min_valid_share 95.0%" in r.stdout
     assert re.search(r"statuses\s+invalid 20", r.stdout)
+    assert "rows without a valid record (a rerun retries them):" in r.stdout
+    assert re.search(r"\n  \d+ invalid: the repaired reply was still not a valid record: ", r.stdout)
 
 
 def test_integer_ids_from_csv_keep_their_type_and_join_back(sim, tmp_path):

@@ -83,6 +83,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     summary = _summary(job, table, run, len(todo), len(reuse), time.monotonic() - t0,
                        compute_metrics(job, df, records, table))
     summary["judge_cost_usd"] = judge_cost
+    summary["failures"] = _failures(table)
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
     run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary, job=info)
@@ -331,6 +332,17 @@ def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int,
     }
 
 
+def _failures(table: pa.Table, show: int = 5) -> list[dict[str, Any]]:
+    """Rows without a valid record, grouped by status and error (its first 160 characters)."""
+    groups: dict[tuple[str, str], int] = {}
+    for status, error in zip(table.column("status").to_pylist(), table.column("error").to_pylist()):
+        if status != OK:
+            key = (status, (error or "")[:160])
+            groups[key] = groups.get(key, 0) + 1
+    top = sorted(groups.items(), key=lambda kv: -kv[1])[:show]
+    return [{"status": st, "error": err, "rows": n} for (st, err), n in top]
+
+
 def format_summary(s: dict[str, Any]) -> str:
     m = s["metrics"]
     rows = [("job", s["job"]), ("run", s["run_id"]),
@@ -356,4 +368,8 @@ def format_summary(s: dict[str, Any]) -> str:
     rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
              ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    out = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    if s.get("failures"):
+        out += "\n\nrows without a valid record (a rerun retries them):\n" + "\n".join(
+            f"  {f['rows']} {f['status']}: {f['error']}" for f in s["failures"])
+    return out
