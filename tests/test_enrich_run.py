@@ -279,6 +279,7 @@ def test_prompt_mode_asks_for_json_in_the_prompt(sim, tmp_path):
     job = load_job(variant(QA_JOB, tmp_path, "qa_prompt", rows=questions(40), structured="prompt"))
     s = run_job(job, data_dir=tmp_path / "data", progress=False)
     assert s["valid"] == 40 and sim.log()["total"] == 40
+    assert sim.log()["by_kind"] == {"record": 40}  # the sim read the schema from the prompt's block
 
 
 def test_prompt_longer_than_context_window_is_refused_before_any_call(sim, tmp_path):
