@@ -199,6 +199,7 @@ def test_malformed_json_every_row_valid_or_explicit_failure(sim, tmp_path):
     first_bad = [t for t in traces if t["step_path"] == "0" and t["status"] == "invalid"]
     assert 30 < len(repairs) == len(first_bad) < 100
     assert all(t["cost_usd"] > 0 and t["attempts"] == 1 for t in repairs)
+    assert {t["failure"] for t in first_bad} == {"malformed"}
     assert pc.sum(rec.column("cost_usd")).as_py() == pytest.approx(sum(t["cost_usd"] for t in traces))
     assert sim.log()["by_kind"].get("repair", 0) == len(repairs)
 
