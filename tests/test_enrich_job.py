@@ -120,6 +120,14 @@ def test_duplicate_ids_named(folder):
         load_rows(job)
 
 
+def test_empty_input_is_refused(folder):
+    pq.write_table(pa.table({"note_id": pa.array([], pa.string()), "kind": pa.array([], pa.string()),
+                             "body": pa.array([], pa.string()), "gold_mood": pa.array([], pa.string())}),
+                   folder / "in.parquet")
+    with pytest.raises(InputError, match="has no rows"):
+        load_rows(load_job(write(folder, GOOD)))
+
+
 def test_unknown_key_and_bad_worker(folder):
     text = GOOD.replace("mode: direct", "mdoe: direct")
     assert f"job.yaml:{line_of(text, 'mdoe')}: mdoe: unknown key" in refused(folder, text)
