@@ -31,6 +31,7 @@ from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.enrich.records import RecordChecker, parse_reply, typed_columns
 from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
+from conductor.errors import ConductorError
 from conductor.execute.structured import RecordSpec
 from conductor.pool import Pool, load_pool
 from conductor.rewards import group_advantages
@@ -95,13 +96,18 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
 
 def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int],
              run: RunDir, data_dir: Path, progress: bool, info: dict[str, Any]):
-    """Plan and execute the rows in `todo`; returns (id -> outcome, reward rows). `refresh`
-    (--full-refresh) also ignores cached responses, so every row is really asked again."""
+    """Plan and execute the rows in `todo`; returns (id -> outcome, per-plan rows for rewards).
+    With --full-refresh (`info`) cached responses are ignored, so every row is asked again."""
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, close_planner, configured_planner, execute_stage, plan_stage, prepare
 
     queries = run.path / "queries.parquet"
-    if not run.exists() or not queries.exists():
+    if queries.exists():  # resuming: it must be the same rows
+        have = pq.read_table(queries, columns=["query_id"]).column(0).to_pylist()
+        if have != [ids[i] for i in todo]:
+            raise ConductorError(f"run {run.run_id} already exists at {run.path} for other rows; choose another "
+                                 f"--run-id (or omit it)")
+    else:
         sub = df[todo]
         write_table(queries, pa.table({
             "query_id": pa.array([ids[i] for i in todo], pa.string()),
