@@ -281,6 +281,16 @@ def test_prompt_mode_asks_for_json_in_the_prompt(sim, tmp_path):
     s = run_job(job, data_dir=tmp_path / "data", progress=False)
     assert s["valid"] == 40 and sim.log()["total"] == 40
     assert sim.log()["by_kind"] == {"record": 40}  # the sim read the schema from the prompt's block
+    # The rows serve the RL export like any run: one rollout per row, rewarded by the row's score.
+    r = run_cli("export", "--run", s["run_id"], "--data-dir", tmp_path / "data", "--format", "trl",
+                "--out", tmp_path / "export")
+    assert r.returncode == 0, r.stderr
+    rollouts = pq.read_table(tmp_path / "export" / "train.parquet")
+    rec = pq.read_table(s["records_path"])
+    assert rollouts.num_rows == 40 and rollouts.column("task").to_pylist() == ["record"] * 40
+    score = dict(zip(rec.column("question_id").to_pylist(), rec.column("score").to_pylist()))
+    assert all(score[q] == pytest.approx(w) for q, w in zip(rollouts.column("query_id").to_pylist(),
+                                                             rollouts.column("reward").to_pylist()))
 
 
 def test_prompt_longer_than_context_window_is_refused_before_any_call(sim, tmp_path):
