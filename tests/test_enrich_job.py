@@ -120,6 +120,14 @@ def test_duplicate_ids_named(folder):
         load_rows(job)
 
 
+def test_empty_input_is_refused(folder):
+    pq.write_table(pa.table({"note_id": pa.array([], pa.string()), "kind": pa.array([], pa.string()),
+                             "body": pa.array([], pa.string()), "gold_mood": pa.array([], pa.string())}),
+                   folder / "in.parquet")
+    with pytest.raises(InputError, match="has no rows"):
+        load_rows(load_job(write(folder, GOOD)))
+
+
 def test_unknown_key_and_bad_worker(folder):
     text = GOOD.replace("mode: direct", "mdoe: direct")
     assert f"job.yaml:{line_of(text, 'mdoe')}: mdoe: unknown key" in refused(folder, text)
@@ -156,3 +164,20 @@ def test_judge_needs_a_pool_worker_and_a_rubric(folder):
     assert f"job.yaml:{line_of(text, 'judge:')}: quality.judge.worker:" in refused(folder, text)
     text = GOOD.replace("worker: fast\n", "worker: fast\nquality:\n  judge: {worker: fast}\n")
     assert "quality.judge: the judge needs a rubric" in refused(folder, text)
+
+
+def test_json_lines_and_a_folder_of_parquet_files(folder):
+    (folder / "in.jsonl").write_text('{"note_id": "n1", "kind": "memo", "body": "b1", "gold_mood": "good"}\n'
+                                     '{"note_id": "n2", "kind": "mail", "body": "b2", "gold_mood": null}\n')
+    job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: in.jsonl")))
+    assert render_queries(job).column("prompt").to_pylist() == ["Kind: memo\nNote: b1", "Kind: mail\nNote: b2"]
+    parts = folder / "parts"
+    parts.mkdir()
+    for i in range(3):
+        pq.write_table(pa.table({"note_id": [f"p{i}"], "kind": ["k"], "body": [f"x{i}"], "gold_mood": ["bad"]}),
+                       parts / f"part-{i}.parquet")
+    job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: parts")))
+    assert render_queries(job).column("query_id").to_pylist() == ["p0", "p1", "p2"]
+    text = GOOD.replace("path: in.parquet", "path: in.xlsx")
+    (folder / "in.xlsx").write_text("x")
+    assert f"job.yaml:{line_of(text, 'in.xlsx')}: input.path:" in refused(folder, text)

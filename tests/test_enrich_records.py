@@ -127,3 +127,19 @@ def test_vote_over_records_is_field_wise_and_extract_returns_the_one_record():
         combine_records("vote", ["junk", None])
     assert records_agree('{"a": 1, "b": [1, 2]}', '```json\n{"b": [1, 2], "a": 1}\n```')
     assert not records_agree('{"a": 1}', '{"a": 2}') and not records_agree('{"a": 1}', "junk")
+
+
+def test_response_format_where_the_provider_takes_it_else_the_prompt_block():
+    from conductor.execute.structured import RecordSpec
+    from conductor.pool import Worker
+
+    schema = object_schema(FIELDS[:2], strict=True)
+    spec = RecordSpec("job", schema, RecordChecker(schema))
+    local = Worker("w", "p", model="openai/anything", api_base="http://127.0.0.1:8000/v1")
+    assert spec.native(local)  # an OpenAI-compatible server (vLLM, the sim)
+    assert spec.native(Worker("w", "p", model="openai/gpt-4o-mini"))  # litellm says it supports a schema
+    assert not spec.native(Worker("w", "p", model="ollama/llama2"))
+    assert not RecordSpec("job", schema, RecordChecker(schema), "prompt").native(local)
+    assert RecordSpec("job", schema, RecordChecker(schema), "response_format").native(Worker("w", "p", model="x/y"))
+    rf = spec.response_format()
+    assert rf == {"type": "json_schema", "json_schema": {"name": "job", "schema": schema, "strict": True}}

@@ -20,9 +20,9 @@ import yaml
 
 from conductor.enrich import load_job, render_queries
 from conductor.enrich.run import run_job
-from conductor.errors import InputError
+from conductor.errors import ConductorError, InputError
 from conductor.store import write_table
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, kill_when_journaled, line_count, run_cli
 
 FINANCE = Path(os.environ.get("CONDUCTOR_FINANCE_DIR", REPO.parent / "shared" / "finance"))
 QA_JOB = REPO / "jobs" / "finance_qa.yaml"
@@ -199,6 +199,7 @@ def test_malformed_json_every_row_valid_or_explicit_failure(sim, tmp_path):
     first_bad = [t for t in traces if t["step_path"] == "0" and t["status"] == "invalid"]
     assert 30 < len(repairs) == len(first_bad) < 100
     assert all(t["cost_usd"] > 0 and t["attempts"] == 1 for t in repairs)
+    assert {t["failure"] for t in first_bad} == {"malformed"}
     assert pc.sum(rec.column("cost_usd")).as_py() == pytest.approx(sum(t["cost_usd"] for t in traces))
     assert sim.log()["by_kind"].get("repair", 0) == len(repairs)
 
@@ -279,6 +280,17 @@ def test_prompt_mode_asks_for_json_in_the_prompt(sim, tmp_path):
     job = load_job(variant(QA_JOB, tmp_path, "qa_prompt", rows=questions(40), structured="prompt"))
     s = run_job(job, data_dir=tmp_path / "data", progress=False)
     assert s["valid"] == 40 and sim.log()["total"] == 40
+    assert sim.log()["by_kind"] == {"record": 40}  # the sim read the schema from the prompt's block
+    # The rows serve the RL export like any run: one rollout per row, rewarded by the row's score.
+    r = run_cli("export", "--run", s["run_id"], "--data-dir", tmp_path / "data", "--format", "trl",
+                "--out", tmp_path / "export")
+    assert r.returncode == 0, r.stderr
+    rollouts = pq.read_table(tmp_path / "export" / "train.parquet")
+    rec = pq.read_table(s["records_path"])
+    assert rollouts.num_rows == 40 and rollouts.column("task").to_pylist() == ["record"] * 40
+    score = dict(zip(rec.column("question_id").to_pylist(), rec.column("score").to_pylist()))
+    assert all(score[q] == pytest.approx(w) for q, w in zip(rollouts.column("query_id").to_pylist(),
+                                                             rollouts.column("reward").to_pylist()))
 
 
 def test_prompt_longer_than_context_window_is_refused_before_any_call(sim, tmp_path):
@@ -326,6 +338,8 @@ def test_cli_exits_4_when_valid_share_is_below_the_jobs_floor(sim, tmp_path):
     assert r.returncode == 4, r.stdout + r.stderr
     assert "below the job's quality.min_valid_share 95.0%" in r.stdout
     assert re.search(r"statuses\s+invalid 20", r.stdout)
+    assert "rows without a valid record (a rerun retries them):" in r.stdout
+    assert re.search(r"\n  \d+ invalid: the repaired reply was still not a valid record: ", r.stdout)
 
 
 def test_integer_ids_from_csv_keep_their_type_and_join_back(sim, tmp_path):
@@ -369,3 +383,31 @@ def test_planned_vote_of_three_extractors_combines_records_field_by_field(sim, t
             assert voted[field] == max(values, key=values.count) == r[field]
             # confidence: the share of the three extractors that gave the voted value
             assert r[f"{field}_confidence"] == pytest.approx(values.count(r[field]) / 3)
+
+
+def test_killed_job_run_resumes_the_same_run_without_asking_twice(sim, tmp_path):
+    sim.set_faults(latency_ms=40, latency_sd_ms=5)
+    path = variant(QA_JOB, tmp_path, "qa_kill", rows=questions(120))
+    data = tmp_path / "data"
+    run_dir = kill_when_journaled(["job", "run", path, "--quiet"], data, lines=40)
+    assert run_dir is not None, "the run ended before it could be killed"
+    journaled = line_count(run_dir / "work" / "steps.jsonl")
+    assert not (run_dir / "records.parquet").exists()
+    sim.reset()
+    s = run_job(load_job(path), data_dir=data, progress=False)
+    assert s["run_id"] == run_dir.name and s["rows"] == 120 and s["valid"] == 120
+    assert sim.log()["total"] <= 120 - journaled  # answered steps are not asked again
+    assert len(list((data / "runs").iterdir())) == 1
+
+
+def test_planned_mode_refuses_rows_a_plan_gives_to_a_worker_too_small_for_them(sim, tmp_path):
+    pool = yaml.safe_load(SIM_POOL.read_text())
+    for w in pool["workers"]:
+        if w["id"] == "budget":
+            w["context_tokens"] = 300
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    docs = pq.read_table(FINANCE / "documents.parquet").slice(0, 10)
+    path = variant(DOCS_JOB, tmp_path, "docs_window", rows=docs, pool=str(tmp_path / "pool.yaml"))
+    with pytest.raises(ConductorError, match=r"worker budget \(300 tokens\): doc_id '"):
+        run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
+    assert sim.log()["total"] == 0

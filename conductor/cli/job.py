@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--full-refresh", action="store_true", help="recompute every row, reusing no record")
     r.add_argument("--quiet", action="store_true", help="no progress line")
     r.set_defaults(func=run)
-    c = jsub.add_parser("check", help="validate a job file and its input; makes no call")
+    c = jsub.add_parser("check", help="validate a job file, its input and the prompts' lengths; makes no call")
     c.add_argument("job", type=Path)
     c.set_defaults(func=check)
     q = jsub.add_parser("queries", help="write the query set the job sends (query_id, prompt, task, reference)")
@@ -34,9 +34,13 @@ def check(args: argparse.Namespace) -> int:
     from conductor.enrich import load_job
     from conductor.enrich.table import load_rows, render
 
+    from conductor.enrich.context import check_context
+    from conductor.enrich.table import ids_of
+    from conductor.pool import load_pool
+
     job = load_job(args.job)
     rows = load_rows(job)
-    render(job, rows)
+    check_context(job, load_pool(job.pool_path), ids_of(job, rows), render(job, rows))
     kind = f"{len(job.fields)} field(s)" if job.fields else "plain text"
     print(f"job {job.name}: ok ({rows.height} rows, {kind}, {job.mode} mode)")
     return 0

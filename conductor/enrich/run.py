@@ -25,21 +25,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor import schemas
+from conductor.enrich.context import check_context, check_planned_context
+from conductor.enrich.history import OK, interrupted_run, previous_records
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
-from conductor.enrich.records import RecordChecker, parse_reply, schema_block, typed_columns
+from conductor.enrich.records import RecordChecker, parse_reply, typed_columns
 from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
-from conductor.errors import ConductorError, InputError
-from conductor.execute.call import estimate_tokens
+from conductor.errors import ConductorError
 from conductor.execute.structured import RecordSpec
-from conductor.pool import Pool, Worker, load_pool
+from conductor.pool import Pool, load_pool
 from conductor.rewards import group_advantages
 from conductor.store import RunDir, refresh_catalog, rows_to_table, write_atomic, write_table
 
 TS = pa.timestamp("us", tz="UTC")
-# A row's status: ok (a valid record), invalid (no valid record after one repair), error,
+# A row's status: OK ("ok", a valid record), invalid (no valid record after one repair), error,
 # budget_exhausted (a rerun finishes it) or invalid_plan, as in results.parquet.
-OK = "ok"
+__all__ = ["OK", "run_job", "format_summary"]
 
 
 def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = None, full_refresh: bool = False,
@@ -55,18 +56,21 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     hashes = row_hashes(job, df, definition)
     check_context(job, pool, ids, prompts)
     now = datetime.now(timezone.utc)
-    run_id = run_id or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}"
-    run = RunDir(data_dir, run_id)
 
     previous = {} if full_refresh else previous_records(data_dir, job, definition, exclude=run_id)
     reuse = [i for i, (rid, h) in enumerate(zip(ids, hashes)) if previous.get(rid, {}).get("row_hash") == h]
     reused = set(reuse)
     todo = [i for i in range(len(ids)) if i not in reused]
+    info = {"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
+            "definition": definition, "full_refresh": full_refresh}
+    run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo])
+              or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}")
+    run = RunDir(data_dir, run_id)
 
     computed: dict[str, dict[str, Any]] = {}
     judge_cost = 0.0
     if todo:
-        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, full_refresh)
+        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info)
         _write_rewards(job, df, ids, run, plans)
         if job.quality.get("judge") and job.fields:
             judge_cost = _judge(job, df, ids, prompts, todo, computed, run, data_dir, progress)
@@ -80,11 +84,10 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     summary = _summary(job, table, run, len(todo), len(reuse), time.monotonic() - t0,
                        compute_metrics(job, df, records, table))
     summary["judge_cost_usd"] = judge_cost
+    summary["failures"] = _failures(table)
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
-    run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary,
-                   job={"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
-                        "definition": definition})
+    run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary, job=info)
     summary["catalog"] = str(refresh_catalog(data_dir))
     return summary
 
@@ -92,14 +95,19 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
 # ---- rows to compute --------------------------------------------------------
 
 def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int],
-             run: RunDir, data_dir: Path, progress: bool, refresh: bool):
-    """Plan and execute the rows in `todo`; returns (id -> outcome, reward rows). `refresh`
-    (--full-refresh) also ignores cached responses, so every row is really asked again."""
+             run: RunDir, data_dir: Path, progress: bool, info: dict[str, Any]):
+    """Plan and execute the rows in `todo`; returns (id -> outcome, per-plan rows for rewards).
+    With --full-refresh (`info`) cached responses are ignored, so every row is asked again."""
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, close_planner, configured_planner, execute_stage, plan_stage, prepare
 
     queries = run.path / "queries.parquet"
-    if not run.exists() or not queries.exists():
+    if queries.exists():  # resuming: it must be the same rows
+        have = pq.read_table(queries, columns=["query_id"]).column(0).to_pylist()
+        if have != [ids[i] for i in todo]:
+            raise ConductorError(f"run {run.run_id} already exists at {run.path} for other rows; choose another "
+                                 f"--run-id (or omit it)")
+    else:
         sub = df[todo]
         write_table(queries, pa.table({
             "query_id": pa.array([ids[i] for i in todo], pa.string()),
@@ -112,9 +120,10 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     cfg = RunConfig(queries=queries, pool=job.pool_path, data_dir=data_dir, run_id=run.run_id,
                     samples=job.samples, planner=job.planner.get("name", "embedded") if job.mode == "planned"
                     else "embedded", planner_options=options if job.mode == "planned" else {},
-                    seed=job.seed, max_steps=job.max_steps, budget_usd=job.budget_usd, refresh=refresh,
-                    progress=progress)
+                    seed=job.seed, max_steps=job.max_steps, budget_usd=job.budget_usd,
+                    refresh=info["full_refresh"], progress=progress)
     prepared = prepare(cfg)
+    run.set_status(run.read_manifest().get("status", "created"), job=info)  # an interrupted run is found by it
     planner = DirectPlanner(job.worker) if job.mode == "direct" else configured_planner(cfg)
     spec = None
     if job.fields:
@@ -285,38 +294,6 @@ def _plain(arr: pa.ChunkedArray) -> pa.ChunkedArray:
     return arr
 
 
-def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) -> dict[str, dict[str, Any]]:
-    """Newest valid record per id among earlier runs of this job with the same definition."""
-    runs = Path(data_dir) / "runs"
-    found: list[tuple[str, Path]] = []
-    for m in runs.glob("*/manifest.json") if runs.exists() else ():
-        if m.parent.name == exclude or not (m.parent / "records.parquet").exists():
-            continue
-        info = orjson.loads(m.read_bytes()).get("job") or {}
-        if info.get("name") == job.name and info.get("definition") == definition:
-            found.append((m.parent.name, m.parent / "records.parquet"))
-    out: dict[str, dict[str, Any]] = {}
-    best: dict[str, Any] = {}
-    for _, path in found:
-        t = pq.read_table(path)
-        if job.id_column not in t.column_names:
-            continue
-        t = t.filter(pc.equal(t.column("status"), OK))
-        names = [f.name for f in job.fields]
-        for r in t.to_pylist():
-            rid = str(r[job.id_column])
-            if rid in best and best[rid] >= r["updated_at"]:
-                continue
-            best[rid] = r["updated_at"]
-            out[rid] = {
-                "row_hash": r["row_hash"], "status": r["status"], "error": r["error"], "run_id": r["run_id"],
-                "record": {k: r[k] for k in names} if names else None, "text": r.get("text"),
-                "confidence": {k: r.get(f"{k}_confidence") for k in names} if names else None,
-                "judge_score": r.get("judge_score"), "judge_reason": r.get("judge_reason"),
-            }
-    return out
-
-
 def _write_rewards(job: Job, df: pl.DataFrame, ids: list[str], run: RunDir, plans: list[dict[str, Any]]) -> None:
     """rewards.parquet for the plans this run executed: the row's score against its references
     (0 for a plan without a valid record), so enrichment rows serve the policy and RL export too."""
@@ -343,62 +320,6 @@ def _write_rewards(job: Job, df: pl.DataFrame, ids: list[str], run: RunDir, plan
     write_table(run.table("rewards"), rows_to_table(rows, schemas.REWARDS))
 
 
-# ---- checks -----------------------------------------------------------------
-
-def context_window(worker: Worker) -> int | None:
-    """The worker's context window in tokens: the pool's context_tokens, else litellm's model info."""
-    if worker.context_tokens:
-        return worker.context_tokens
-    try:
-        import litellm
-
-        info = litellm.get_model_info(worker.model)
-    except Exception:  # noqa: BLE001 - a model litellm does not know: no limit to check
-        return None
-    return info.get("max_input_tokens") or info.get("max_tokens")
-
-
-def _too_long(job: Job, worker: Worker, prompts: list[str]) -> list[int]:
-    window = context_window(worker)
-    if window is None:
-        return []
-    extra = estimate_tokens([{"content": schema_block(job.schema)}]) if job.schema else 0
-    return [i for i, p in enumerate(prompts) if estimate_tokens([{"role": "user", "content": p}]) + extra > window]
-
-
-def check_context(job: Job, pool: Pool, ids: list[str], prompts: list[str]) -> None:
-    """Direct mode: refuse, before any call, rows whose prompt exceeds the worker's window."""
-    if job.mode != "direct":
-        return
-    worker = pool.worker(job.worker)
-    bad = _too_long(job, worker, prompts)
-    if bad:
-        raise InputError(f"job {job.path}: {len(bad)} row(s) have a prompt longer than worker {worker.id}'s "
-                         f"context window ({context_window(worker)} tokens): {job.id_column} "
-                         f"{', '.join(repr(ids[i]) for i in bad[:5])}{' and more' if len(bad) > 5 else ''}")
-
-
-def check_planned_context(job: Job, pool: Pool, prepared) -> None:
-    """Planned mode: refuse, before executing, plans that give a row to a worker too small for it."""
-    q = prepared.queries
-    prompts = q.column("prompt").to_pylist()
-    ids = q.column("query_id").to_pylist()
-    plans = pq.read_table(prepared.dir.table("plans"), columns=["query_index", "workers"]).to_pylist()
-    problems = []
-    for w in pool.workers:
-        if w.kind != "llm":
-            continue
-        rows = {p["query_index"] for p in plans if w.id in (p["workers"] or ())}
-        bad = [i for i in _too_long(job, w, [prompts[i] for i in sorted(rows)])]
-        if bad:
-            listed = [ids[sorted(rows)[i]] for i in bad]
-            problems.append(f"worker {w.id} ({context_window(w)} tokens): {job.id_column} "
-                            f"{', '.join(map(repr, listed[:5]))}{' and more' if len(listed) > 5 else ''}")
-    if problems:
-        raise ConductorError(f"job {job.path}: prompts longer than the context window of the worker their plan "
-                             f"gives them to (plans are saved; nothing was sent): " + "; ".join(problems))
-
-
 # ---- summary ----------------------------------------------------------------
 
 def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int, wall: float,
@@ -415,6 +336,17 @@ def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int,
         "records_path": str(run.table("records")), "metrics": metrics,
         "wall_time_s": round(wall, 3),
     }
+
+
+def _failures(table: pa.Table, show: int = 5) -> list[dict[str, Any]]:
+    """Rows without a valid record, grouped by status and error (its first 160 characters)."""
+    groups: dict[tuple[str, str], int] = {}
+    for status, error in zip(table.column("status").to_pylist(), table.column("error").to_pylist()):
+        if status != OK:
+            key = (status, (error or "")[:160])
+            groups[key] = groups.get(key, 0) + 1
+    top = sorted(groups.items(), key=lambda kv: -kv[1])[:show]
+    return [{"status": st, "error": err, "rows": n} for (st, err), n in top]
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -442,4 +374,8 @@ def format_summary(s: dict[str, Any]) -> str:
     rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
              ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    out = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    if s.get("failures"):
+        out += "\n\nrows without a valid record (a rerun retries them):\n" + "\n".join(
+            f"  {f['rows']} {f['status']}: {f['error']}" for f in s["failures"])
+    return out

@@ -23,6 +23,8 @@ def load_rows(job: Job) -> pl.DataFrame:
     """The input after joins, in input order; every problem named with the ids involved."""
     df = inputs.read(job.input_path)
     where = f"job {job.path}: input {job.input_path}"
+    if df.height == 0:
+        raise InputError(f"{where}: has no rows")
     ids = df.get_column(job.id_column)
     if ids.null_count():
         raise InputError(f"{where}: id column {job.id_column!r} has {ids.null_count()} null value(s)")

@@ -66,7 +66,7 @@ async def structured_call(ex: "Executor", job: "PlanJob", path: str, depth: int,
             _, error = spec.checker.check(entry.text)
             if error is not None:
                 bad["text"], bad["error"] = entry.text, error
-                raise StepFailed("invalid", f"{prefix}: {error}")
+                raise StepFailed("invalid", f"{prefix}: {error}", kind="malformed")
             return None
         return check
 

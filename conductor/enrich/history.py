@@ -1,0 +1,71 @@
+"""Earlier runs of a job: the records a rerun may reuse, and an interrupted run the
+same command resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from conductor.enrich.job import Job
+
+OK = "ok"  # a valid record
+
+
+def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> str | None:
+    """The newest run of this job that stopped before writing its records and was computing
+    exactly these rows with the same definition: rerunning the command resumes it, so
+    nothing is planned or paid twice."""
+    runs = Path(data_dir) / "runs"
+    found = []
+    for m in runs.glob("*/manifest.json") if runs.exists() else ():
+        folder = m.parent
+        if (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
+            continue
+        manifest = orjson.loads(m.read_bytes())
+        if manifest.get("job") == info:
+            found.append((manifest.get("created_at") or "", folder))
+    for _, folder in sorted(found, reverse=True):
+        ids = pq.read_table(folder / "queries.parquet", columns=["query_id"]).column(0).to_pylist()
+        if ids == todo:
+            return folder.name
+    return None
+
+
+def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) -> dict[str, dict[str, Any]]:
+    """Newest valid record per id in the newest earlier run of this job with the same
+    definition. Each run's records hold every row of its input (reused ones copied), so
+    the newest run has every reusable record, and a daily job reads one file, not a year's."""
+    runs = Path(data_dir) / "runs"
+    found: list[tuple[str, str, Path]] = []
+    for m in runs.glob("*/manifest.json") if runs.exists() else ():
+        if m.parent.name == exclude or not (m.parent / "records.parquet").exists():
+            continue
+        manifest = orjson.loads(m.read_bytes())
+        info = manifest.get("job") or {}
+        if info.get("name") == job.name and info.get("definition") == definition:
+            found.append((manifest.get("created_at") or "", m.parent.name, m.parent / "records.parquet"))
+    found = sorted(found)[-1:]
+    out: dict[str, dict[str, Any]] = {}
+    best: dict[str, Any] = {}
+    for _, _, path in found:
+        t = pq.read_table(path)
+        if job.id_column not in t.column_names:
+            continue
+        t = t.filter(pc.equal(t.column("status"), OK))
+        names = [f.name for f in job.fields]
+        for r in t.to_pylist():
+            rid = str(r[job.id_column])
+            if rid in best and best[rid] >= r["updated_at"]:
+                continue
+            best[rid] = r["updated_at"]
+            out[rid] = {
+                "row_hash": r["row_hash"], "status": r["status"], "error": r["error"], "run_id": r["run_id"],
+                "record": {k: r[k] for k in names} if names else None, "text": r.get("text"),
+                "confidence": {k: r.get(f"{k}_confidence") for k in names} if names else None,
+                "judge_score": r.get("judge_score"), "judge_reason": r.get("judge_reason"),
+            }
+    return out
