@@ -42,6 +42,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from conductor.enrich.run import OK as VALID_STATUS  # the status of a record that parsed and validated
 from conductor.errors import ConductorError
 from conductor.pool import load_pool
 from conductor.report import markdown_table
@@ -54,7 +55,6 @@ from pipelines.resources import StorageResource
 
 GROUP = "enrichment"
 PREFIX = "enrich"
-VALID_STATUS = "ok"  # a record that parsed and validated (run_job's status)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _PREVIEW_ROWS = 5
 

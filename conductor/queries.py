@@ -112,6 +112,13 @@ def validate(table: pa.Table, where: str) -> pa.Table:
     return pa.table(cols, schema=SCHEMA)
 
 
+def input_columns(path: str | Path) -> pa.Table | None:
+    """The query set's columns other than COLUMNS, in row order; None when it has none.
+    `conductor run` carries them into results.parquet."""
+    names = [n for n in pq.ParquetFile(path).schema_arrow.names if n not in COLUMNS]
+    return pq.read_table(path, columns=names) if names else None
+
+
 def _invalid_utf8_rows(arr: pa.Array) -> list[int]:
     try:
         arr.validate(full=True)

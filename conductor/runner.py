@@ -35,7 +35,7 @@ from conductor.planners.base import Planner, Query
 from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
-from conductor.queries import file_digest, load_queries
+from conductor.queries import file_digest, input_columns, load_queries
 from conductor.rewards import RewardScheme, group_advantages, score
 from conductor.store import RunDir, finalize_journal, refresh_catalog, rows_to_table, write_atomic, write_table
 
@@ -284,8 +284,27 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             close_planner(own_planner)
     check_work(run)
     finalize_journal(run.dir)
+    carry_columns(run)
     run.dir.set_status("executed", spend=executor.ledger.summary())
     return run.dir.table("results")
+
+
+def carry_columns(run: Run) -> None:
+    """Copy the query set's other columns (company, quarter, ...) into results.parquet,
+    row by row (by query_index), so nothing the user supplied is dropped silently. A
+    column whose name results already uses is carried as `input_<name>`."""
+    extra = input_columns(run.config.queries)
+    if extra is None:
+        return
+    path = run.dir.table("results")
+    results = pq.read_table(path)
+    taken = pc.take(extra, results.column("query_index"))
+    for name in taken.column_names:
+        out = name if name not in results.column_names else f"input_{name}"
+        if out in results.column_names:
+            continue
+        results = results.append_column(out, taken.column(name))
+    write_table(path, results)
 
 
 def check_work(run: Run) -> None:

@@ -12,18 +12,13 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, Definitions, materialize
 
+import conductor.enrich
 from assets.enrichment import all_job_assets, job_assets, job_name
 from conductor.sim import start_sim
 from pipelines.resources import StorageResource
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-try:
-    import conductor.enrich
-    HAVE_RUN_JOB = hasattr(conductor.enrich, "run_job")
-except ImportError:
-    HAVE_RUN_JOB = False
-needs_run_job = pytest.mark.skipif(not HAVE_RUN_JOB, reason="conductor.enrich.run_job is not on this branch yet")
 
 DAY = "2026-11-01"
 N = 30
@@ -85,7 +80,6 @@ def run(job_path: Path, data: Path, instance, **kw):
                        resources={"storage": StorageResource(data_dir=str(data))}, **kw)
 
 
-@needs_run_job
 def test_job_asset_materializes_with_metadata_and_checks_and_a_rerun_pays_nothing(tmp_path, job_sim):
     job_path, sim = job_sim
     data = tmp_path / "data"
@@ -129,7 +123,6 @@ def test_job_asset_materializes_with_metadata_and_checks_and_a_rerun_pays_nothin
         assert inst.get_latest_materialization_event(AssetKey(["enrich", "revenue_facts", "published"]))
 
 
-@needs_run_job
 def test_failing_schema_validity_check_blocks_the_downstream_asset(tmp_path, job_sim):
     job_path, sim = job_sim
     sim.set_faults("*", malformed_json=1.0)  # every reply and every repair is broken
@@ -144,7 +137,6 @@ def test_failing_schema_validity_check_blocks_the_downstream_asset(tmp_path, job
     assert not (tmp_path / "data" / "enrichment" / "revenue_facts.parquet").exists()
 
 
-@needs_run_job
 def test_threshold_above_one_share_fails_the_check_though_every_record_is_valid(tmp_path, job_sim):
     """quality.min_valid_share is the job's; a share the run cannot reach blocks publishing."""
     job_path, sim = job_sim

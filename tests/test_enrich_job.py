@@ -71,7 +71,8 @@ def test_good_job_loads_and_renders(folder):
     assert job.name == "notes" and job.template_names == ("body", "kind")
     assert [f.name for f in job.fields] == ["summary", "mood", "amount"]
     assert job.schema["required"] == ["summary", "mood", "amount"]  # strict shape on the wire
-    assert job.check_schema["required"] == ["summary"]
+    assert job.check_schema == job.schema  # replies are validated against what was sent
+    assert job.schema["properties"]["amount"]["type"] == ["number", "null"]  # optional: may be null
     q = render_queries(job)
     assert q.column("query_id").to_pylist() == ["n1", "n2", "n3"]
     assert q.column("prompt")[1].as_py() == "Kind: memo\nNote: it broke"
@@ -148,3 +149,10 @@ def test_cli_check_refuses_with_exit_code(folder):
     r = run_cli("job", "check", write(folder, GOOD))
     assert r.returncode == 0, r.stderr
     assert "3 rows" in r.stdout
+
+
+def test_judge_needs_a_pool_worker_and_a_rubric(folder):
+    text = GOOD.replace("worker: fast\n", "worker: fast\nquality:\n  judge: {worker: big, rubric: be right}\n")
+    assert f"job.yaml:{line_of(text, 'judge:')}: quality.judge.worker:" in refused(folder, text)
+    text = GOOD.replace("worker: fast\n", "worker: fast\nquality:\n  judge: {worker: fast}\n")
+    assert "quality.judge: the judge needs a rubric" in refused(folder, text)

@@ -111,3 +111,19 @@ def test_reference_values_take_the_field_type():
     assert reference_value(Field("a", "number"), "1,200") == 1200.0
     assert reference_value(Field("a", "string"), ["x", "y"]) == "x, y"
     assert reference_value(Field("a", "enum", values=("", "million")), "") == ""
+
+
+def test_vote_over_records_is_field_wise_and_extract_returns_the_one_record():
+    import orjson
+
+    from conductor.execute.structured import combine_records, records_agree
+
+    outs = ['{"a": 1, "b": "x"}', '```json\n{"a": 2, "b": "y"}\n```', '{"a": 2, "b": "x"}', "not a record", None]
+    assert orjson.loads(combine_records("vote", outs)) == {"a": 2, "b": "x"}
+    # a tie goes to the earliest step's value
+    assert orjson.loads(combine_records("vote", ['{"a": 1}', '{"a": 2}'])) == {"a": 1}
+    assert orjson.loads(combine_records("extract", ['{"a": 1}', "junk"])) == {"a": 1}
+    with pytest.raises(ValueError, match="holds a record"):
+        combine_records("vote", ["junk", None])
+    assert records_agree('{"a": 1, "b": [1, 2]}', '```json\n{"b": [1, 2], "a": 1}\n```')
+    assert not records_agree('{"a": 1}', '{"a": 2}') and not records_agree('{"a": 1}', "junk")

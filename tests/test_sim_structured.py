@@ -26,7 +26,8 @@ POOL = {
     "workers": [
         {"id": "oracle", "provider": "sim", "model": "openai/sim-oracle", "simulate": {"skill": 1.0}},
         {"id": "liar", "provider": "sim", "model": "openai/sim-liar", "simulate": {"skill": 0.0}},
-        {"id": "good", "provider": "sim", "model": "openai/sim-good", "simulate": {"skill": {"record": 0.7, "default": 0.2}}},
+        {"id": "good", "provider": "sim", "model": "openai/sim-good",
+         "simulate": {"skill": {"record": 0.7, "default": 0.2}}},
         {"id": "sloppy", "provider": "sim", "model": "openai/sim-sloppy",
          "simulate": {"skill": 1.0, "malformed_json": 0.25}},
     ],
@@ -140,10 +141,6 @@ def records(sim, bodies) -> list[dict]:
     return out
 
 
-def expected(ref: dict, field: str):
-    return ref[field]
-
-
 # -- valid records --------------------------------------------------------------
 
 @pytest.mark.parametrize("build", [with_format, in_prompt], ids=["response_format", "prompt_block"])
@@ -206,7 +203,8 @@ def test_same_request_same_record_and_answers_are_labeled_simulated(sim):
 
 
 def test_log_counts_answers_per_query_and_kind(sim):
-    ask_all(sim, [with_format("sim-oracle", r["prompt"]) for r in ROWS[:10]] + [in_prompt("sim-oracle", ROWS[0]["prompt"])])
+    ask_all(sim, [with_format("sim-oracle", r["prompt"]) for r in ROWS[:10]]
+            + [in_prompt("sim-oracle", ROWS[0]["prompt"])])
     log = sim.log()
     assert log["by_query"] == {**{r["query_id"]: 1 for r in ROWS[1:10]}, "r0": 2}
     assert log["by_kind"] == {"record": 11}
@@ -306,3 +304,15 @@ def test_litellm_passes_the_schema_and_gets_a_record(sim):
                                                "json_schema": {"name": "job", "schema": SCHEMA, "strict": True}})
     rec = orjson.loads(resp.choices[0].message.content)
     assert rec["answer"] == r["_ref"]["answer"] and not list(VALIDATOR.iter_errors(rec))
+
+
+def test_malformed_json_flag_at_start(files):
+    """`conductor sim --malformed-json 1` (start_sim's keyword) breaks every record; plain answers are untouched."""
+    with start_sim(files / "pool.yaml", files / "queries.parquet", latency_ms=0, malformed_json=1.0) as other:
+        kinds = [classify(content(resp)) for _, resp in ask_all(other, [with_format("sim-oracle", r["prompt"])
+                                                                         for r in ROWS[:20]])]
+        assert "record" not in kinds
+        assert other.faults()["effective"]["sim-oracle"]["malformed_json"] == 1.0
+        status, resp = post(other, {"model": "sim-oracle",
+                                    "messages": [{"role": "user", "content": ROWS[0]["prompt"]}]})
+        assert status == 200 and content(resp).splitlines()[-1].startswith("Answer: ")

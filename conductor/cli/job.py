@@ -12,7 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "becomes one typed record in DATA_DIR/runs/RUN_ID/records.parquet, and "
                                    "the catalog view named after the job holds the newest record per id.")
     jsub = p.add_subparsers(dest="job_command", metavar="ACTION", required=True)
-    r = jsub.add_parser("run", help="run a job: only new or changed rows call a provider")
+    r = jsub.add_parser("run", help="run a job: only new or changed rows call a provider",
+                        description="Exit status: 0 done, 2 bad input, 3 stopped by a budget (rerun to finish), "
+                                    "4 valid share below the job's quality.min_valid_share.")
     r.add_argument("job", type=Path, help="job file (YAML)")
     r.add_argument("--data-dir", type=Path, default=Path("data"), help="where runs, cache and catalog live")
     r.add_argument("--run-id", help="name of the run (default: <job>-<UTC time>)")
@@ -59,4 +61,13 @@ def run(args: argparse.Namespace) -> int:
     summary = run_job(job, data_dir=args.data_dir, run_id=args.run_id, full_refresh=args.full_refresh,
                       progress=not args.quiet)
     print(format_summary(summary))
-    return 3 if summary.get("statuses", {}).get("budget_exhausted") else 0
+    if summary.get("statuses", {}).get("budget_exhausted"):
+        print(f"\n{summary['statuses']['budget_exhausted']} row(s) stopped by a budget. Raise it (job file "
+              f"budget_usd or the pool file) and rerun: finished rows are kept and only those are sent.")
+        return 3
+    share, floor = summary["metrics"]["valid_share"], job.quality["min_valid_share"]
+    if share < floor:
+        print(f"\nonly {share:.1%} of rows have a valid record, below the job's quality.min_valid_share "
+              f"{floor:.1%}; see the statuses and errors in the records")
+        return 4
+    return 0

@@ -3,8 +3,7 @@ Arrow type each becomes in records.parquet.
 
 The schema sent to providers is "strict"-shaped (every property listed as
 required, optional ones nullable, no extra properties), which is what OpenAI's
-structured outputs accept; validation uses the same schema but only requires
-the fields the job marks `required`.
+structured outputs accept; replies are validated against the same schema.
 """
 
 from __future__ import annotations
@@ -34,7 +33,11 @@ class Field:
 
     def json_schema(self, nullable: bool) -> dict[str, Any]:
         if self.type == "enum":
+            # A type beside the enum: strict structured-output modes ask for one.
+            t = _enum_type(self.values)
             s: dict[str, Any] = {"enum": list(self.values) + ([None] if nullable else [])}
+            if t:
+                s["type"] = [t, "null"] if nullable else t
         elif self.type == "list":
             s = {"type": ["array", "null"] if nullable else "array", "items": {"type": self.items}}
         elif self.type == "object":
@@ -56,6 +59,13 @@ class Field:
         if self.type == "object":
             return pa.struct([pa.field(f.name, f.arrow_type()) for f in self.fields])
         return _ARROW[self.type]
+
+
+def _enum_type(values: tuple[Any, ...]) -> str | None:
+    for name, kind in (("boolean", bool), ("string", str), ("integer", int), ("number", (int, float))):
+        if all(isinstance(v, kind) and (kind is bool or not isinstance(v, bool)) for v in values):
+            return name
+    return None
 
 
 def object_schema(fields: tuple[Field, ...], strict: bool) -> dict[str, Any]:

@@ -32,8 +32,9 @@ MODES = ("direct", "planned")
 STRUCTURED = ("auto", "response_format", "prompt")
 SCORES = ("exact", "numeric", "f1", "set", "tatqa")
 # Columns every record has; a field or carried column may not take these names.
-RESERVED = ("status", "error", "cost_usd", "calls", "run_id", "reused", "row_hash", "updated_at", "text",
-            "score", "reward")
+# A plain-text job (no fields) also writes `text`.
+RESERVED = ("status", "error", "cost_usd", "calls", "run_id", "reused", "row_hash", "updated_at", "score",
+            "judge_score", "judge_reason")
 CATALOG_VIEWS = ("plans", "traces", "results", "rewards", "runs")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -88,8 +89,9 @@ class Job:
 
     @property
     def check_schema(self) -> dict[str, Any] | None:
-        """The JSON Schema every record is validated against."""
-        return object_schema(self.fields, strict=False) if self.fields else None
+        """The JSON Schema every record is validated against: the one sent, so a record
+        lists every field (an optional one may be null)."""
+        return self.schema
 
     def definition_hash(self, pool_identity: str = "") -> str:
         """What decides a row's record besides its content: template, fields, how it runs.
@@ -162,6 +164,9 @@ def load_job(path: str | Path) -> Job:
     names = _template_names(doc, prompt, all_cols)
 
     fields = _fields(doc, raw.get("fields"), ("fields",))
+    if not fields and "text" in carry:
+        raise doc.error(("input", "carry", carry.index("text")), "a job without fields writes its output as column "
+                                                                 "'text', which this carried column would clash with")
     taken = {id_column, *carry}
     for f in fields:
         if f.name in RESERVED or f.name in taken:
@@ -350,6 +355,11 @@ def _check_pool(doc: Located, pool_path: Path, mode: str, worker: Any, raw: dict
             raise doc.error(("quality", "judge"), "must be a mapping {worker, rubric}")
         if not pool.has(judge["worker"]):
             raise doc.error(("quality", "judge", "worker"), f"{judge['worker']!r} is not in pool {pool_path}")
+        if pool.worker(judge["worker"]).kind != "llm":
+            raise doc.error(("quality", "judge", "worker"), f"{judge['worker']!r} is not an llm worker")
+        if not isinstance(judge.get("rubric"), str) or not judge["rubric"].strip():
+            raise doc.error(("quality", "judge", "rubric") if "rubric" in judge else ("quality", "judge"),
+                            "the judge needs a rubric: what a good record is, in a few sentences")
 
 
 def _columns(doc: Located, at: tuple, path: Path) -> list[str]:

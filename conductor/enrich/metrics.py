@@ -53,7 +53,8 @@ def row_scores(job: Job, df: pl.DataFrame, records: list[dict[str, Any] | None])
 def metrics(job: Job, df: pl.DataFrame, records: list[dict[str, Any] | None], table: pa.Table) -> dict[str, Any]:
     n = table.num_rows
     valid = [r for r in records if r is not None]
-    out: dict[str, Any] = {"rows": n, "valid_share": len(valid) / n if n else 0.0, "fields": {}}
+    ok = pc.sum(pc.equal(table.column("status"), "ok").cast(pa.int64())).as_py() or 0
+    out: dict[str, Any] = {"rows": n, "valid_share": ok / n if n else 0.0, "fields": {}}
     per = field_scores(job, df, records) if job.references else {}
     for f in job.fields:
         m: dict[str, Any] = {"null_share": (sum(r.get(f.name) is None for r in valid) / len(valid)) if valid else None}
@@ -69,6 +70,9 @@ def metrics(job: Job, df: pl.DataFrame, records: list[dict[str, Any] | None], ta
                 if vals:
                     m[extra] = fmean(vals)
         out["fields"][f.name] = m
+    if "judge_score" in table.column_names:
+        judged = [s for s in table.column("judge_score").to_pylist() if s is not None]
+        out["judge"] = {"mean_score": fmean(judged) if judged else None, "judged_rows": len(judged)}
     if job.references:
         scores = [s for s in (table.column("score").to_pylist() if "score" in table.column_names else []) if s is not None]
         out["overall"] = fmean(scores) if scores else None

@@ -28,7 +28,7 @@ from conductor import schemas
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.enrich.records import RecordChecker, parse_reply, schema_block, typed_columns
-from conductor.enrich.table import load_rows, references, render, row_hashes
+from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
 from conductor.errors import ConductorError, InputError
 from conductor.execute.call import estimate_tokens
 from conductor.execute.structured import RecordSpec
@@ -50,7 +50,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     pool = load_pool(job.pool_path)
     definition = job.definition_hash(pool.identity_hash())
     df = load_rows(job)
-    ids = df.get_column(job.id_column).to_list()
+    ids = ids_of(job, df)
     prompts = render(job, df)
     hashes = row_hashes(job, df, definition)
     check_context(job, pool, ids, prompts)
@@ -64,9 +64,12 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     todo = [i for i in range(len(ids)) if i not in reused]
 
     computed: dict[str, dict[str, Any]] = {}
+    judge_cost = 0.0
     if todo:
         computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, full_refresh)
         _write_rewards(job, df, ids, run, plans)
+        if job.quality.get("judge") and job.fields:
+            judge_cost = _judge(job, df, ids, prompts, todo, computed, run, data_dir, progress)
     elif not run.exists():
         run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
 
@@ -76,6 +79,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     write_table(run.table("records"), table)
     summary = _summary(job, table, run, len(todo), len(reuse), time.monotonic() - t0,
                        compute_metrics(job, df, records, table))
+    summary["judge_cost_usd"] = judge_cost
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
     run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary,
@@ -126,6 +130,25 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     return _outcomes(job, pool, run)
 
 
+def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int], computed: dict,
+           run: RunDir, data_dir: Path, progress: bool) -> float:
+    """Have the judge score this run's valid records of rows without any reference value."""
+    from conductor.enrich.judge import judge
+
+    gold = [df.get_column(r.column).to_list() for r in job.references.values()]
+    items = []
+    for i in todo:
+        c = computed.get(ids[i])
+        if c and c["status"] == OK and all(g[i] is None for g in gold):
+            items.append((ids[i], prompts[i], c["record"]))
+    if not items:
+        return 0.0
+    scores, cost = judge(job, run, data_dir, items, progress)
+    for rid, (score, reason) in scores.items():
+        computed[rid]["judge_score"], computed[rid]["judge_reason"] = score, reason
+    return cost
+
+
 def _outcomes(job: Job, pool: Pool, run: RunDir):
     """Per id: the chosen plan's record (sample 0 unless another sample is valid and it is
     not), status, error, cost and calls over all samples, and per-field confidence."""
@@ -162,25 +185,35 @@ def _outcomes(job: Job, pool: Pool, run: RunDir):
 
 
 def _record_steps(pool: Pool, run: RunDir) -> dict[str, list[dict[str, Any]]]:
-    """Per plan, the records its llm steps answered (the last answer per step, repairs included)."""
+    """Per plan, the records its top-level llm steps answered (repairs included), leaving out
+    the step whose output is the plan's answer: the others are the witnesses of its values."""
     traces = pq.read_table(run.table("traces"), columns=[
         "plan_id", "step_path", "worker", "status", "response_text"]).to_pylist()
     llm = {w.id for w in pool.workers if w.kind == "llm"}
-    per: dict[str, dict[str, Any]] = {}
+    per: dict[str, dict[int, Any]] = {}
+    last: dict[str, tuple[int, str]] = {}  # plan -> (index, worker) of the last step that ran
     for t in traces:
-        if t["status"] != "ok" or t["worker"] not in llm:
-            continue
         path = t["step_path"].removesuffix(".repair")
-        obj, err = parse_reply(t["response_text"])
-        if err is None:
-            per.setdefault(t["plan_id"], {})[path] = obj
-    return {pid: list(steps.values()) for pid, steps in per.items()}
+        if t["status"] != "ok" or not path.isdigit():
+            continue
+        i = int(path)
+        if i >= last.get(t["plan_id"], (-1, ""))[0]:
+            last[t["plan_id"]] = (i, t["worker"])
+        if t["worker"] in llm:
+            obj, err = parse_reply(t["response_text"])
+            if err is None:
+                per.setdefault(t["plan_id"], {})[i] = obj
+    out = {}
+    for pid, steps in per.items():
+        final, worker = last[pid]
+        out[pid] = [r for i, r in sorted(steps.items()) if not (i == final and worker in llm)]
+    return out
 
 
 def _confidence(job: Job, rec: dict | None, step_records: list[dict[str, Any]]) -> dict[str, float] | None:
-    """Share of the plan's record-producing steps that gave each field's final value; None
-    with fewer than two such steps (one step says nothing about agreement)."""
-    if rec is None or len(step_records) < 2:
+    """Per field, the share of the plan's other record steps (extractors a reconciler or a
+    vote saw) that gave the final value; None when the answer came from the only one."""
+    if rec is None or not step_records:
         return None
     out = {}
     for f in job.fields:
@@ -201,7 +234,7 @@ def _row_outcomes(ids: list[str], computed: dict, previous: dict, reused: set[in
             p = previous[rid]
             rows.append({"record": p["record"], "text": p.get("text"), "status": p["status"], "error": p["error"],
                          "cost_usd": 0.0, "calls": 0, "confidence": p["confidence"], "run_id": p["run_id"],
-                         "reused": True})
+                         "reused": True, "judge_score": p.get("judge_score"), "judge_reason": p.get("judge_reason")})
         else:
             c = computed.get(rid) or {"record": None, "text": None, "status": "error", "confidence": None,
                                       "error": "no outcome recorded", "cost_usd": None, "calls": 0}
@@ -212,7 +245,8 @@ def _row_outcomes(ids: list[str], computed: dict, previous: dict, reused: set[in
 def _records_table(job: Job, df: pl.DataFrame, ids: list[str], hashes: list[str], rows: list[dict[str, Any]],
                    records: list[dict[str, Any] | None], now: datetime) -> pa.Table:
     n = len(ids)
-    cols: dict[str, pa.Array] = {job.id_column: pa.array(ids, pa.string())}
+    # The id keeps its input type, so the view joins to the input table without a cast.
+    cols: dict[str, pa.Array] = {job.id_column: _plain(df.select(job.id_column).to_arrow().column(0))}
     if job.carry:
         carried = df.select(list(job.carry)).to_arrow()
         for name in job.carry:
@@ -227,6 +261,9 @@ def _records_table(job: Job, df: pl.DataFrame, ids: list[str], hashes: list[str]
     if job.references:
         scores = row_scores(job, df, records)
         cols["score"] = pa.array(scores, pa.float64())
+    if job.quality.get("judge") and job.fields:
+        cols["judge_score"] = pa.array([r.get("judge_score") for r in rows], pa.float64())
+        cols["judge_reason"] = pa.array([r.get("judge_reason") for r in rows], pa.string())
     cols.update({
         "status": pa.array([r["status"] for r in rows], pa.string()),
         "error": pa.array([r["error"] for r in rows], pa.string()),
@@ -267,7 +304,7 @@ def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) ->
         t = t.filter(pc.equal(t.column("status"), OK))
         names = [f.name for f in job.fields]
         for r in t.to_pylist():
-            rid = r[job.id_column]
+            rid = str(r[job.id_column])
             if rid in best and best[rid] >= r["updated_at"]:
                 continue
             best[rid] = r["updated_at"]
@@ -275,6 +312,7 @@ def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) ->
                 "row_hash": r["row_hash"], "status": r["status"], "error": r["error"], "run_id": r["run_id"],
                 "record": {k: r[k] for k in names} if names else None, "text": r.get("text"),
                 "confidence": {k: r.get(f"{k}_confidence") for k in names} if names else None,
+                "judge_score": r.get("judge_score"), "judge_reason": r.get("judge_reason"),
             }
     return out
 
@@ -368,7 +406,8 @@ def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int,
     statuses = {d["values"]: d["counts"] for d in pc.value_counts(table.column("status")).to_pylist()}
     cost = pc.sum(table.column("cost_usd")).as_py() or 0.0
     return {
-        "job": job.name, "run_id": run.run_id, "rows": table.num_rows, "computed": computed, "reused": reused,
+        "job": job.name, "run_id": run.run_id, "id_column": job.id_column,
+        "fields": [f.name for f in job.fields] or ["text"], "rows": table.num_rows, "computed": computed, "reused": reused,
         "valid": statuses.get(OK, 0), "failed": table.num_rows - statuses.get(OK, 0),
         "statuses": statuses, "cost_usd": cost,
         "unpriced_rows": pc.sum(pc.is_null(table.column("cost_usd"))).as_py() or 0,
@@ -395,6 +434,11 @@ def format_summary(s: dict[str, Any]) -> str:
         if f.get("mean_confidence") is not None:
             parts.append(f"confidence {f['mean_confidence']:.3f}")
         rows.append((f"  {name}", "; ".join(parts)))
+    if m.get("judge"):
+        j = m["judge"]
+        rows.append(("judge", f"mean score {j['mean_score']:.3f} over {j['judged_rows']} rows without references"
+                              f" (${s.get('judge_cost_usd') or 0:.6f})" if j["mean_score"] is not None
+                     else "no row judged"))
     rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
              ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
     width = max(len(k) for k, _ in rows)

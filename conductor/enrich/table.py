@@ -26,10 +26,11 @@ def load_rows(job: Job) -> pl.DataFrame:
     ids = df.get_column(job.id_column)
     if ids.null_count():
         raise InputError(f"{where}: id column {job.id_column!r} has {ids.null_count()} null value(s)")
-    df = df.with_columns(pl.col(job.id_column).cast(pl.Utf8))
     dup = df.group_by(job.id_column).len().filter(pl.col("len") > 1).get_column(job.id_column).to_list()
     if dup:
         raise InputError(f"{where}: id column {job.id_column!r} has {len(dup)} duplicate id(s): {_list(sorted(dup))}")
+    if df.get_column(job.id_column).dtype.is_float():
+        raise InputError(f"{where}: id column {job.id_column!r} holds floats; use strings or integers")
     for j in job.joins:
         right = inputs.read(j.path)
         rdup = right.group_by(j.on).len().filter(pl.col("len") > 1).get_column(j.on).to_list()
@@ -44,6 +45,11 @@ def load_rows(job: Job) -> pl.DataFrame:
                              f"(keys {_list(keys)}; ids {_list(rows)})")
         df = df.join(right, on=j.on, how="left", maintain_order="left")
     return df
+
+
+def ids_of(job: Job, df: pl.DataFrame) -> list[str]:
+    """The rows' ids as strings (query ids); records keep the id column's own type."""
+    return [str(v) for v in df.get_column(job.id_column).to_list()]
 
 
 def render(job: Job, df: pl.DataFrame) -> list[str]:
@@ -94,7 +100,7 @@ def render_queries(job: Job, df: pl.DataFrame | None = None) -> pa.Table:
     df = load_rows(job) if df is None else df
     n = df.height
     return pa.table({
-        "query_id": pa.array(df.get_column(job.id_column).to_list(), pa.string()),
+        "query_id": pa.array(ids_of(job, df), pa.string()),
         "prompt": pa.array(render(job, df), pa.string()),
         "task": pa.array(["record" if job.fields else None] * n, pa.string()),
         "reference": pa.array(references(job, df), pa.string()),

@@ -198,8 +198,9 @@ class SimServer(LocalServer):
                 logprobs = token_logprobs(content, rng)
         elif structured is not None:
             known = self.index.find(structured.texts)
-            content, kind, _, _ = record_reply(structured, known, spec.skill_for(known.task if known else None),
-                                               rng, f.malformed_json, lambda: draw(self.seed, model, request_hash + "/fault"))
+            skill = spec.skill_for(known.task if known else None)
+            content, kind, _, _ = record_reply(structured, known, skill, rng, f.malformed_json,
+                                               lambda: draw(self.seed, model, request_hash + "/fault"))
             kinds = (kind, "repair") if structured.repair else (kind,)
         else:
             known = self.index.find(texts)
