@@ -427,7 +427,11 @@ class Executor:
                 if reservation is not None:
                     await self.ledger.settle(reservation, self._cost(worker, resp) or 0.0)
                     reservation = None
-                    self._durably(self.journal.settled, rid, self._cost(worker, resp) or 0.0)
+                    try:
+                        self._durably(self.journal.settled, rid, self._cost(worker, resp) or 0.0)
+                    except STORAGE_ERRORS:
+                        pass  # the run stops (see _durably); the answer is still kept, and a resume
+                        # counts the unsettled reservation only if the answer was not kept
                 elif (cost := self._cost(worker, resp)):
                     self.ledger.record(provider.id, cost)
                 return resp, attempt, time.monotonic() - t
