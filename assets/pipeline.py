@@ -116,6 +116,7 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
     return Output(plans, metadata={
         **table_metadata(results, ["plan_id", "status", "cost_usd", "calls", "final_answer"]),
         "traces_rows": pq.ParquetFile(run.dir.table("traces")).metadata.num_rows,
+        "run_id": run.dir.run_id, "traces_path": MetadataValue.path(str(run.dir.table("traces"))),
         "statuses": MetadataValue.json(_counts(t.column("status"))),
         "cost_usd": pc.sum(t.column("cost_usd")).as_py() or 0.0,
         "calls": pc.sum(t.column("calls")).as_py() or 0,

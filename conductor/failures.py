@@ -57,7 +57,7 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
             g = groups[(r["worker"], kind)] = {
                 "worker": r["worker"], "failure": kind, "url": (w.api_base if w else None) or "(provider default)",
                 "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS,
-                "plans": set(), "example": (r["error"] or "")[:300]}
+                "plans": set(), "example": " ".join((r["error"] or "").split())[:300]}
         g["plans"].add(r["plan_id"])
     out = [{**g, "plans": len(g["plans"])} for g in groups.values()]
     return sorted(out, key=lambda g: -g["plans"])

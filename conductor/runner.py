@@ -317,7 +317,10 @@ def check_work(run: Run) -> None:
 
 def storage_error(e: BaseException, where: Path) -> StorageError:
     """The message for a disk or database failure: what failed, and that a rerun loses nothing."""
-    what = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+    if isinstance(e, OSError) and e.strerror:
+        what = e.strerror + (f": {e.filename}" if e.filename else "")
+    else:
+        what = f"{type(e).__name__}: {e}"
     return StorageError(f"stopped: cannot write under {where} ({what}). Free space (or fix the disk) and rerun "
                         f"the same command: answers already paid for are kept and not paid again")
 

@@ -27,6 +27,7 @@ def table_metadata(path: Path, columns: Sequence[str]) -> dict:
         "dagster/column_schema": column_schema(f.schema_arrow),
         "preview": MetadataValue.md(preview(path, columns)),
         "path": MetadataValue.path(str(path)),
+        "parquet_path": MetadataValue.path(str(path)),  # the IO manager replaces "path" with its own file
     }
 
 

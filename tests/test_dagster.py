@@ -201,6 +201,11 @@ def test_a_provider_down_fails_the_failed_share_check_and_a_rematerialization_fi
         assert "60 of 60 plans failed" in check.description
         assert f"worker fast at {fresh_sim.url}: connection" in check.description
 
+        md = {e.asset_key.to_user_string(): e.materialization.metadata
+              for e in result.get_asset_materialization_events()}["executions"]
+        run_dir = Path(md["traces_path"].value).parent
+        assert md["run_id"].value == run_dir.name and md["parquet_path"].value == str(run_dir / "results.parquet")
+
         fresh_sim.clear_faults()
         fresh_sim.reset()
         again = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res)

@@ -458,6 +458,8 @@ def test_timeout_s_bounds_the_whole_attempt_and_error_bodies_are_cut(tmp_path, f
     huge = [t for t in traces if t["worker"] == "hugeerror"]
     assert {t["failure"] for t in huge} == {"client"}
     assert all(len(t["error"]) < MAX_ERROR_CHARS + 200 and "cut: " in t["error"] for t in huge)
+    # cut before litellm reads it (its redaction scans a whole body on the event loop, ~6 s per MB)
+    assert all("the error body is larger than 64 KiB" in t["error"] for t in huge)
 
 
 # ---- 7. clear messages for damaged storage and bad text ------------------------

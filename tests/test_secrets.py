@@ -40,7 +40,7 @@ def test_a_planted_key_appears_in_no_output(tmp_path, sample_queries):
 
         bad = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "bad", "--no-cache",
                       env={"PLANTED_KEY": wrong})
-        assert bad.returncode == 0  # failed plans are recorded, not fatal
+        assert bad.returncode == 4  # every plan failed: recorded, and the exit code says so
         assert sim.log()["by_status"].get("401", 0) > 0
         errors = run_cli("sql", "SELECT DISTINCT error FROM results WHERE run_id = 'bad'", "--data-dir", data)
         assert "environment variable PLANTED_KEY" in errors.stdout

@@ -9,6 +9,7 @@ asked us to wait.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import time
@@ -50,6 +51,7 @@ class CallRequest:
     api_base: str | None = None
     timeout_s: float = 120.0
     request_id: str | None = None  # sent as X-Conductor-Request to OpenAI-compatible endpoints, for tracing
+    client: Any = None  # an OpenAI client for the endpoint (see capped_client), else litellm's own
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
             num_retries=0,
             max_retries=0,
             **({"extra_headers": {"X-Conductor-Request": req.request_id}} if req.request_id and req.api_base else {}),
+            **({"client": req.client} if req.client is not None else {}),
             **req.params,
         ), req.timeout_s)
     except asyncio.TimeoutError:
@@ -205,6 +208,59 @@ def classify(e: Exception, api_key: str | None) -> CallFailure:
     if name in ("InternalServerError", "ServiceUnavailableError", "BadGatewayError"):
         return CallFailure("server", message, status, retry_after)
     return CallFailure("other", message, status)
+
+
+# Error bodies longer than this are cut before litellm reads them.
+MAX_ERROR_BODY_BYTES = 64 << 10
+
+
+def capped_client(api_base: str, api_key: str | None) -> Any:
+    """An OpenAI client for an OpenAI-compatible endpoint whose error bodies are cut to
+    MAX_ERROR_BODY_BYTES before litellm sees them: litellm scans a whole error body with
+    its secret-redaction regexes on the event loop (about 6 s per MB), which froze every
+    other call while a server answered 400s with megabytes. Successful answers pass
+    through untouched, over litellm's own transport. Create it inside the event loop
+    that uses it, and close it (`await client.close()`) when the run ends."""
+    import httpx
+    from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+    from openai import AsyncOpenAI
+
+    transport = _capped_errors(AsyncHTTPHandler.create_async_transport() or httpx.AsyncHTTPTransport())
+    return AsyncOpenAI(api_key=api_key or "no-key", base_url=api_base, max_retries=0,
+                       http_client=httpx.AsyncClient(transport=transport, follow_redirects=True))
+
+
+def _capped_errors(inner: Any) -> Any:
+    """An httpx transport over `inner` that cuts the body of error responses (status >= 400)."""
+    import httpx
+
+    class CappedErrors(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            resp = await inner.handle_async_request(request)
+            encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+            if resp.status_code < 400 or encoded:
+                return resp
+            body = b""
+            try:
+                async for chunk in resp.stream:
+                    body += chunk
+                    if len(body) > MAX_ERROR_BODY_BYTES:
+                        break
+            finally:
+                await resp.aclose()
+            if len(body) > MAX_ERROR_BODY_BYTES:  # still JSON, so the provider's message shows
+                text = body[:MAX_ERROR_CHARS // 2].decode("utf-8", "replace")
+                body = json.dumps({"error": {"message": f"(cut: the error body is larger than "
+                                                        f"{MAX_ERROR_BODY_BYTES >> 10} KiB) {text}..."}}).encode()
+            headers = [(k, v) for k, v in resp.headers.items()
+                       if k.lower() not in ("content-length", "transfer-encoding", "content-type")]
+            return httpx.Response(resp.status_code, headers=[*headers, ("content-type", "application/json")],
+                                  content=body, request=request, extensions=resp.extensions)
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return CappedErrors()
 
 
 def _cut(text: str) -> str:

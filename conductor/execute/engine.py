@@ -29,8 +29,8 @@ from typing import Any, Awaitable, Callable, Iterable
 from conductor.context import step_messages
 from conductor.execute.budget import BudgetExhausted, Ledger
 from conductor.execute.cache import Cache, Entry, cache_key
-from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
-                                    max_prompt_tokens)
+from conductor.execute.call import (CallFailure, CallRequest, CallResponse, capped_client, complete,
+                                    estimate_tokens, max_prompt_tokens)
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.prices import call_cost, resolve_price
@@ -148,6 +148,7 @@ class Executor:
         self._inflight: dict[str, asyncio.Future] = {}
         self._dead: dict[str, tuple[str, str]] = {}  # worker or provider id -> why every call to it fails, kind
         self._abort: BaseException | None = None  # the storage error that stops the run
+        self._clients: dict[tuple[str, str | None], Any] = {}  # (api_base, key) -> client, for this run
         self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
         self._sub_plans: dict[str, dict[str, str]] = {}  # from the journal: plan id -> step path -> sub-plan
         self._rng = random.Random(options.seed)
@@ -182,6 +183,8 @@ class Executor:
             t.add_done_callback(done)
         while tasks:
             await asyncio.wait(set(tasks))
+        for client in self._clients.values():
+            await client.close()
         self.progress.close()
         if self._abort is not None:
             raise self._abort
@@ -381,7 +384,8 @@ class Executor:
         api_key = os.environ.get(provider.api_key_env) if provider.api_key_env else None
         if api_key is None and worker.api_base:
             api_key = "no-key"  # OpenAI-compatible local servers need some value
-        req = CallRequest(worker.model, messages, params, worker.api_base, provider.timeout_s, key)
+        req = CallRequest(worker.model, messages, params, worker.api_base, provider.timeout_s, key,
+                          self._client(worker, api_key))
         est_in = estimate_tokens(messages)
         est_tokens = est_in + params["max_tokens"]
         reservation = None
@@ -427,7 +431,11 @@ class Executor:
                 if reservation is not None:
                     await self.ledger.settle(reservation, self._cost(worker, resp) or 0.0)
                     reservation = None
-                    self._durably(self.journal.settled, rid, self._cost(worker, resp) or 0.0)
+                    try:
+                        self._durably(self.journal.settled, rid, self._cost(worker, resp) or 0.0)
+                    except STORAGE_ERRORS:
+                        pass  # the run stops (see _durably); the answer is still kept, and a resume
+                        # counts the unsettled reservation only if the answer was not kept
                 elif (cost := self._cost(worker, resp)):
                     self.ledger.record(provider.id, cost)
                 return resp, attempt, time.monotonic() - t
@@ -438,6 +446,16 @@ class Executor:
                     self.journal.settled(rid, 0.0)
                 except STORAGE_ERRORS:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
+
+    def _client(self, worker: Worker, api_key: str | None) -> Any:
+        """One OpenAI client per OpenAI-compatible endpoint and key for the run, whose error
+        bodies are cut before litellm reads them (call.capped_client); None: litellm's own."""
+        if not worker.api_base or not (worker.model or "").startswith("openai/"):
+            return None
+        k = (worker.api_base, api_key)
+        if k not in self._clients:
+            self._clients[k] = capped_client(worker.api_base, api_key)
+        return self._clients[k]
 
     def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:
         """Reported usage no larger than the request could use (the prompt's UTF-8 bytes, max_tokens):
