@@ -130,7 +130,7 @@ def test_tokens_per_minute_limit_holds_the_rate(tmp_path, fresh_sim, sample_quer
     # The bucket starts with a small burst; after it, actual usage drains it at the limit.
     rate = sum(tokens) / span
     assert rate <= 1.1 * tpm / 60 + tpm / 100 / span, rate
-    assert rate >= 0.75 * tpm / 60, rate
+    # No lower bound: a loaded machine only makes the rate lower (throughput lives in bench/).
 
 
 def test_calls_in_flight_are_capped(tmp_path, fresh_sim, sample_queries):

@@ -275,7 +275,7 @@ def test_rate_limit_rate(sim):
 
 
 def test_hang_makes_the_client_time_out_without_blocking_others(sim):
-    sim.set_faults("sim-faulty", hang_rate=1.0, hang_s=1.0)
+    sim.set_faults("sim-faulty", hang_rate=1.0, hang_s=4.0)
 
     async def go():
         async with aiohttp.ClientSession() as s:
@@ -283,15 +283,14 @@ def test_hang_makes_the_client_time_out_without_blocking_others(sim):
                 async with s.post(sim.url + "/chat/completions", data=orjson.dumps(ask(model, "hi")),
                                   timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                     return r.status
-            hung = asyncio.ensure_future(call("sim-faulty", 0.4))
-            t = time.monotonic()
+            hung = asyncio.ensure_future(call("sim-faulty", 2.0))
             assert await call("sim-plain", 5) == 200
-            assert time.monotonic() - t < 0.3
+            assert not hung.done()  # answered while the other still hangs (an ordering, not a timing)
             with pytest.raises(asyncio.TimeoutError):
                 await hung
 
     asyncio.run(go())
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 15  # a bound on waiting, not a timing
     while sim.log()["by_status"].get("499") != 1:
         assert time.monotonic() < deadline, sim.log()["by_status"]
         time.sleep(0.1)
@@ -316,10 +315,11 @@ def test_latency_setting_delays_answers(sim):
     sim.set_faults("sim-faulty", latency_ms=300, latency_sd_ms=0)
     t = time.monotonic()
     assert post(sim, ask("sim-faulty", "x"))[0] == 200
-    assert time.monotonic() - t >= 0.3
+    slow = time.monotonic() - t
+    assert slow >= 0.3
     t = time.monotonic()
     assert post(sim, ask("sim-plain", "x"))[0] == 200
-    assert time.monotonic() - t < 0.25
+    assert time.monotonic() - t < slow  # only the model with the setting waits (relative: load delays both)
 
 
 def test_admin_faults_rejects_bad_values(sim):
