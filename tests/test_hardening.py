@@ -561,3 +561,44 @@ def test_sql_is_read_only_and_answers_while_another_process_holds_the_catalog(tm
         holder.close()
     r = run_cli("sql", "SELECT count(*) AS n FROM results", "--data-dir", data, "--format", "csv")
     assert r.returncode == 0 and r.stdout.split() == ["n", "14"], r.stdout + r.stderr
+
+
+def test_dagster_endpoint_down_mid_run_fails_the_check_and_rematerializing_finishes(
+        tmp_path, own_sim, sample_queries):
+    """The Dagster side of the same story: the provider dies mid-run, executions
+    materializes with its failed plans, the blocking failed_share check fails naming the
+    worker and URL, rewards does not run; with the provider back, re-materializing the
+    partition sends only what was not done."""
+    from dagster import DagsterInstance, materialize
+
+    from assets.pipeline import executions, plans, query_set, rewards, run_report
+    from pipelines import checks, resources
+    from tests.test_dagster import add_partition, conductor_env
+
+    sim = own_sim()
+    port, url = sim.port, sim.url
+    pool = write_pool(tmp_path / "pool.yaml", url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 4, "timeout_s": 5, "max_attempts": 2}})
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    assets = [query_set, plans, executions, rewards, run_report]
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "small", sample_queries)
+        stopper = threading.Thread(target=lambda: (_wait_for(sim, 12), sim.stop()), daemon=True)
+        stopper.start()
+        result = materialize(assets + checks.ALL, partition_key="small", instance=inst, resources=res,
+                             raise_on_error=False)
+        stopper.join()
+        assert not result.success
+        done = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+        assert done == {"query_set", "plans", "executions"}  # rewards is blocked
+        [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "failed_share"]
+        assert not check.passed and f"worker slow at {url}: connection" in check.description
+        md = {e.asset_key.to_user_string(): e.materialization.metadata
+              for e in result.get_asset_materialization_events()}["executions"]
+        ok = md["statuses"].value.get("ok", 0)
+        assert 12 <= ok < 60
+
+        sim = own_sim(port)
+        again = materialize(assets + checks.ALL, partition_key="small", instance=inst, resources=res)
+        assert again.success
+    assert sim.log()["total"] == 60 - ok  # 0 finished steps re-sent
