@@ -296,6 +296,7 @@ def test_endpoint_down_is_loud_and_the_same_command_finishes_the_run(tmp_path, o
     assert r.returncode == 4, r.stdout + r.stderr
     assert "plans failed" in r.stderr
     assert f"worker slow at {url}: connection" in r.stdout and "a rerun retries these" in r.stdout
+    assert "unknown price" not in r.stdout  # failed calls cost nothing; they are not unpriced
     run_dir = next((data / "runs").iterdir())
     done = [x for x in pq.read_table(run_dir / "results.parquet").to_pylist() if x["status"] == "ok"]
     assert 12 <= len(done) < 60
