@@ -234,7 +234,8 @@ def test_checks_are_attached_and_blocking_where_bad_output_must_not_flow():
     specs = {(k.asset_key.to_user_string(), k.name): d for d in checks.ALL for k in d.check_keys}
     blocking = {key for key, d in specs.items() if all(s.blocking for s in d.check_specs)}
     assert blocking == {("plans", "valid_plan_share"), ("plans", "unique_ids"), ("executions", "unique_ids"),
-                        ("executions", "every_plan_has_result"), ("rewards", "unique_ids")}
+                        ("executions", "every_plan_has_result"), ("executions", "failed_share"),
+                        ("rewards", "unique_ids")}
     assert ("executions", "spend_within_budget") in specs
     graph_checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
     assert set(specs) <= graph_checks

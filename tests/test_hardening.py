@@ -449,8 +449,11 @@ def test_timeout_s_bounds_the_whole_attempt_and_error_bodies_are_cut(tmp_path, f
     from conductor.execute.call import MAX_ERROR_CHARS
 
     pool = write_pool(tmp_path / "pool.yaml", fault_server.url,
-                      workers=[worker("trickle", fault_server.url), worker("hugeerror", fault_server.url)],
-                      providers={"sim": {"max_concurrency": 4, "timeout_s": 1, "max_attempts": 1}})
+                      workers=[worker("trickle", fault_server.url),
+                               worker("hugeerror", fault_server.url, provider="big")],
+                      # the big error gets a deadline no load can reach: it must fail as a client error
+                      providers={"sim": {"max_concurrency": 4, "timeout_s": 1, "max_attempts": 1},
+                                 "big": {"max_concurrency": 4, "timeout_s": 120, "max_attempts": 1}})
     planner = FixedPlanner(lambda q: solve("trickle" if q.index % 2 else "hugeerror")(q))
     _, traces, _ = _run(tmp_path, pool, _queries(tmp_path, sample_queries, 4), planner, cache=False)
     trickle = [t for t in traces if t["worker"] == "trickle"]

@@ -56,7 +56,10 @@ def test_cli_plans_with_vllm_and_re_plans_on_the_same_engine(tmp_path, fresh_sim
     data = tmp_path / "data"
     options = [x for k, v in ENGINE.items() for x in ("--planner-option", f"{k}={v}")]
     r = run_cli("run", small_queries, "--pool", pool, "--data-dir", data, "--planner", "vllm",
-                "--planner-model", tiny_model, *options, "--samples", "2", "--run-id", "v", "--quiet")
+                "--planner-model", tiny_model, *options, "--samples", "2", "--run-id", "v", "--quiet",
+                # a random model's workflows may fail (a vote over one step, ...): this test is about
+                # planning and re-planning on one engine, not about the plans' quality
+                "--max-failed-share", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     run = data / "runs" / "v"
     for name, schema in schemas.TABLES.items():

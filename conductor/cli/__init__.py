@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConductorError as e:
         print(f"conductor: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
+    except BrokenPipeError:  # before OSError, its base class
+        # The reader stopped early (`| head`): not an error. Point stdout at /dev/null so
+        # Python's exit-time flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
             raise
@@ -44,11 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader stopped early (`| head`): not an error. Point stdout at /dev/null so
-        # Python's exit-time flush does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":

@@ -459,7 +459,10 @@ class Executor:
 
     def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:
         """Reported usage no larger than the request could use (the prompt's UTF-8 bytes, max_tokens):
-        budgets hold against a server that over-reports; the overrun is counted and kept in the row."""
+        budgets hold against a server that over-reports; the overrun is counted and kept in the row.
+        An answer that carries its own cost (replayed logs) is charged that cost and left as it is."""
+        if resp.cost_usd is not None:  # a recorded cost is what is charged; its tokens may be of another prompt
+            return resp
         pt_max, ct_max = max_prompt_tokens(messages), params.get("max_tokens")
         if not resp.usage_reported and resp.cost_usd is None and isinstance(ct_max, int):
             return replace(resp, prompt_tokens=pt_max, completion_tokens=ct_max, usage_estimated=True,
