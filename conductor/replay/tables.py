@@ -29,11 +29,9 @@ import polars as pl
 from conductor.errors import ConductorError, PoolError
 from conductor.grading import TASKS  # the tasks a replay table may name: the graders'
 from conductor.pool import Pool, Worker
+from conductor.replay.datasets import DATASETS, REPLAY_ENV, SPLITS, TRAIN_FRACTION, default_replay_dir  # noqa: F401
 
-# The shared tables' stems -> the task their rows are graded as when the table names none.
-DATASETS = {"gsm8k": "math", "mmlu_pro": "choice"}
 MIXED = "mixed"  # the pool's replay.task when the table's rows have more than one task
-REPLAY_ENV = "CONDUCTOR_REPLAY_DIR"
 REQUIRED_COLUMNS = ("question_id", "question", "reference", "model", "response", "correct")
 TASK_COLUMN = "task"
 # Recorded usage, when a table has it; else the server and the evaluation estimate characters / 4.
@@ -44,20 +42,10 @@ OPTIONAL_COLUMNS = (TASK_COLUMN, *TOKEN_COLUMNS, COST_COLUMN)
 # Split: sha256("<salt>:<question_id>"), first 8 bytes as a fraction of 2**64; below
 # TRAIN_FRACTION is train. 50/50 keeps a test set large enough to compare policies.
 SPLIT_SALT = "conductor-replay-split-v1"
-TRAIN_FRACTION = 0.5
-SPLITS = ("all", "train", "test")
 
 REPLAY_KEYS = {"dataset", "table", "task", "default_task", "prices", "split", "skills", "costs"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SHOW = 5  # question ids shown in an error message
-
-
-def default_replay_dir() -> Path:
-    """$CONDUCTOR_REPLAY_DIR, else the `shared/replay` folder beside the repository."""
-    env = os.environ.get(REPLAY_ENV)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "replay"
 
 
 def split_of(question_id: str) -> str:
