@@ -1,0 +1,101 @@
+"""One Dagster concurrency pool per provider, so that parallel runs on one
+instance cannot together exceed a provider's limits.
+
+conductor enforces a provider's limits (rpm, tpm, max_concurrency, budget)
+inside one process. Two runs executing at once would each enforce them alone and
+together send twice the traffic. So a step that calls a provider (executing
+plans, or planning with an LLM) first takes a slot in that provider's pool
+(`provider-<id>`); with the instance's pool `default_limit: 1`
+(data/dagster_home/dagster.yaml) one step per provider runs at a time, and its
+in-process limiter is then the limit for the whole instance.
+
+A run calls every provider of its pool file from one step, and Dagster's
+`pool=` gives an op only one pool. The LLM-calling steps therefore claim their
+pools themselves, through the instance's concurrency storage (the same calls
+Dagster's executor makes for `pool=`): one slot in each pool, in name order so
+that two runs never wait on each other in a cycle, all freed when the step
+ends (and by the daemon's run monitoring if the run worker dies). The pools,
+their limits and the steps holding them show on the UI's concurrency page; the
+assets that claim pools carry the tag `conductor/pools: provider`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+from conductor.pool import Pool
+
+PROVIDER_PREFIX = "provider-"
+PLANNER_PREFIX = "planner-"
+POOLS_TAG = {"conductor/pools": "provider"}
+
+
+def provider_pools(pool: Pool) -> list[str]:
+    """The pools of every provider that serves a model in the pool file;
+    function workers (vote, extract) run locally and need none."""
+    return sorted({PROVIDER_PREFIX + w.provider for w in pool.workers if w.kind != "function"})
+
+
+def planner_pools(kind: str, options: dict, pool: Pool) -> list[str]:
+    """The embedded planner calls nothing. An LLM planner calls a provider like
+    the workers do, so it takes that provider's pool (the provider of its pool
+    worker, or of its model: the `provider` option or the model string's
+    prefix, as conductor.planners.llm resolves it). A vLLM planner holds the
+    machine's accelerator: one engine at a time per instance."""
+    if kind == "embedded":
+        return []
+    if kind == "llm":
+        if options.get("worker") and pool.has(options["worker"]):
+            return [PROVIDER_PREFIX + pool.worker(options["worker"]).provider]
+        model = options.get("model") or ""
+        return [PROVIDER_PREFIX + (options.get("provider") or (model.split("/", 1)[0] if "/" in model else "default"))]
+    return [PLANNER_PREFIX + kind]
+
+
+@contextmanager
+def hold_pools(context, pools: Iterable[str], poll_s: float = 1.0, log_every_s: float = 30.0) -> Iterator[list[str]]:
+    """Hold one slot in each pool for the body of the `with`; yields the pools
+    held. Pools without a limit (and no instance default) are not limited."""
+    instance = context.instance
+    storage = instance.event_log_storage
+    names = sorted(set(pools))
+    if not names or not storage.supports_global_concurrency_limits:
+        yield []
+        return
+    run_id = context.run.run_id
+    step_key = context.get_step_execution_context().step.key
+    held: list[str] = []
+    try:
+        for name in names:
+            if not _limited(instance, name):
+                context.log.info(f"pool {name} has no limit; not waiting for it")
+                continue
+            start, last_log = time.monotonic(), None
+            while not storage.claim_concurrency_slot(name, run_id, step_key).is_claimed:
+                if last_log is None or time.monotonic() - last_log >= log_every_s:
+                    last_log = time.monotonic()
+                    holders = sorted({s.run_id for s in storage.get_concurrency_info(name).claimed_slots})
+                    context.log.info(f"waiting for a slot in pool {name}, held by run(s) {', '.join(holders) or '?'} "
+                                     f"({last_log - start:.0f} s so far)")
+                time.sleep(poll_s)
+            held.append(name)
+            context.log.info(f"holding a slot in pool {name}")
+        yield held
+    finally:
+        # Frees this step's slots and any claim still waiting in a queue.
+        storage.free_concurrency_slot_for_step(run_id, step_key)
+
+
+def _limited(instance, name: str) -> bool:
+    """Whether the pool has a limit, first applying the instance default the
+    way Dagster's executor does for `pool=`."""
+    storage = instance.event_log_storage
+    default = instance.global_op_concurrency_default_limit
+    limits = {p.name: p for p in storage.get_pool_limits()}
+    current = limits.get(name)
+    if default is not None and (current is None or (current.from_default and current.limit != default)):
+        storage.initialize_concurrency_limit_to_default(name)
+        current = {p.name: p for p in storage.get_pool_limits()}.get(name)
+    return current is not None

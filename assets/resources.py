@@ -1,0 +1,100 @@
+"""Dagster resources: the worker pool, the planner, where files live, and the
+check thresholds, configured in one place and handed to the assets, sensor and
+checks, which pass them on to `conductor` as plain settings.
+
+`from_env` builds them for the code location: every setting has a default that
+works from the repository root, and a CONDUCTOR_* environment variable to move
+it (the browser test points them all at a temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Mapping, Optional
+
+import orjson
+from dagster import ConfigurableResource, FilesystemIOManager
+from pydantic import Field
+
+# A partition key is the query-set file's name without ".parquet"; keys travel in
+# URLs, CLI selections and run tags, so they keep to a plain alphabet.
+PARTITION_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
+
+
+class PoolResource(ConfigurableResource):
+    """Which pool file the runs use. Keys are read from the environment by name."""
+
+    path: str = Field(default="data/pools/sim.yaml", description="pool file (YAML)")
+
+
+class PlannerResource(ConfigurableResource):
+    """Which planner writes the workflows, and its settings."""
+
+    kind: str = Field(default="embedded", description="embedded | vllm | llm")
+    model: Optional[str] = Field(default=None, description="vllm: model path; llm: litellm model string")
+    options_json: str = Field(default="{}", description="planner settings as a JSON object")
+    max_steps: int = 5
+
+    def options(self) -> dict:
+        opts = orjson.loads(self.options_json or "{}")
+        if self.model:
+            opts["model"] = self.model
+        return opts
+
+
+class StorageResource(ConfigurableResource):
+    """Where runs, the response cache and the DuckDB catalog live."""
+
+    data_dir: str = "data"
+    use_cache: bool = True
+
+
+class QueryFilesResource(ConfigurableResource):
+    """The folders of the inbox flow: new files arrive in `inbox`; accepted ones
+    move to `store` (one file per partition, `<key>.parquet`); rejected ones move
+    to `rejected` with `<file>.reason.txt` beside them."""
+
+    inbox: str = Field(default="data/inbox", description="folder the sensor watches")
+    store: str = Field(default="data/query_sets", description="accepted query sets, one per partition")
+    rejected: str = Field(default="data/rejected", description="files that failed validation")
+    settle_seconds: float = Field(
+        default=2.0, description="ignore files modified more recently than this (still being copied)")
+    max_files_per_tick: int = Field(default=20, description="files validated per sensor tick")
+
+    def path_for(self, partition_key: str) -> Path:
+        return Path(self.store) / f"{partition_key}.parquet"
+
+
+class ChecksResource(ConfigurableResource):
+    """Thresholds of the asset checks."""
+
+    min_valid_share: float = Field(default=0.9, ge=0.0, le=1.0,
+                                   description="least share of plans that must be valid")
+    max_run_usd: Optional[float] = Field(
+        default=None, ge=0.0,
+        description="spend limit per run, on top of the run's budget_usd and the pool's provider budgets")
+
+
+def from_env(env: Mapping[str, str] = os.environ) -> dict:
+    """The code location's resources; CONDUCTOR_* variables override the defaults.
+    CONDUCTOR_IO_DIR moves the values passed between assets (small run
+    configurations) off DAGSTER_HOME, to a folder every step's pod mounts."""
+    data = env.get("CONDUCTOR_DATA_DIR", "data")
+    max_usd = env.get("CONDUCTOR_MAX_RUN_USD")
+    res: dict = {
+        "pool": PoolResource(path=env.get("CONDUCTOR_POOL", "data/pools/sim.yaml")),
+        "planner": PlannerResource(kind=env.get("CONDUCTOR_PLANNER", "embedded"),
+                                   model=env.get("CONDUCTOR_PLANNER_MODEL") or None,
+                                   options_json=env.get("CONDUCTOR_PLANNER_OPTIONS", "{}")),
+        "storage": StorageResource(data_dir=data),
+        "query_files": QueryFilesResource(
+            inbox=env.get("CONDUCTOR_INBOX", str(Path(data) / "inbox")),
+            store=env.get("CONDUCTOR_QUERY_SETS", str(Path(data) / "query_sets")),
+            rejected=env.get("CONDUCTOR_REJECTED", str(Path(data) / "rejected"))),
+        "checks": ChecksResource(min_valid_share=float(env.get("CONDUCTOR_MIN_VALID_SHARE", "0.9")),
+                                 max_run_usd=float(max_usd) if max_usd else None),
+    }
+    if env.get("CONDUCTOR_IO_DIR"):
+        res["io_manager"] = FilesystemIOManager(base_dir=env["CONDUCTOR_IO_DIR"])
+    return res
