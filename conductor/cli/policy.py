@@ -157,25 +157,13 @@ def _samples(value: str, pool, queries: Path) -> int:
 
 
 def _serving(pool):
-    """The replay server, on the host and port the pool's replay workers call."""
-    from urllib.parse import urlsplit
+    """The replay server at the address the pool's replay workers call."""
+    from conductor.replay.process import serve_pool
 
-    from conductor.replay.process import start_replay
-    from conductor.replay.tables import replay_workers
-
-    if pool.replay is None:
-        raise ConductorError("--serve: the pool is not a replay pool (it has no replay: block)")
-    bases = {pool.worker(w).api_base for w in replay_workers(pool)}
-    if len(bases) != 1:
-        raise ConductorError(f"--serve: the pool's replay workers call {len(bases)} addresses; expected one")
-    url = urlsplit(bases.pop())
-    if url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
-        raise ConductorError(f"--serve: the pool's replay workers call {url.geturl()}; --serve starts a "
-                             f"server on loopback only, with an explicit port")
     try:
-        return start_replay(pool.path, port=url.port, host=url.hostname)
+        return serve_pool(pool)
     except ConductorError as e:
-        raise ConductorError(f"--serve: {e} (is a replay server already listening there? then drop --serve)") from None
+        raise ConductorError(f"--serve: {e}") from None
 
 
 def train(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from conductor.enrich.context import check_context, check_planned_context
 from conductor.enrich.history import OK, interrupted_run, previous_records
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
-from conductor.enrich.records import RecordChecker, parse_reply, typed_columns
+from conductor.records import RecordChecker, parse_reply, typed_columns
 from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
 from conductor.errors import ConductorError
 from conductor.execute.structured import RecordSpec
