@@ -88,7 +88,7 @@ DOCS = {
         "latency_s": "duration of the successful request", "started_at": "step start (UTC)",
         "ended_at": "step end (UTC)", "instruction": "the step's instruction",
         "when": "the step's condition, e.g. `disagree(0, 1)` (null: the step always runs)",
-        "response_text": "the worker's output", "simulated": "answered by the simulated or replay pool",
+        "response_text": "the worker's output", "simulated": "answered by the simulated pool (`conductor sim`); false for replayed answers, which are real recorded outputs",
         "request_key": "cache key: hash of model, api_base, messages and sampling parameters",
         "sub_plan": "the workflow a re-planning step ran, as JSON",
         "failure": "a failed step's kind of failure: connection, timeout, server, rate_limit (a rerun retries "

@@ -7,12 +7,14 @@ do not. Read from the source with ast, so nothing is imported to check it."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("conductor", "assets", "pipelines")
 
 
+@lru_cache(maxsize=1)
 def _modules() -> dict[str, Path]:
     mods = {}
     for root in ROOTS:
@@ -30,6 +32,7 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
+@lru_cache(maxsize=1)
 def import_graph() -> dict[str, set[str]]:
     """module -> the modules of ROOTS it imports. `from pkg import sub` imports the
     submodule `pkg.sub`; `from pkg import name` imports `pkg`."""
@@ -121,8 +124,7 @@ def test_no_package_imports_one_that_imports_it_back():
 
 def test_front_ends_import_downward_only():
     """conductor/ never imports Dagster or the front ends; assets/ never imports pipelines/."""
-    graph = import_graph()
-    for m, deps in graph.items():
+    for m, deps in import_graph().items():
         if m.startswith("conductor"):
             assert not {d for d in deps if d.split(".")[0] in ("assets", "pipelines")}, m
         if m.startswith("assets"):

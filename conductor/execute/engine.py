@@ -388,7 +388,6 @@ class Executor:
             try:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
-                self.progress.c.budget_blocked += 1
                 raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
             try:
                 rid = self._durably(self.journal.reservation, key, provider.id, worst)  # before sending

@@ -28,6 +28,7 @@ from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, ef
 from conductor.sim.index import QueryIndex
 from conductor.sim.planner import plan_reply, token_logprobs
 from conductor.sim.structured import StructuredRequestError, parse_request, record_reply
+from conductor.tokens import tokens_from_chars
 
 FINGERPRINT = "conductor-sim"
 MAX_TIMES = 100_000
@@ -205,8 +206,8 @@ class SimServer(LocalServer):
         else:
             known = self.index.find(texts)
             content, _ = reply(known, spec.skill_for(known.task if known else None), rng, self.index)
-        prompt_tokens = math.ceil(sum(map(len, texts)) / 4)
-        completion_tokens = math.ceil(len(content) / 4)
+        prompt_tokens = tokens_from_chars(sum(map(len, texts)))
+        completion_tokens = tokens_from_chars(len(content))
 
         delay = self._latency(f, completion_tokens) + (f.hang_s if hang else 0.0)
         if delay > 0:
