@@ -1,4 +1,4 @@
-# The two commands a newcomer needs: `make demo` and `make test`.
+# The two commands a newcomer needs: `make demo` and `make test` (`make test-fast` while editing).
 # Everything else here is what those two call.
 
 PY ?= python3
@@ -8,7 +8,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 export DAGSTER_HOME := $(CURDIR)/data/dagster_home
 SIM_PORT ?= 8911
 
-.PHONY: demo test setup setup-test ui sim bench clean-runs
+.PHONY: demo test test-fast setup setup-test ui sim bench clean-runs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,11 @@ demo: setup
 
 test: setup-test
 	$(BIN)/python -m pytest -q
+
+# The edit loop: unit and in-process tests, the CLI and the simulated pool; no vLLM
+# engine, no browser, no Dagster runs (tests marked slow). CI runs `make test`.
+test-fast: setup-test
+	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider
 
 # The Dagster UI on http://127.0.0.1:3000, with the instance in data/dagster_home
 # (DAGSTER_HOME above); query-set files dropped into data/inbox/ become partitions.

@@ -4,6 +4,7 @@ query sets cut from the committed samples, and a way to run the CLI as a user do
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,15 @@ SIM_MODELS = {
     "slow": {"skill": 0.9, "latency_ms": {"mean": 300, "sd": 0}},
     "flaky": {"skill": 0.9, "latency_ms": {"mean": 5, "sd": 1}},
 }
+
+
+def pytest_ignore_collect(collection_path, config):
+    """`make test-fast` (-m "not slow"): a module marked slow as a whole is not even
+    imported, so the fast tier does not pay for loading vLLM, Dagster or a browser."""
+    if (config.getoption("markexpr", "") == "not slow" and collection_path.suffix == ".py"
+            and re.search(r"^pytestmark = \[?pytest\.mark\.slow\b", collection_path.read_text(), re.M)):
+        return True
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,9 @@ from conductor.store import refresh_catalog
 from tests import plannersim
 from tests.conftest import SAMPLE, worker, write_pool
 
+# slow: cascade plans over the replay server
+pytestmark = pytest.mark.slow
+
 # question -> (reference, {model: recorded final answer})
 RECORDED = {
     "agree": ("4", {"a": "4", "b": "4", "c": "5", "d": "6"}),  # cheap ones agree: stop after two calls

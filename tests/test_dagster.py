@@ -20,6 +20,9 @@ from pipelines.jobs import PIPELINE
 from assets.resources import PlannerResource
 from tests.conftest import REPO, worker, write_pool
 
+# slow: real Dagster materializations and the workspace loaded in a subprocess
+pytestmark = pytest.mark.slow
+
 INSTANCE_YAML = REPO / "data" / "dagster_home" / "dagster.yaml"
 ASSETS = [query_set, plans, executions, rewards, run_report]
 

@@ -30,6 +30,9 @@ from pipelines.sensors import query_set_inbox
 from tests.conftest import REPO, write_pool
 from tests.test_dagster import INSTANCE_YAML, instance  # noqa: F401  (the shared instance fixture)
 
+# slow: Dagster runs, sensors and concurrent processes
+pytestmark = pytest.mark.slow
+
 DEPLOY = REPO / "deploy"
 
 

@@ -6,6 +6,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.conftest import SAMPLE, run_cli, write_pool
+import pytest
+
+# slow: a whole run through the CLI
+pytestmark = pytest.mark.slow
 
 
 def test_run_carries_unconsumed_columns_into_results(tmp_path, fresh_sim):

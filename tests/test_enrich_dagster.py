@@ -17,6 +17,9 @@ from assets.enrichment import all_job_assets, job_assets, job_name
 from conductor.sim import start_sim
 from assets.resources import StorageResource
 
+# slow: enrichment jobs materialized through Dagster
+pytestmark = pytest.mark.slow
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 

@@ -29,8 +29,9 @@ QA_JOB = REPO / "jobs" / "finance_qa.yaml"
 DOCS_JOB = REPO / "jobs" / "finance_documents.yaml"
 SIM_POOL = REPO / "data" / "pools" / "sim.yaml"
 
-pytestmark = pytest.mark.skipif(not (FINANCE / "questions.parquet").exists(),
-                                reason=f"the finance data is not at {FINANCE} (see ../shared/finance/README.md)")
+# slow: enrichment jobs end to end on the finance data
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not (FINANCE / "questions.parquet").exists(),
+                                reason=f"the finance data is not at {FINANCE} (see ../shared/finance/README.md)")]
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,9 @@ from conductor.evaluation import EvalConfig, evaluate
 from conductor.replay.tables import split_of
 from tests.conftest import REPLAY
 
+# slow: evaluations run the planner through the pipeline against a replay server
+pytestmark = pytest.mark.slow
+
 needs_replay = pytest.mark.skipif(
     not REPLAY.is_dir(), reason=f"shared replay data not found at {REPLAY} (set CONDUCTOR_REPLAY_DIR to its folder)")
 

@@ -12,7 +12,7 @@ import pytest
 from conductor.execute.call import _retry_after
 from conductor.planners.base import PlanDraft
 from conductor.runner import RunConfig, run_all
-from tests.conftest import run_cli, worker, write_pool
+from tests.conftest import cli, run_cli, worker, write_pool
 
 
 class FixedPlanner:
@@ -235,6 +235,7 @@ def test_cache_key_covers_system_prompt_and_api_base(tmp_path, fresh_sim, sample
     assert fresh_sim.log()["total"] == 5 * len(variants)
 
 
+@pytest.mark.slow  # whole runs through the CLI
 def test_concurrent_runs_share_one_cache_file(tmp_path, fresh_sim, sample_queries):
     import subprocess
     import sys
@@ -264,6 +265,7 @@ def _budget_pool(path, url, budget):
     return write_pool(path, url, names=("fast",), providers={"sim": {"budget_usd": budget, "max_concurrency": 16}})
 
 
+@pytest.mark.slow  # whole runs through the CLI
 def test_budget_is_never_exceeded_and_a_larger_budget_finishes_the_run(tmp_path, fresh_sim, sample_queries):
     data = tmp_path / "data"
     pool = _budget_pool(tmp_path / "pool.yaml", fresh_sim.url, 0.004)
@@ -296,7 +298,7 @@ def test_unpriced_worker_under_a_budget_is_refused_before_any_call(tmp_path, fre
     del w["price"]
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, workers=[w],
                       providers={"sim": {"budget_usd": 1.0}})
-    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data")
+    r = cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet")
     assert r.returncode == 2
     assert "no known price for worker(s) fast" in r.stderr and "plans are saved" in r.stderr
     assert fresh_sim.log()["total"] == 0

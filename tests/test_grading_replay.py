@@ -13,6 +13,9 @@ import pytest
 from conductor.cli import main as cli_main
 from conductor.agreement import check
 
+# slow: grades the 100,000 rows of the shared replay tables
+pytestmark = pytest.mark.slow
+
 REPLAY = Path(os.environ.get("CONDUCTOR_REPLAY_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "replay")
 TARGET = 0.99
 

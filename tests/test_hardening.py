@@ -17,6 +17,9 @@ from conductor.runner import RunConfig, run_all
 from tests.conftest import cli, run_cli, worker, write_pool
 from tests.test_executor import FixedPlanner, solve
 
+# slow: killed processes, full disks, damaged files: many whole runs through the CLI
+pytestmark = pytest.mark.slow
+
 
 def _ok(model: str, content="Answer: 4", usage=None) -> dict:
     return {"id": "x", "object": "chat.completion", "created": 0, "model": model,

@@ -12,6 +12,7 @@ from conductor import schemas
 from tests.conftest import cli, files_under, run_cli, write_pool
 
 
+@pytest.mark.slow  # whole runs through the CLI
 def test_run_writes_all_four_tables_and_sql_reads_them(tmp_path, fresh_sim, sample_queries):
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
     data = tmp_path / "data"
@@ -54,6 +55,7 @@ def test_run_writes_all_four_tables_and_sql_reads_them(tmp_path, fresh_sim, samp
     assert r.stdout.strip().splitlines()[1:] == ["first,60", "second,60"]
 
 
+@pytest.mark.slow  # whole runs through the CLI
 def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sample_queries):
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
     data = tmp_path / "data"
@@ -67,6 +69,7 @@ def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sa
     assert len(list((data / "runs").iterdir())) == 1
 
 
+@pytest.mark.slow  # whole runs through the CLI
 def test_sql_errors_are_clear(tmp_path, fresh_sim, sample_queries):
     r = cli("sql", "SELECT 1", "--data-dir", tmp_path / "empty")
     assert r.returncode == 2 and "no runs under" in r.stderr
@@ -131,6 +134,7 @@ def test_bad_pool_file_is_refused_and_nothing_is_written(tmp_path, sample_querie
     assert files_under(data) == []
 
 
+@pytest.mark.slow  # whole runs through the CLI
 def test_reusing_a_run_id_for_other_inputs_is_refused(tmp_path, fresh_sim, sample_queries):
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
     data = tmp_path / "data"

@@ -25,6 +25,9 @@ from tests import plannersim
 from tests.conftest import kill_when_journaled, run_cli
 from tests.plannersim import psim, queries, sim  # noqa: F401  (shared fixtures)
 
+# slow: the LLM planner over HTTP, through the CLI
+pytestmark = pytest.mark.slow
+
 LLM = {"worker": "conductor", "structured": "on", "temperature": 1.0}
 
 

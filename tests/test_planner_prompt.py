@@ -198,6 +198,7 @@ def test_schema_follows_kinds_and_rejects_empty_choices():
         plan_schema(POOL, max_steps=0)
 
 
+@pytest.mark.slow  # compiles the plan grammar with vLLM's xgrammar
 def test_xgrammar_compiles_the_schema_and_enforces_it():
     """The engine's grammar, not just jsonschema, must agree."""
     xgr = pytest.importorskip("xgrammar", reason="xgrammar is installed with vllm")

@@ -22,6 +22,9 @@ from conductor.pool import load_pool
 from conductor.runner import RunConfig, run_all
 from tests.conftest import SAMPLE, run_cli
 
+# slow: rollouts, training and evaluation of the learned policy
+pytestmark = pytest.mark.slow
+
 # The planted pattern: math is solved only by `mathwiz`, choice only by `choicewiz`.
 # The pool file declares the same skill for every worker, so the prior cannot know.
 SIM = {

@@ -5,6 +5,7 @@ resumes without calling a finished sub-step or re-plan again."""
 
 from __future__ import annotations
 
+import pytest
 
 import orjson
 import pyarrow.parquet as pq
@@ -16,6 +17,9 @@ from tests import plannersim
 from tests.conftest import kill_when_journaled, run_cli
 from tests.plannersim import psim, queries, sim  # noqa: F401  (shared fixtures)
 from tests.test_executor import FixedPlanner
+
+# slow: re-planning runs against the simulated planner
+pytestmark = pytest.mark.slow
 
 VERIFY = "Check the answer above and correct it if it is wrong. End with a final line Answer: <number>"
 

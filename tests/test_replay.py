@@ -27,8 +27,9 @@ from conductor.replay.tables import split_of
 from conductor.runner import RunConfig, run_all
 from tests.conftest import REPLAY
 
-pytestmark = pytest.mark.skipif(
-    not REPLAY.is_dir(), reason=f"shared replay data not found at {REPLAY} (set CONDUCTOR_REPLAY_DIR to its folder)")
+# slow: the replay server and runs over the shared tables
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not REPLAY.is_dir(), reason=f"shared replay data not found at {REPLAY} (set CONDUCTOR_REPLAY_DIR to its folder)")]
 
 GSM_MODELS = ["gpt-4o-2024-08-06", "gpt-4o-mini-2024-07-18", "Meta-Llama-3.1-8B-Instruct", "gemma-2-2b-it",
               "deepseek-chat"]

@@ -28,8 +28,9 @@ from conductor.replay.tables import split_of
 from conductor.tokens import tokens_from_chars as estimate_tokens
 from tests.conftest import REPLAY
 
-pytestmark = pytest.mark.skipif(
-    not REPLAY.is_dir(), reason=f"shared replay data not found at {REPLAY} (set CONDUCTOR_REPLAY_DIR to its folder)")
+# slow: rollouts, training and evaluation over a replay table
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not REPLAY.is_dir(), reason=f"shared replay data not found at {REPLAY} (set CONDUCTOR_REPLAY_DIR to its folder)")]
 
 NAME = "my_logs_2026"
 N_QUESTIONS = 60  # per task

@@ -11,6 +11,9 @@ import pytest
 
 from tests.conftest import kill_when_journaled, run_cli, write_pool
 
+# slow: runs killed mid-flight and resumed, through the CLI
+pytestmark = pytest.mark.slow
+
 TRACE_COLS = ["plan_id", "step_path", "worker", "status", "instruction", "response_text",
               "prompt_tokens", "completion_tokens", "request_key"]
 RESULT_COLS = ["plan_id", "query_index", "sample", "status", "final_answer"]

@@ -9,6 +9,10 @@ import yaml
 
 from conductor.sim import start_sim
 from tests.conftest import SAMPLE, files_under, run_cli, worker
+import pytest
+
+# slow: whole runs through the CLI with a planted key
+pytestmark = pytest.mark.slow
 
 
 def _leaks(key: str, *texts: str, folders=()) -> list[str]:
