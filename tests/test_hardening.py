@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conductor.runner import RunConfig, run_all
-from tests.conftest import run_cli, worker, write_pool
+from tests.conftest import cli, run_cli, worker, write_pool
 from tests.test_executor import FixedPlanner, solve
 
 
@@ -490,13 +490,13 @@ def test_damaged_files_and_bad_text_get_a_message_naming_the_file_and_what_to_do
     prompts[4] = b"caf\xe9 au lait"  # Latin-1, not UTF-8
     bad = tmp_path / "bad.parquet"
     pq.write_table(t.set_column(1, "prompt", pa.array(prompts, pa.binary()).view(pa.string())), bad)
-    r = run_cli("run", bad, "--pool", pool, "--data-dir", tmp_path / "other")
+    r = cli("run", bad, "--pool", pool, "--data-dir", tmp_path / "other")
     qid = t.column("query_id")[4].as_py()
     assert r.returncode == 2 and "not valid UTF-8 at row(s) 4" in r.stderr and qid in r.stderr, r.stderr
     assert not (tmp_path / "other" / "runs").exists()
 
     odd = tmp_path / "data[1]"
-    r = run_cli("run", queries, "--pool", pool, "--data-dir", odd)
+    r = cli("run", queries, "--pool", pool, "--data-dir", odd)
     assert r.returncode == 2 and "DuckDB reads as a file pattern" in r.stderr, r.stderr
 
 
@@ -565,7 +565,7 @@ def test_dagster_endpoint_down_mid_run_fails_the_check_and_rematerializing_finis
     from dagster import DagsterInstance, materialize
 
     from assets.pipeline import executions, plans, query_set, rewards, run_report
-    from pipelines import checks, resources
+    from assets import checks, resources
     from tests.test_dagster import add_partition, conductor_env
 
     sim = own_sim()

@@ -35,6 +35,7 @@ from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
+from conductor.execute.failure import StepFailed
 from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
@@ -103,19 +104,6 @@ Replanner = Callable[["Executor", ReplanRequest], Awaitable[Plan]]
 # Errors of the disk or the databases on it (full, read-only, gone): they abort the
 # run, since nothing paid could be recorded, and a rerun after freeing space resumes.
 STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
-
-
-class StepFailed(Exception):
-    def __init__(self, status: str, message: str, attempts: int = 0, extra: dict[str, Any] | None = None,
-                 kind: str | None = None, row: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.attempts = attempts
-        self.extra = extra  # row fields for the failed step's trace row (the sub-plan that failed)
-        self.row = row  # the trace row already written for this failure (with what the call cost)
-        # why, as a class: a call failure's kind (connection, timeout, server, rate_limit, auth,
-        # not_found, client, malformed, other), budget, config or plan
-        self.kind = kind or ("budget" if status == "budget_exhausted" else "other")
 
 
 class Aborted(Exception):
@@ -400,7 +388,6 @@ class Executor:
             try:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
-                self.progress.c.budget_blocked += 1
                 raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
             try:
                 rid = self._durably(self.journal.reservation, key, provider.id, worst)  # before sending

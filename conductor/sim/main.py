@@ -4,15 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from conductor.errors import ConductorError
-from conductor.localserver import is_loopback, serve
-from conductor.pool import load_pool
 from conductor.sim.config import FAULT_KEYS, SimConfigError, check_fault, read_keys, served_models
-from conductor.sim.index import load_index
-from conductor.sim.server import SimServer, build_app
 
 READY = "conductor sim: listening on "
 _FAULT_HELP = {
@@ -49,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from conductor.localserver import is_loopback, serve
+    from conductor.pool import load_pool
+    from conductor.sim.index import load_index
+    from conductor.sim.server import SimServer, build_app
+
     if not args.allow_remote and not is_loopback(args.host):
         raise ConductorError(f"--host {args.host}: the simulated pool binds loopback only; "
                              "pass --allow-remote to serve other hosts")

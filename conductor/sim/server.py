@@ -28,6 +28,7 @@ from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, ef
 from conductor.sim.index import QueryIndex
 from conductor.sim.planner import plan_reply, token_logprobs
 from conductor.sim.structured import StructuredRequestError, parse_request, record_reply
+from conductor.tokens import tokenizer_tokens
 
 FINGERPRINT = "conductor-sim"
 MAX_TIMES = 100_000
@@ -214,8 +215,8 @@ class SimServer(LocalServer):
         else:
             known = self.index.find(texts)
             content, _ = reply(known, spec.skill_for(known.task if known else None), rng, self.index)
-        prompt_tokens = sum(map(count_tokens, texts))
-        completion_tokens = count_tokens(content)
+        prompt_tokens = sum(map(tokenizer_tokens, texts))
+        completion_tokens = tokenizer_tokens(content)
         log.bill(model, prompt_tokens, completion_tokens)  # billed once accepted, even if the client goes away
 
         delay = self._latency(f, completion_tokens) + (f.hang_s if hang else 0.0)
@@ -315,13 +316,6 @@ class SimServer(LocalServer):
         if headers:
             h.update(headers)
         return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON, headers=h)
-
-
-def count_tokens(text: str) -> int:
-    """Roughly what a BPE tokenizer bills: four ASCII characters a token, and a
-    token for each other character (CJK text is about one token a character)."""
-    ascii_chars = len(text) if text.isascii() else len(text.encode("ascii", "ignore"))
-    return math.ceil(ascii_chars / 4) + (len(text) - ascii_chars)
 
 
 def _check_request(body: dict[str, Any]) -> tuple[str, str] | None:
