@@ -29,10 +29,11 @@ from typing import Any, Awaitable, Callable, Iterable
 from conductor.context import step_messages
 from conductor.execute.budget import BudgetExhausted, Ledger
 from conductor.execute.cache import Cache, Entry, cache_key
-from conductor.execute.call import (CallFailure, CallRequest, CallResponse, capped_client, complete,
-                                    estimate_tokens, max_prompt_tokens)
+from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
+                                    max_prompt_tokens)
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
+from conductor.execute.openai_http import OpenAIEndpoint
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
 from conductor.execute.failure import StepFailed
@@ -435,13 +436,13 @@ class Executor:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
 
     def _client(self, worker: Worker, api_key: str | None) -> Any:
-        """One OpenAI client per OpenAI-compatible endpoint and key for the run, whose error
-        bodies are cut before litellm reads them (call.capped_client); None: litellm's own."""
+        """One direct client per OpenAI-compatible endpoint and key for the run (a worker
+        with an api_base and an openai/ model); None: litellm's own for other providers."""
         if not worker.api_base or not (worker.model or "").startswith("openai/"):
             return None
         k = (worker.api_base, api_key)
         if k not in self._clients:
-            self._clients[k] = capped_client(worker.api_base, api_key)
+            self._clients[k] = OpenAIEndpoint(worker.api_base, api_key)
         return self._clients[k]
 
     def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:
