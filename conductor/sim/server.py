@@ -45,6 +45,8 @@ class SimLog(RequestLog):
         # repair, unparseable, invalid), so tests can tell which rows were sent.
         self.by_query: Counter[str] = Counter()
         self.by_kind: Counter[str] = Counter()
+        # Tokens of the answers sent (200s), per model: what a provider would bill.
+        self.usage: dict[str, dict[str, int]] = {}
 
     def request(self, body_sha: str, model: str | None) -> None:
         self.total += 1
@@ -63,7 +65,7 @@ class SimLog(RequestLog):
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "by_body": dict(self.by_body),
                 "accepted_times": {m: list(t) for m, t in self.accepted_times.items()},
-                "by_query": dict(self.by_query), "by_kind": dict(self.by_kind)}
+                "by_query": dict(self.by_query), "by_kind": dict(self.by_kind), "usage": self.usage}
 
 
 class SimServer(LocalServer):
@@ -221,6 +223,9 @@ class SimServer(LocalServer):
             log.by_kind[kind] += 1
         if (request_key := request.headers.get("x-conductor-request")) is not None:
             log.by_request_key[request_key] += 1
+        billed = log.usage.setdefault(model, {"prompt_tokens": 0, "completion_tokens": 0})
+        billed["prompt_tokens"] += prompt_tokens
+        billed["completion_tokens"] += completion_tokens
         payload = {
             "id": f"chatcmpl-sim-{request_hash[:24]}",
             "object": "chat.completion",
