@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable
 
 from conductor.context import step_messages
-from conductor.execute.budget import BudgetExhausted, Ledger
+from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
                                     max_prompt_tokens)
@@ -42,6 +42,7 @@ from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
 from conductor.pool import Pool, Worker
 from conductor.progress import Progress
+from conductor.shared import GovernorUnavailable, build_governor
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,8 @@ class Executor:
         self.replanner = replanner
         self.max_depth = max_depth
         self.prices = {w.id: resolve_price(w) for w in pool.workers}
-        self.limiters = {pid: ProviderLimiter(p) for pid, p in pool.providers.items()}
-        self.ledger = Ledger({pid: p.budget_usd for pid, p in pool.providers.items()},
-                             options.run_budget_usd, spent)
+        # In this process, or shared with other processes through the pool's governor URL
+        self.limiters, self.ledger, self._close_governor = build_governor(pool, options.run_budget_usd, spent)
         self._budgeted = {pid for pid, p in pool.providers.items()
                           if p.budget_usd is not None or options.run_budget_usd is not None}
         self._inflight: dict[str, asyncio.Future] = {}
@@ -174,6 +174,8 @@ class Executor:
             await asyncio.wait(set(tasks))
         for client in self._clients.values():
             await client.close()
+        if self._close_governor is not None:
+            await self._close_governor()
         self.progress.close()
         if self._abort is not None:
             raise self._abort
@@ -390,6 +392,8 @@ class Executor:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
                 raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
+            except GovernorUnavailable as e:
+                raise StepFailed("error", f"worker {worker.id}: {e}", kind="connection") from None
             try:
                 rid = self._durably(self.journal.reservation, key, provider.id, worst)  # before sending
             except BaseException:
