@@ -1,7 +1,9 @@
 """Token counts estimated from text, one rule everywhere a count is not reported:
 characters / 4, rounded up. The executor (rate limits, budget reservations, a
-provider that reports no usage), the simulated pool and the replay server (a table
-without recorded usage) all count this way, so their figures agree."""
+provider that reports no usage) and the replay server (a table without recorded
+usage) count this way, so their figures agree. The simulated pool bills as a
+provider's tokenizer would (`tokenizer_tokens`): the same for ASCII text, about a
+token a character for other scripts, which is what budget tests need to see."""
 
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ def estimate_tokens(messages: list[dict[str, str]]) -> int:
     """A prompt's tokens, plus a few of framing per message: cheap, and close enough for
     rate limits and budget reservations, which reconcile afterwards."""
     return sum(tokens_from_chars(len(m.get("content") or "")) + MESSAGE_FRAMING_TOKENS for m in messages)
+
+
+def tokenizer_tokens(text: str) -> int:
+    """Roughly what a BPE tokenizer bills: four ASCII characters a token, and a token
+    for each other character (CJK text is about one token a character)."""
+    ascii_chars = len(text) if text.isascii() else len(text.encode("ascii", "ignore"))
+    return tokens_from_chars(ascii_chars) + (len(text) - ascii_chars)
 
 
 def max_prompt_tokens(messages: list[dict[str, str]]) -> int:

@@ -53,7 +53,9 @@ class CallRequest:
     api_base: str | None = None
     timeout_s: float = 120.0
     request_id: str | None = None  # sent as X-Conductor-Request to OpenAI-compatible endpoints, for tracing
-    client: Any = None  # an OpenAI client for the endpoint (see capped_client), else litellm's own
+    # the endpoint's client for the run: an openai_http.OpenAIEndpoint (sent directly), an
+    # OpenAI client for litellm (see capped_client), or None (litellm's own)
+    client: Any = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class CallResponse:
     cost_usd: float | None = None  # what the server says the call cost (the replay server's recorded cost)
     warning: str | None = None  # reported usage that could not be right (clamped for budgets)
     usage_reported: bool = True  # False: no valid usage in the answer (missing, negative, not a number)
+    rate: Any = None  # x-ratelimit-* headers the provider sent (openai_http.RateHeaders), for the limiter
 
 
 class CallFailure(Exception):
@@ -79,6 +82,7 @@ class CallFailure(Exception):
         self.kind = kind  # rate_limit | server | timeout | connection | auth | client | malformed | other
         self.status = status
         self.retry_after = retry_after
+        self.rate: Any = None  # x-ratelimit-* headers sent with the failure (openai_http.RateHeaders)
 
     @property
     def retryable(self) -> bool:
@@ -86,6 +90,10 @@ class CallFailure(Exception):
 
 
 async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
+    """One attempt. A request whose `client` is a direct OpenAI-compatible client
+    (openai_http.OpenAIEndpoint) goes through it; any other through litellm."""
+    if getattr(req.client, "direct", False):
+        return await req.client.send(req)
     try:
         # timeout_s bounds the whole attempt: the HTTP client's timeout is per read, so a
         # server trickling a byte at a time would hold the call for ever

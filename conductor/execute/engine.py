@@ -27,12 +27,13 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable
 
 from conductor.context import step_messages
-from conductor.execute.budget import BudgetExhausted, Ledger
+from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
-from conductor.execute.call import (CallFailure, CallRequest, CallResponse, capped_client, complete,
-                                    estimate_tokens, max_prompt_tokens)
+from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
+                                    max_prompt_tokens)
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
+from conductor.execute.openai_http import OpenAIEndpoint
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
 from conductor.execute.failure import StepFailed
@@ -41,6 +42,7 @@ from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
 from conductor.pool import Pool, Worker
 from conductor.progress import Progress
+from conductor.shared import GovernorUnavailable, build_governor
 
 
 @dataclass(frozen=True)
@@ -128,9 +130,8 @@ class Executor:
         self.replanner = replanner
         self.max_depth = max_depth
         self.prices = {w.id: resolve_price(w) for w in pool.workers}
-        self.limiters = {pid: ProviderLimiter(p) for pid, p in pool.providers.items()}
-        self.ledger = Ledger({pid: p.budget_usd for pid, p in pool.providers.items()},
-                             options.run_budget_usd, spent)
+        # In this process, or shared with other processes through the pool's governor URL
+        self.limiters, self.ledger, self._close_governor = build_governor(pool, options.run_budget_usd, spent)
         self._budgeted = {pid for pid, p in pool.providers.items()
                           if p.budget_usd is not None or options.run_budget_usd is not None}
         self._inflight: dict[str, asyncio.Future] = {}
@@ -173,6 +174,8 @@ class Executor:
             await asyncio.wait(set(tasks))
         for client in self._clients.values():
             await client.close()
+        if self._close_governor is not None:
+            await self._close_governor()
         self.progress.close()
         if self._abort is not None:
             raise self._abort
@@ -389,6 +392,8 @@ class Executor:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
                 raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
+            except GovernorUnavailable as e:
+                raise StepFailed("error", f"worker {worker.id}: {e}", kind="connection") from None
             try:
                 rid = self._durably(self.journal.reservation, key, provider.id, worst)  # before sending
             except BaseException:
@@ -435,13 +440,13 @@ class Executor:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
 
     def _client(self, worker: Worker, api_key: str | None) -> Any:
-        """One OpenAI client per OpenAI-compatible endpoint and key for the run, whose error
-        bodies are cut before litellm reads them (call.capped_client); None: litellm's own."""
+        """One direct client per OpenAI-compatible endpoint and key for the run (a worker
+        with an api_base and an openai/ model); None: litellm's own for other providers."""
         if not worker.api_base or not (worker.model or "").startswith("openai/"):
             return None
         k = (worker.api_base, api_key)
         if k not in self._clients:
-            self._clients[k] = capped_client(worker.api_base, api_key)
+            self._clients[k] = OpenAIEndpoint(worker.api_base, api_key)
         return self._clients[k]
 
     def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:

@@ -33,6 +33,7 @@ import orjson
 
 from conductor.errors import ConductorError, PoolError
 from conductor.execute.cache import Cache, Entry
+from conductor.shared.cache import open_cache
 from conductor.execute.engine import ExecOptions, Executor, PlanJob, StepFailed
 from conductor.execute.journal import Journal, load_state
 from conductor.planners import prompt as prompts
@@ -233,7 +234,7 @@ class LLMPlanner:
         state = load_state(work)
         journal = Journal(work)
         run_cache = Cache(work / "responses.sqlite")
-        cache = Cache(b.cache_path) if b.cache_path is not None else None
+        cache = open_cache(b.cache_path, exec_pool) if b.cache_path is not None else None
         progress = Progress(label="plan", enabled=b.progress)
         progress.c.plans_total = len(queries) * samples
         ex = Executor(exec_pool, journal, ExecOptions(run_id=b.run_id, refresh=b.refresh,

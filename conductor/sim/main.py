@@ -24,6 +24,7 @@ _FAULT_HELP = {
     "fail_status": "answer every request with this HTTP error status (400-599)",
     "retry_after_ms": "the wait that --rate-limit-rate's 429s ask for (default 1000)",
     "malformed_json": "fraction of structured (JSON record) replies broken: unparseable or schema-invalid",
+    "usage_factor": "reported usage = billed tokens x this (negative or huge to test usage lies; default 1)",
 }
 
 
