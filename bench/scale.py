@@ -60,7 +60,7 @@ def worker(spec_path: str) -> None:
     from conductor.execute.journal import Journal, load_state
     from conductor.plans import Plan, Step
     from conductor.pool import parse_pool
-    from conductor.shared.cache import open_cache
+    from conductor.execute.shared.cache import open_cache
 
     spec = orjson.loads(Path(spec_path).read_bytes())
     pool = parse_pool(pool_doc(spec))
@@ -177,7 +177,7 @@ def main() -> None:
     if a.quick:
         a.calls, a.rpm, a.budget_calls, a.budget, a.cache_calls = 400, 600, 400, 0.02, 100
     sections = a.only or ["shared", "local", "budget", "cache"]
-    from conductor.shared.servers import RedisServer
+    from conductor.execute.shared.servers import RedisServer
     from conductor.sim import start_sim
 
     with tempfile.TemporaryDirectory(prefix="conductor-scale-") as t:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import yaml
@@ -20,6 +21,7 @@ import yaml
 from conductor.errors import PoolError
 
 WORKER_KINDS = ("llm", "function", "planner")
+GOVERNOR_SCHEMES = ("memory", "redis", "rediss")  # where limits and budgets are held (conductor.execute.shared)
 FUNCTION_NAMES = ("vote", "extract")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -77,7 +79,7 @@ class Pool:
     path: str | None = None
     replay: dict[str, Any] | None = None  # set when the workers are served from recorded responses
     # Where limits and budgets are held: None/memory:// in this process, redis://... shared
-    # by every process using it (conductor.shared); CONDUCTOR_GOVERNOR overrides it.
+    # by every process using it (conductor.execute.shared); CONDUCTOR_GOVERNOR overrides it.
     governor: str | None = None
 
     def __post_init__(self) -> None:
@@ -104,6 +106,21 @@ class Pool:
             for w in self.workers
         ]
         return hashlib.sha256(orjson.dumps([ident, self.replay], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ***, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
 def provider_from_model(model: str) -> str:
@@ -135,10 +152,8 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
         if not isinstance(governor, str):
             raise PoolError("governor: must be a URL string (memory://, redis://HOST:PORT/DB)")
         governor = _expand_env(governor, "governor")
-        from conductor.shared.url import SCHEMES, redact
-
-        if governor.split("://", 1)[0] not in SCHEMES or "://" not in governor:
-            raise PoolError(f"governor: {redact(governor)!r} must start with memory://, redis:// or rediss:// "
+        if governor.split("://", 1)[0] not in GOVERNOR_SCHEMES or "://" not in governor:
+            raise PoolError(f"governor: {redact_url(governor)!r} must start with memory://, redis:// or rediss:// "
                             f"(e.g. redis://127.0.0.1:6379/0; a password belongs in ${{VAR}})")
     replay = raw.get("replay")
     if replay is not None and not isinstance(replay, dict):

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.cache import Cache
-from conductor.shared.cache import open_cache
+from conductor.execute.shared.cache import open_cache
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, Executor, PlanJob
 from conductor.execute.journal import Journal, load_state
 from conductor.execute.prices import resolve_price

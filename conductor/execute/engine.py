@@ -42,7 +42,7 @@ from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
 from conductor.pool import Pool, Worker
 from conductor.progress import Progress
-from conductor.shared import GovernorUnavailable, build_governor
+from conductor.execute.shared import GovernorUnavailable, build_governor
 
 
 @dataclass(frozen=True)

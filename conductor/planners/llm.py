@@ -33,7 +33,7 @@ import orjson
 
 from conductor.errors import ConductorError, PoolError
 from conductor.execute.cache import Cache, Entry
-from conductor.shared.cache import open_cache
+from conductor.execute.shared.cache import open_cache
 from conductor.execute.engine import ExecOptions, Executor, PlanJob, StepFailed
 from conductor.execute.journal import Journal, load_state
 from conductor.planners import prompt as prompts

@@ -27,7 +27,7 @@ from typing import AsyncIterator
 from conductor.execute.budget import BudgetExhausted, Ledger, Reservation
 from conductor.execute.limits import _JITTER_S
 from conductor.pool import Provider
-from conductor.shared.url import GovernorUnavailable, redact
+from conductor.execute.shared.url import GovernorUnavailable, redact
 
 log = logging.getLogger("conductor.governor")
 

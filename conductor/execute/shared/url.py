@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from conductor.errors import ConductorError
+from conductor.pool import GOVERNOR_SCHEMES as SCHEMES
+from conductor.pool import redact_url as redact
 from conductor.execute.call import CallFailure
 
 ENV = "CONDUCTOR_GOVERNOR"
-SCHEMES = ("memory", "redis", "rediss")
 
 
 def governor_url(pool_value: str | None) -> str:
@@ -24,21 +25,6 @@ def check(url: str, where: str) -> None:
     if scheme not in SCHEMES:
         raise ConductorError(f"{where}: governor URL {redact(url)!r} must start with memory://, redis:// "
                              f"or rediss:// (e.g. redis://127.0.0.1:6379/0)")
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ***, for messages and logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
 class GovernorUnavailable(CallFailure):

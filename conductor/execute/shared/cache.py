@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 
 from conductor.execute.cache import Cache, Entry
-from conductor.shared.url import redact
+from conductor.execute.shared.url import redact
 
 log = logging.getLogger("conductor.cache")
 ENV = "CONDUCTOR_CACHE"
@@ -64,7 +64,7 @@ class RedisCache:
 def open_cache(default_path: str | Path, pool=None) -> Cache | RedisCache:
     """The shared response cache: CONDUCTOR_CACHE (a redis:// URL or a file path); else, with a
     shared governor, the governor's server; else the SQLite file at `default_path`."""
-    from conductor.shared.url import governor_url
+    from conductor.execute.shared.url import governor_url
 
     url = os.environ.get(ENV)
     if not url:

@@ -5,7 +5,7 @@ The in-process governor (conductor.execute.limits / budget) stays the default;
 a `governor:` URL in the pool file or CONDUCTOR_GOVERNOR chooses this one.
 """
 
-from conductor.shared.url import GovernorUnavailable, governor_url, redact
+from conductor.execute.shared.url import GovernorUnavailable, governor_url, redact
 
 __all__ = ["GovernorUnavailable", "governor_url", "redact"]
 
@@ -22,7 +22,7 @@ def build_governor(pool, run_budget_usd, spent):
     if url.startswith("memory://"):
         return ({pid: ProviderLimiter(p) for pid, p in pool.providers.items()},
                 Ledger({pid: p.budget_usd for pid, p in pool.providers.items()}, run_budget_usd, spent), None)
-    from conductor.shared.governor import RedisGovernor, SharedLedger, SharedLimiter
+    from conductor.execute.shared.governor import RedisGovernor, SharedLedger, SharedLimiter
 
     gov = RedisGovernor(url, os.environ.get("CONDUCTOR_BUDGET_SCOPE") or "default")
     return ({pid: SharedLimiter(gov, p) for pid, p in pool.providers.items()},
