@@ -28,6 +28,7 @@ from conductor import runner
 from conductor.failures import failed_plans, failure_groups, max_failed_share
 from conductor.pool import load_pool
 from conductor.report import markdown_table
+from conductor.stats import run_totals
 from conductor.store import RunDir
 from assets.partitions import query_sets
 from assets.resources import ChecksResource
@@ -129,9 +130,8 @@ def evaluate_spend(run: RunDir, pool_path: Path, run_budget: float | None,
     max_run_usd, and each provider's budget_usd in the pool file (per run, as
     conductor enforces it)."""
     traces = pq.read_table(run.table("traces"), columns=["provider", "cost_usd"])
-    results = pq.read_table(run.table("results"), columns=["cost_usd"])
-    spent = pc.sum(results.column("cost_usd")).as_py() or 0.0
-    unpriced = pc.sum(pc.is_null(results.column("cost_usd"))).as_py() or 0
+    totals = run_totals(run.path)
+    spent, unpriced = totals.cost_usd, totals.plans_without_price
     by_provider = {r["provider"]: r["cost_usd_sum"] or 0.0
                    for r in traces.group_by("provider").aggregate([("cost_usd", "sum")]).to_pylist()}
     caps = [("run budget_usd", run_budget, spent), ("checks max_run_usd", max_run_usd, spent)]

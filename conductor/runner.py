@@ -39,6 +39,7 @@ from conductor.progress import Progress
 from conductor.queries import file_digest, input_columns, load_queries
 from conductor.rewards import RewardScheme, group_advantages, score
 from conductor.store import RunDir, finalize_journal, refresh_catalog, rows_to_table, write_atomic, write_table
+from conductor.stats import run_totals
 
 
 @dataclass
@@ -401,33 +402,28 @@ def _add_advantages(rows: list[dict[str, Any]], eps: float) -> None:
 
 def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     """Summarize the run, store the summary, and refresh the DuckDB catalog."""
-    plans = pq.read_table(run.dir.table("plans"), columns=["valid"])
-    results = pq.read_table(run.dir.table("results"))
-    rewards = pq.read_table(run.dir.table("rewards"), columns=["correct", "reward"])
+    t = run_totals(run.dir.path)
     n_queries = run.queries.num_rows
     planning = sum(load_state(planning_dir(run)).spent.values())  # LLM planners' own calls
-    cost = (pc.sum(results.column("cost_usd")).as_py() or 0.0) + planning
-    unpriced = pc.sum(pc.is_null(results.column("cost_usd"))).as_py()
-    tokens = (pc.sum(results.column("prompt_tokens")).as_py() or 0) + (pc.sum(results.column("completion_tokens")).as_py() or 0)
-    correct = rewards.column("correct").drop_null()
-    statuses = {d["values"]: d["counts"] for d in pc.value_counts(results.column("status")).to_pylist()}
+    cost = t.cost_usd + planning
+    statuses = t.statuses
     manifest = run.dir.read_manifest()
     summary = {
         "run_id": run.dir.run_id,
         "queries": n_queries,
-        "plans": plans.num_rows,
-        "valid_plans": pc.sum(plans.column("valid")).as_py() or 0,
+        "plans": t.plans,
+        "valid_plans": t.valid_plans,
         "statuses": statuses,
-        "calls": pc.sum(results.column("calls")).as_py() or 0,
-        "cache_hits": pc.sum(results.column("cache_hits")).as_py() or 0,
-        "graded": len(correct),
-        "accuracy": (pc.sum(correct).as_py() or 0) / len(correct) if len(correct) else None,
-        "mean_reward": pc.mean(rewards.column("reward")).as_py(),
+        "calls": t.calls,
+        "cache_hits": t.cache_hits,
+        "graded": t.graded,
+        "accuracy": t.accuracy,
+        "mean_reward": t.mean_reward,
         "cost_usd": cost,
         "planning_cost_usd": planning,
         "cost_per_query_usd": cost / n_queries if n_queries else None,
-        "plans_without_price": unpriced,
-        "tokens_per_query": tokens / n_queries if n_queries else None,
+        "plans_without_price": t.plans_without_price,
+        "tokens_per_query": t.tokens / n_queries if n_queries else None,
         "wall_time_s": wall_time_s,
         "spend": manifest.get("spend", []),
         "outputs": str(run.dir.path),

@@ -1,14 +1,68 @@
-"""Statistics over finished runs' files: accuracy and cost per task of one run, and
-per worker and task over every run (the observed skills a pool file can be tuned with)."""
+"""Statistics over finished runs' files: one run's totals (what every summary of a run
+reports: the CLI, the Dagster assets and checks, the evaluation), accuracy and cost per
+task of one run, and per worker and task over every run (the observed skills a pool
+file can be tuned with)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+@dataclass(frozen=True)
+class RunTotals:
+    plans: int
+    valid_plans: int
+    statuses: dict[str, int]
+    calls: int
+    cache_hits: int
+    graded: int  # plans with a verdict (a reference and a task)
+    correct: int
+    mean_reward: float | None
+    cost_usd: float  # the plans' steps; planning calls are counted apart
+    plans_without_price: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.correct / self.graded if self.graded else None
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def run_totals(run_path: Path) -> RunTotals:
+    """The totals of one run, from its plans, results and (once graded) rewards files."""
+    run_path = Path(run_path)
+    plans = pq.read_table(run_path / "plans.parquet", columns=["valid"])
+    results = pq.read_table(run_path / "results.parquet",
+                            columns=["status", "cost_usd", "calls", "cache_hits", "prompt_tokens",
+                                     "completion_tokens"])
+    rewards_path = run_path / "rewards.parquet"  # absent until the run is graded
+    rewards = (pq.read_table(rewards_path, columns=["correct", "reward"]) if rewards_path.exists()
+               else pa.table({"correct": pa.array([], pa.bool_()), "reward": pa.array([], pa.float64())}))
+    correct = rewards.column("correct").drop_null()
+
+    def total(table: pa.Table, column: str) -> Any:
+        return pc.sum(table.column(column)).as_py() or 0
+
+    return RunTotals(
+        plans=plans.num_rows, valid_plans=total(plans, "valid"),
+        statuses={d["values"]: d["counts"] for d in pc.value_counts(results.column("status")).to_pylist()},
+        calls=total(results, "calls"), cache_hits=total(results, "cache_hits"),
+        graded=len(correct), correct=pc.sum(correct).as_py() or 0,
+        mean_reward=pc.mean(rewards.column("reward")).as_py(),
+        cost_usd=float(total(results, "cost_usd")),
+        plans_without_price=pc.sum(pc.is_null(results.column("cost_usd"))).as_py() or 0,
+        prompt_tokens=total(results, "prompt_tokens"), completion_tokens=total(results, "completion_tokens"))
+
 
 BY_TASK = pa.schema([("task", pa.string()), ("plans", pa.int64()), ("graded", pa.int64()),
                      ("accuracy", pa.float64()), ("cost_usd", pa.float64()), ("cost_per_plan_usd", pa.float64())])

@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
@@ -26,6 +25,7 @@ from conductor.errors import ConductorError
 from conductor.evaluation.policies import Policy
 from conductor.pool import Pool
 from conductor.replay.tables import replay_source, replay_workers
+from conductor.stats import run_totals
 
 RUN_DIR = "planner-run"
 _MARKER = ".conductor-eval"
@@ -64,23 +64,20 @@ def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: di
     run_dir = Path(summary["outputs"])
     n = queries.num_rows
     rewards = pq.read_table(run_dir / "rewards.parquet", columns=["query_id", "correct"])
-    results = pq.read_table(run_dir / "results.parquet",
-                            columns=["query_id", "status", "cost_usd", "calls", "prompt_tokens",
-                                     "completion_tokens"])
+    results = pq.read_table(run_dir / "results.parquet", columns=["query_id", "cost_usd"])
     plans = pq.read_table(run_dir / "plans.parquet", columns=["valid", "info_json", "workers"])
-    correct = pc.sum(pc.fill_null(rewards.column("correct"), False)).as_py() or 0
+    totals = run_totals(run_dir)
+    correct = totals.correct
     # Our grader's accuracy is over the queries with a reference; none: there is no figure.
     graded = n - queries.column("reference").null_count
-    cost = pc.sum(results.column("cost_usd")).as_py() or 0.0
-    tokens = ((pc.sum(results.column("prompt_tokens")).as_py() or 0)
-              + (pc.sum(results.column("completion_tokens")).as_py() or 0))
+    cost, tokens = totals.cost_usd, totals.tokens
     infos = [orjson.loads(i) if i else {} for i in plans.column("info_json").to_pylist()]
     shapes = Counter(i.get("template", "invalid") for i in infos)
     policies = Counter(i.get("policy", "prior") for i in infos if i)
     used = Counter(w for ws in plans.column("workers").to_pylist() for w in (ws or ()))
     facts = {
         "run": str(run_dir), "run_id": summary["run_id"], "queries": n, "wall_time_s": round(wall, 2),
-        "valid_plans": pc.sum(plans.column("valid")).as_py() or 0,
+        "valid_plans": totals.valid_plans,
         "shapes": dict(shapes),
         "statuses": summary["statuses"],
         "server_outcomes": log.get("by_outcome", {}),
@@ -97,7 +94,7 @@ def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: di
                                                                rewards.column("correct").to_pylist())
                 if q in has_ref}
     policy = Policy(kind, name or f"embedded planner (pipeline, {n} queries)", correct / graded if graded else None,
-                    None, cost / n, (pc.sum(results.column("calls")).as_py() or 0) / n, tokens / n, n, info=facts,
+                    None, cost / n, totals.calls / n, tokens / n, n, info=facts,
                     graded=graded, outcomes=outcomes)
     return policy, facts
 
