@@ -76,6 +76,9 @@ class Pool:
     providers: dict[str, Provider]
     path: str | None = None
     replay: dict[str, Any] | None = None  # set when the workers are served from recorded responses
+    # Where limits and budgets are held: None/memory:// in this process, redis://... shared
+    # by every process using it (conductor.shared); CONDUCTOR_GOVERNOR overrides it.
+    governor: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {w.id: w for w in self.workers})
@@ -103,6 +106,12 @@ class Pool:
         return hashlib.sha256(orjson.dumps([ident, self.replay], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
+def provider_from_model(model: str) -> str:
+    """The provider a worker without `provider:` belongs to: its model string's prefix
+    (`openai/gpt-4o` -> `openai`), else `default`."""
+    return model.split("/", 1)[0] if model and "/" in model else "default"
+
+
 def load_pool(path: str | os.PathLike) -> Pool:
     p = Path(path)
     if not p.exists():
@@ -120,7 +129,17 @@ def load_pool(path: str | os.PathLike) -> Pool:
 def parse_pool(raw: Any, where: str | None = None) -> Pool:
     if not isinstance(raw, dict):
         raise PoolError("the top level must be a mapping with 'workers' and 'providers'")
-    _no_unknown(raw, {"workers", "providers", "version", "replay"}, "")
+    _no_unknown(raw, {"workers", "providers", "version", "replay", "governor"}, "")
+    governor = raw.get("governor")
+    if governor is not None:
+        if not isinstance(governor, str):
+            raise PoolError("governor: must be a URL string (memory://, redis://HOST:PORT/DB)")
+        governor = _expand_env(governor, "governor")
+        from conductor.shared.url import SCHEMES, redact
+
+        if governor.split("://", 1)[0] not in SCHEMES or "://" not in governor:
+            raise PoolError(f"governor: {redact(governor)!r} must start with memory://, redis:// or rediss:// "
+                            f"(e.g. redis://127.0.0.1:6379/0; a password belongs in ${{VAR}})")
     replay = raw.get("replay")
     if replay is not None and not isinstance(replay, dict):
         raise PoolError("replay: must be a mapping (see `conductor replay --help`)")
@@ -144,7 +163,7 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
     for w in workers:
         if w.provider not in providers:
             providers[w.provider] = Provider(id=w.provider)
-    return Pool(workers=tuple(workers), providers=providers, path=where, replay=replay)
+    return Pool(workers=tuple(workers), providers=providers, path=where, replay=replay, governor=governor)
 
 
 def _provider(pid: Any, cfg: Any) -> Provider:
@@ -193,7 +212,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
             raise PoolError(f"{at}.function: must be one of {', '.join(FUNCTION_NAMES)} (got {function!r})")
     provider = w.get("provider")
     if provider is None:
-        provider = "local" if kind == "function" else (model.split("/", 1)[0] if model and "/" in model else "default")
+        provider = "local" if kind == "function" else provider_from_model(model)
     if not isinstance(provider, str):
         raise PoolError(f"{at}.provider: must be a provider id")
     api_base = w.get("api_base")

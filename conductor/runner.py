@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.cache import Cache
+from conductor.shared.cache import open_cache
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, Executor, PlanJob
 from conductor.execute.journal import Journal, load_state
 from conductor.execute.prices import resolve_price
@@ -247,7 +248,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             replanner = make_replanner(own_planner, run.pool, cfg.max_steps)
     extend = getattr(replanner, "extend_pool", None)
     pool = extend(run.pool) if callable(extend) else run.pool
-    cache = Cache(_cache_path(cfg)) if cfg.cache else None
+    cache = open_cache(_cache_path(cfg), pool) if cfg.cache else None  # SQLite, or the shared server's
     run_cache = Cache(run.dir.work / "responses.sqlite")
     for key, pid, usd in state.unsettled.values():
         if run_cache.get(key) is None:  # sent by a killed process, maybe paid: count it (else claimed below)

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor.tokens import estimate_tokens, max_prompt_tokens, tokens_from_chars  # noqa: F401  (re-exported)
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
@@ -144,7 +146,7 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     if pt is None:
         pt = estimate_tokens(req.messages)
     if ct is None:
-        ct = math.ceil(len(text) / 4)
+        ct = tokens_from_chars(len(text))
     simulated = (getattr(resp, "system_fingerprint", None) == "conductor-sim"
                  or headers.get("llm_provider-x-conductor-simulated") == "1")
     return CallResponse(text, int(pt), int(ct), estimated, simulated, getattr(choice, "finish_reason", None),
@@ -307,16 +309,3 @@ def redact(text: str, *secrets: str | None) -> str:
         if s and len(s) >= 4:
             text = text.replace(s, "***")
     return text
-
-
-def estimate_tokens(messages: list[dict[str, str]]) -> int:
-    """Characters / 4 plus a few tokens of framing per message: cheap, and close
-    enough for rate limits and budget reservations, which reconcile afterwards."""
-    return sum(math.ceil(len(m.get("content") or "") / 4) + 4 for m in messages)
-
-
-def max_prompt_tokens(messages: list[dict[str, str]]) -> int:
-    """An upper bound on a prompt's tokens in any script and tokenizer: its UTF-8
-    bytes (a byte-level tokenizer never makes a token of less than one byte),
-    plus framing per message. For budget reservations, which must not undershoot."""
-    return sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + 8 for m in messages)

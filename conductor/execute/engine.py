@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable
 
 from conductor.context import step_messages
-from conductor.execute.budget import BudgetExhausted, Ledger
+from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
                                     max_prompt_tokens)
@@ -37,11 +37,13 @@ from conductor.execute.limits import ProviderLimiter
 from conductor.execute.openai_http import OpenAIEndpoint
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
+from conductor.execute.failure import StepFailed
 from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
 from conductor.pool import Pool, Worker
 from conductor.progress import Progress
+from conductor.shared import GovernorUnavailable, build_governor
 
 
 @dataclass(frozen=True)
@@ -107,19 +109,6 @@ Replanner = Callable[["Executor", ReplanRequest], Awaitable[Plan]]
 STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
 
 
-class StepFailed(Exception):
-    def __init__(self, status: str, message: str, attempts: int = 0, extra: dict[str, Any] | None = None,
-                 kind: str | None = None, row: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.attempts = attempts
-        self.extra = extra  # row fields for the failed step's trace row (the sub-plan that failed)
-        self.row = row  # the trace row already written for this failure (with what the call cost)
-        # why, as a class: a call failure's kind (connection, timeout, server, rate_limit, auth,
-        # not_found, client, malformed, other), budget, config or plan
-        self.kind = kind or ("budget" if status == "budget_exhausted" else "other")
-
-
 class Aborted(Exception):
     """The run is stopping (a storage error elsewhere): stop this plan without recording it."""
 
@@ -142,9 +131,8 @@ class Executor:
         self.replanner = replanner
         self.max_depth = max_depth
         self.prices = {w.id: resolve_price(w) for w in pool.workers}
-        self.limiters = {pid: ProviderLimiter(p) for pid, p in pool.providers.items()}
-        self.ledger = Ledger({pid: p.budget_usd for pid, p in pool.providers.items()},
-                             options.run_budget_usd, spent)
+        # In this process, or shared with other processes through the pool's governor URL
+        self.limiters, self.ledger, self._close_governor = build_governor(pool, options.run_budget_usd, spent)
         self._budgeted = {pid for pid, p in pool.providers.items()
                           if p.budget_usd is not None or options.run_budget_usd is not None}
         self._inflight: dict[str, asyncio.Future] = {}
@@ -204,6 +192,8 @@ class Executor:
                     self._abort = self._abort or e
         for client in self._clients.values():
             await client.close()
+        if self._close_governor is not None:
+            await self._close_governor()
         self.progress.close()
         if self._abort is not None:
             raise self._abort
@@ -419,8 +409,9 @@ class Executor:
             try:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
-                self.progress.c.budget_blocked += 1
                 raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
+            except GovernorUnavailable as e:
+                raise StepFailed("error", f"worker {worker.id}: {e}", kind="connection") from None
             try:
                 rid = self._durably(self.journal.reservation, key, provider.id, worst)  # before sending
             except BaseException:

@@ -1,0 +1,322 @@
+"""The shared governor on Redis: per provider, requests and tokens per minute,
+calls in flight, Retry-After pauses and USD budgets, held in one server that
+every process and machine uses.
+
+Every decision is one Lua script run on the server, so it is atomic across
+clients without client-side locks, and every clock reading is the server's
+(TIME), so machines' clocks need not agree.
+
+Rates use the generic cell rate algorithm: each request reserves the next slot
+of an even schedule (at most a 1% burst), and sleeps until it. Any 61-second
+window then holds at most the limit, the same pacing as the in-process limiter.
+In-flight slots and budget reservations are leases: a process killed while
+holding one frees the slot when the lease ends, and its reservation is then
+counted as spent at its worst case, so a budget holds even against crashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from typing import AsyncIterator
+
+from conductor.execute.budget import BudgetExhausted, Ledger, Reservation
+from conductor.execute.limits import _JITTER_S
+from conductor.pool import Provider
+from conductor.shared.url import GovernorUnavailable, redact
+
+log = logging.getLogger("conductor.governor")
+
+PREFIX = "conductor:gov"
+
+# KEYS: pause, rpm tat, tpm tat. ARGV: rpm interval, rpm tolerance, tpm interval, tpm tolerance, tokens.
+# Returns {ok, seconds}: ok=0 -> paused (Retry-After) for `seconds`, nothing taken;
+# ok=1 -> a slot is reserved; send after `seconds`.
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local pause = tonumber(redis.call('GET', KEYS[1]) or '0')
+if pause > now then return {0, string.format('%.6f', pause - now)} end
+local delay = 0
+local ri, ti = tonumber(ARGV[1]), tonumber(ARGV[3])
+local rtat, ttat = now, now
+if ri > 0 then
+  rtat = math.max(tonumber(redis.call('GET', KEYS[2]) or '0'), now)
+  delay = math.max(delay, rtat - tonumber(ARGV[2]) - now)
+end
+if ti > 0 then
+  ttat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), now)
+  delay = math.max(delay, ttat - tonumber(ARGV[4]) - now)
+end
+local send = now + delay
+if ri > 0 then
+  redis.call('SET', KEYS[2], string.format('%.6f', math.max(rtat, send) + ri), 'EX', 3600)
+end
+if ti > 0 then
+  redis.call('SET', KEYS[3], string.format('%.6f', math.max(ttat, send) + ti * tonumber(ARGV[5])), 'EX', 3600)
+end
+return {1, string.format('%.6f', delay)}
+"""
+
+# KEYS: tpm tat. ARGV: tpm interval, tokens to give back (negative: charge more).
+_SETTLE_TOKENS = """
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat == 0 then return 0 end
+redis.call('SET', KEYS[1], string.format('%.6f', tat - tonumber(ARGV[1]) * tonumber(ARGV[2])), 'EX', 3600)
+return 1
+"""
+
+# KEYS: pause. ARGV: seconds. The latest resume time wins.
+_PAUSE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local until_ = now + tonumber(ARGV[1])
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if until_ > cur then
+  redis.call('SET', KEYS[1], string.format('%.6f', until_), 'EX', math.ceil(tonumber(ARGV[1])) + 60)
+end
+return 1
+"""
+
+# KEYS: in-flight zset (member -> lease end). ARGV: limit, holder id, lease seconds.
+_ENTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+  redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 60)
+  return 1
+end
+return 0
+"""
+
+# Budget: KEYS: totals hash (spent, reserved), lease zset (id -> end), amounts hash (id -> usd).
+# Expired leases (their process died) are charged in full: the call may have been paid.
+_EXPIRE_LEASES = """
+local function expire(now)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+  for _, id in ipairs(gone) do
+    local amt = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+    redis.call('HINCRBYFLOAT', KEYS[1], 'reserved', -amt)
+    redis.call('HINCRBYFLOAT', KEYS[1], 'spent', amt)
+    redis.call('HDEL', KEYS[3], id)
+    redis.call('ZREM', KEYS[2], id)
+  end
+end
+"""
+
+# ARGV: limit, amount, id, lease seconds. Returns {status, spent, reserved}:
+# 1 reserved; 0 does not fit while others are pending (wait); -1 can never fit.
+_RESERVE = _EXPIRE_LEASES + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+expire(now)
+local spent = tonumber(redis.call('HGET', KEYS[1], 'spent') or '0')
+local reserved = tonumber(redis.call('HGET', KEYS[1], 'reserved') or '0')
+local limit, amount = tonumber(ARGV[1]), tonumber(ARGV[2])
+local status = 0
+if spent + reserved + amount <= limit + 1e-12 then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'reserved', amount)
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[3])
+  redis.call('HSET', KEYS[3], ARGV[3], ARGV[2])
+  status = 1
+elseif spent + amount > limit + 1e-12 or reserved <= 1e-12 then
+  status = -1
+end
+return {status, string.format('%.9f', spent), string.format('%.9f', reserved)}
+"""
+
+# ARGV: id, amount reserved, actual cost. A lease that already expired was charged
+# its full amount: the difference is given back.
+_SETTLE = """
+local amt = redis.call('HGET', KEYS[3], ARGV[1])
+if amt then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HINCRBYFLOAT', KEYS[1], 'reserved', -tonumber(amt))
+  redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(ARGV[3]))
+  return 1
+end
+redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(ARGV[3]) - tonumber(ARGV[2]))
+return 0
+"""
+
+
+class RedisGovernor:
+    """One client and the scripts, shared by a run's limiters and ledger."""
+
+    def __init__(self, url: str, budget_scope: str = "default"):
+        import redis.asyncio as aioredis
+
+        self.url = url
+        self.shown = redact(url)
+        self.budget_scope = budget_scope
+        self.client = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10,
+                                              health_check_interval=30)
+        self.id = uuid.uuid4().hex[:12]
+        self._scripts = {name: self.client.register_script(src) for name, src in (
+            ("acquire", _ACQUIRE), ("settle_tokens", _SETTLE_TOKENS), ("pause", _PAUSE), ("enter", _ENTER),
+            ("reserve", _RESERVE), ("settle", _SETTLE))}
+        self._background: set[asyncio.Task] = set()
+
+    async def run(self, name: str, keys: list[str], args: list) -> list | int:
+        """A script on the server; any failure to reach it is GovernorUnavailable (naming the URL)."""
+        from redis.exceptions import RedisError
+
+        try:
+            return await self._scripts[name](keys=keys, args=args)
+        except (RedisError, OSError, asyncio.TimeoutError) as e:
+            raise GovernorUnavailable(self.url, e) from None
+
+    def later(self, name: str, keys: list[str], args: list) -> None:
+        """Fire and forget (from sync code: a pause, a token refund); a failure is logged, never raised."""
+        async def go() -> None:
+            try:
+                await self.run(name, keys, args)
+            except GovernorUnavailable as e:
+                log.warning("%s", e)
+
+        task = asyncio.get_running_loop().create_task(go())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
+
+    def key(self, *parts: str) -> str:
+        return ":".join((PREFIX, *parts))
+
+
+def _schedule(per_minute: float) -> tuple[float, float]:
+    """(seconds per unit, burst tolerance in seconds): at most a 1% burst, then a rate that
+    keeps any (60 s + jitter) window at or under the limit, as limits.rpm_limiter does."""
+    burst = max(1.0, per_minute / 100.0)
+    rate = max(per_minute - burst, per_minute / 2) / (60.0 + _JITTER_S)
+    interval = 1.0 / rate
+    return interval, (burst - 1.0) * interval
+
+
+class SharedLimiter:
+    """ProviderLimiter's interface (slot, pause, settle_tokens) over the shared governor."""
+
+    def __init__(self, gov: RedisGovernor, provider: Provider):
+        self.gov = gov
+        self.provider = provider
+        pid = provider.id
+        self._keys = [gov.key("pause", pid), gov.key("rpm", pid), gov.key("tpm", pid)]
+        self._inflight_key = gov.key("inflight", pid)
+        self._local = asyncio.Semaphore(provider.max_concurrency)  # no more waiters than slots per process
+        self._rpm = _schedule(provider.rpm) if provider.rpm else (0.0, 0.0)
+        self._tpm = _schedule(provider.tpm) if provider.tpm else (0.0, 0.0)
+        # A slot's lease covers the wait for its send time and the call itself.
+        self._lease = provider.timeout_s + 660.0
+        self._n = 0
+
+    def pause(self, seconds: float) -> None:
+        """A provider's Retry-After holds every process's new calls to it."""
+        self.gov.later("pause", [self._keys[0]], [max(0.0, seconds)])
+
+    @contextlib.asynccontextmanager
+    async def slot(self, tokens: float) -> AsyncIterator[None]:
+        async with self._local:
+            self._n += 1
+            holder = f"{self.gov.id}:{self._n}"
+            await self._enter(holder)
+            try:
+                while True:
+                    ok, wait = await self.gov.run("acquire", self._keys, [
+                        self._rpm[0], self._rpm[1], self._tpm[0], self._tpm[1], max(0.0, tokens)])
+                    wait = float(wait)
+                    if int(ok):
+                        break
+                    await asyncio.sleep(wait)
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    await self.gov.client.zrem(self._inflight_key, holder)
+
+    async def _enter(self, holder: str) -> None:
+        """A slot among the provider's calls in flight across every process (polled: a slot
+        frees within one call's latency)."""
+        pause = 0.005
+        while not int(await self.gov.run("enter", [self._inflight_key],
+                                         [self.provider.max_concurrency, holder, self._lease])):
+            await asyncio.sleep(pause * (0.5 + random.random()))
+            pause = min(0.1, pause * 1.5)
+
+    def settle_tokens(self, estimated: float, actual: float) -> None:
+        if self._tpm[0] and estimated != actual:
+            self.gov.later("settle_tokens", [self._keys[2]], [self._tpm[0], estimated - actual])
+
+
+class SharedReservation(Reservation):
+    def __init__(self, local: Reservation, provider: str, remote_id: str | None):
+        super().__init__(local.caps, local.amount)
+        self.provider = provider
+        self.remote_id = remote_id
+
+
+class SharedLedger(Ledger):
+    """Provider budgets on the server (one total across every process using the same
+    budget scope); the run's own cap stays in this process, as it belongs to one run."""
+
+    def __init__(self, gov: RedisGovernor, providers: dict[str, Provider], run_limit: float | None,
+                 spent: dict[str, float] | None = None):
+        # Locally: the run cap, and spend per provider for the summary (no provider caps:
+        # earlier attempts' spend is already in the server's totals).
+        super().__init__({p: None for p in providers}, run_limit, spent)
+        self.gov = gov
+        self.limits = {p: prov.budget_usd for p, prov in providers.items()}
+        self._lease = {p: prov.timeout_s * prov.max_attempts + 600.0 for p, prov in providers.items()}
+
+    def _keys(self, provider: str) -> list[str]:
+        base = self.gov.key("budget", self.gov.budget_scope, provider)
+        return [base, base + ":leases", base + ":amounts"]
+
+    async def reserve(self, provider: str, amount: float) -> Reservation:
+        local = await super().reserve(provider, amount)
+        limit = self.limits.get(provider)
+        if limit is None:
+            return SharedReservation(local, provider, None)
+        rid = f"{self.gov.id}:{uuid.uuid4().hex[:12]}"
+        pause = 0.02
+        try:
+            while True:
+                status, spent, reserved = await self.gov.run(
+                    "reserve", self._keys(provider), [limit, amount, rid, self._lease[provider]])
+                if int(status) == 1:
+                    return SharedReservation(local, provider, rid)
+                if int(status) == -1:
+                    raise BudgetExhausted(f"provider {provider} (shared)", limit, float(spent), amount)
+                await asyncio.sleep(pause * (0.5 + random.random()))
+                pause = min(0.5, pause * 1.5)
+        except BaseException:
+            await super().settle(local, 0.0)
+            raise
+
+    async def settle(self, r: Reservation, actual: float) -> None:
+        """Never raises for the server: an answer in hand is kept. A settle that cannot reach
+        the server leaves the lease to expire, which charges it in full (the safe side)."""
+        if r.settled:
+            return
+        if isinstance(r, SharedReservation) and r.remote_id is not None:
+            try:
+                await self.gov.run("settle", self._keys(r.provider), [r.remote_id, r.amount, actual])
+            except GovernorUnavailable as e:
+                log.warning("%s: a reservation of $%.6f will be charged in full when its lease ends", e, r.amount)
+        await super().settle(r, actual)
+
+    async def shared_spend(self, provider: str) -> tuple[float, float]:
+        """(spent, reserved) on the server for a provider, in this budget scope."""
+        vals = await self.gov.client.hmget(self._keys(provider)[0], ["spent", "reserved"])
+        return tuple(float(v or 0) for v in vals)  # type: ignore[return-value]
