@@ -130,7 +130,11 @@ class Cache:
         return self._db.execute("SELECT count(*) FROM responses").fetchone()[0]
 
     def close(self) -> None:
+        """Commit what is pending and close; a commit that fails here (the disk is full)
+        is dropped: the run already stops on that storage error."""
         try:
             self.flush()
+        except (OSError, sqlite3.DatabaseError):
+            pass
         finally:
             self._db.close()

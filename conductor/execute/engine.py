@@ -184,10 +184,10 @@ class Executor:
             t.add_done_callback(done)
         while tasks:
             await asyncio.wait(set(tasks))
-        for cache in (self.run_cache, self.cache):  # the last loop turn's answers
-            if cache is not None:
+        for store in (self.run_cache, self.cache, self.journal):  # the last loop turn's answers and rows
+            if store is not None:
                 try:
-                    self._durably(cache.flush)
+                    self._durably(store.flush)
                 except STORAGE_ERRORS as e:
                     self._abort = self._abort or e
         for client in self._clients.values():
