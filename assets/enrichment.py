@@ -47,11 +47,11 @@ from conductor.errors import ConductorError
 from conductor.pool import load_pool
 from conductor.report import markdown_table
 from conductor.store import refresh_catalog, write_table
-from pipelines.checks import evaluate_unique_ids
-from pipelines.concurrency import POOLS_TAG, hold_pools, provider_pools
-from pipelines.metadata import table_metadata
-from pipelines.partitions import days
-from pipelines.resources import StorageResource
+from assets.checks import evaluate_unique_ids
+from assets.concurrency import POOLS_TAG, hold_pools, provider_pools
+from assets.metadata import table_metadata
+from assets.partitions import days
+from assets.resources import StorageResource
 
 GROUP = "enrichment"
 PREFIX = "enrich"

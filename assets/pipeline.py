@@ -12,7 +12,6 @@ backfill) resumes the same run instead of paying for it twice.
 from pathlib import Path
 from typing import Optional
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -30,15 +29,15 @@ from dagster import (
 )
 from pydantic import Field
 
-from conductor import runner
+from conductor import runner, stats
 from conductor.errors import ConductorError
 from conductor.report import summary_markdown
 from conductor.store import refresh_catalog, write_table
-from pipelines.charts import accuracy_cost_chart
-from pipelines.concurrency import POOLS_TAG, hold_pools, planner_pools, provider_pools
-from pipelines.metadata import png_markdown, rows_metadata, table_metadata
-from pipelines.partitions import query_sets
-from pipelines.resources import PlannerResource, PoolResource, QueryFilesResource, StorageResource
+from assets.charts import accuracy_cost_chart
+from assets.concurrency import POOLS_TAG, hold_pools, planner_pools, provider_pools
+from assets.metadata import png_markdown, rows_metadata, table_metadata
+from assets.partitions import query_sets
+from assets.resources import PlannerResource, PoolResource, QueryFilesResource, StorageResource
 
 GROUP = "conductor"
 
@@ -138,31 +137,15 @@ def rewards(executions: runner.RunConfig) -> Output[runner.RunConfig]:
     })
 
 
-BY_TASK = pa.schema([("task", pa.string()), ("plans", pa.int64()), ("graded", pa.int64()),
-                     ("accuracy", pa.float64()), ("cost_usd", pa.float64()), ("cost_per_plan_usd", pa.float64())])
-
-
-def by_task(rewards_path: Path) -> list[dict]:
-    t = pq.read_table(rewards_path, columns=["task", "correct", "cost_usd"])
-    t = t.set_column(0, "task", pc.fill_null(t.column("task"), "none"))
-    t = t.append_column("correct_i", pc.cast(t.column("correct"), pa.int64()))
-    g = t.group_by("task").aggregate([("task", "count"), ("correct", "count"), ("correct_i", "mean"),
-                                      ("cost_usd", "sum")]).sort_by("task")
-    return [{"task": r["task"], "plans": r["task_count"], "graded": r["correct_count"],
-             "accuracy": r["correct_i_mean"], "cost_usd": r["cost_usd_sum"],
-             "cost_per_plan_usd": (r["cost_usd_sum"] or 0.0) / r["task_count"]}
-            for r in g.to_pylist()]
-
-
 @asset(partitions_def=query_sets, group_name=GROUP,
        description="The run's summary and accuracy/cost chart; refreshes the DuckDB catalog over all runs.")
 def run_report(rewards: runner.RunConfig) -> Output[dict]:
     run = runner.prepare(rewards)
     summary = runner.report_stage(run)
-    rows = by_task(run.dir.table("rewards"))
+    rows = stats.by_task(run.dir.table("rewards"))
     chart = accuracy_cost_chart(rows, run.dir.path / "report.png", f"run {run.dir.run_id}")
     return Output(summary, metadata={
-        **rows_metadata(rows, BY_TASK),
+        **rows_metadata(rows, stats.BY_TASK),
         "summary": MetadataValue.md(summary_markdown(summary)),
         "chart": png_markdown(chart, "accuracy and cost by task"),
         "chart_path": MetadataValue.path(str(chart)),
@@ -177,29 +160,6 @@ class EnrichSettings(Config):
     min_plans: int = Field(default=1, ge=1, description="leave out worker/task pairs seen in fewer plans")
 
 
-WORKER_STATS = pa.schema([
-    ("worker", pa.string()), ("provider", pa.string()), ("task", pa.string()), ("plans", pa.int64()),
-    ("steps", pa.int64()), ("accuracy_when_used", pa.float64()), ("cost_usd", pa.float64()),
-    ("mean_latency_s", pa.float64()), ("error_rate", pa.float64())])
-
-_WORKER_STATS_SQL = """
-WITH used AS (
-    SELECT run_id, plan_id, worker, any_value(provider) AS provider, count(*) AS steps,
-           sum(cost_usd) AS cost_usd,
-           avg(latency_s) FILTER (WHERE NOT coalesce(cache_hit, false)) AS latency_s,
-           count(*) FILTER (WHERE status NOT IN ('ok', 'skipped')) AS errors
-    FROM read_parquet({traces}, union_by_name = true)
-    WHERE worker IS NOT NULL AND status <> 'skipped'
-    GROUP BY run_id, plan_id, worker)
-SELECT u.worker, u.provider, coalesce(r.task, 'none') AS task, count(*) AS plans, sum(u.steps) AS steps,
-       avg(r.correct::INTEGER) AS accuracy_when_used, sum(u.cost_usd) AS cost_usd,
-       avg(u.latency_s) AS mean_latency_s, sum(u.errors) / sum(u.steps) AS error_rate
-FROM used u JOIN read_parquet({rewards}, union_by_name = true) r USING (run_id, plan_id)
-GROUP BY ALL HAVING count(*) >= {min_plans}
-ORDER BY u.worker, task
-"""
-
-
 @asset(deps=[run_report], group_name=GROUP,
        description="Per worker and task, over every run: plans, accuracy when used, cost, latency and error "
                    "rate; the observed skills to set in the pool file. Refreshes the DuckDB catalog.")
@@ -207,12 +167,7 @@ def worker_stats(config: EnrichSettings, storage: StorageResource) -> Materializ
     data = Path(storage.data_dir).resolve()
     catalog = refresh_catalog(data)
     runs = data / "runs"
-    table = WORKER_STATS.empty_table()
-    if any(runs.glob("*/traces.parquet")) and any(runs.glob("*/rewards.parquet")):
-        sql = _WORKER_STATS_SQL.format(traces=_sql_str(runs / "*" / "traces.parquet"),
-                                       rewards=_sql_str(runs / "*" / "rewards.parquet"), min_plans=int(config.min_plans))
-        with duckdb.connect(":memory:") as con:
-            table = con.execute(sql).to_arrow_table().cast(WORKER_STATS)
+    table = stats.worker_stats(runs, int(config.min_plans))
     out = data / "enrichment" / "worker_stats.parquet"
     write_table(out, table)
     return MaterializeResult(metadata={
@@ -221,7 +176,3 @@ def worker_stats(config: EnrichSettings, storage: StorageResource) -> Materializ
         "cost_usd": pc.sum(table.column("cost_usd")).as_py() or 0.0,
         "catalog": MetadataValue.path(str(catalog)),
     })
-
-
-def _sql_str(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"

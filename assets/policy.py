@@ -16,7 +16,7 @@ from pydantic import Field
 
 from conductor.policy.training import TrainConfig, runs_for_pool, train
 from conductor.pool import load_pool
-from pipelines.resources import PoolResource, StorageResource
+from assets.resources import PoolResource, StorageResource
 
 
 class PolicySettings(Config):

@@ -118,7 +118,7 @@ def run_job_child(job: Path, data: Path) -> dict:
 
 def validation_alone(job_path: Path, queries: pa.Table) -> dict:
     """Parse, validate and type the replies the sim would send, without HTTP or the executor."""
-    from conductor.enrich.records import RecordChecker, typed_columns
+    from conductor.records import RecordChecker, typed_columns
     from conductor.sim.index import Known
     from conductor.sim.structured import StructuredRequest, record_reply
 

@@ -139,8 +139,8 @@ def budget_case(sim, tmp: Path, governor: str, a, offset: int) -> dict:
     base = {"url": sim.url, "concurrency": a.concurrency, "governor": governor, "budget": a.budget}
     outs = run_workers(specs_for(base, a.workers, a.budget_calls, offset, tmp, "budget"), tmp)
     log = sim._call("GET", "/admin/log")
-    use = log["usage"].get(MODEL, {"prompt_tokens": 0, "completion_tokens": 0})
-    spend = use["prompt_tokens"] * PRICE["input_per_mtok"] / 1e6 + use["completion_tokens"] * PRICE["output_per_mtok"] / 1e6
+    prompt_tokens, completion_tokens = log["billed_tokens"].get(MODEL, [0, 0])
+    spend = prompt_tokens * PRICE["input_per_mtok"] / 1e6 + completion_tokens * PRICE["output_per_mtok"] / 1e6
     statuses: dict[str, int] = {}
     for o in outs:
         for k, v in o["statuses"].items():

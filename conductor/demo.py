@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from conductor.cli.run import format_summary
+from conductor.cli.render import run_summary
 from conductor.runner import RunConfig, run_all
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["CONDUCTOR_SIM_URL"] = sim.url  # the demo pool's api_base reads it
         summary = run_all(RunConfig(queries=args.queries, pool=args.pool, data_dir=args.data_dir))
     print()
-    print(format_summary(summary))
+    print(run_summary(summary))
     print("\nAccuracy and cost per task (conductor sql):")
     from conductor.cli import main as cli
 

@@ -164,7 +164,7 @@ class ServerHandle:
         return self._call("GET", "/admin/log")
 
     def reset(self) -> None:
-        """Clear the request log (POST /admin/reset)."""
+        """Clear the request log, and the simulated pool's rpm windows (POST /admin/reset)."""
         self._call("POST", "/admin/reset")
 
     def stdout(self) -> str:

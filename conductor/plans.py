@@ -43,6 +43,18 @@ CONDITIONS = ("disagree", "no_majority")
 
 
 @dataclass(frozen=True)
+class Query:
+    """One row of a query set: what a planner plans for and a plan answers."""
+
+    query_id: str
+    prompt: str
+    task: str | None = None
+    reference: str | None = None
+    metadata: str | None = None
+    index: int = 0  # row position in the query set, for stable output order
+
+
+@dataclass(frozen=True)
 class Condition:
     kind: str  # disagree | no_majority
     steps: tuple[int, ...]

@@ -106,6 +106,12 @@ class Pool:
         return hashlib.sha256(orjson.dumps([ident, self.replay], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
+def provider_from_model(model: str) -> str:
+    """The provider a worker without `provider:` belongs to: its model string's prefix
+    (`openai/gpt-4o` -> `openai`), else `default`."""
+    return model.split("/", 1)[0] if model and "/" in model else "default"
+
+
 def load_pool(path: str | os.PathLike) -> Pool:
     p = Path(path)
     if not p.exists():
@@ -206,7 +212,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
             raise PoolError(f"{at}.function: must be one of {', '.join(FUNCTION_NAMES)} (got {function!r})")
     provider = w.get("provider")
     if provider is None:
-        provider = "local" if kind == "function" else (model.split("/", 1)[0] if model and "/" in model else "default")
+        provider = "local" if kind == "function" else provider_from_model(model)
     if not isinstance(provider, str):
         raise PoolError(f"{at}.provider: must be a provider id")
     api_base = w.get("api_base")

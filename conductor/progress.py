@@ -20,7 +20,6 @@ class Counters:
     cache_hits: int = 0
     errors: int = 0
     retries: int = 0
-    budget_blocked: int = 0
     usd: float = 0.0
     started: float = field(default_factory=time.monotonic)
 

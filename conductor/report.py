@@ -1,5 +1,5 @@
-"""Small renderings of outputs for humans: Markdown previews and summaries,
-used by the CLI and as Dagster metadata."""
+"""Small renderings of outputs for humans: Markdown tables, previews and summaries,
+shown as Dagster metadata (the CLI's own summaries are in conductor/cli/render.py)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,6 @@ def preview(path: Path, columns: Sequence[str], n: int = 5) -> str:
     f = pq.ParquetFile(path)
     batch = next(f.iter_batches(batch_size=n, columns=list(columns)), None)
     return markdown_table(batch.to_pylist() if batch is not None else [], columns)
-
-
-def schema_markdown(path: Path) -> str:
-    schema = pq.read_schema(path)
-    return markdown_table([{"column": f.name, "type": str(f.type)} for f in schema])
 
 
 def summary_markdown(s: dict[str, Any]) -> str:

@@ -1,129 +1,191 @@
-"""The output tables' schemas, in one place: the writers use them, the README
-documents them, and the tests check files against them."""
+"""The output tables, each declared once: per column its name, type and meaning.
+
+A `Table` generates everything else from that declaration: the Arrow schema the
+writers use, the DuckDB types the journal is read back with, a typed record
+(`Table.record`, a frozen dataclass whose fields are the columns, all optional)
+and the README's schema tables (`python -m conductor.schemas`). The tests check
+the README, the written files and the catalog's views against these."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Iterable, Optional
 
 import pyarrow as pa
 
-TS = pa.timestamp("us", tz="UTC")
 
-PLANS = pa.schema([
-    ("run_id", pa.string()), ("plan_id", pa.string()), ("query_id", pa.string()),
-    ("query_index", pa.int64()), ("sample", pa.int32()), ("task", pa.string()),
-    ("planner", pa.string()), ("template_version", pa.string()),
-    ("planner_prompt", pa.string()), ("raw_text", pa.string()),
-    ("valid", pa.bool_()), ("error", pa.string()),
-    ("steps_json", pa.string()), ("n_steps", pa.int32()), ("workers", pa.list_(pa.string())),
-    ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-    ("logprob", pa.float64()), ("propensity", pa.float64()), ("info_json", pa.string()),
+@dataclass(frozen=True)
+class ColumnType:
+    arrow: pa.DataType
+    duckdb: str
+    python: Any
+
+
+TS_TYPE = pa.timestamp("us", tz="UTC")
+STR = ColumnType(pa.string(), "VARCHAR", str)
+I64 = ColumnType(pa.int64(), "BIGINT", int)
+I32 = ColumnType(pa.int32(), "INTEGER", int)
+BOOL = ColumnType(pa.bool_(), "BOOLEAN", bool)
+F64 = ColumnType(pa.float64(), "DOUBLE", float)
+TS = ColumnType(TS_TYPE, "TIMESTAMPTZ", datetime.datetime)
+STRS = ColumnType(pa.list_(pa.string()), "VARCHAR[]", list)
+_BY_ARROW = {t.arrow: t for t in (STR, I64, I32, BOOL, F64, TS, STRS)}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: ColumnType
+    doc: str
+
+
+class Table:
+    """One output table's columns, and what is generated from them."""
+
+    def __init__(self, name: str, columns: Iterable[Column]):
+        self.name = name
+        self.columns = tuple(columns)
+        self.names = tuple(c.name for c in self.columns)
+        self.schema = pa.schema([(c.name, c.type.arrow) for c in self.columns])
+        self.record = make_dataclass(
+            "".join(p.title() for p in name.split()) + "Row",
+            [(c.name, Optional[c.type.python], field(default=None)) for c in self.columns], frozen=True)
+
+    def column(self, name: str) -> Column:
+        return next(c for c in self.columns if c.name == name)
+
+    def duckdb_types(self) -> dict[str, str]:
+        return {c.name: c.type.duckdb for c in self.columns}
+
+    def docs(self) -> dict[str, str]:
+        return {c.name: c.doc for c in self.columns}
+
+    def markdown(self) -> str:
+        rows = [f"| `{c.name}` | `{c.type.arrow}` | {c.doc} |" for c in self.columns]
+        return f"#### `{self.name}`\n\n| column | type | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n"
+
+
+PLANS_TABLE = Table("plans", [
+    Column('run_id', STR, 'the run'),
+    Column('plan_id', STR, '`<query_id>#<sample>`'),
+    Column('query_id', STR, 'the query'),
+    Column('query_index', I64, 'row of the query in its set'),
+    Column('sample', I32, '0..K-1'),
+    Column('task', STR, 'grader of the query'),
+    Column('planner', STR, 'embedded, vllm or llm'),
+    Column('template_version', STR, "version of the planner's prompt or templates"),
+    Column('planner_prompt', STR, 'what an LLM planner was asked (null for the embedded planner)'),
+    Column('raw_text', STR, "the planner's output, verbatim"),
+    Column('valid', BOOL, 'the plan parsed and validated'),
+    Column('error', STR, 'why it did not'),
+    Column('steps_json', STR, 'the validated plan, normalized JSON'),
+    Column('n_steps', I32, 'number of steps'),
+    Column('workers', STRS, 'worker of each step'),
+    Column('prompt_tokens', I64, 'planner prompt tokens (LLM planners)'),
+    Column('completion_tokens', I64, 'planner completion tokens'),
+    Column('logprob', F64, 'cumulative log-probability of the completion (LLM planners)'),
+    Column('propensity', F64, 'probability of this plan under the policy (embedded planner)'),
+    Column('info_json', STR, 'planner-specific details (template, expected accuracy and cost, finish reason)'),
 ])
 
-TRACES = pa.schema([
-    ("run_id", pa.string()), ("plan_id", pa.string()), ("query_id", pa.string()),
-    ("query_index", pa.int64()), ("sample", pa.int32()),
-    ("step", pa.int32()), ("step_path", pa.string()), ("depth", pa.int32()),
-    ("worker", pa.string()), ("model", pa.string()), ("provider", pa.string()),
-    ("status", pa.string()), ("error", pa.string()), ("attempts", pa.int32()), ("cache_hit", pa.bool_()),
-    ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("usage_estimated", pa.bool_()),
-    ("cost_usd", pa.float64()), ("original_cost_usd", pa.float64()), ("latency_s", pa.float64()),
-    ("started_at", TS), ("ended_at", TS),
-    ("instruction", pa.string()), ("when", pa.string()), ("response_text", pa.string()),
-    ("simulated", pa.bool_()),
-    ("request_key", pa.string()), ("sub_plan", pa.string()), ("failure", pa.string()),
+TRACES_TABLE = Table("traces", [
+    Column('run_id', STR, 'the run'),
+    Column('plan_id', STR, 'the plan'),
+    Column('query_id', STR, 'the query'),
+    Column('query_index', I64, 'row of the query'),
+    Column('sample', I32, "the plan's sample"),
+    Column('step', I32, 'top-level step index'),
+    Column('step_path', STR, '`2`, or `2.0` for step 0 of the workflow that step 2 re-planned'),
+    Column('depth', I32, 're-planning depth (0 at top level)'),
+    Column('worker', STR, 'worker id'),
+    Column('model', STR, 'litellm model string'),
+    Column('provider', STR, 'provider id'),
+    Column('status', STR, 'ok, error, budget_exhausted or skipped (its condition was false, or an earlier step '
+                          'failed)'),
+    Column('error', STR, 'what went wrong; for a skipped step, why (`condition disagree(0, 1) is false: steps 0, 1 '
+                         'agree`)'),
+    Column('attempts', I32, 'requests sent for this step (0: cache hit, restored, or not sent)'),
+    Column('cache_hit', BOOL, 'answered from the cache'),
+    Column('prompt_tokens', I64, 'as reported by the provider'),
+    Column('completion_tokens', I64, 'as reported by the provider'),
+    Column('usage_estimated', BOOL, 'tokens estimated (chars/4)'),
+    Column('cost_usd', F64, 'paid for this step (0 for a cache hit or a step skipped by its condition, null when the '
+                            'price is unknown)'),
+    Column('original_cost_usd', F64, 'what the answer cost when it was first paid for'),
+    Column('latency_s', F64, 'duration of the successful request'),
+    Column('started_at', TS, 'step start (UTC)'),
+    Column('ended_at', TS, 'step end (UTC)'),
+    Column('instruction', STR, "the step's instruction"),
+    Column('when', STR, "the step's condition, e.g. `disagree(0, 1)` (null: the step always runs)"),
+    Column('response_text', STR, "the worker's output"),
+    Column('simulated', BOOL, 'answered by the simulated pool (`conductor sim`); false for replayed answers, which '
+                              'are real recorded outputs'),
+    Column('request_key', STR, 'cache key: hash of model, api_base, messages and sampling parameters'),
+    Column('sub_plan', STR, 'the workflow a re-planning step ran, as JSON'),
+    Column('failure', STR, "a failed step's kind of failure: connection, timeout, server, rate_limit (a rerun retries"
+                           ' these), budget, auth, not_found, client, malformed, config, other'),
 ])
 
-RESULTS = pa.schema([
-    ("run_id", pa.string()), ("plan_id", pa.string()), ("query_id", pa.string()),
-    ("query_index", pa.int64()), ("sample", pa.int32()),
-    ("status", pa.string()), ("final_answer", pa.string()), ("error", pa.string()),
-    ("cost_usd", pa.float64()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-    ("calls", pa.int32()), ("cache_hits", pa.int32()), ("wall_time_s", pa.float64()),
-    ("started_at", TS), ("ended_at", TS),
+RESULTS_TABLE = Table("results", [
+    Column('run_id', STR, 'the run'),
+    Column('plan_id', STR, 'the plan'),
+    Column('query_id', STR, 'the query'),
+    Column('query_index', I64, 'row of the query'),
+    Column('sample', I32, "the plan's sample"),
+    Column('status', STR, 'ok, error, budget_exhausted or invalid_plan'),
+    Column('final_answer', STR, 'output of the last step that ran (steps skipped by their condition do not count)'),
+    Column('error', STR, 'first error of the plan'),
+    Column('cost_usd', F64, "sum over the plan's steps (null if any price is unknown)"),
+    Column('prompt_tokens', I64, 'sum over steps'),
+    Column('completion_tokens', I64, 'sum over steps'),
+    Column('calls', I32, 'steps that sent a request'),
+    Column('cache_hits', I32, 'steps answered from the cache'),
+    Column('wall_time_s', F64, 'plan start to end'),
+    Column('started_at', TS, 'UTC'),
+    Column('ended_at', TS, 'UTC'),
 ])
 
-REWARDS = pa.schema([
-    ("run_id", pa.string()), ("plan_id", pa.string()), ("query_id", pa.string()),
-    ("query_index", pa.int64()), ("sample", pa.int32()), ("task", pa.string()),
-    ("status", pa.string()), ("reference", pa.string()), ("answer", pa.string()),
-    ("parsed", pa.bool_()), ("correct", pa.bool_()), ("reward", pa.float64()),
-    ("advantage", pa.float64()), ("cost_usd", pa.float64()),
+REWARDS_TABLE = Table("rewards", [
+    Column('run_id', STR, 'the run'),
+    Column('plan_id', STR, 'the plan'),
+    Column('query_id', STR, 'the query'),
+    Column('query_index', I64, 'row of the query'),
+    Column('sample', I32, "the plan's sample"),
+    Column('task', STR, 'grader used'),
+    Column('status', STR, "the plan's status"),
+    Column('reference', STR, 'gold answer from the query set'),
+    Column('answer', STR, 'the extracted final answer'),
+    Column('parsed', BOOL, 'an answer could be extracted'),
+    Column('correct', BOOL, 'the answer matches the reference'),
+    Column('reward', F64, '1 correct, 0.5 parsed but wrong, 0 otherwise, minus the cost penalty; null if not graded'),
+    Column('advantage', F64, "(reward - group mean) / (group std + 1e-4) over the query's K plans"),
+    Column('cost_usd', F64, "the plan's cost"),
 ])
 
-TABLES = {"plans": PLANS, "traces": TRACES, "results": RESULTS, "rewards": REWARDS}
+
+# A plan's line in the run's journal (work/plans.jsonl), which results.parquet is built from.
+PLAN_LINE = Table("journal plan line", [
+    *(RESULTS_TABLE.column(n) for n in ("run_id", "plan_id", "query_id", "query_index", "sample", "status",
+                                        "final_answer", "error", "calls", "cache_hits", "started_at", "ended_at",
+                                        "wall_time_s")),
+    Column("failure", STR, "the plan's kind of failure; a rerun retries the transient ones"),
+])
+
+RECORDS = {t.name: t for t in (PLANS_TABLE, TRACES_TABLE, RESULTS_TABLE, REWARDS_TABLE)}
+TABLES = {name: t.schema for name, t in RECORDS.items()}
+PLANS, TRACES, RESULTS, REWARDS = (t.schema for t in RECORDS.values())
+DOCS = {name: t.docs() for name, t in RECORDS.items()}
 
 
 def duckdb_columns(schema: pa.Schema) -> dict[str, str]:
-    """The same schema as DuckDB type names, for reading the JSON journal."""
-    names = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.bool_(): "BOOLEAN",
-             pa.float64(): "DOUBLE", TS: "TIMESTAMPTZ", pa.list_(pa.string()): "VARCHAR[]"}
-    return {f.name: names[f.type] for f in schema}
-
-
-DOCS = {
-    "plans": {
-        "run_id": "the run", "plan_id": "`<query_id>#<sample>`", "query_id": "the query",
-        "query_index": "row of the query in its set", "sample": "0..K-1", "task": "grader of the query",
-        "planner": "embedded, vllm or llm", "template_version": "version of the planner's prompt or templates",
-        "planner_prompt": "what an LLM planner was asked (null for the embedded planner)",
-        "raw_text": "the planner's output, verbatim", "valid": "the plan parsed and validated",
-        "error": "why it did not", "steps_json": "the validated plan, normalized JSON",
-        "n_steps": "number of steps", "workers": "worker of each step",
-        "prompt_tokens": "planner prompt tokens (LLM planners)", "completion_tokens": "planner completion tokens",
-        "logprob": "cumulative log-probability of the completion (LLM planners)",
-        "propensity": "probability of this plan under the policy (embedded planner)",
-        "info_json": "planner-specific details (template, expected accuracy and cost, finish reason)",
-    },
-    "traces": {
-        "run_id": "the run", "plan_id": "the plan", "query_id": "the query", "query_index": "row of the query",
-        "sample": "the plan's sample", "step": "top-level step index",
-        "step_path": "`2`, or `2.0` for step 0 of the workflow that step 2 re-planned",
-        "depth": "re-planning depth (0 at top level)", "worker": "worker id", "model": "litellm model string",
-        "provider": "provider id",
-        "status": "ok, error, budget_exhausted or skipped (its condition was false, or an earlier step failed)",
-        "error": "what went wrong; for a skipped step, why (`condition disagree(0, 1) is false: steps 0, 1 agree`)",
-        "attempts": "requests sent for this step (0: cache hit, restored, or not sent)",
-        "cache_hit": "answered from the cache", "prompt_tokens": "as reported by the provider",
-        "completion_tokens": "as reported by the provider", "usage_estimated": "tokens estimated (chars/4)",
-        "cost_usd": ("paid for this step (0 for a cache hit or a step skipped by its condition, "
-                     "null when the price is unknown)"),
-        "original_cost_usd": "what the answer cost when it was first paid for",
-        "latency_s": "duration of the successful request", "started_at": "step start (UTC)",
-        "ended_at": "step end (UTC)", "instruction": "the step's instruction",
-        "when": "the step's condition, e.g. `disagree(0, 1)` (null: the step always runs)",
-        "response_text": "the worker's output", "simulated": "answered by the simulated or replay pool",
-        "request_key": "cache key: hash of model, api_base, messages and sampling parameters",
-        "sub_plan": "the workflow a re-planning step ran, as JSON",
-        "failure": "a failed step's kind of failure: connection, timeout, server, rate_limit (a rerun retries "
-                   "these), budget, auth, not_found, client, malformed, config, other",
-    },
-    "results": {
-        "run_id": "the run", "plan_id": "the plan", "query_id": "the query", "query_index": "row of the query",
-        "sample": "the plan's sample", "status": "ok, error, budget_exhausted or invalid_plan",
-        "final_answer": "output of the last step that ran (steps skipped by their condition do not count)",
-        "error": "first error of the plan",
-        "cost_usd": "sum over the plan's steps (null if any price is unknown)",
-        "prompt_tokens": "sum over steps", "completion_tokens": "sum over steps",
-        "calls": "steps that sent a request", "cache_hits": "steps answered from the cache",
-        "wall_time_s": "plan start to end", "started_at": "UTC", "ended_at": "UTC",
-    },
-    "rewards": {
-        "run_id": "the run", "plan_id": "the plan", "query_id": "the query", "query_index": "row of the query",
-        "sample": "the plan's sample", "task": "grader used", "status": "the plan's status",
-        "reference": "gold answer from the query set", "answer": "the extracted final answer",
-        "parsed": "an answer could be extracted", "correct": "the answer matches the reference",
-        "reward": "1 correct, 0.5 parsed but wrong, 0 otherwise, minus the cost penalty; null if not graded",
-        "advantage": "(reward - group mean) / (group std + 1e-4) over the query's K plans",
-        "cost_usd": "the plan's cost",
-    },
-}
+    """A schema's columns as DuckDB type names, for reading the JSON journal."""
+    return {f.name: _BY_ARROW[f.type].duckdb for f in schema}
 
 
 def markdown() -> str:
-    """The README's schema section, generated from the schemas above."""
-    out = []
-    for name, schema in TABLES.items():
-        out.append(f"#### `{name}`\n\n| column | type | meaning |\n|---|---|---|")
-        out += [f"| `{f.name}` | `{f.type}` | {DOCS[name][f.name]} |" for f in schema]
-        out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    """The README's schema section, generated from the tables above."""
+    return "\n".join(t.markdown() for t in RECORDS.values())
 
 
 if __name__ == "__main__":

@@ -88,10 +88,8 @@ def finalize_journal(run: RunDir) -> None:
     DuckDB streams and spills, so memory stays bounded for large runs."""
     from conductor.execute.journal import PLANS_FILE, STEPS_FILE
 
-    steps_cols = {**schemas.duckdb_columns(schemas.TRACES), "_seq": "BIGINT"}
-    plan_cols = {"run_id": "VARCHAR", "plan_id": "VARCHAR", "query_id": "VARCHAR", "query_index": "BIGINT",
-                 "sample": "INTEGER", "status": "VARCHAR", "final_answer": "VARCHAR", "error": "VARCHAR",
-                 "wall_time_s": "DOUBLE", "started_at": "TIMESTAMPTZ", "ended_at": "TIMESTAMPTZ", "_seq": "BIGINT"}
+    steps_cols = {**schemas.RECORDS["traces"].duckdb_types(), "_seq": "BIGINT"}
+    plan_cols = {**schemas.PLAN_LINE.duckdb_types(), "_seq": "BIGINT"}
     for name in (STEPS_FILE, PLANS_FILE):
         (run.work / name).touch()
     con = _scratch(run)

@@ -24,8 +24,8 @@ from dagster import DefaultSensorStatus, RunRequest, SensorEvaluationContext, Se
 from conductor.errors import InputError
 from conductor.queries import file_digest, load_queries
 from pipelines.jobs import run_query_set
-from pipelines.partitions import query_sets
-from pipelines.resources import PARTITION_KEY_RE, QueryFilesResource
+from assets.partitions import query_sets
+from assets.resources import PARTITION_KEY_RE, QueryFilesResource
 
 
 @dataclass

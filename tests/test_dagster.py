@@ -14,10 +14,10 @@ import pytest
 from dagster import AssetKey, DagsterInstance, build_schedule_context, materialize
 
 from assets.pipeline import executions, plans, query_set, rewards, run_report
-from pipelines import checks, resources
+from assets import checks, resources
 from pipelines.definitions import defs
 from pipelines.jobs import PIPELINE
-from pipelines.resources import PlannerResource
+from assets.resources import PlannerResource
 from tests.conftest import REPO, worker, write_pool
 
 INSTANCE_YAML = REPO / "data" / "dagster_home" / "dagster.yaml"

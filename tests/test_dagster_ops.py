@@ -22,10 +22,10 @@ from dagster import build_sensor_context
 from conductor import runner
 from conductor.pool import parse_pool
 from conductor.queries import file_digest
-from pipelines import checks
-from pipelines.concurrency import planner_pools, provider_pools
+from assets import checks
+from assets.concurrency import planner_pools, provider_pools
 from pipelines.definitions import defs
-from pipelines.resources import ChecksResource, QueryFilesResource
+from assets.resources import ChecksResource, QueryFilesResource
 from pipelines.sensors import query_set_inbox
 from tests.conftest import REPO, write_pool
 from tests.test_dagster import INSTANCE_YAML, instance  # noqa: F401  (the shared instance fixture)
@@ -273,7 +273,7 @@ POOLED_RUN = """
 import json, sys, time
 from pathlib import Path
 from dagster import DagsterInstance, asset, materialize
-from pipelines.concurrency import hold_pools
+from assets.concurrency import hold_pools
 
 pools, out, go = sys.argv[1].split(","), Path(sys.argv[2]), Path(sys.argv[3])
 

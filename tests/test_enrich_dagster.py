@@ -15,7 +15,7 @@ from dagster import AssetKey, DagsterInstance, Definitions, materialize
 import conductor.enrich
 from assets.enrichment import all_job_assets, job_assets, job_name
 from conductor.sim import start_sim
-from pipelines.resources import StorageResource
+from assets.resources import StorageResource
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

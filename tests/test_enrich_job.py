@@ -13,7 +13,7 @@ import pytest
 from conductor.enrich import load_job, render_queries
 from conductor.enrich.table import load_rows
 from conductor.errors import InputError
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, cli  # noqa: F401
 
 GOOD = """\
 name: notes
@@ -152,9 +152,9 @@ def test_join_and_csv_input(folder):
 def test_cli_check_refuses_with_exit_code(folder):
     text = GOOD.replace("{type: number}", "{type: decimal}")
     p = write(folder, text)
-    r = run_cli("job", "check", p)
+    r = cli("job", "check", p)
     assert r.returncode == 2 and "fields.amount.type" in r.stderr and "decimal" in r.stderr
-    r = run_cli("job", "check", write(folder, GOOD))
+    r = cli("job", "check", write(folder, GOOD))
     assert r.returncode == 0, r.stderr
     assert "3 rows" in r.stdout
 

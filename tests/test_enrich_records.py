@@ -7,8 +7,8 @@ from datetime import date
 import pyarrow as pa
 import pytest
 
-from conductor.enrich.fields import Field, object_schema
-from conductor.enrich.records import RecordChecker, parse_reply, repair_messages, typed_columns, with_schema_block
+from conductor.fields import Field, object_schema
+from conductor.records import RecordChecker, parse_reply, repair_messages, typed_columns, with_schema_block
 from conductor.enrich.score import reference_value, score_field, tatqa
 
 FIELDS = (

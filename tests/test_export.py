@@ -17,7 +17,7 @@ from conductor.planners.base import Query
 from conductor.pool import load_pool
 from conductor.queries import load_queries
 from conductor.runner import RunConfig, run_all
-from tests.conftest import run_cli, write_pool
+from tests.conftest import cli, run_cli, write_pool
 
 K = 4
 
@@ -134,8 +134,8 @@ def test_a_cost_penalty_rescales_rewards_and_recomputes_advantages(rollout, tmp_
 
 def test_export_errors_name_what_is_wrong(rollout, tmp_path):
     d, _, _ = rollout
-    r = run_cli("export", "--run", "nope", "--data-dir", d / "data", "--format", "trl", "--out", tmp_path / "x")
+    r = cli("export", "--run", "nope", "--data-dir", d / "data", "--format", "trl", "--out", tmp_path / "x")
     assert r.returncode == 2 and "run nope: not found" in r.stderr
-    r = run_cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "csv", "--out", tmp_path / "x")
+    r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "csv", "--out", tmp_path / "x")
     assert r.returncode == 2 and "invalid choice" in r.stderr
     assert not (tmp_path / "x").exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conductor.cli import main as cli_main
-from conductor.cli.graders import check
+from conductor.agreement import check
 
 REPLAY = Path(os.environ.get("CONDUCTOR_REPLAY_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "replay")
 TARGET = 0.99

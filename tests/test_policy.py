@@ -207,7 +207,7 @@ def test_the_dagster_policy_asset_trains_from_the_runs_rewards(planted, tmp_path
 
     from assets.policy import policy
     from pipelines.definitions import defs
-    from pipelines.resources import PoolResource, StorageResource
+    from assets.resources import PoolResource, StorageResource
 
     # Loaded with the other assets, downstream of the pipeline's rewards.
     graph = defs.resolve_asset_graph()

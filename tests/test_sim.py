@@ -390,9 +390,11 @@ def test_request_log_counts_and_reset(sim):
     assert len(log["accepted_times"]["sim-plain"]) == 2
     assert all(before - 10 < t <= before for t in log["accepted_times"]["sim-plain"])
     assert log["by_query"] == {QUERIES[1]["query_id"]: 2} and log["by_kind"] == {}
+    assert sorted(log["billed_tokens"]) == ["sim-good", "sim-plain"]  # answered requests are billed
+    assert log["billed_tokens"]["sim-plain"][0] == 2 * math.ceil(len(QUERIES[1]["prompt"]) / 4)
     sim.reset()
     assert sim.log() == {"total": 0, "by_model": {}, "by_status": {}, "by_body": {}, "by_request_key": {},
-                         "accepted_times": {}, "by_query": {}, "by_kind": {}}
+                         "accepted_times": {}, "by_query": {}, "by_kind": {}, "billed_tokens": {}}
 
 
 def test_models_and_health(sim):

@@ -1,6 +1,11 @@
 """The `conductor` command. Each subcommand lives in its own module of this
 package and exposes `register(subparsers)`; modules are found automatically,
-so adding a command touches no shared file."""
+so adding a command touches no shared file (`options` and `render` are helpers
+the commands share, not commands).
+
+Building the parser imports only light modules: each command imports what it
+runs inside its own body, so `conductor --help` never loads litellm, polars or
+Dagster."""
 
 from __future__ import annotations
 
@@ -24,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if mod.name.startswith("_"):
             continue
-        importlib.import_module(f"{__name__}.{mod.name}").register(sub)
+        module = importlib.import_module(f"{__name__}.{mod.name}")
+        if hasattr(module, "register"):
+            module.register(sub)
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conductor.cli import options
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("job", help="enrichment jobs: typed records per input row, incremental",
@@ -16,10 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Exit status: 0 done, 2 bad input, 3 stopped by a budget (rerun to finish), "
                                     "4 valid share below the job's quality.min_valid_share.")
     r.add_argument("job", type=Path, help="job file (YAML)")
-    r.add_argument("--data-dir", type=Path, default=Path("data"), help="where runs, cache and catalog live")
+    options.data_dir(r)
     r.add_argument("--run-id", help="name of the run (default: <job>-<UTC time>)")
     r.add_argument("--full-refresh", action="store_true", help="recompute every row, reusing no record")
-    r.add_argument("--quiet", action="store_true", help="no progress line")
+    options.quiet(r)
     r.set_defaults(func=run)
     c = jsub.add_parser("check", help="validate a job file, its input and the prompts' lengths; makes no call")
     c.add_argument("job", type=Path)
@@ -32,10 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def check(args: argparse.Namespace) -> int:
     from conductor.enrich import load_job
-    from conductor.enrich.table import load_rows, render
-
     from conductor.enrich.context import check_context
-    from conductor.enrich.table import ids_of
+    from conductor.enrich.table import ids_of, load_rows, render
     from conductor.pool import load_pool
 
     job = load_job(args.job)
@@ -59,12 +59,13 @@ def queries(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from conductor.enrich import load_job
-    from conductor.enrich.run import format_summary, run_job
+    from conductor.cli.render import job_summary
+    from conductor.enrich.run import run_job
 
     job = load_job(args.job)
     summary = run_job(job, data_dir=args.data_dir, run_id=args.run_id, full_refresh=args.full_refresh,
                       progress=not args.quiet)
-    print(format_summary(summary))
+    print(job_summary(summary))
     if summary.get("statuses", {}).get("budget_exhausted"):
         print(f"\n{summary['statuses']['budget_exhausted']} row(s) stopped by a budget. Raise it (job file "
               f"budget_usd or the pool file) and rerun: finished rows are kept and only those are sent.")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conductor.cli import options
 from conductor.errors import ConductorError
+from conductor.replay.datasets import SPLITS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,35 +28,35 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "draws from the learned policy after), execute, grade. Each plan's "
                                        "propensity is logged; `conductor export` writes the run for TRL or verl.")
     r.add_argument("queries", type=Path, help="query set (Parquet)")
-    r.add_argument("--pool", type=Path, required=True)
+    options.pool(r)
     r.add_argument("--samples", "-k", default="8",
                    help="plans per query (default 8), or `all`: every candidate action once per query (a sweep, "
                         "which measures each action on the same queries; what training's Pareto cut needs)")
-    r.add_argument("--run-id", default=None)
-    r.add_argument("--data-dir", type=Path, default=Path("data"))
+    options.run_id(r)
+    options.data_dir(r)
     r.add_argument("--policy", default="auto",
                    help="auto (the newest artifact for this pool under $CONDUCTOR_POLICY_DIR or data/policy), "
                         "none (no learned policy: uniform over the action set), or a policy folder")
     r.add_argument("--explore", type=float, default=None,
                    help="share of draws spread evenly over the candidates (default: 1.0 without a learned "
                         "policy, 0.2 with one)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--max-steps", type=int, default=5, help="most steps a plan may have (default 5, as for run)")
-    r.add_argument("--cost-penalty", type=float, default=0.0, help="reward points subtracted per USD")
+    options.seed(r)
+    options.max_steps(r)
+    options.cost_penalty(r)
     r.add_argument("--serve", action="store_true",
                    help="replay pools: start the replay server at the pool's address for the run's duration")
-    r.add_argument("--quiet", action="store_true")
+    options.quiet(r)
     r.set_defaults(func=rollouts)
 
     t = actions.add_parser("train", help="train the policy on runs' rewards and save a new artifact version",
                            description="Off-policy training on executed plans (rewards joined with plans and "
                                        "traces): reward = correct - LAMBDA x USD, weighted by the logged "
                                        "propensities. Saves <out>/<pool key>/vNNNN/{policy.json, model file}.")
-    t.add_argument("--pool", type=Path, required=True)
+    options.pool(t)
     t.add_argument("--runs", nargs="+", required=True, metavar="RUN_ID")
     t.add_argument("--lambda", dest="lam", type=float, default=0.0, metavar="LAMBDA",
                    help="cost weight: accuracy points given up per USD per query (default 0)")
-    t.add_argument("--data-dir", type=Path, default=Path("data"))
+    options.data_dir(t)
     t.add_argument("--out", type=Path, default=None,
                    help="policy root (default: $CONDUCTOR_POLICY_DIR, else data/policy)")
     t.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table", "fixed"),
@@ -66,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--cb-type", default="mtr", choices=("mtr", "dr", "ips"),
                    help="VW's estimator: mtr (importance-weighted regression, default), dr, ips")
     t.add_argument("--passes", type=int, default=None, help="VW passes over the data")
-    t.add_argument("--seed", type=int, default=0)
+    options.seed(t)
     t.set_defaults(func=train)
 
     e = actions.add_parser("eval", help="the evaluation report (conductor eval) with learned policies added",
@@ -74,31 +76,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "oracle, uniform random, the prior planner) plus each learned policy given, "
                                        "planned greedily through the pipeline against the replay server; several "
                                        "policies (a lambda sweep) are drawn as one curve.")
-    e.add_argument("--pool", type=Path, required=True, help="replay pool file")
+    options.pool(e, "replay pool file")
     e.add_argument("--queries", type=Path, required=True, help="query set (`conductor replay queries`)")
-    e.add_argument("--split", choices=("all", "train", "test"), default="test")
+    e.add_argument("--split", choices=SPLITS, default="test")
     e.add_argument("--policies", type=Path, nargs="+", required=True, metavar="DIR",
                    help="policy artifact folders (a version folder, or a pool's folder for its newest)")
-    e.add_argument("--out", type=Path, default=None, help="report folder (default: data/eval/<dataset>-<split>)")
+    options.report_out(e, "report folder (default: data/eval/<dataset>-<split>)")
     e.add_argument("--no-planner", action="store_true", help="leave out the prior planner's run")
-    e.add_argument("--planner-limit", type=int, default=None, metavar="N",
-                   help="run the planners on N of the queries (default: all)")
+    options.planner_limit(e, "run the planners on N of the queries (default: all)")
     e.add_argument("--no-fixed", action="store_true",
                    help="leave out each artifact's best fixed action and the best fixed cascade")
     e.add_argument("--target", action="append", default=[], metavar="DELTA:SHARE",
                    help="a target to check: accuracy at least the best single's + DELTA at most SHARE of its "
                         "cost per query (e.g. 0:0.25, or -0.01:0.15 for within a point at 15%%); repeatable")
-    e.add_argument("--seed", type=int, default=0)
+    options.seed(e)
     e.set_defaults(func=evaluate)
 
     s = actions.add_parser("show", help="the policy artifact planning would use for a pool")
-    s.add_argument("--pool", type=Path, required=True)
+    options.pool(s)
     s.add_argument("--policy", default=None, help="a policy folder (default: $CONDUCTOR_POLICY_DIR or data/policy)")
     s.set_defaults(func=show)
 
 
 def rollouts(args: argparse.Namespace) -> int:
-    from conductor.cli.run import format_summary
+    from conductor.cli.render import run_summary
     from conductor.policy.artifact import find
     from conductor.pool import load_pool
     from conductor.rewards import RewardScheme
@@ -130,7 +131,7 @@ def rollouts(args: argparse.Namespace) -> int:
             summary = run_all(cfg)
     else:
         summary = run_all(cfg)
-    print(format_summary(summary))
+    print(run_summary(summary))
     print(f"\nexport it:  conductor export --run {summary['run_id']} --data-dir {args.data_dir} --format trl "
           f"--out data/export/{summary['run_id']}")
     print(f"train on it: conductor policy train --pool {args.pool} --runs {summary['run_id']} "
@@ -156,25 +157,13 @@ def _samples(value: str, pool, queries: Path) -> int:
 
 
 def _serving(pool):
-    """The replay server, on the host and port the pool's replay workers call."""
-    from urllib.parse import urlsplit
+    """The replay server at the address the pool's replay workers call."""
+    from conductor.replay.process import serve_pool
 
-    from conductor.replay.process import start_replay
-    from conductor.replay.tables import replay_workers
-
-    if pool.replay is None:
-        raise ConductorError("--serve: the pool is not a replay pool (it has no replay: block)")
-    bases = {pool.worker(w).api_base for w in replay_workers(pool)}
-    if len(bases) != 1:
-        raise ConductorError(f"--serve: the pool's replay workers call {len(bases)} addresses; expected one")
-    url = urlsplit(bases.pop())
-    if url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
-        raise ConductorError(f"--serve: the pool's replay workers call {url.geturl()}; --serve starts a "
-                             f"server on loopback only, with an explicit port")
     try:
-        return start_replay(pool.path, port=url.port, host=url.hostname)
+        return serve_pool(pool)
     except ConductorError as e:
-        raise ConductorError(f"--serve: {e} (is a replay server already listening there? then drop --serve)") from None
+        raise ConductorError(f"--serve: {e}") from None
 
 
 def train(args: argparse.Namespace) -> int:
@@ -194,23 +183,16 @@ def train(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
+    from conductor.cli.render import eval_report
     from conductor.evaluation import EvalConfig, Target
     from conductor.evaluation import evaluate as run_eval
-    from conductor.evaluation.report import comparison_table, headline, policy_table, target_lines
 
     targets = [Target.parse(t) for t in args.target]
     report = run_eval(EvalConfig(pool=args.pool, queries=args.queries, split=args.split, out=args.out,
                                  planner=not args.no_planner, planner_limit=args.planner_limit,
                                  policies=list(args.policies), seed=args.seed, fixed=not args.no_fixed,
                                  targets=targets))
-    m = report.meta
-    print(f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers\n")
-    print(policy_table(headline(report.policies)))
-    if m.get("comparisons"):
-        print("\n" + comparison_table(m["comparisons"]))
-    for line in target_lines(m.get("targets") or []):
-        print(line)
-    print(f"\nreport {report.report_path}\nchart  {report.chart_path}\ndata   {report.json_path}")
+    print(eval_report(report, learned=True))
     return 0
 
 

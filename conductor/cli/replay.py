@@ -7,11 +7,9 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-import orjson
-import pyarrow.parquet as pq
-
 from conductor.errors import ConductorError
-from conductor.replay.tables import DATASETS, REPLAY_ENV, SPLITS, TASKS, TRAIN_FRACTION, table_spec
+from conductor.grading import TASKS  # the tasks a replay table may name: the graders'
+from conductor.replay.datasets import DATASETS, REPLAY_ENV, SPLITS, TRAIN_FRACTION
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -99,11 +97,16 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace):
+    from conductor.replay.tables import table_spec
+
     return table_spec(table=args.table, dataset=args.dataset, name=args.name, task=args.task,
                       prices=getattr(args, "prices", None), replay_dir=args.replay_dir)
 
 
 def queries(args: argparse.Namespace) -> int:
+    import orjson
+    import pyarrow.parquet as pq
+
     from conductor.queries import load_queries
     from conductor.replay.build import query_table, task_counts
 

@@ -6,11 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from conductor.cli import options
 from conductor.errors import ConductorError
-from conductor.failures import failed_plans, format_failures, max_failed_share, too_many_failed
 from conductor.planners import PLANNERS
-from conductor.rewards import RewardScheme
-from conductor.runner import RunConfig, run_all
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,10 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "plans, traces, results and rewards under DATA_DIR/runs/RUN_ID. "
                                    "Rerunning the same command resumes an interrupted run.")
     p.add_argument("queries", type=Path, help="Parquet query set (query_id, prompt, [task, reference, metadata])")
-    p.add_argument("--pool", type=Path, required=True, help="pool file (YAML)")
+    options.pool(p)
     p.add_argument("--samples", "-k", type=int, default=1, help="plans per query (K>1 for RL rollouts)")
-    p.add_argument("--run-id", help="name of the run (default: derived from the inputs, so a rerun resumes)")
-    p.add_argument("--data-dir", type=Path, default=Path("data"), help="where runs, cache and catalog live")
+    options.run_id(p, "name of the run (default: derived from the inputs, so a rerun resumes)")
+    options.data_dir(p)
     p.add_argument("--planner", choices=PLANNERS, default="embedded",
                    help="embedded: templates scored by the pool's skills and prices (no model); "
                         "vllm: a local model on vLLM's offline engine, whole batches per call; "
@@ -33,16 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planner-option", action="append", default=[], metavar="KEY=VALUE",
                    help="planner setting, repeatable (e.g. cost_weight=20, mode=free, dtype=float16, "
                         "structured=on, api_base=http://127.0.0.1:8000/v1)")
-    p.add_argument("--max-steps", type=int, default=5, help="most steps a plan may have")
+    options.max_steps(p)
     p.add_argument("--max-depth", type=int, default=1,
                    help="re-planning levels: a step given to a planner worker runs a new workflow one level "
                         "deeper, and no deeper than this (0: no re-planning)")
-    p.add_argument("--seed", type=int, default=0)
+    options.seed(p)
     p.add_argument("--budget", type=float, help="USD cap for this run, on top of the pool's provider budgets")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the response cache")
     p.add_argument("--refresh", action="store_true", help="ignore cached responses; store the fresh ones")
-    p.add_argument("--cost-penalty", type=float, default=0.0, help="reward points subtracted per USD")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    options.cost_penalty(p)
+    options.quiet(p)
     p.add_argument("--max-failed-share", type=float, metavar="SHARE",
                    help="exit 4 when more than this share of plans failed (default 0.05, or "
                         "$CONDUCTOR_MAX_FAILED_SHARE); a rerun retries transient failures")
@@ -52,24 +50,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    options = parse_options(args.planner_option)
+    from conductor.cli.render import run_summary
+    from conductor.failures import failed_plans, format_failures, max_failed_share, too_many_failed
+    from conductor.rewards import RewardScheme
+    from conductor.runner import RunConfig, run_all
+
+    planner_options = options.parse_options(args.planner_option)
     if args.planner_model:
         if args.planner == "embedded":
             raise ConductorError("--planner-model needs --planner vllm or --planner llm "
                                  "(the embedded planner uses no model)")
-        options["model"] = args.planner_model
-    if args.planner == "vllm" and "model" not in options:
+        planner_options["model"] = args.planner_model
+    if args.planner == "vllm" and "model" not in planner_options:
         raise ConductorError("--planner vllm needs --planner-model (a model path or name vLLM can load)")
     cfg = RunConfig(
         queries=args.queries, pool=args.pool, data_dir=args.data_dir, run_id=args.run_id,
-        samples=args.samples, planner=args.planner, planner_options=options, seed=args.seed,
+        samples=args.samples, planner=args.planner, planner_options=planner_options, seed=args.seed,
         max_steps=args.max_steps, max_depth=args.max_depth, cache=not args.no_cache, refresh=args.refresh,
         budget_usd=args.budget, retry_failed=args.retry_failed,
         rewards=RewardScheme(cost_penalty=args.cost_penalty), progress=not args.quiet,
     )
     threshold = max_failed_share(args.max_failed_share)
     summary = run_all(cfg)
-    print(format_summary(summary))
+    print(run_summary(summary))
     if summary.get("failures"):
         print("\nfailures by worker and kind:\n" + format_failures(summary["failures"]))
     if too_many_failed(summary["statuses"], threshold):
@@ -84,44 +87,3 @@ def main(args: argparse.Namespace) -> int:
               f"same command: finished work is kept and only those plans run.")
         return 3
     return 0
-
-
-def parse_options(items: list[str]) -> dict:
-    import yaml
-
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ConductorError(f"--planner-option {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
-    return out
-
-
-def format_summary(s: dict) -> str:
-    def money(x):
-        return "unknown" if x is None else f"${x:.6f}"
-
-    def num(x, fmt="{:.1f}"):
-        return "n/a" if x is None else fmt.format(x)
-
-    rows = [
-        ("run", s["run_id"] + ("  (resumed)" if s.get("resumed") else "")),
-        ("queries", s["queries"]),
-        ("plans", s["plans"]),
-        ("valid plans", f"{s['valid_plans']} ({s['valid_plans'] / max(s['plans'], 1):.1%})"),
-        ("plan statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))),
-        ("calls", f"{s['calls']}  (cache hits {s['cache_hits']})"),
-        ("accuracy", "n/a (nothing graded)" if s["accuracy"] is None else f"{s['accuracy']:.3f} over {s['graded']} graded plans"),
-        ("cost", f"{money(s['cost_usd'])} total, {money(s['cost_per_query_usd'])} per query"
-                 + (f" (planning {money(s['planning_cost_usd'])})" if s.get("planning_cost_usd") else "")
-                 + (f"  ({s['plans_without_price']} plan(s) with unknown price)" if s["plans_without_price"] else "")),
-        ("tokens per query", num(s["tokens_per_query"])),
-        ("wall time", num(s["wall_time_s"], "{:.1f} s")),
-    ]
-    for cap in s.get("spend", []):
-        if cap["limit_usd"] is not None:
-            rows.append((f"budget {cap['cap']}", f"${cap['spent_usd']:.6f} of ${cap['limit_usd']:.6f}"))
-    rows += [("outputs", s["outputs"]), ("catalog", s.get("catalog", ""))]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -8,8 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 from conductor.errors import ConductorError
-from conductor.queries import load_queries
-from conductor.samples import generate
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from conductor.queries import load_queries
+    from conductor.samples import generate
+
     if args.out.exists() and not args.out.is_dir():
         raise ConductorError(f"--out {args.out}: exists and is not a folder")
     try:

@@ -12,24 +12,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import duckdb
-
+from conductor.cli import options
 from conductor.errors import ConductorError
-from conductor.store import CATALOG, catalog_is_current, create_views, refresh_catalog
 
-ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+ALLOWED = ("SELECT", "EXPLAIN")  # duckdb.StatementType names: queries only
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sql", help="run a SQL query over the outputs (views plans, traces, results, rewards, runs)")
     p.add_argument("query", help='e.g. "SELECT status, count(*) FROM results GROUP BY ALL"')
-    p.add_argument("--data-dir", type=Path, default=Path("data"))
+    options.data_dir(p)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--max-rows", type=int, default=100, help="rows shown in table format")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    import duckdb
+
     if not (args.data_dir / "runs").is_dir():
         raise ConductorError(f"no runs under {args.data_dir / 'runs'}: run `conductor run` first")
     con = _open(args.data_dir)
@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
             kinds = {st.type for st in con.extract_statements(args.query)}
         except duckdb.Error as e:
             raise ConductorError(f"SQL error: {e}") from None
-        refused = sorted(k.name for k in kinds - ALLOWED)
+        refused = sorted(k.name for k in kinds if k.name not in ALLOWED)
         if refused:
             raise ConductorError(f"conductor sql runs queries only (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN); "
                                  f"refused: {', '.join(refused)} (the run files under DATA_DIR/runs are "
@@ -66,9 +66,13 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open(data_dir: Path) -> duckdb.DuckDBPyConnection:
+def _open(data_dir: Path):
     """The catalog, read-only (refreshed first if its views changed); or, when another
     process holds it, the same views in memory."""
+    import duckdb
+
+    from conductor.store import CATALOG, catalog_is_current, create_views, refresh_catalog
+
     db = Path(data_dir).resolve() / CATALOG
     if not catalog_is_current(data_dir):
         try:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 
 from conductor.enrich.job import Job
-from conductor.enrich.records import schema_block
+from conductor.records import schema_block
 from conductor.errors import ConductorError, InputError
-from conductor.execute.call import estimate_tokens
+from conductor.tokens import estimate_tokens
 from conductor.pool import Pool, Worker
 
 

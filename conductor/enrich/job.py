@@ -22,7 +22,7 @@ import jinja2.nodes
 import orjson
 
 from conductor.enrich import inputs
-from conductor.enrich.fields import ITEM_TYPES, TYPES, Field, object_schema
+from conductor.fields import ITEM_TYPES, TYPES, Field, object_schema
 from conductor.enrich.marks import Located, load_located
 from conductor.errors import ConductorError, InputError
 

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from conductor.enrich.fields import Field, object_schema
+from conductor.fields import Field, object_schema
 from conductor.enrich.job import Job
-from conductor.enrich.records import RecordChecker
+from conductor.records import RecordChecker
 from conductor.execute.structured import RecordSpec
 from conductor.store import RunDir, write_table
 

@@ -29,7 +29,7 @@ from conductor.enrich.context import check_context, check_planned_context
 from conductor.enrich.history import OK, interrupted_run, previous_records
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
-from conductor.enrich.records import RecordChecker, parse_reply, typed_columns
+from conductor.records import RecordChecker, parse_reply, typed_columns
 from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
 from conductor.errors import ConductorError
 from conductor.execute.structured import RecordSpec
@@ -40,7 +40,7 @@ from conductor.store import RunDir, refresh_catalog, rows_to_table, write_atomic
 TS = pa.timestamp("us", tz="UTC")
 # A row's status: OK ("ok", a valid record), invalid (no valid record after one repair), error,
 # budget_exhausted (a rerun finishes it) or invalid_plan, as in results.parquet.
-__all__ = ["OK", "run_job", "format_summary"]
+__all__ = ["OK", "run_job"]
 
 
 def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = None, full_refresh: bool = False,
@@ -347,35 +347,3 @@ def _failures(table: pa.Table, show: int = 5) -> list[dict[str, Any]]:
             groups[key] = groups.get(key, 0) + 1
     top = sorted(groups.items(), key=lambda kv: -kv[1])[:show]
     return [{"status": st, "error": err, "rows": n} for (st, err), n in top]
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    m = s["metrics"]
-    rows = [("job", s["job"]), ("run", s["run_id"]),
-            ("rows", f"{s['rows']}  (computed {s['computed']}, reused {s['reused']} at $0)"),
-            ("valid", f"{s['valid']} ({m['valid_share']:.1%})"),
-            ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))),
-            ("calls", s["calls"]), ("cost", f"${s['cost_usd']:.6f}")]
-    if m.get("overall") is not None:
-        rows.append(("overall score", f"{m['overall']:.3f} over {m['scored_rows']} rows with references"))
-    for name, f in m["fields"].items():
-        parts = [f"null {f['null_share']:.1%}" if f.get("null_share") is not None else "no valid record"]
-        if f.get("accuracy") is not None:
-            parts.insert(0, f"accuracy {f['accuracy']:.3f}" + "".join(
-                f", {k} {f[k]:.3f}" for k in ("em", "f1", "jaccard") if f.get(k) is not None))
-        if f.get("mean_confidence") is not None:
-            parts.append(f"confidence {f['mean_confidence']:.3f}")
-        rows.append((f"  {name}", "; ".join(parts)))
-    if m.get("judge"):
-        j = m["judge"]
-        rows.append(("judge", f"mean score {j['mean_score']:.3f} over {j['judged_rows']} rows without references"
-                              f" (${s.get('judge_cost_usd') or 0:.6f})" if j["mean_score"] is not None
-                     else "no row judged"))
-    rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
-             ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
-    width = max(len(k) for k, _ in rows)
-    out = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-    if s.get("failures"):
-        out += "\n\nrows without a valid record (a rerun retries them):\n" + "\n".join(
-            f"  {f['rows']} {f['status']}: {f['error']}" for f in s["failures"])
-    return out

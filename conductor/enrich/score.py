@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from conductor.enrich.fields import Field
+from conductor.fields import Field
 
 SCALES = {"": 1.0, "thousand": 1e3, "million": 1e6, "billion": 1e9, "percent": 1.0}
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

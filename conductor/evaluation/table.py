@@ -6,7 +6,7 @@ choice of rows of this matrix, so each is a vectorized polars expression.
 Each row is graded with its own task (a table may mix tasks); a row whose
 question has no reference cannot be graded (`grader` is null) and counts by its
 label only. Tokens are what the replay server reports: recorded counts when the
-table has them, else characters / 4 (rounded half to even) of the question and
+table has them, else characters / 4 (rounded up, conductor.tokens) of the question and
 of the response. Cost is the row's recorded `cost_usd` when it has one, else
 those tokens times the pool's prices.
 """

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor.tokens import estimate_tokens, max_prompt_tokens, tokens_from_chars  # noqa: F401  (re-exported)
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
@@ -51,7 +53,9 @@ class CallRequest:
     api_base: str | None = None
     timeout_s: float = 120.0
     request_id: str | None = None  # sent as X-Conductor-Request to OpenAI-compatible endpoints, for tracing
-    client: Any = None  # an OpenAI client for the endpoint (see capped_client), else litellm's own
+    # the endpoint's client for the run: an openai_http.OpenAIEndpoint (sent directly), an
+    # OpenAI client for litellm (see capped_client), or None (litellm's own)
+    client: Any = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class CallResponse:
     cost_usd: float | None = None  # what the server says the call cost (the replay server's recorded cost)
     warning: str | None = None  # reported usage that could not be right (clamped for budgets)
     usage_reported: bool = True  # False: no valid usage in the answer (missing, negative, not a number)
+    rate: Any = None  # x-ratelimit-* headers the provider sent (openai_http.RateHeaders), for the limiter
 
 
 class CallFailure(Exception):
@@ -77,6 +82,7 @@ class CallFailure(Exception):
         self.kind = kind  # rate_limit | server | timeout | connection | auth | client | malformed | other
         self.status = status
         self.retry_after = retry_after
+        self.rate: Any = None  # x-ratelimit-* headers sent with the failure (openai_http.RateHeaders)
 
     @property
     def retryable(self) -> bool:
@@ -84,6 +90,10 @@ class CallFailure(Exception):
 
 
 async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
+    """One attempt. A request whose `client` is a direct OpenAI-compatible client
+    (openai_http.OpenAIEndpoint) goes through it; any other through litellm."""
+    if getattr(req.client, "direct", False):
+        return await req.client.send(req)
     try:
         # timeout_s bounds the whole attempt: the HTTP client's timeout is per read, so a
         # server trickling a byte at a time would hold the call for ever
@@ -135,7 +145,7 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     if pt is None:
         pt = estimate_tokens(req.messages)
     if ct is None:
-        ct = math.ceil(len(text) / 4)
+        ct = tokens_from_chars(len(text))
     simulated = (getattr(resp, "system_fingerprint", None) == "conductor-sim"
                  or headers.get("llm_provider-x-conductor-simulated") == "1")
     return CallResponse(text, int(pt), int(ct), estimated, simulated, getattr(choice, "finish_reason", None),
@@ -298,16 +308,3 @@ def redact(text: str, *secrets: str | None) -> str:
         if s and len(s) >= 4:
             text = text.replace(s, "***")
     return text
-
-
-def estimate_tokens(messages: list[dict[str, str]]) -> int:
-    """Characters / 4 plus a few tokens of framing per message: cheap, and close
-    enough for rate limits and budget reservations, which reconcile afterwards."""
-    return sum(math.ceil(len(m.get("content") or "") / 4) + 4 for m in messages)
-
-
-def max_prompt_tokens(messages: list[dict[str, str]]) -> int:
-    """An upper bound on a prompt's tokens in any script and tokenizer: its UTF-8
-    bytes (a byte-level tokenizer never makes a token of less than one byte),
-    plus framing per message. For budget reservations, which must not undershoot."""
-    return sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + 8 for m in messages)

@@ -29,12 +29,14 @@ from typing import Any, Awaitable, Callable, Iterable
 from conductor.context import step_messages
 from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
-from conductor.execute.call import (CallFailure, CallRequest, CallResponse, capped_client, complete,
-                                    estimate_tokens, max_prompt_tokens)
+from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
+                                    max_prompt_tokens)
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
+from conductor.execute.openai_http import OpenAIEndpoint
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
+from conductor.execute.failure import StepFailed
 from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
@@ -104,19 +106,6 @@ Replanner = Callable[["Executor", ReplanRequest], Awaitable[Plan]]
 # Errors of the disk or the databases on it (full, read-only, gone): they abort the
 # run, since nothing paid could be recorded, and a rerun after freeing space resumes.
 STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
-
-
-class StepFailed(Exception):
-    def __init__(self, status: str, message: str, attempts: int = 0, extra: dict[str, Any] | None = None,
-                 kind: str | None = None, row: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.attempts = attempts
-        self.extra = extra  # row fields for the failed step's trace row (the sub-plan that failed)
-        self.row = row  # the trace row already written for this failure (with what the call cost)
-        # why, as a class: a call failure's kind (connection, timeout, server, rate_limit, auth,
-        # not_found, client, malformed, other), budget, config or plan
-        self.kind = kind or ("budget" if status == "budget_exhausted" else "other")
 
 
 class Aborted(Exception):
@@ -402,7 +391,6 @@ class Executor:
             try:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
-                self.progress.c.budget_blocked += 1
                 raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
             except GovernorUnavailable as e:
                 raise StepFailed("error", f"worker {worker.id}: {e}", kind="connection") from None
@@ -452,13 +440,13 @@ class Executor:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
 
     def _client(self, worker: Worker, api_key: str | None) -> Any:
-        """One OpenAI client per OpenAI-compatible endpoint and key for the run, whose error
-        bodies are cut before litellm reads them (call.capped_client); None: litellm's own."""
+        """One direct client per OpenAI-compatible endpoint and key for the run (a worker
+        with an api_base and an openai/ model); None: litellm's own for other providers."""
         if not worker.api_base or not (worker.model or "").startswith("openai/"):
             return None
         k = (worker.api_base, api_key)
         if k not in self._clients:
-            self._clients[k] = capped_client(worker.api_base, api_key)
+            self._clients[k] = OpenAIEndpoint(worker.api_base, api_key)
         return self._clients[k]
 
     def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:

@@ -45,7 +45,6 @@ class ResumeState:
     # was paid by a process killed before it logged the call
     paid: set[str] = field(default_factory=set)
     steps_logged: int = 0
-    plans_logged: int = 0
     # reservation id -> (request key, provider, USD reserved) of calls sent by a process that never settled them
     unsettled: dict[str, tuple[str, str, float]] = field(default_factory=dict)
 
@@ -83,7 +82,6 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
     state = ResumeState()
     transient: dict[str, int] = {}  # plan id -> transient failures logged
     for row in _read(folder / PLANS_FILE):
-        state.plans_logged += 1
         status, pid = row["status"], row["plan_id"]
         if status == "error" and row.get("failure") in TRANSIENT_KINDS:
             transient[pid] = transient.get(pid, 0) + 1

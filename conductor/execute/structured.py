@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from conductor.enrich.records import RecordChecker, parse_reply, repair_messages, with_schema_block
+from conductor.execute.failure import StepFailed
+from conductor.records import RecordChecker, parse_reply, repair_messages, with_schema_block
 
 if TYPE_CHECKING:
     from conductor.execute.engine import Executor, PlanJob
@@ -53,8 +54,6 @@ async def structured_call(ex: "Executor", job: "PlanJob", path: str, depth: int,
                           worker: "Worker", messages: list[dict[str, str]]) -> dict[str, Any]:
     """One record step: the call, and at most one repair. Raises StepFailed (status
     `invalid` when the repaired reply is still not a valid record)."""
-    from conductor.execute.engine import StepFailed
-
     spec: RecordSpec = job.record
     native = spec.native(worker)
     params = {"response_format": spec.response_format()} if native else {}

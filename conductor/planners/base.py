@@ -10,17 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from conductor.plans import Query  # noqa: F401  (re-exported: the planner seam's input)
 from conductor.pool import Pool
-
-
-@dataclass(frozen=True)
-class Query:
-    query_id: str
-    prompt: str
-    task: str | None = None
-    reference: str | None = None
-    metadata: str | None = None
-    index: int = 0  # row position in the query set, for stable output order
 
 
 @dataclass

@@ -38,13 +38,12 @@ from conductor.execute.engine import ExecOptions, Executor, PlanJob, StepFailed
 from conductor.execute.journal import Journal, load_state
 from conductor.planners import prompt as prompts
 from conductor.planners.base import PlanDraft, Query
-from conductor.planners.schema import max_plan_chars, plan_schema
+from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema
 from conductor.plans import DEFAULT_MAX_STEPS, Step
-from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool
+from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool, provider_from_model
 from conductor.progress import Progress
 
 IMPLICIT_WORKER = "conductor-planner"
-FREE_MAX_TOKENS = 2048
 SWITCHES = ("auto", "on", "off")
 
 
@@ -60,7 +59,7 @@ class LLMPlannerConfig:
     strict: bool = True  # json_schema "strict" flag
     temperature: float | None = None  # None: the worker's params, else 1.0
     top_p: float | None = None
-    max_tokens: int | None = None  # None: the worker's params, else the schema's bound / 2048
+    max_tokens: int | None = None  # None: the worker's params, else the schema's bound / FREE_MAX_TOKENS
     logprobs: str = "auto"  # request log-probabilities: auto (where litellm says supported) | on | off
     seed: int | None = None  # sample k sends seed + k; None: the run's seed
     max_steps: int = DEFAULT_MAX_STEPS
@@ -147,7 +146,7 @@ class LLMPlanner:
         wid = IMPLICIT_WORKER
         while pool.has(wid):
             wid += "_"
-        pid = c.provider or (model.split("/", 1)[0] if "/" in model else "default")
+        pid = c.provider or provider_from_model(model)
         spec: dict[str, Any] = {"id": wid, "kind": "planner", "model": model, "provider": pid,
                                 "description": "the run's planner"}
         if c.api_base:

@@ -27,6 +27,9 @@ from conductor.plans import CONDITIONS
 from conductor.pool import WORKER_KINDS, Pool
 
 MAX_CONDITION_STEPS = 3  # a condition reads at most this many steps: keeps the grammar small
+# Completion tokens a free-text plan may take (structured plans are bounded by max_plan_chars): room for
+# max_steps long instructions in either format, for every planner back end.
+FREE_MAX_TOKENS = 2048
 
 # Printable ASCII minus '"' (0x22) and '\' (0x5c).
 _CHAR = r"[ !#-\[\]-~]"

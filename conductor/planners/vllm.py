@@ -23,11 +23,10 @@ from typing import Any, Sequence
 from conductor.errors import ConductorError
 from conductor.planners import prompt as prompts
 from conductor.planners.base import PlanDraft, Query
-from conductor.planners.schema import max_plan_chars, plan_schema
+from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema
 from conductor.plans import DEFAULT_MAX_STEPS
 from conductor.pool import WORKER_KINDS, Pool
 
-FREE_MAX_TOKENS = 1024
 
 
 @dataclass
@@ -46,7 +45,7 @@ class VLLMPlannerConfig:
     logprobs: bool = True  # record each draft's cumulative log-probability (costs throughput)
     temperature: float = 1.0
     top_p: float = 1.0
-    max_tokens: int | None = None  # None: the schema's bound (structured), 1024 (free)
+    max_tokens: int | None = None  # None: the schema's bound (structured), FREE_MAX_TOKENS (free)
     mode: str = "structured"  # "structured" | "free"
     max_steps: int = DEFAULT_MAX_STEPS
     instruction_chars: int = prompts.DEFAULT_INSTRUCTION_CHARS

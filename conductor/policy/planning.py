@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from conductor.planners.base import Query
+from conductor.plans import Query
 from conductor.policy.actions import Action, servable
 from conductor.policy.artifact import Artifact
 from conductor.policy.features import context

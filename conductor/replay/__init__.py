@@ -13,6 +13,13 @@ and rewards come out as in any run.
 Start the server with `conductor replay serve` or, from Python, `start_replay(...)`.
 """
 
-from conductor.replay.process import ReplayHandle, start_replay
-
 __all__ = ["ReplayHandle", "start_replay"]
+
+
+def __getattr__(name: str):
+    # Loaded on first use: the command line reads this package's options without the web server.
+    if name in __all__:
+        import importlib
+
+        return getattr(importlib.import_module("conductor.replay.process"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from conductor.errors import ConductorError
-from conductor.localserver import is_loopback, serve
-from conductor.pool import load_pool
 
 READY = "conductor replay: listening on "
 DEFAULT_PORT = 8912
@@ -23,6 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from conductor.localserver import is_loopback, serve
+    from conductor.pool import load_pool
     from conductor.replay.server import build_app, load_server
 
     if not args.allow_remote and not is_loopback(args.host):

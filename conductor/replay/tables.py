@@ -22,21 +22,19 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
 from conductor.errors import ConductorError, PoolError
 from conductor.grading import TASKS  # the tasks a replay table may name: the graders'
 from conductor.pool import Pool, Worker
+from conductor.tokens import tokens_from_chars
+from conductor.replay.datasets import DATASETS, REPLAY_ENV, SPLITS, TRAIN_FRACTION, default_replay_dir  # noqa: F401
 
-# The shared tables' stems -> the task their rows are graded as when the table names none.
-DATASETS = {"gsm8k": "math", "mmlu_pro": "choice"}
 MIXED = "mixed"  # the pool's replay.task when the table's rows have more than one task
-REPLAY_ENV = "CONDUCTOR_REPLAY_DIR"
 REQUIRED_COLUMNS = ("question_id", "question", "reference", "model", "response", "correct")
 TASK_COLUMN = "task"
-# Recorded usage, when a table has it; else the server and the evaluation estimate characters / 4.
+# Recorded usage, when a table has it; else the server and the evaluation estimate it (conductor.tokens).
 TOKEN_COLUMNS = ("prompt_tokens", "completion_tokens")
 COST_COLUMN = "cost_usd"  # recorded USD of the row: used instead of tokens x price wherever present
 OPTIONAL_COLUMNS = (TASK_COLUMN, *TOKEN_COLUMNS, COST_COLUMN)
@@ -44,20 +42,10 @@ OPTIONAL_COLUMNS = (TASK_COLUMN, *TOKEN_COLUMNS, COST_COLUMN)
 # Split: sha256("<salt>:<question_id>"), first 8 bytes as a fraction of 2**64; below
 # TRAIN_FRACTION is train. 50/50 keeps a test set large enough to compare policies.
 SPLIT_SALT = "conductor-replay-split-v1"
-TRAIN_FRACTION = 0.5
-SPLITS = ("all", "train", "test")
 
 REPLAY_KEYS = {"dataset", "table", "task", "default_task", "prices", "split", "skills", "costs"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SHOW = 5  # question ids shown in an error message
-
-
-def default_replay_dir() -> Path:
-    """$CONDUCTOR_REPLAY_DIR, else the `shared/replay` folder beside the repository."""
-    env = os.environ.get(REPLAY_ENV)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "replay"
 
 
 def split_of(question_id: str) -> str:
@@ -251,8 +239,8 @@ def with_tasks(t: pl.DataFrame, fallback: str | None, path: Path) -> pl.DataFram
 def with_tokens(t: pl.DataFrame) -> pl.DataFrame:
     """Add tokens_in, tokens_out (recorded, else characters / 4 of the question and of the
     response) and tokens_estimated (either was estimated), as the replay server reports them."""
-    est_in = estimate_tokens(pl.col("question").str.len_chars())
-    est_out = estimate_tokens(pl.col("response").fill_null("").str.len_chars())
+    est_in = tokens_from_chars(pl.col("question").str.len_chars())
+    est_out = tokens_from_chars(pl.col("response").fill_null("").str.len_chars())
     t_in = pl.col(TOKEN_COLUMNS[0]).fill_null(est_in) if TOKEN_COLUMNS[0] in t.columns else est_in
     t_out = pl.col(TOKEN_COLUMNS[1]).fill_null(est_out) if TOKEN_COLUMNS[1] in t.columns else est_out
     flags = [pl.col(c).is_null() if c in t.columns else pl.lit(True) for c in TOKEN_COLUMNS]
@@ -379,11 +367,3 @@ def servable(pool: Pool) -> dict[str, frozenset[str]]:
     for q, m in t.iter_rows():
         out.setdefault(q, set()).update(by_model[m])
     return {q: frozenset(ws) for q, ws in out.items()}
-
-
-def estimate_tokens(chars: Any) -> Any:
-    """Characters / 4 rounded half to even (unbiased): the usage the replay server
-    reports when the table records none. Takes an int or a polars expression."""
-    if isinstance(chars, int):
-        return round(chars / 4)
-    return (chars / 4).round(0).cast(pl.Int64)

@@ -9,6 +9,13 @@ ordinary OpenAI-compatible path (model "openai/<name>", api_base "<url>/v1").
 Start it with `conductor sim` or, from Python, `start_sim(...)`.
 """
 
-from conductor.sim.process import SimHandle, start_sim
-
 __all__ = ["SimHandle", "start_sim"]
+
+
+def __getattr__(name: str):
+    # Loaded on first use: the command line reads this package's options without the web server.
+    if name in __all__:
+        import importlib
+
+        return getattr(importlib.import_module("conductor.sim.process"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

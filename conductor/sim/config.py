@@ -30,6 +30,9 @@ Every llm or planner worker whose model is `openai/<name>` is served as model
     malformed_json:  fraction of structured (JSON record) replies that are broken,
                      half so they do not parse, half so they break the schema;
                      decided per request, so a repeated request breaks the same way
+    usage_factor:    the reported `usage` is the billed tokens times this (default 1);
+                     negative or huge values test clients against usage lies. What is
+                     billed (the request log's `billed_tokens`) never changes
 
 Fault values can be overridden for all models ("*") or one model, at start
 and at run time; a model's override beats "*", which beats the pool.
@@ -51,17 +54,17 @@ DEFAULT_SKILL = 0.5
 RATE_KEYS = ("error_rate", "rate_limit_rate", "hang_rate", "drop_rate", "malformed_json")
 # Flat fault names, as used by overrides (CLI flags, start_sim kwargs, /admin/faults).
 FAULT_KEYS = ("rpm", "rpm_window_s", *RATE_KEYS, "hang_s", "latency_ms", "latency_sd_ms", "per_token_ms",
-              "fail_status", "retry_after_ms")
+              "fail_status", "retry_after_ms", "usage_factor")
 FAULT_DEFAULTS: dict[str, float | None] = {
     "rpm": None, "rpm_window_s": 60.0, "error_rate": 0.0, "rate_limit_rate": 0.0,
     "hang_rate": 0.0, "drop_rate": 0.0, "hang_s": 30.0,
     "latency_ms": 20.0, "latency_sd_ms": 5.0, "per_token_ms": 0.0, "fail_status": None,
-    "retry_after_ms": 1000.0, "malformed_json": 0.0,
+    "retry_after_ms": 1000.0, "malformed_json": 0.0, "usage_factor": 1.0,
 }
 ROLES = ("worker", "planner")
 SIMULATE_KEYS = ("role", "replan_rate", "cascade_rate", "skill", "latency_ms", "per_token_ms", "rpm",
                  "rpm_window_s", *RATE_KEYS,
-                 "hang_s", "require_key_env", "fail_status", "retry_after_ms")
+                 "hang_s", "require_key_env", "fail_status", "retry_after_ms", "usage_factor")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -84,6 +87,7 @@ class Faults:
     fail_status: float | None
     retry_after_ms: float
     malformed_json: float
+    usage_factor: float
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,7 @@ def check_fault(key: str, value: Any, at: str) -> float | None:
         raise SimConfigError(f"{at}: must be an HTTP error status from 400 to 599 (got {value!r})")
     if key in ("rpm", "rpm_window_s") and value <= 0:
         raise SimConfigError(f"{at}: must be greater than 0 (got {value!r})")
-    if value < 0:
+    if value < 0 and key != "usage_factor":
         raise SimConfigError(f"{at}: must be at least 0 (got {value!r})")
     return value
 

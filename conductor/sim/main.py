@@ -4,15 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from conductor.errors import ConductorError
-from conductor.localserver import is_loopback, serve
-from conductor.pool import load_pool
 from conductor.sim.config import FAULT_KEYS, SimConfigError, check_fault, read_keys, served_models
-from conductor.sim.index import load_index
-from conductor.sim.server import SimServer, build_app
 
 READY = "conductor sim: listening on "
 _FAULT_HELP = {
@@ -29,6 +24,7 @@ _FAULT_HELP = {
     "fail_status": "answer every request with this HTTP error status (400-599)",
     "retry_after_ms": "the wait that --rate-limit-rate's 429s ask for (default 1000)",
     "malformed_json": "fraction of structured (JSON record) replies broken: unparseable or schema-invalid",
+    "usage_factor": "reported usage = billed tokens x this (negative or huge to test usage lies; default 1)",
 }
 
 
@@ -48,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from conductor.localserver import is_loopback, serve
+    from conductor.pool import load_pool
+    from conductor.sim.index import load_index
+    from conductor.sim.server import SimServer, build_app
+
     if not args.allow_remote and not is_loopback(args.host):
         raise ConductorError(f"--host {args.host}: the simulated pool binds loopback only; "
                              "pass --allow-remote to serve other hosts")

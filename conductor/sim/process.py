@@ -17,10 +17,6 @@ SimStartError = ServerStartError
 class SimHandle(ServerHandle):
     name = "simulated server"
 
-    def reset(self) -> None:
-        """Clear the request log and the rpm windows."""
-        self._call("POST", "/admin/reset")
-
     def set_faults(self, model: str = "*", **faults: float | None) -> dict[str, Any]:
         """Override faults for one model or "*" (all); None removes an override."""
         return self._call("POST", "/admin/faults", {"model": model, **faults})

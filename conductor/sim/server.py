@@ -28,6 +28,7 @@ from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, ef
 from conductor.sim.index import QueryIndex
 from conductor.sim.planner import plan_reply, token_logprobs
 from conductor.sim.structured import StructuredRequestError, parse_request, record_reply
+from conductor.tokens import tokenizer_tokens
 
 FINGERPRINT = "conductor-sim"
 MAX_TIMES = 100_000
@@ -45,8 +46,14 @@ class SimLog(RequestLog):
         # repair, unparseable, invalid), so tests can tell which rows were sent.
         self.by_query: Counter[str] = Counter()
         self.by_kind: Counter[str] = Counter()
-        # Tokens of the answers sent (200s), per model: what a provider would bill.
-        self.usage: dict[str, dict[str, int]] = {}
+        # Tokens actually processed per model (prompt, completion), whatever the
+        # reported usage says: the provider's bill, for budget checks from outside.
+        self.billed_tokens: dict[str, list[int]] = {}
+
+    def bill(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        billed = self.billed_tokens.setdefault(model, [0, 0])
+        billed[0] += prompt_tokens
+        billed[1] += completion_tokens
 
     def request(self, body_sha: str, model: str | None) -> None:
         self.total += 1
@@ -65,7 +72,8 @@ class SimLog(RequestLog):
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "by_body": dict(self.by_body),
                 "accepted_times": {m: list(t) for m, t in self.accepted_times.items()},
-                "by_query": dict(self.by_query), "by_kind": dict(self.by_kind), "usage": self.usage}
+                "by_query": dict(self.by_query), "by_kind": dict(self.by_kind),
+                "billed_tokens": {m: list(t) for m, t in self.billed_tokens.items()}}
 
 
 class SimServer(LocalServer):
@@ -207,8 +215,9 @@ class SimServer(LocalServer):
         else:
             known = self.index.find(texts)
             content, _ = reply(known, spec.skill_for(known.task if known else None), rng, self.index)
-        prompt_tokens = math.ceil(sum(map(len, texts)) / 4)
-        completion_tokens = math.ceil(len(content) / 4)
+        prompt_tokens = sum(map(tokenizer_tokens, texts))
+        completion_tokens = tokenizer_tokens(content)
+        log.bill(model, prompt_tokens, completion_tokens)  # billed once accepted, even if the client goes away
 
         delay = self._latency(f, completion_tokens) + (f.hang_s if hang else 0.0)
         if delay > 0:
@@ -217,15 +226,13 @@ class SimServer(LocalServer):
             log.status("499", model)
             return web.Response(status=499)
         log.status("200", model, received)
+        reported = [int(n * f.usage_factor) for n in (prompt_tokens, completion_tokens)]
         if known is not None:
             log.by_query[known.query_id] += 1
         for kind in kinds:
             log.by_kind[kind] += 1
         if (request_key := request.headers.get("x-conductor-request")) is not None:
             log.by_request_key[request_key] += 1
-        billed = log.usage.setdefault(model, {"prompt_tokens": 0, "completion_tokens": 0})
-        billed["prompt_tokens"] += prompt_tokens
-        billed["completion_tokens"] += completion_tokens
         payload = {
             "id": f"chatcmpl-sim-{request_hash[:24]}",
             "object": "chat.completion",
@@ -234,8 +241,8 @@ class SimServer(LocalServer):
             "system_fingerprint": FINGERPRINT,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                          "logprobs": logprobs, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
+            "usage": {"prompt_tokens": reported[0], "completion_tokens": reported[1],
+                      "total_tokens": sum(reported)},
         }
         return web.Response(body=orjson.dumps(payload), content_type=_JSON,
                             headers={"x-conductor-simulated": "1"})

@@ -13,7 +13,7 @@ import jsonschema
 import orjson
 import pyarrow as pa
 
-from conductor.enrich.fields import Field
+from conductor.fields import Field
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
 SCHEMA_LINE = "Reply with only a JSON object that matches this JSON Schema:"

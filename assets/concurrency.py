@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
-from conductor.pool import Pool
+from conductor.pool import Pool, provider_from_model
 
 PROVIDER_PREFIX = "provider-"
 PLANNER_PREFIX = "planner-"
@@ -50,7 +50,7 @@ def planner_pools(kind: str, options: dict, pool: Pool) -> list[str]:
         if options.get("worker") and pool.has(options["worker"]):
             return [PROVIDER_PREFIX + pool.worker(options["worker"]).provider]
         model = options.get("model") or ""
-        return [PROVIDER_PREFIX + (options.get("provider") or (model.split("/", 1)[0] if "/" in model else "default"))]
+        return [PROVIDER_PREFIX + (options.get("provider") or provider_from_model(model))]
     return [PLANNER_PREFIX + kind]
 
 

@@ -29,8 +29,8 @@ from conductor.failures import failed_plans, failure_groups, max_failed_share
 from conductor.pool import load_pool
 from conductor.report import markdown_table
 from conductor.store import RunDir
-from pipelines.partitions import query_sets
-from pipelines.resources import ChecksResource
+from assets.partitions import query_sets
+from assets.resources import ChecksResource
 
 _SHOW = 5
 

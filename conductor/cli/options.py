@@ -1,0 +1,60 @@
+"""Options several commands share, declared once so they read the same everywhere.
+
+Only the standard library and light `conductor` modules are imported here: building
+the parser (and so `conductor --help`) must not load the table, HTTP or model stacks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from conductor.errors import ConductorError
+
+
+def data_dir(p: argparse.ArgumentParser, help: str = "where runs, cache and catalog live (default data)") -> None:
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help=help)
+
+
+def pool(p: argparse.ArgumentParser, help: str = "pool file (YAML)") -> None:
+    p.add_argument("--pool", type=Path, required=True, help=help)
+
+
+def run_id(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    p.add_argument("--run-id", default=None, help=help)
+
+
+def seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0)
+
+
+def quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def max_steps(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-steps", type=int, default=5, help="most steps a plan may have (default 5)")
+
+
+def cost_penalty(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cost-penalty", type=float, default=0.0, help="reward points subtracted per USD")
+
+
+def planner_limit(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--planner-limit", type=int, default=None, metavar="N", help=help)
+
+
+def report_out(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--out", type=Path, default=None, help=help)
+
+
+def parse_options(items: list[str]) -> dict:
+    """--planner-option KEY=VALUE pairs; values are read as YAML scalars (20, on, a string)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConductorError(f"--planner-option {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out

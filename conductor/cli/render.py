@@ -1,0 +1,96 @@
+"""What the commands print about a finished run or evaluation, in one place so every
+command lays its summary out the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def key_values(rows: list[tuple[str, Any]]) -> str:
+    """Two aligned columns: name, value."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def run_summary(s: dict) -> str:
+    """`conductor run`, `conductor policy rollouts` and the demo: one run's summary."""
+    def money(x):
+        return "unknown" if x is None else f"${x:.6f}"
+
+    def num(x, fmt="{:.1f}"):
+        return "n/a" if x is None else fmt.format(x)
+
+    rows = [
+        ("run", s["run_id"] + ("  (resumed)" if s.get("resumed") else "")),
+        ("queries", s["queries"]),
+        ("plans", s["plans"]),
+        ("valid plans", f"{s['valid_plans']} ({s['valid_plans'] / max(s['plans'], 1):.1%})"),
+        ("plan statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))),
+        ("calls", f"{s['calls']}  (cache hits {s['cache_hits']})"),
+        ("accuracy", "n/a (nothing graded)" if s["accuracy"] is None else f"{s['accuracy']:.3f} over {s['graded']} graded plans"),
+        ("cost", f"{money(s['cost_usd'])} total, {money(s['cost_per_query_usd'])} per query"
+                 + (f" (planning {money(s['planning_cost_usd'])})" if s.get("planning_cost_usd") else "")
+                 + (f"  ({s['plans_without_price']} plan(s) with unknown price)" if s["plans_without_price"] else "")),
+        ("tokens per query", num(s["tokens_per_query"])),
+        ("wall time", num(s["wall_time_s"], "{:.1f} s")),
+    ]
+    for cap in s.get("spend", []):
+        if cap["limit_usd"] is not None:
+            rows.append((f"budget {cap['cap']}", f"${cap['spent_usd']:.6f} of ${cap['limit_usd']:.6f}"))
+    rows += [("outputs", s["outputs"]), ("catalog", s.get("catalog", ""))]
+    return key_values(rows)
+
+
+def job_summary(s: dict[str, Any]) -> str:
+    """`conductor job run`: one enrichment run's summary."""
+    m = s["metrics"]
+    rows = [("job", s["job"]), ("run", s["run_id"]),
+            ("rows", f"{s['rows']}  (computed {s['computed']}, reused {s['reused']} at $0)"),
+            ("valid", f"{s['valid']} ({m['valid_share']:.1%})"),
+            ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))),
+            ("calls", s["calls"]), ("cost", f"${s['cost_usd']:.6f}")]
+    if m.get("overall") is not None:
+        rows.append(("overall score", f"{m['overall']:.3f} over {m['scored_rows']} rows with references"))
+    for name, f in m["fields"].items():
+        parts = [f"null {f['null_share']:.1%}" if f.get("null_share") is not None else "no valid record"]
+        if f.get("accuracy") is not None:
+            parts.insert(0, f"accuracy {f['accuracy']:.3f}" + "".join(
+                f", {k} {f[k]:.3f}" for k in ("em", "f1", "jaccard") if f.get(k) is not None))
+        if f.get("mean_confidence") is not None:
+            parts.append(f"confidence {f['mean_confidence']:.3f}")
+        rows.append((f"  {name}", "; ".join(parts)))
+    if m.get("judge"):
+        j = m["judge"]
+        rows.append(("judge", f"mean score {j['mean_score']:.3f} over {j['judged_rows']} rows without references"
+                              f" (${s.get('judge_cost_usd') or 0:.6f})" if j["mean_score"] is not None
+                     else "no row judged"))
+    rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
+             ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
+    out = key_values(rows)
+    if s.get("failures"):
+        out += "\n\nrows without a valid record (a rerun retries them):\n" + "\n".join(
+            f"  {f['rows']} {f['status']}: {f['error']}" for f in s["failures"])
+    return out
+
+
+def eval_report(report: Any, *, learned: bool = False) -> str:
+    """`conductor eval` and `conductor policy eval`: the headline table and where the report is.
+    With learned policies, the comparisons and targets follow the table."""
+    from conductor.evaluation.report import comparison_table, headline, policy_table, target_lines
+
+    m = report.meta
+    if learned:
+        head = f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers\n"
+    else:
+        agrees = (f"grader agrees with the labels on {m['agreement']:.1%} of {m['graded_rows']} rows"
+                  if m["agreement"] is not None else "no reference: accuracy from the recorded labels only")
+        tasks = ", ".join(f"{t} {k}" for t, k in m["tasks"].items())
+        head = (f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers "
+                f"(tasks: {tasks}; {agrees}; recorded cost_usd on {m['recorded_cost_rows']} of {m['rows']} rows)\n")
+    lines = [head, policy_table(headline(report.policies))]
+    if learned:
+        if m.get("comparisons"):
+            lines.append("\n" + comparison_table(m["comparisons"]))
+        lines += target_lines(m.get("targets") or [])
+    lines.append(f"\nreport {report.report_path}\nchart  {report.chart_path}\ndata   {report.json_path}")
+    return "\n".join(lines)

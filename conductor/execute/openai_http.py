@@ -1,0 +1,222 @@
+"""A direct OpenAI-compatible chat client on aiohttp, for workers with an `api_base`
+(the simulated pool, vLLM, any OpenAI-compatible server).
+
+litellm costs several times the HTTP call's own CPU per call (its response object,
+cost calculator and logging), which caps a batch job on a small machine; this client
+posts the JSON body and reads the JSON answer, nothing else. Every other provider
+still goes through litellm (`call.complete`). The contract is `complete()`'s: no
+retries here (the executor retries through its limiter), `timeout_s` bounds the
+whole attempt, error bodies are cut at MAX_ERROR_BODY_BYTES before they are read,
+and a 200 whose shape is wrong is a `malformed` failure of that call only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import aiohttp
+import orjson
+
+from conductor.execute.call import (MAX_ERROR_BODY_BYTES, MAX_ERROR_CHARS, CallFailure, CallRequest,
+                                    CallResponse, RETRYABLE_STATUS, _cut, _retry_after, _tokens, _usd,
+                                    completion_logprob, estimate_tokens, redact)
+
+
+class RateHeaders:
+    """What `x-ratelimit-*-requests` headers said: requests left in the provider's
+    window and seconds until it resets (None when a header is absent)."""
+
+    __slots__ = ("remaining", "reset_s")
+
+    def __init__(self, remaining: float | None, reset_s: float | None):
+        self.remaining = remaining
+        self.reset_s = reset_s
+
+
+class OpenAIEndpoint:
+    """One HTTP session for one endpoint and key for a run: connections are reused
+    across calls. Create it inside the event loop that uses it; `await close()` at
+    the end of the run."""
+
+    direct = True  # `call.complete` sends through `send` instead of litellm
+
+    def __init__(self, api_base: str, api_key: str | None):
+        self.url = api_base.rstrip("/") + "/chat/completions"
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json",
+                         "Authorization": f"Bearer {api_key or 'no-key'}"}
+        self._api_key = api_key
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # no pool limit here: the provider's limiter bounds calls in flight
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+            # no session deadline either: `timeout_s` bounds each attempt (asyncio.timeout)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
+                                                  timeout=aiohttp.ClientTimeout(total=None),
+                                                  skip_auto_headers=("User-Agent",))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(self, req: CallRequest) -> CallResponse:
+        model = req.model.split("/", 1)[1] if req.model.startswith("openai/") else req.model
+        body = {"model": model, "messages": req.messages,
+                **{k: v for k, v in req.params.items() if v is not None}}
+        headers = self._headers
+        if req.request_id:
+            headers = {**headers, "X-Conductor-Request": req.request_id}
+        session = self._open()
+        try:
+            async with asyncio.timeout(req.timeout_s):
+                async with session.post(self.url, data=orjson.dumps(body), headers=headers) as resp:
+                    if resp.status >= 400:
+                        raise await self._failure(resp)
+                    raw = await resp.read()
+                    resp_headers = resp.headers
+        except CallFailure:
+            raise
+        except TimeoutError:
+            raise CallFailure("timeout", f"Timeout: no complete answer within timeout_s={req.timeout_s:g} s") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
+            raise CallFailure("connection", _cut(redact(f"connection error: {type(e).__name__}: {e}",
+                                                        self._api_key))) from None
+        except aiohttp.ClientError as e:
+            raise CallFailure("other", _cut(redact(f"{type(e).__name__}: {e}", self._api_key))) from None
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise CallFailure("malformed", f"malformed response: not JSON ({e}): {raw[:200]!r}") from None
+        try:
+            return read_answer(req, doc, resp_headers)
+        except CallFailure:
+            raise
+        except Exception as e:  # whatever else a malformed answer raises fails this call only
+            raise CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}") from None
+
+    async def _failure(self, resp: aiohttp.ClientResponse) -> CallFailure:
+        """The error response as a classified failure; its body is read up to the cap only."""
+        status = resp.status
+        body = b""
+        cut = False
+        while len(body) <= MAX_ERROR_BODY_BYTES:
+            chunk = await resp.content.read(MAX_ERROR_BODY_BYTES + 1 - len(body))
+            if not chunk:
+                break
+            body += chunk
+        if len(body) > MAX_ERROR_BODY_BYTES:
+            cut = True
+            body = body[:MAX_ERROR_CHARS // 2]
+        text = _error_text(body)
+        if cut:
+            text = f"(cut: the error body is larger than {MAX_ERROR_BODY_BYTES >> 10} KiB) {text}..."
+        message = _cut(redact(f"HTTP {status}: {text}", self._api_key))
+        retry_after = _retry_after(resp.headers)
+        failure = CallFailure(_kind(status), message, status,
+                              retry_after if status in RETRYABLE_STATUS or status >= 500 else None)
+        failure.rate = rate_headers(resp.headers)
+        return failure
+
+
+def _kind(status: int) -> str:
+    if status == 429:
+        return "rate_limit"
+    if status == 408:
+        return "timeout"
+    if status in (401, 403):
+        return "auth"
+    if status in RETRYABLE_STATUS or status >= 500:
+        return "server"
+    return "client"
+
+
+def _error_text(body: bytes) -> str:
+    """The provider's message from an OpenAI-style error body, else the body as text."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace")
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    if isinstance(err, str):
+        return err
+    return body.decode("utf-8", "replace")
+
+
+def rate_headers(headers: Any) -> RateHeaders | None:
+    """`x-ratelimit-remaining-requests` and `x-ratelimit-reset-requests` ("1s", "6m0s",
+    "20ms" or seconds), when the provider sends them."""
+    remaining = headers.get("x-ratelimit-remaining-requests")
+    if remaining is None:
+        return None
+    try:
+        left = float(remaining)
+    except ValueError:
+        return None
+    return RateHeaders(left, parse_duration(headers.get("x-ratelimit-reset-requests")))
+
+
+def parse_duration(text: str | None) -> float | None:
+    """OpenAI's reset durations: "1s", "6m0s", "1h2m3.5s", "20ms", or plain seconds."""
+    if not text:
+        return None
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    total, num = 0.0, ""
+    i = 0
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    while i < len(text):
+        c = text[i]
+        if c.isdigit() or c == ".":
+            num += c
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else c
+        if unit not in units or not num:
+            return None
+        try:
+            total += float(num) * units[unit]
+        except ValueError:
+            return None
+        num = ""
+        i += len(unit)
+    return total if not num else None
+
+
+def read_answer(req: CallRequest, doc: Any, headers: Any) -> CallResponse:
+    """The answer's text and usage after checking its shape, as `call._read_response`
+    does for litellm's objects."""
+    if not isinstance(doc, dict):
+        raise CallFailure("malformed", f"malformed response: the body is a {type(doc).__name__}, not an object")
+    choices = doc.get("choices")
+    if not choices or not isinstance(choices, list):
+        raise CallFailure("malformed", "malformed response: no choices")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise CallFailure("malformed", "malformed response: choice 0 has no message")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        raise CallFailure("malformed", f"malformed response: content is {type(content).__name__}, not text")
+    text = content or ""
+    usage = doc.get("usage")
+    pt = _tokens(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+    ct = _tokens(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+    reported = pt is not None and ct is not None
+    estimated = not reported or headers.get("x-conductor-usage-estimated") == "1"
+    if pt is None:
+        pt = estimate_tokens(req.messages)
+    if ct is None:
+        ct = math.ceil(len(text) / 4)
+    simulated = doc.get("system_fingerprint") == "conductor-sim" or headers.get("x-conductor-simulated") == "1"
+    return CallResponse(text, pt, ct, estimated, simulated, choice.get("finish_reason"),
+                        completion_logprob(choice), _usd(headers.get("x-conductor-cost-usd")),
+                        usage_reported=reported, rate=rate_headers(headers))

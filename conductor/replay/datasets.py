@@ -1,0 +1,21 @@
+"""Names of the shared replay tables and where they live: light enough for the
+command line to build its options without loading any table library."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# The shared tables' stems -> the task their rows are graded as when the table names none.
+DATASETS = {"gsm8k": "math", "mmlu_pro": "choice"}
+REPLAY_ENV = "CONDUCTOR_REPLAY_DIR"
+TRAIN_FRACTION = 0.5
+SPLITS = ("all", "train", "test")
+
+
+def default_replay_dir() -> Path:
+    """$CONDUCTOR_REPLAY_DIR, else the `shared/replay` folder beside the repository."""
+    env = os.environ.get(REPLAY_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "shared" / "replay"

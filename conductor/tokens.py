@@ -1,0 +1,41 @@
+"""Token counts estimated from text, one rule everywhere a count is not reported:
+characters / 4, rounded up. The executor (rate limits, budget reservations, a
+provider that reports no usage) and the replay server (a table without recorded
+usage) count this way, so their figures agree. The simulated pool bills as a
+provider's tokenizer would (`tokenizer_tokens`): the same for ASCII text, about a
+token a character for other scripts, which is what budget tests need to see."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+MESSAGE_FRAMING_TOKENS = 4  # role and separators a chat template adds per message
+
+
+def tokens_from_chars(chars: Any) -> Any:
+    """Characters / 4, rounded up. Takes an int or a polars expression."""
+    if isinstance(chars, int):
+        return math.ceil(chars / CHARS_PER_TOKEN)
+    return (chars / CHARS_PER_TOKEN).ceil().cast(int)
+
+
+def estimate_tokens(messages: list[dict[str, str]]) -> int:
+    """A prompt's tokens, plus a few of framing per message: cheap, and close enough for
+    rate limits and budget reservations, which reconcile afterwards."""
+    return sum(tokens_from_chars(len(m.get("content") or "")) + MESSAGE_FRAMING_TOKENS for m in messages)
+
+
+def tokenizer_tokens(text: str) -> int:
+    """Roughly what a BPE tokenizer bills: four ASCII characters a token, and a token
+    for each other character (CJK text is about one token a character)."""
+    ascii_chars = len(text) if text.isascii() else len(text.encode("ascii", "ignore"))
+    return tokens_from_chars(ascii_chars) + (len(text) - ascii_chars)
+
+
+def max_prompt_tokens(messages: list[dict[str, str]]) -> int:
+    """An upper bound on a prompt's tokens in any script and tokenizer: its UTF-8
+    bytes (a byte-level tokenizer never makes a token of less than one byte),
+    plus framing per message. For budget reservations, which must not undershoot."""
+    return sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + 8 for m in messages)
