@@ -88,8 +88,8 @@ def test_a_shared_budget_is_never_exceeded_across_processes(tmp_path, bench_sim,
     budget = 0.01  # about 17 worst-case reservations; the calls cost far less, so it runs out mid-run
     outs = run_workers(bench_sim, tmp_path, redis_server.url, [(0, 150), (150, 150)], budget=budget)
     log = bench_sim.log()
-    use = log["usage"]["bench"]
-    spend = use["prompt_tokens"] * 1e-6 + use["completion_tokens"] * 2e-6  # the bench pool's prices
+    prompt_tokens, completion_tokens = log["billed_tokens"]["bench"]
+    spend = prompt_tokens * 1e-6 + completion_tokens * 2e-6  # the bench pool's prices
     assert spend <= budget
     statuses = [o["statuses"] for o in outs]
     assert sum(s.get("budget_exhausted", 0) for s in statuses) > 0, statuses
