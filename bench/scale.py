@@ -145,7 +145,8 @@ def budget_case(sim, tmp: Path, governor: str, a, offset: int) -> dict:
     for o in outs:
         for k, v in o["statuses"].items():
             statuses[k] = statuses.get(k, 0) + v
-    return {"budget": a.budget, "spend": spend, "answered": log["by_status"].get("200", 0), "statuses": statuses}
+    return {"budget": a.budget, "spend": spend, "answered": log["by_status"].get("200", 0), "statuses": statuses,
+            "errors": [e for o in outs for e in o["errors"]][:3]}
 
 
 def cache_case(sim, tmp: Path, governor: str, a, offset: int) -> dict:
