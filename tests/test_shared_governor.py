@@ -205,3 +205,15 @@ def test_the_governor_url_is_checked_and_its_password_never_shown(monkeypatch):
 
     monkeypatch.setenv("CONDUCTOR_GOVERNOR", "memory://")
     assert governor_url("redis://127.0.0.1:6379/0") == "memory://"  # the environment wins
+
+
+def test_with_a_shared_governor_dagster_steps_claim_no_provider_pool(monkeypatch):
+    from assets.concurrency import planner_pools, provider_pools
+
+    monkeypatch.delenv("CONDUCTOR_GOVERNOR", raising=False)
+    doc = {"workers": [worker("fast", "http://127.0.0.1:1/v1")]}
+    assert provider_pools(parse_pool(doc)) == ["provider-sim"]  # in-process: one step per provider
+    shared = parse_pool({**doc, "governor": "redis://127.0.0.1:6379/0"})
+    assert provider_pools(shared) == [] and planner_pools("llm", {"worker": "fast"}, shared) == []
+    monkeypatch.setenv("CONDUCTOR_GOVERNOR", "redis://127.0.0.1:6379/0")
+    assert provider_pools(parse_pool(doc)) == []
