@@ -455,6 +455,9 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     # Created here, not per stage, so that re-planning steps reuse it (a loaded
     # vLLM engine); and before the run folder, so that a bad setting writes nothing.
     planner = planner or configured_planner(cfg)
+    from conductor.shared.objects import store_url
+
+    cfg.store = store_url(cfg.store)  # CONDUCTOR_STORE, for runs started by Dagster
     run = prepare(cfg)
     store = None
     if cfg.store:

@@ -32,6 +32,9 @@ from conductor.shared.url import GovernorUnavailable, redact
 log = logging.getLogger("conductor.governor")
 
 PREFIX = "conductor:gov"
+# A slot used later than this after its send time is given up for a new one: the
+# schedule leaves 1 s between release and arrival (limits._JITTER_S) for everything else.
+_LATE_S = 0.25
 
 # KEYS: pause, rpm tat, tpm tat. ARGV: rpm interval, rpm tolerance, tpm interval, tpm tolerance, tokens.
 # Returns {ok, seconds}: ok=0 -> paused (Retry-After) for `seconds`, nothing taken;
@@ -242,7 +245,10 @@ class SharedLimiter:
             while True:
                 ok, wait = await self.gov.run("acquire", self._keys, [
                     self._rpm[0], self._rpm[1], self._tpm[0], self._tpm[1], max(0.0, tokens)])
+                due = time.monotonic() + float(wait)
                 await asyncio.sleep(float(wait))
+                if time.monotonic() - due > _LATE_S:
+                    continue  # a stalled process would send late, in a bunch with later slots: take a new one
                 if int(ok) and await self._enter(holder):
                     break
             try:
