@@ -160,7 +160,7 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
         if args.sweep_only:
             return {"dataset": ds, "sweep": log["rollouts"][-1]}
         for kind, value in [("lambda", lam) for lam in lambdas] + [("floor", f) for f in floors]:
-            tag = f"{value:g}" if kind == "lambda" else f"floor{value:+g}"
+            tag = f"{value:g}" if kind == "lambda" else f"floor{value:g}"  # a run id: no "+"
             how = {"lam": value} if kind == "lambda" else {"floor": value}
             r1[tag], s1 = train(TrainConfig(pool=pool, runs=["sweep"], data_dir=data, out=root / f"round1-{tag}",
                                             **how))
