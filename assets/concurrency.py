@@ -7,7 +7,8 @@ together send twice the traffic. So a step that calls a provider (executing
 plans, or planning with an LLM) first takes a slot in that provider's pool
 (`provider-<id>`); with the instance's pool `default_limit: 1`
 (data/dagster_home/dagster.yaml) one step per provider runs at a time, and its
-in-process limiter is then the limit for the whole instance.
+in-process limiter is then the limit for the whole instance. With a shared
+governor (conductor.execute.shared) that is no longer needed, and no provider pool is claimed.
 
 A run calls every provider of its pool file from one step, and Dagster's
 `pool=` gives an op only one pool. The LLM-calling steps therefore claim their
@@ -34,7 +35,15 @@ POOLS_TAG = {"conductor/pools": "provider"}
 
 def provider_pools(pool: Pool) -> list[str]:
     """The pools of every provider that serves a model in the pool file;
-    function workers (vote, extract) run locally and need none."""
+    function workers (vote, extract) run locally and need none. With a shared
+    governor (a redis:// URL in the pool file or CONDUCTOR_GOVERNOR) the
+    provider's limits and budget hold across every process by themselves: the
+    steps claim no provider pool, and a backfill runs as many partitions at once
+    as the run queue and executor allow, all drawing on the same limits."""
+    from conductor.execute.shared import governor_url
+
+    if not governor_url(pool.governor).startswith("memory://"):
+        return []
     return sorted({PROVIDER_PREFIX + w.provider for w in pool.workers if w.kind != "function"})
 
 
@@ -47,6 +56,10 @@ def planner_pools(kind: str, options: dict, pool: Pool) -> list[str]:
     if kind == "embedded":
         return []
     if kind == "llm":
+        from conductor.execute.shared import governor_url
+
+        if not governor_url(pool.governor).startswith("memory://"):
+            return []  # the shared governor holds the provider's limits (see provider_pools)
         if options.get("worker") and pool.has(options["worker"]):
             return [PROVIDER_PREFIX + pool.worker(options["worker"]).provider]
         model = options.get("model") or ""

@@ -5,6 +5,7 @@ chosen on train, graded by the same grader.
 
     python bench/policy.py --docs                            # gsm8k and mmlu_pro, the issue's targets
     python bench/policy.py --datasets gsm8k --lambdas 0 30
+    python bench/policy.py --datasets gsm8k --lambdas --floors 0     # the floor only, no lambda
     python bench/policy.py --tables my_logs.parquet --lambdas 0 30   # any recorded table (see the README)
 
 Per dataset (everything under --work, default data/bench-policy/<dataset>):
@@ -12,9 +13,12 @@ Per dataset (everything under --work, default data/bench-policy/<dataset>):
 2. A sweep on train: every candidate action (singles, cascades, votes) once per
    query, through the pipeline against the replay server (`conductor policy
    rollouts --samples all`).
-3. Per lambda: train on the sweep (round 1: Pareto cut on the measured actions,
-   learned vs best fixed action on held-back train queries); one on-policy round of
-   --samples epsilon-greedy draws from it; retrain on both (round 2).
+3. Per lambda, and per floor: train on the sweep (round 1: Pareto cut on the
+   measured actions, learned vs best fixed action on held-back train queries); one
+   on-policy round of --samples epsilon-greedy draws from it; retrain on both (round 2).
+   A floor (`--floors`, by default the targets' accuracy deltas) trains the fixed
+   action as the cheapest one whose train accuracy reaches the best single's + floor:
+   each target asked of the train split, never of test.
 4. `conductor policy eval` on the test split with the round-1 artifacts: every single
    worker, the best single (chosen on train), the oracle, the prior planner, the
    best fixed cascade on train, per lambda the learned policy and the best fixed
@@ -54,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="recorded tables at any path (each named by its file stem; tasks from their task column)")
     ap.add_argument("--task", default=None, help="task of rows of --tables that name none")
     ap.add_argument("--prices", type=Path, default=None, help="price table for --tables (default: prices.csv)")
-    ap.add_argument("--lambdas", nargs="+", type=float, default=None, help="default: a sweep per dataset")
+    ap.add_argument("--lambdas", nargs="*", type=float, default=None, help="default: a sweep per dataset")
+    ap.add_argument("--floors", nargs="*", type=float, default=None, metavar="DELTA",
+                    help="accuracy floors relative to the best single on train (default: the targets' deltas)")
     ap.add_argument("--target", action="append", default=None, metavar="DELTA:SHARE",
                     help="targets to check (default: the issue's for the shared tables)")
     ap.add_argument("--replay-dir", type=Path, default=None)
@@ -63,13 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--explore", type=float, default=0.3, help="epsilon of the on-policy round")
     ap.add_argument("--port", type=int, default=8931, help="the replay server's port (fixed, so reruns resume)")
     ap.add_argument("--docs", action="store_true", help="copy the charts to docs/img/policy_<dataset>.png")
+    ap.add_argument("--sweep-only", action="store_true",
+                    help="run (or resume) the sweep on train and stop: the slow part, reused by a later full run")
     ap.add_argument("--summary-only", action="store_true",
                     help="rebuild summary.md from the datasets' result.json files under --work; run nothing")
     args = ap.parse_args(argv)
+    if args.summary_only and args.sweep_only:
+        ap.error("--summary-only and --sweep-only exclude each other")
     if args.summary_only:
         results = {p.parent.name: json.loads(p.read_text()) for p in sorted(args.work.glob("*/result.json"))}
         return _write_summary(args.work, results)
 
+    from conductor.evaluation import Target
     from conductor.replay.tables import default_replay_dir, table_spec
 
     replay_dir = args.replay_dir or default_replay_dir()
@@ -84,8 +95,17 @@ def main(argv: list[str] | None = None) -> int:
         ds = spec.name
         lambdas = args.lambdas if args.lambdas is not None else DEFAULT_LAMBDAS.get(ds, [0, 10, 30, 100])
         targets = args.target if args.target is not None else TARGETS.get(ds, [])
-        results[ds] = bench(spec, args.work / ds, lambdas, targets, args)
+        floors = (args.floors if args.floors is not None
+                  else sorted({t.accuracy_delta for t in map(Target.parse, targets)}))
+        if not lambdas and not floors:
+            ap.error("nothing to train: give --lambdas or --floors (or targets)")
+        results[ds] = bench(spec, args.work / ds, lambdas, floors, targets, args)
+        if args.sweep_only:
+            continue
         (args.work / ds / "result.json").write_text(json.dumps(results[ds], indent=2, default=str))
+    if args.sweep_only:
+        print(json.dumps(results, indent=2))
+        return 0
     return _write_summary(args.work, results)
 
 
@@ -98,11 +118,12 @@ def _write_summary(work: Path, results: dict) -> int:
     return 0
 
 
-def bench(spec, work: Path, lambdas: list[float], targets: list[str], args) -> dict:
+def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: list[str], args) -> dict:
     import pyarrow.parquet as pq
 
     from conductor.evaluation import EvalConfig, Target, evaluate
     from conductor.evaluation.policies import paired
+    from conductor.evaluation.report import objective
     from conductor.policy.actions import action_set
     from conductor.policy.training import TrainConfig, train
     from conductor.pool import load_pool
@@ -136,48 +157,54 @@ def bench(spec, work: Path, lambdas: list[float], targets: list[str], args) -> d
     r1, r2 = {}, {}
     with start_replay(pool, port=args.port):
         rollouts("sweep", {"sweep": True, "policy": "none"}, k, 0)
-        for lam in lambdas:
-            tag = f"{lam:g}"
-            r1[lam], s1 = train(TrainConfig(pool=pool, runs=["sweep"], data_dir=data, lam=lam,
-                                            out=root / f"round1-{tag}"))
+        if args.sweep_only:
+            return {"dataset": ds, "sweep": log["rollouts"][-1]}
+        for kind, value in [("lambda", lam) for lam in lambdas] + [("floor", f) for f in floors]:
+            tag = f"{value:g}" if kind == "lambda" else f"floor{value:g}"  # a run id: no "+"
+            how = {"lam": value} if kind == "lambda" else {"floor": value}
+            r1[tag], s1 = train(TrainConfig(pool=pool, runs=["sweep"], data_dir=data, out=root / f"round1-{tag}",
+                                            **how))
             rid = f"onpolicy-{tag}"
-            rollouts(rid, {"policy": str(r1[lam]), "candidates": "bandit", "explore": args.explore},
+            rollouts(rid, {"policy": str(r1[tag]), "candidates": "bandit", "explore": args.explore},
                      args.samples, 100)
-            r2[lam], s2 = train(TrainConfig(pool=pool, runs=["sweep", rid], data_dir=data, lam=lam,
-                                            out=root / f"round2-{tag}"))
-            log["lambdas"][tag] = {"round1": str(r1[lam]), "round2": str(r2[lam]),
+            r2[tag], s2 = train(TrainConfig(pool=pool, runs=["sweep", rid], data_dir=data,
+                                            out=root / f"round2-{tag}", **how))
+            log["lambdas"][tag] = {"round1": str(r1[tag]), "round2": str(r2[tag]), "lambda": s1["lambda"],
+                                   "floor": s1["floor"], "floor_lambda": s1["floor_lambda"],
                                    "frontier": s1["frontier"], "selection_round1": s1["selection"],
                                    "selection_round2": s2["selection"], "train_s": s1["seconds"] + s2["seconds"]}
-            print(f"  lambda {tag}: frontier {sum(len(v) for v in s1['frontier'].values())} actions, ships "
+            print(f"  {objective({'lambda': s1['lambda'], 'floor': s1['floor']})}: frontier "
+                  f"{sum(len(v) for v in s1['frontier'].values())} actions, ships "
                   f"{s1['selection']['shipped']} (round 2: {s2['selection']['shipped']})", flush=True)
     rep = evaluate(EvalConfig(pool=pool, queries=files["all"], split="test", out=work / "eval",
-                              policies=[r1[lam] for lam in lambdas], targets=[Target.parse(t) for t in targets]))
+                              policies=list(r1.values()), targets=[Target.parse(t) for t in targets]))
     rep2 = evaluate(EvalConfig(pool=pool, queries=files["all"], split="test", out=work / "eval-round2",
-                               planner=False, fixed=False, policies=[r2[lam] for lam in lambdas]))
+                               planner=False, fixed=False, policies=list(r2.values())))
     best = rep.find("best_single", "grader")
     oracle = rep.find("oracle", "grader")
     planner = rep.find("planner")
     cascade = next((p for p in rep.policies if p.kind == "fixed_cascade"), None)
     top = max((p for p in rep.policies if p.kind == "single"), key=lambda p: p.accuracy or 0)
 
-    def row(p, lam=None) -> dict:
+    def row(p) -> dict:
         d = {"name": p.name, "accuracy": p.accuracy, "se": p.se, "usd": p.usd_per_query,
              "cost_share": p.usd_per_query / best.usd_per_query, "calls": p.calls_per_query,
              "vs_best_single": paired(p, best)}
-        if lam is not None:
-            d["lambda"] = lam
+        if p.kind in ("learned", "fixed"):
+            d.update({"lambda": p.info.get("lambda"), "floor": p.info.get("floor"), "objective": objective(p.info)})
         return d
 
     rounds = []
-    for lam in lambdas:
-        one = next(p for p in rep.policies if p.info.get("lambda") == lam and p.info.get("shipped"))
-        two = next(p for p in rep2.policies if p.kind in ("learned", "fixed") and p.info.get("lambda") == lam)
-        rounds.append({"lambda": lam, "round1": row(one), "round2": row(two), "round2_minus_round1": paired(two, one)})
-    out = {"dataset": ds, "lambdas": lambdas, "log": log, "report": str(rep.report_path),
+    for tag in r1:
+        one = next(p for p in rep.policies if p.info.get("artifact") == str(r1[tag]) and p.info.get("shipped"))
+        two = next(p for p in rep2.policies if p.kind in ("learned", "fixed") and p.info.get("artifact") == str(r2[tag]))
+        rounds.append({"tag": tag, "objective": objective(one.info), "round1": row(one), "round2": row(two),
+                       "round2_minus_round1": paired(two, one)})
+    out = {"dataset": ds, "lambdas": lambdas, "floors": floors, "log": log, "report": str(rep.report_path),
            "chart": str(rep.chart_path), "best_single": row(best), "oracle": row(oracle), "prior": row(planner),
            "fixed_cascade": row(cascade) if cascade else None, "top_single_on_test": row(top),
            "comparisons": rep.meta.get("comparisons"), "targets": rep.meta.get("targets"), "rounds": rounds,
-           "policies": [row(p, p.info.get("lambda")) | {"kind": p.kind, "shipped": p.info.get("shipped")}
+           "policies": [row(p) | {"kind": p.kind, "shipped": p.info.get("shipped")}
                         for p in rep.policies if p.kind in ("learned", "fixed")]}
     if args.docs:
         dest = REPO / "docs" / "img" / f"policy_{ds}.png"
@@ -203,17 +230,17 @@ def summary_markdown(results: dict) -> str:
                 f"- oracle {cell(r['oracle'])}; prior planner {cell(r['prior'])}"
                 + (f"; {r['fixed_cascade']['name']}: {cell(r['fixed_cascade'])}, vs best single "
                    f"{pm(r['fixed_cascade']['vs_best_single'])}" if r["fixed_cascade"] else ""), ""]
-        out += ["| lambda | policy | shipped | accuracy ± SE at USD (share of best single) | vs best single (paired) |",
-                "|---:|---|---|---|---:|"]
+        out += ["| objective | policy | shipped | accuracy ± SE at USD (share of best single) | vs best single "
+                "(paired) |", "|---|---|---|---|---:|"]
         for p in r["policies"]:
-            out.append(f"| {p['lambda']:g} | {p['kind']} | {'yes' if p['shipped'] else ''} | {cell(p)} | "
+            out.append(f"| {p['objective']} | {p['kind']} | {'yes' if p['shipped'] else ''} | {cell(p)} | "
                        f"{pm(p['vs_best_single'])} |")
-        out += ["", "| lambda | shipped vs best fixed (reward, paired) | within one SE | round 2 − round 1 "
-                    "(accuracy, paired) | round 2 |", "|---:|---:|---|---:|---|"]
-        by_lam = {c["lambda"]: c for c in r["comparisons"] or []}
+        out += ["", "| objective | shipped vs best fixed (reward, paired) | within one SE | round 2 − round 1 "
+                    "(accuracy, paired) | round 2 |", "|---|---:|---|---:|---|"]
+        by_key = {(c["lambda"], c.get("floor")): c for c in r["comparisons"] or []}
         for rd in r["rounds"]:
-            c = by_lam.get(rd["lambda"], {})
-            out.append(f"| {rd['lambda']:g} | {pm(c.get('shipped_vs_fixed'))} | "
+            c = by_key.get((rd["round1"]["lambda"], rd["round1"]["floor"]), {})
+            out.append(f"| {rd['objective']} | {pm(c.get('shipped_vs_fixed'))} | "
                        f"{'yes' if c.get('within_one_se_of_fixed') else 'no'} | {pm(rd['round2_minus_round1'])} | "
                        f"{cell(rd['round2'])} |")
         out.append("")

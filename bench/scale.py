@@ -74,6 +74,10 @@ def worker(spec_path: str) -> None:
                   run_cache=Cache(work / "responses.sqlite"), spent=state.spent, paid=state.paid)
     jobs = (PlanJob(f"p{i}", f"b{i:07d}", i, 0, "math", prompt(i), Plan((Step(MODEL, prompt(i), ()),)))
             for i in range(spec["offset"], spec["offset"] + spec["n"]))
+    if spec.get("barrier"):  # start together, as machines already up would: not staggered by imports
+        Path(spec["barrier"], f"ready-{spec['run_id']}").touch()
+        while not Path(spec["barrier"], "go").exists():
+            time.sleep(0.05)
     t = time.perf_counter()
     asyncio.run(ex.run(jobs, state))
     elapsed = time.perf_counter() - t
@@ -101,7 +105,14 @@ def spawn(spec: dict, tmp: Path) -> subprocess.Popen:
 
 
 def run_workers(specs: list[dict], tmp: Path) -> list[dict]:
+    barrier = Path(tempfile.mkdtemp(dir=tmp, prefix="barrier-"))
+    specs = [{**s, "barrier": str(barrier)} for s in specs]
     procs = [spawn(s, tmp) for s in specs]
+    while len(list(barrier.glob("ready-*"))) < len(specs):
+        if any(p.poll() is not None for p in procs):
+            break  # one failed to start: its error is reported below
+        time.sleep(0.05)
+    (barrier / "go").touch()
     out = []
     for p in procs:
         stdout, _ = p.communicate()
@@ -127,7 +138,7 @@ def rate_case(sim, tmp: Path, governor: str, tag: str, a, offset: int) -> dict:
     times = sorted(log["accepted_times"].get(MODEL, []))
     rate = (len(times) - 1) / (times[-1] - times[0]) * 60 if len(times) > 1 else 0.0
     ok_ids = [i for o in outs for i in o["ok_ids"]]
-    dup = sum(c - 1 for c in log["by_body"].values() if c > 1)
+    dup = sum(c - 1 for c in log["by_request_key"].values() if c > 1)  # 200s per client request id
     return {"calls": a.calls, "ok": len(ok_ids), "distinct_ok": len(set(ok_ids)),
             "lost": a.calls - len(set(ok_ids)), "sustained_rpm": rate, "ratio": rate / a.rpm,
             "429s": log["by_status"].get("429", 0), "answered_twice": dup,
@@ -145,7 +156,8 @@ def budget_case(sim, tmp: Path, governor: str, a, offset: int) -> dict:
     for o in outs:
         for k, v in o["statuses"].items():
             statuses[k] = statuses.get(k, 0) + v
-    return {"budget": a.budget, "spend": spend, "answered": log["by_status"].get("200", 0), "statuses": statuses}
+    return {"budget": a.budget, "spend": spend, "answered": log["by_status"].get("200", 0), "statuses": statuses,
+            "errors": [e for o in outs for e in o["errors"]][:3]}
 
 
 def cache_case(sim, tmp: Path, governor: str, a, offset: int) -> dict:

@@ -62,6 +62,7 @@ class RunConfig:
     rewards: RewardScheme = field(default_factory=RewardScheme)
     progress: bool = True
     retry_failed: bool = False  # rerun every failed plan, not only those whose failure was transient
+    store: str | None = None  # s3://bucket/prefix: the run is kept there too (conductor.execute.shared.objects)
 
 
 @dataclass
@@ -99,6 +100,10 @@ def prepare(cfg: RunConfig) -> Run:
         raise ConductorError(f"--data-dir {cfg.data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
                              f"a file pattern, so the run's files could not be read back; use a folder without them")
     run = RunDir(cfg.data_dir, run_id)
+    if cfg.store:  # a run started elsewhere (a killed worker's) resumes here
+        from conductor.execute.shared.objects import ObjectStore
+
+        ObjectStore(cfg.store).pull_run(run)
     if run.exists():
         old = run.read_manifest()
         if old.get("fingerprint") != digest:
@@ -429,15 +434,30 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     # Created here, not per stage, so that re-planning steps reuse it (a loaded
     # vLLM engine); and before the run folder, so that a bad setting writes nothing.
     planner = planner or configured_planner(cfg)
+    from conductor.execute.shared.objects import store_url
+
+    cfg.store = store_url(cfg.store)  # CONDUCTOR_STORE, for runs started by Dagster
     run = prepare(cfg)
+    store = None
+    if cfg.store:
+        from conductor.execute.shared.objects import JournalUploader, ObjectStore
+
+        store = ObjectStore(cfg.store)
+        store.push_run(run.dir)
     try:
         plan_stage(run, planner)
-        execute_stage(run, replanner=replanner, planner=planner)
+        if store is not None:
+            with JournalUploader(store, run.dir):
+                execute_stage(run, replanner=replanner, planner=planner)
+        else:
+            execute_stage(run, replanner=replanner, planner=planner)
     finally:
         if own:
             close_planner(planner)
     grade_stage(run)
     summary = report_stage(run, wall_time_s=round(time.monotonic() - t0, 3))
+    if store is not None:
+        store.push_run(run.dir)
     summary["resumed"] = run.resumed
     return summary
 

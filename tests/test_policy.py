@@ -169,6 +169,31 @@ def test_artifacts_are_versioned_and_planning_uses_the_newest(planted):
     assert artifact.find(pool, root) == first
 
 
+def test_a_floor_ships_the_cheapest_action_at_the_best_singles_train_accuracy(planted, tmp_path):
+    """`policy train --floor 0` on the pipeline's rewards: per task the fixed action is the
+    cheapest measured one at least as accurate as the best single worker, the learner gets the
+    lambda under which that action is the best, and the artifact records both."""
+    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
+                "--out", tmp_path / "p", "--floor", "0", "--learner", "table")
+    assert r.returncode == 0, r.stderr
+    folder = artifact.find(load_pool(planted["pool"]), tmp_path / "p")
+    meta = orjson.loads((folder / "policy.json").read_bytes())
+    t = meta["training"]
+    assert meta["floor"] == 0 and meta["lambda"] == t["floor_lambda"]["lambda"] > 0
+    why = meta["fixed"]["why"]
+    for task, rows in t["measured"].items():
+        m = {x["action"]: x for x in rows}
+        best = max((x for x in rows if x["action"].startswith("single:")), key=lambda x: (x["accuracy"], -x["usd"]))
+        pick = m[meta["fixed"]["choice"][task]]
+        assert why[task]["best_single"] == best["action"] and pick["accuracy"] >= best["accuracy"] - 1e-5
+        assert not [x for x in rows if x["usd"] < pick["usd"] and x["accuracy"] >= best["accuracy"] + 1e-5]
+    # Only mathwiz solves math: matching its accuracy means playing it (or a plan ending with it).
+    assert "mathwiz" in meta["fixed"]["choice"]["math"]
+    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
+                "--out", tmp_path / "p", "--floor", "2")
+    assert r.returncode != 0 and "--floor" in r.stderr
+
+
 def test_planning_falls_back_to_the_prior_without_an_artifact(planted, tmp_path, monkeypatch):
     pool = load_pool(planted["pool"])
     q = Query("q1", "What is 2 + 2?", "math")

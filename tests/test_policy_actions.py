@@ -47,9 +47,9 @@ def test_the_action_set_holds_cheap_cascades_not_only_expensive_singles(pool):
     keys = {a.key for a in acts}
     assert {f"single:{w}" for w in SKILLS} <= keys  # every worker alone
     cascades = [a for a in acts if a.shape == "cascade"]
-    # Cheap members only (at most a third of the best worker's price), escalating to the best ones.
+    # Cheap members only (at most a third of the best worker's price), escalating to the 4 most skilled.
     assert cascades and all(set(a.solvers) <= {"tiny", "small", "mid"} for a in cascades)
-    assert {a.escalation[-1] for a in cascades} <= {"huge", "big", "mid"}
+    assert {a.escalation[-1] for a in cascades} == {"huge", "big", "mid", "small"}
     assert "cascade:mid+small>huge" in keys and "cascade:mid+small+tiny>big" in keys
     assert "cascade:mid+small>big>huge" in keys  # two-level
     assert "ensemble:mid+small+tiny>vote" in keys
@@ -146,3 +146,113 @@ def test_an_action_that_serves_half_the_queries_is_not_the_best_fixed_action():
     from conductor.policy.training import measure
     m = {x.action.key: x for x in measure(logs)["math"]}
     assert m["single:b"].accuracy == pytest.approx(0.5) and m["single:a"].accuracy == pytest.approx(0.9)
+
+
+def _priced_logs(n: int, lam: float = 0.01) -> list[Logged]:
+    """Sweep-shaped logs of four actions with known accuracy and cost: the best single `big`
+    (0.90 at $1), a cascade matching it at a fifth of the cost, a cheaper cascade a point and
+    a half below it, and a cheap single far below."""
+    table = {"single:big": (0.90, 1.0), "cascade:tiny+small>big": (0.90, 0.2),
+             "cascade:tiny+small>mid": (0.885, 0.1), "single:tiny": (0.70, 0.01)}
+    acts = [Action.from_key(k) for k in table]
+    out = []
+    for i in range(n):
+        ctx = context(f"Question {i}: how many?", "math")
+        for j, a in enumerate(acts):
+            acc, usd = table[a.key]
+            ok = (i % 200) < acc * 200
+            out.append(Logged(ctx, acts, j, 1 / len(acts), float(ok) - lam * usd, correct=ok, cost=usd,
+                              query=f"q{i}"))
+    return out
+
+
+def test_a_floor_picks_the_cheapest_action_reaching_the_best_singles_accuracy():
+    logs = _priced_logs(400)
+    by_reward = FixedLearner()
+    by_reward.fit(logs)  # lambda 0.01: the reward ranks the two cascades by accuracy
+    assert by_reward.choice == {"math": "cascade:tiny+small>big"}
+    match = FixedLearner(floor=0.0)
+    match.fit(logs)
+    assert match.choice == {"math": "cascade:tiny+small>big"}
+    assert match.why["math"]["best_single"] == "single:big" and match.why["math"]["reached"]
+    within = FixedLearner(floor=-0.02)  # within two points: the cheaper cascade is enough
+    within.fit(logs)
+    assert within.choice == {"math": "cascade:tiny+small>mid"}
+    above = FixedLearner(floor=0.05)  # nothing reaches it: the most accurate, the cheaper of a tie
+    above.fit(logs)
+    assert above.choice == {"math": "cascade:tiny+small>big"} and not above.why["math"]["reached"]
+
+
+class _PlaysBOnZebra:
+    """A per-query policy whose picks are known: `b` on the zebra queries' contexts, else `a`."""
+
+    zebras: set[int] = set()
+
+    def fit(self, examples):
+        return {}
+
+    def greedy(self, ctx, actions):
+        return 1 if id(ctx) in self.zebras else 0
+
+
+def test_a_learned_policy_within_noise_of_the_fixed_action_is_not_shipped(tmp_path, monkeypatch):
+    """On every tenth query (a zebra) `b` beats `a` five times in nine and loses four, so the
+    learned policy is a little better on the held-back queries than the fixed `a`, by less
+    than one standard error of the difference: the fixed action ships. With no margin asked
+    for, the point estimate decides; with a real edge (b wins on every zebra), it ships."""
+    import conductor.policy.training as training
+
+    monkeypatch.setattr(training, "_learner", lambda cfg: _PlaysBOnZebra())
+    acts = [Action("single", ("a",)), Action("single", ("b",))]
+
+    def logs(b_wins):
+        out = []
+        for i in range(400):
+            zebra = i % 10 == 0
+            ctx = context(f"Question {i} {'zebra' if zebra else 'plain'}", "math")
+            if zebra:
+                _PlaysBOnZebra.zebras.add(id(ctx))
+            for j, act in enumerate(acts):
+                ok = (act.solvers[0] == "b") == b_wins(i) if zebra else act.solvers[0] == "a"
+                out.append(Logged(ctx, acts, j, 0.5, float(ok), correct=ok, cost=0.0, query=f"q{i}"))
+        return out
+
+    noisy = logs(lambda i: (i // 10) % 9 < 5)
+    cfg = TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.5)
+    sel = choose(cfg, noisy)
+    d = sel["learned_minus_fixed_reward"]
+    assert sel["fixed"]["choice"] == {"math": "single:a"}
+    assert 0 < d[0] <= d[1] and sel["shipped"] == "fixed"
+    assert choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.5, ship_margin=0),
+                  noisy)["shipped"] == "learned"
+    assert choose(cfg, logs(lambda i: True))["shipped"] == "learned"
+
+
+def test_with_a_floor_the_learned_policy_ships_only_when_it_reaches_it_and_costs_less(tmp_path, monkeypatch):
+    logs = _priced_logs(400)
+    sel = choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.3, floor=0.0, learner="table"), logs)
+    # The table learner plays the best-reward action: the fixed one itself, so nothing is saved.
+    assert sel["fixed"]["choice"] == {"math": "cascade:tiny+small>big"}
+    assert sel["fixed_minus_learned_usd"][0] == pytest.approx(0) and sel["shipped"] == "fixed"
+    # Trained with a lambda that pays too much for cost, it plays the cheap single: cheaper, but
+    # far below the best single on the held-back queries, so the fixed action ships.
+    sel = choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.3, floor=0.0, learner="table"),
+                 _priced_logs(400, lam=50.0))
+    assert sel["fixed_minus_learned_usd"][0] > 0 and sel["learned_minus_best_single_accuracy"][0] < -0.1
+    assert sel["shipped"] == "fixed"
+
+    # A per-query policy that sends the questions the cheap single solves to it, and the rest to
+    # the cascade: the best single's accuracy at a third of the cascade's cost. It ships.
+    class Routes:
+        def fit(self, examples):
+            return {}
+
+        def greedy(self, ctx, actions):
+            i = int(ctx_ids[id(ctx)])
+            return [a.key for a in actions].index("single:tiny" if i % 200 < 140 else "cascade:tiny+small>big")
+
+    ctx_ids = {id(e.context): e.query[1:] for e in logs}
+    monkeypatch.setattr("conductor.policy.training._learner", lambda cfg: Routes())
+    sel = choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.3, floor=0.0), logs)
+    assert sel["learned"]["accuracy"] >= 0.9 and sel["learned"]["usd"] < 0.1
+    assert sel["shipped"] == "learned"

@@ -65,6 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--holdout", type=float, default=0.25,
                    help="share of queries held back to choose between the learned policy and the best fixed "
                         "action (default 0.25)")
+    t.add_argument("--floor", type=float, default=None, metavar="DELTA",
+                   help="the fixed action is the cheapest whose train accuracy is at least the best single "
+                        "worker's + DELTA (0: match it; -0.01: within a point), instead of the best reward; "
+                        "the learner's lambda is then the one under which that action is the best")
+    t.add_argument("--ship-margin", type=float, default=1.0, metavar="SE",
+                   help="ship the learned policy only when it beats the fixed action on the held-back "
+                        "queries by more than this many paired standard errors (default 1)")
     t.add_argument("--cb-type", default="mtr", choices=("mtr", "dr", "ips"),
                    help="VW's estimator: mtr (importance-weighted regression, default), dr, ips")
     t.add_argument("--passes", type=int, default=None, help="VW passes over the data")
@@ -175,6 +182,7 @@ def train(args: argparse.Namespace) -> int:
         vw["passes"] = args.passes
     folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
                                       out=args.out, learner=args.learner, seed=args.seed, holdout=args.holdout,
+                                      floor=args.floor, ship_margin=args.ship_margin,
                                       vw=vw if args.learner not in ("table", "fixed") else {}))
     print(describe(folder))
     print("estimates " + dumps(summary["estimates"]))

@@ -9,6 +9,7 @@ from pathlib import Path
 from conductor.cli import options
 from conductor.errors import ConductorError
 from conductor.planners import PLANNERS
+from conductor.execute.shared.objects import store_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", "-k", type=int, default=1, help="plans per query (K>1 for RL rollouts)")
     options.run_id(p, "name of the run (default: derived from the inputs, so a rerun resumes)")
     options.data_dir(p)
+    p.add_argument("--store", metavar="s3://BUCKET/PREFIX",
+                   help="also keep the run on object storage (default: $CONDUCTOR_STORE): tables after every "
+                        "stage, the journal while it runs; a run missing from --data-dir is fetched from it, "
+                        "so a killed worker's run resumes on any machine")
     p.add_argument("--planner", choices=PLANNERS, default="embedded",
                    help="embedded: templates scored by the pool's skills and prices (no model); "
                         "vllm: a local model on vLLM's offline engine, whole batches per call; "
@@ -69,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
         max_steps=args.max_steps, max_depth=args.max_depth, cache=not args.no_cache, refresh=args.refresh,
         budget_usd=args.budget, retry_failed=args.retry_failed,
         rewards=RewardScheme(cost_penalty=args.cost_penalty), progress=not args.quiet,
+        store=store_url(args.store),
     )
     threshold = max_failed_share(args.max_failed_share)
     summary = run_all(cfg)

@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sql", help="run a SQL query over the outputs (views plans, traces, results, rewards, runs)")
     p.add_argument("query", help='e.g. "SELECT status, count(*) FROM results GROUP BY ALL"')
     options.data_dir(p)
+    p.add_argument("--store", metavar="s3://BUCKET/PREFIX",
+                   help="query the runs kept on object storage instead (default: $CONDUCTOR_STORE)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--max-rows", type=int, default=100, help="rows shown in table format")
     p.set_defaults(func=main)
@@ -30,9 +32,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     import duckdb
 
-    if not (args.data_dir / "runs").is_dir():
+    from conductor.execute.shared.objects import ObjectStore, catalog, store_url
+
+    store = store_url(getattr(args, "store", None))
+    if store is not None:
+        try:
+            con = catalog(ObjectStore(store))
+        except OSError as e:
+            raise ConductorError(f"store {store}: cannot read the runs there: {e}") from None
+    elif not (args.data_dir / "runs").is_dir():
         raise ConductorError(f"no runs under {args.data_dir / 'runs'}: run `conductor run` first")
-    con = _open(args.data_dir)
+    else:
+        con = _open(args.data_dir)
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.execute("SET autoinstall_known_extensions = false")

@@ -72,10 +72,12 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
     if learned:
         parts.append(f"- learned policies: {len(learned)} artifact(s) of `conductor policy train`, each planning "
                      f"greedily (K=1) through the pipeline against the replay server on "
-                     f"{learned[0].queries} of the {n} queries; the chart joins them in order of lambda. "
-                     f"Each artifact also holds the best fixed action on its train logs (*best fixed action*, "
-                     f"run the same way); training ships whichever did better on held-back train queries "
-                     f"(*shipped*). ± SE: the accuracy's standard error; comparisons below are paired (the "
+                     f"{learned[0].queries} of the {n} queries; the chart joins those of a lambda sweep in "
+                     f"order of lambda. Each artifact also holds the best fixed action on its train logs "
+                     f"(*best fixed action*: the best reward at its lambda, or with a floor the cheapest action "
+                     f"reaching the best single's train accuracy + floor), run the same way; training ships the "
+                     f"learned policy only when it beat the fixed action on held-back train queries by more than "
+                     f"its margin of paired standard errors (*shipped*). ± SE: the accuracy's standard error; comparisons below are paired (the "
                      f"same queries on both sides).")
         if meta.get("learned_subset_reference"):
             r = meta["learned_subset_reference"]
@@ -138,17 +140,25 @@ def _cost_lines(meta: dict[str, Any]) -> list[str]:
                    "of the response (rounded). A question a worker never answered counts as wrong and costs nothing."]
 
 
+def objective(info: dict[str, Any]) -> str:
+    """How an artifact was trained, in a few characters: `λ 30`, or `floor +0 (λ 137)` for one
+    whose fixed action is the cheapest reaching the best single's train accuracy + floor."""
+    lam = f"λ {info.get('lambda') or 0:.3g}"
+    floor = info.get("floor")
+    return lam if floor is None else f"floor {floor:+g} ({lam})"
+
+
 def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
     """One row per lambda: accuracy and cost, against the best single worker chosen by our grader."""
     best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
-    lines = ["| lambda | accuracy | USD / query | cost vs best single | calls / query | plan shapes | top action |",
+    lines = ["| objective | accuracy | USD / query | cost vs best single | calls / query | plan shapes | top action |",
              "|---:|---:|---:|---:|---:|---|---|"]
-    for p in sorted(learned, key=lambda p: p.info["lambda"]):
+    for p in sorted(learned, key=lambda p: (p.info.get("floor") is not None, p.info["lambda"])):
         ratio = (f"{p.usd_per_query / best.usd_per_query:.0%}"
                  if best and best.usd_per_query and p.usd_per_query is not None else "—")
         shapes = ", ".join(f"{k} {v}" for k, v in sorted(p.info.get("shapes", {}).items()))
         top = next(iter(p.info.get("most_used_actions", {})), "—")
-        lines.append(f"| {p.info['lambda']:g} | {_f(p.accuracy, 3)} | {_usd(p.usd_per_query)} | {ratio} | "
+        lines.append(f"| {objective(p.info)} | {_f(p.accuracy, 3)} | {_usd(p.usd_per_query)} | {ratio} | "
                      f"{p.calls_per_query:.2f} | {shapes} | `{top}` |")
     if best:
         lines.append(f"\nBest single worker (chosen by our grader): {best.worker}, {_f(best.accuracy, 3)} at "
@@ -157,11 +167,11 @@ def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
 
 
 def comparison_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| lambda | ships | accuracy ± SE | USD / query | cost vs best single | accuracy − best single "
+    lines = ["| objective | ships | accuracy ± SE | USD / query | cost vs best single | accuracy − best single "
              "(paired SE) | reward: shipped − best fixed (paired SE) | learned − best fixed |",
              "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['lambda']:g} | {r['shipped']} | {_f(r['accuracy'], 3)} ± {_f(r['se'], 3)} | "
+        lines.append(f"| {objective(r)} | {r['shipped']} | {_f(r['accuracy'], 3)} ± {_f(r['se'], 3)} | "
                      f"{_usd(r['usd'])} | {_pct(r.get('cost_share'))} | {_pm(r.get('vs_best_single'))} | "
                      f"{_pm(r.get('shipped_vs_fixed'))} | {_pm(r.get('learned_vs_fixed'))} |")
     return "\n".join(lines)
@@ -211,7 +221,8 @@ def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader"
         if ps:
             ax.scatter([p.usd_per_query for p in ps], [p.accuracy for p in ps], marker=marker, c=color, s=size,
                        label=legend, zorder=2 if kind == "single" else 3, edgecolors="none")
-    sweep = sorted((p for p in plotted if p.kind == "learned"), key=lambda p: p.info.get("lambda", 0.0))
+    sweep = sorted((p for p in plotted if p.kind == "learned" and p.info.get("floor") is None),
+                   key=lambda p: p.info.get("lambda", 0.0))
     if len(sweep) > 1:
         ax.plot([p.usd_per_query for p in sweep], [p.accuracy for p in sweep], color=_STYLES["learned"][1],
                 linewidth=1.2, alpha=0.8, zorder=3)
@@ -289,9 +300,9 @@ def _short(p: Policy) -> str:
     if p.kind == "planner":
         return "embedded planner (prior)"
     if p.kind == "learned":
-        return f"learned λ={p.info.get('lambda', 0):g}" + (" (shipped)" if p.info.get("shipped") else "")
+        return f"learned {objective(p.info)}" + (" (shipped)" if p.info.get("shipped") else "")
     if p.kind == "fixed":
-        return f"fixed λ={p.info.get('lambda', 0):g}" + (" (shipped)" if p.info.get("shipped") else "")
+        return f"fixed {objective(p.info)}" + (" (shipped)" if p.info.get("shipped") else "")
     if p.kind == "fixed_cascade":
         return "best fixed cascade"
     if p.kind == "random":

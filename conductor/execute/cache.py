@@ -4,10 +4,16 @@ The key covers everything that decides a response: model, api_base, the full
 message list (system prompt included) and every sampling parameter. Entries are
 committed as responses arrive (WAL mode), so they survive a crash, and several
 processes can share one file.
+
+Inside an event loop, entries put in the same loop turn are committed together
+right after it (one transaction instead of one per answer: a commit cost more
+than the rest of the executor's own work per call). A failed commit is raised by
+the next `put` (or `flush`), after which every put commits at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sqlite3
 import time
@@ -44,6 +50,10 @@ class Entry:
 class Cache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._pending: dict[str, tuple[str, str, bytes, float]] = {}
+        self._scheduled = False
+        self._error: BaseException | None = None  # of a commit after a loop turn, raised by the next put
+        self._write_through = False  # after a failed commit: every put commits before it returns
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
         try:
@@ -61,17 +71,70 @@ class Cache:
                 f"away (mv '{self.path}' '{self.path}.bad') and rerun; its answers will be asked for again") from None
 
     def get(self, key: str) -> Entry | None:
+        pending = self._pending.get(key)
+        if pending is not None:
+            return Entry(**orjson.loads(pending[2]))
         row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
         return Entry(**orjson.loads(row[0]))
 
     def put(self, key: str, model: str, entry: Entry) -> None:
-        value = orjson.dumps(entry.__dict__)
-        self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", (key, model, value, time.time()))
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._write_through = True
+            raise error
+        self._pending[key] = (key, model, orjson.dumps(entry.__dict__), time.time())
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self._write_through:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush_after_turn)
+
+    def _flush_after_turn(self) -> None:
+        self._scheduled = False
+        try:
+            self.flush()
+        except (OSError, sqlite3.DatabaseError) as e:  # kept for the next put to raise
+            self._error = e
+
+    def flush(self) -> None:
+        """Commit the entries put since the last commit (raises a commit's error)."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._write_through = True
+            raise error
+        if not self._pending:
+            return
+        rows = list(self._pending.values())
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", rows)
+            self._db.execute("COMMIT")
+        except BaseException:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+        for row in rows:
+            if self._pending.get(row[0]) is row:
+                del self._pending[row[0]]
 
     def __len__(self) -> int:
+        self.flush()
         return self._db.execute("SELECT count(*) FROM responses").fetchone()[0]
 
     def close(self) -> None:
-        self._db.close()
+        """Commit what is pending and close; a commit that fails here (the disk is full)
+        is dropped: the run already stops on that storage error."""
+        try:
+            self.flush()
+        except (OSError, sqlite3.DatabaseError):
+            pass
+        finally:
+            self._db.close()

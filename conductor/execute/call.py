@@ -83,6 +83,7 @@ class CallFailure(Exception):
         self.status = status
         self.retry_after = retry_after
         self.rate: Any = None  # x-ratelimit-* headers sent with the failure (openai_http.RateHeaders)
+        self.headers_seen = False  # True when the response's headers were read (the direct client)
 
     @property
     def retryable(self) -> bool:

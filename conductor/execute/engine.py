@@ -18,6 +18,7 @@ that call through `call_worker` like any other.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import sqlite3
@@ -67,7 +68,7 @@ class ExecOptions:
     run_budget_usd: float | None = None
     default_max_tokens: int = 1024
     max_plans_in_flight: int | None = None
-    backoff_base_s: float = 0.5
+    backoff_base_s: float = 0.25
     backoff_max_s: float = 30.0
     seed: int = 0
 
@@ -147,6 +148,17 @@ class Executor:
     async def run(self, jobs: Iterable[PlanJob], resume: ResumeState | None = None) -> None:
         resume = resume or ResumeState()
         self._sub_plans = resume.sub_plans
+        # Everything loaded so far (litellm alone is hundreds of thousands of objects) is
+        # moved out of the collector's reach: otherwise each full collection walks it again,
+        # which cost a quarter of the executor's CPU per call. (No collection first: on a
+        # heap this size it alone takes longer than a cached rerun of thousands of steps.)
+        gc.freeze()
+        try:
+            await self._run(jobs, resume)
+        finally:
+            gc.unfreeze()
+
+    async def _run(self, jobs: Iterable[PlanJob], resume: ResumeState) -> None:
         limit = self.opt.max_plans_in_flight or max(
             32, min(4096, 4 * sum(p.max_concurrency for p in self.pool.providers.values())))
         slots = asyncio.Semaphore(limit)
@@ -172,6 +184,12 @@ class Executor:
             t.add_done_callback(done)
         while tasks:
             await asyncio.wait(set(tasks))
+        for store in (self.run_cache, self.cache, self.journal):  # the last loop turn's answers and rows
+            if store is not None:
+                try:
+                    self._durably(store.flush)
+                except STORAGE_ERRORS as e:
+                    self._abort = self._abort or e
         for client in self._clients.values():
             await client.close()
         if self._close_governor is not None:
@@ -412,13 +430,17 @@ class Executor:
                         resp = await complete(req, api_key)
                 except CallFailure as f:
                     limiter.settle_tokens(est_tokens, 0)
+                    if f.rate is not None and hasattr(limiter, "observe"):
+                        limiter.observe(f.rate)
                     if not f.retryable or attempt >= provider.max_attempts:
                         raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
                                          attempt, kind="not_found" if f.status == 404 else f.kind) from None
                     self.progress.c.retries += 1
-                    await asyncio.sleep(self._backoff(attempt, f.retry_after, limiter))
+                    await asyncio.sleep(self._backoff(attempt, f, limiter))
                     continue
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
+                if resp.rate is not None and hasattr(limiter, "observe"):
+                    limiter.observe(resp.rate)
                 resp = self._clamped(resp, messages, params)
                 if reservation is not None:
                     await self.ledger.settle(reservation, self._cost(worker, resp) or 0.0)
@@ -478,12 +500,19 @@ class Executor:
             return resp.cost_usd
         return call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens)
 
-    def _backoff(self, attempt: int, retry_after: float | None, limiter: ProviderLimiter) -> float:
-        if retry_after is not None:
-            limiter.pause(retry_after)
-            return retry_after * (1 + 0.1 * self._rng.random())
+    def _backoff(self, attempt: int, f: CallFailure, limiter: ProviderLimiter) -> float:
+        """How long this call waits before its next attempt: what the server asked
+        (Retry-After, retry-after-ms) plus up to 5%, else exponential backoff with full
+        jitter. Only a 429 that says the provider's whole limit is spent (its
+        x-ratelimit headers, or a litellm-reached provider whose headers we cannot see)
+        holds the provider's other calls, and for no longer than asked: a one-off 429
+        or 5xx waits alone, and other providers never wait."""
+        if f.retry_after is not None:
+            if f.kind == "rate_limit" and not f.headers_seen:
+                limiter.pause(f.retry_after)
+            return f.retry_after * (1 + 0.05 * self._rng.random())
         cap = min(self.opt.backoff_max_s, self.opt.backoff_base_s * 2 ** (attempt - 1))
-        return cap * (0.5 + 0.5 * self._rng.random())
+        return cap * self._rng.random()
 
     def _failure_message(self, worker: Worker, provider, f: CallFailure, attempts: int) -> str:
         where = f"worker {worker.id} ({worker.model})"

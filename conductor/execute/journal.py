@@ -3,12 +3,18 @@ moment it finishes. A run killed at any point restarts from it: finished plans
 are skipped, finished steps of unfinished plans are restored, and what was
 paid is counted against the budget again.
 
-Lines are flushed to the OS as they are written, which survives a killed
-process (not a power cut). A line torn by a kill is cut off on reopening.
+Inside an event loop, the step and plan lines of one loop turn are written
+together right after it (one write instead of one per line); reservations are
+written at once, before their request is sent. What reaches the OS survives a
+killed process (not a power cut); a kill loses at most the last turn's lines,
+whose answers the run cache holds (committed first), so a resume records them
+as paid. A line torn by a kill is cut off on reopening. A failed write is raised
+by the next write (or `flush`), after which every line is written at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass, field
@@ -56,12 +62,52 @@ class Journal:
         self._steps = _open_append(folder / STEPS_FILE)
         self._plans = _open_append(folder / PLANS_FILE)
         self._reservations = _open_append(folder / RESERVATIONS_FILE)
+        self._pending: dict[int, list[bytes]] = {id(self._steps): [], id(self._plans): []}
+        self._scheduled = False
+        self._error: BaseException | None = None  # of a write after a loop turn, raised by the next write
+        self._write_through = False
 
     def step(self, row: dict[str, Any]) -> None:
-        _write(self._steps, row)
+        self._queue(self._steps, row)
 
     def plan(self, row: dict[str, Any]) -> None:
-        _write(self._plans, row)
+        self._queue(self._plans, row)
+
+    def _queue(self, f: IO[bytes], row: dict[str, Any]) -> None:
+        self._raise_pending_error()
+        row["_seq"] = time.time_ns()
+        self._pending[id(f)].append(orjson.dumps(row) + b"\n")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self._write_through:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush_after_turn)
+
+    def _raise_pending_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._write_through = True
+            raise error
+
+    def _flush_after_turn(self) -> None:
+        self._scheduled = False
+        try:
+            self.flush()
+        except OSError as e:  # kept for the next write to raise
+            self._error = e
+
+    def flush(self) -> None:
+        """Write the queued lines (raises a failed write's error; the lines stay queued)."""
+        self._raise_pending_error()
+        for f in (self._steps, self._plans):
+            lines = self._pending[id(f)]
+            if lines:
+                _write_bytes(f, b"".join(lines))
+                lines.clear()
 
     def reservation(self, key: str, provider: str, usd: float) -> str:
         """Journal a reservation before its request is sent; returns its id for `settled`."""
@@ -73,6 +119,17 @@ class Journal:
         _write(self._reservations, {"id": rid, "settled": usd})
 
     def close(self) -> None:
+        """Write what is queued and close. A write that fails here (the disk is full)
+        is dropped: the run already stops on that storage error, and a rerun redoes
+        those steps (their answers, if paid, are in the run cache)."""
+        try:
+            self.flush()
+        except OSError:
+            pass
+        finally:
+            self._close_files()
+
+    def _close_files(self) -> None:
         self._steps.close()
         self._plans.close()
         self._reservations.close()
@@ -114,7 +171,11 @@ def _write(f: IO[bytes], row: dict[str, Any]) -> None:
     """Append one line, unbuffered; a write that fails part way (disk full) is cut
     back off, so that the file holds whole lines only and the write can be retried."""
     row["_seq"] = time.time_ns()
-    data = memoryview(orjson.dumps(row) + b"\n")
+    _write_bytes(f, orjson.dumps(row) + b"\n")
+
+
+def _write_bytes(f: IO[bytes], lines: bytes) -> None:
+    data = memoryview(lines)
     start = os.fstat(f.fileno()).st_size
     try:
         while data:

@@ -2,10 +2,13 @@
 per minute (aiolimiter) and tokens per minute (a bucket that settles up with
 the usage the provider reports).
 
-Providers count requests over a rolling minute, so a limiter that allows a
-full minute's burst and then the full rate would send up to twice the limit in
-one minute. The RPM limiter therefore allows a small burst and paces the rest
-so that no 61-second window can hold more than the limit.
+Providers count requests over a rolling minute or refill a bucket every second,
+so a limiter that allows a burst (a minute's worth, or aiolimiter's first
+capacity) draws 429s at the start. The RPM limiter therefore has no burst: it
+gives each request its own time slot, one every (60 s + jitter) / R, so any
+61-second window holds at most R requests, and any one-second window at most
+R / 60 (the slots are not caught up after a late one). `x-ratelimit-*` headers,
+when a provider sends them, slow the pace further until their window resets.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from typing import AsyncIterator
 
 from aiolimiter import AsyncLimiter
@@ -25,11 +29,63 @@ _JITTER_S = 1.0
 
 
 def rpm_limiter(rpm: float) -> AsyncLimiter:
+    """aiolimiter's pacing for R requests per minute (a small burst): kept for callers
+    outside the executor; the executor paces with `Pacer`."""
     burst = max(1.0, rpm / 100.0)
     rate_per_s = (rpm - burst) / (60.0 + _JITTER_S)
     if rate_per_s <= 0:  # tiny limits: one request per period, never two in a minute too many
         return AsyncLimiter(1, 60.0 / rpm + _JITTER_S)
     return AsyncLimiter(burst, burst / rate_per_s)
+
+
+class Pacer:
+    """Requests per minute with no burst above the rate: a request is released only
+    while the last (60 s + jitter) held fewer than R releases and the last
+    L x (61 / R) s fewer than L = R / 60 (a one-second bucket's worth, with the same
+    margin). After a stall of the event loop the pace catches up only as far as both
+    windows allow, so a server counting either way never sees more than its limit."""
+
+    def __init__(self, rpm: float, clock=time.monotonic, sleep=asyncio.sleep):
+        self.rpm = rpm
+        self._sleep = sleep
+        self._short_n = max(1, int(rpm // 60))
+        self._short_w = self._short_n * (60.0 + _JITTER_S) / rpm
+        self._long_n = max(1, int(rpm))
+        self._long_w = 60.0 + _JITTER_S / 2
+        self._short: deque[float] = deque(maxlen=self._short_n)
+        self._long: deque[float] = deque(maxlen=self._long_n)
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._hold_until = 0.0
+        self._slow_interval = 0.0  # from x-ratelimit headers, until _slow_until
+        self._slow_until = 0.0
+
+    def _earliest(self) -> float:
+        t = self._hold_until
+        if len(self._short) == self._short_n:
+            t = max(t, self._short[0] + self._short_w)
+        if len(self._long) == self._long_n:
+            t = max(t, self._long[0] + self._long_w)
+        if self._short and self._short[-1] < self._slow_until:
+            t = max(t, self._short[-1] + self._slow_interval)
+        return t
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            while (wait := self._earliest() - self._clock()) > 0:
+                await self._sleep(wait)
+            now = self._clock()
+            self._short.append(now)
+            self._long.append(now)
+
+    def hold(self, until: float) -> None:
+        """No release before `until` (monotonic time)."""
+        self._hold_until = max(self._hold_until, until)
+
+    def slow(self, interval: float, until: float) -> None:
+        """At most one request per `interval` seconds until `until`."""
+        if interval > 60.0 / self.rpm:
+            self._slow_interval, self._slow_until = interval, until
 
 
 class TokenBucket:
@@ -78,13 +134,26 @@ class ProviderLimiter:
     def __init__(self, provider: Provider):
         self.provider = provider
         self._inflight = asyncio.Semaphore(provider.max_concurrency)
-        self._rpm = rpm_limiter(provider.rpm) if provider.rpm else None
+        self._rpm = Pacer(provider.rpm) if provider.rpm else None
         self._tpm = TokenBucket(provider.tpm) if provider.tpm else None
         self._resume_at = 0.0
 
     def pause(self, seconds: float) -> None:
-        """The provider said to wait (Retry-After): hold every new call, not just the one that was told."""
+        """The provider's whole limit is spent for `seconds`: hold every new call to it
+        (no longer than that), not just the one that was told. Other providers go on."""
         self._resume_at = max(self._resume_at, time.monotonic() + seconds)
+
+    def observe(self, rate) -> None:
+        """What a response's `x-ratelimit-*-requests` headers said (call's RateHeaders, or
+        None): no request left in the window holds the provider until it resets; few
+        left spreads them over the time to the reset when that is slower than our pace."""
+        if rate is None or rate.reset_s is None:
+            return
+        now = time.monotonic()
+        if rate.remaining < 1:
+            self.pause(rate.reset_s)
+        elif self._rpm is not None:
+            self._rpm.slow(rate.reset_s / rate.remaining, now + rate.reset_s)
 
     @contextlib.asynccontextmanager
     async def slot(self, tokens: float) -> AsyncIterator[None]:

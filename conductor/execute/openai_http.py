@@ -120,6 +120,7 @@ class OpenAIEndpoint:
         failure = CallFailure(_kind(status), message, status,
                               retry_after if status in RETRYABLE_STATUS or status >= 500 else None)
         failure.rate = rate_headers(resp.headers)
+        failure.headers_seen = True
         return failure
 
 

@@ -15,7 +15,7 @@ Shapes:
 The set is built from the pool's own numbers (`skills`, prices), broadly: every
 worker alone, cascades over the `cheap` workers (the most skilled of those
 costing at most `cheap_cost` of the most skilled worker) escalating to the
-`escalations` most skilled workers, votes of the best cheap workers, and
+`escalations` (4) most skilled workers, votes of the best cheap workers, and
 verify pairs. It is deliberately too big: training measures every candidate on
 the train split and keeps only the accuracy/cost Pareto frontier (`pareto`),
 so no rule of thumb can leave only expensive singles.
@@ -44,7 +44,9 @@ NOMINAL_IN, NOMINAL_OUT = 200, 300  # tokens, to rank workers by price; training
 class ActionSettings:
     cheap: int = 5  # cascade and vote members: the most skilled workers ...
     cheap_cost: float = 1 / 3  # ... costing at most this share of the most skilled worker
-    escalations: int = 3  # cascades escalate to the most skilled workers
+    # Cascades escalate to the most skilled workers. Skills are the recorded labels' train accuracy,
+    # and near the top the ranks swap under our grader (GSM8K: the grader's best single is 4th by label).
+    escalations: int = 4
     sizes: tuple[int, ...] = (2, 3)  # cheap workers that must agree
     two_level: int = 2  # two-level cascades: a mid worker among the escalations, then one of the top `two_level`
     votes: tuple[int, ...] = (3,)

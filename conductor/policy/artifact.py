@@ -74,7 +74,7 @@ class Artifact:
 
 def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: str = "learned",
          actions: dict[str, list[Action]], action_settings: ActionSettings,
-         features: FeatureSettings, lam: float, training: dict[str, Any]) -> Path:
+         features: FeatureSettings, lam: float, training: dict[str, Any], floor: float | None = None) -> Path:
     """Write the next version for this pool under `root`; returns its folder. `fixed` (the
     best fixed action per task) is saved beside the learner; `shipped` says which plans."""
     key = pool_key(pool)
@@ -98,7 +98,10 @@ def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: st
             "fixed": fixed_meta,
             "shipped": shipped,
             "lambda": lam,
-            "objective": "accuracy - lambda * USD per query",
+            "floor": floor,
+            "objective": "accuracy - lambda * USD per query" + (
+                "" if floor is None else f"; fixed action: the cheapest reaching the best single's accuracy "
+                                         f"{floor:+g} on train"),
             "features": features.to_dict(),
             "actions": {
                 "encoding": "key = '<shape>:<solver>+<solver>...[><finisher or escalation>...]'; "

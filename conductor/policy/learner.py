@@ -16,7 +16,7 @@ with (the propensity), and the reward the pipeline measured for it
 - `table`: per task, the self-normalized inverse-propensity estimate of each
   action's mean reward; no text at all. The simple cost-aware baseline.
 - `fixed`: per task, one action for every query (the best fixed action on the
-  training logs). Training compares the learned policy with it on held-back
+  training logs: by reward, or the cheapest reaching an accuracy floor). Training compares the learned policy with it on held-back
   queries and ships whichever is better (conductor.policy.training).
 
 Planning asks for the greedy action and an epsilon-greedy distribution over
@@ -284,22 +284,40 @@ class TableLearner:
 
 
 class FixedLearner:
-    """Per task, the one action with the best mean reward in the logs, for every query.
-    Queries whose candidates lack it get the best-valued candidate they have."""
+    """Per task, one action for every query. Queries whose candidates lack it get the
+    best-valued candidate they have.
+
+    Which action: by default the one with the best mean reward in the logs (accuracy -
+    lambda x USD). With `floor` set, the constrained choice instead: the cheapest action
+    whose accuracy in the logs is at least the best single worker's + `floor` (0: match
+    the best single; -0.01: within a point of it), the best single being the single-worker
+    action most accurate in the same logs. That is the question "the least cost at the
+    best single's accuracy" asked of the train split, with no lambda to guess."""
 
     model_file = "fixed.json"
     kind = "fixed"
 
-    def __init__(self, name: str = "fixed"):
+    def __init__(self, name: str = "fixed", floor: float | None = None,
+                 reference: dict[str, tuple[str, float, float]] | None = None):
         self.name = name
+        self.floor = floor
+        # Per task: the best single (key, accuracy, USD) the floor is relative to, when measured on
+        # more logs than `fit` sees (training cuts dominated actions, the best single among them).
+        self.reference = reference or {}
         self.values: dict[str, dict[str, float]] = {}
         self.choice: dict[str, str] = {}
+        self.why: dict[str, dict] = {}
 
     def fit(self, examples: Sequence[Logged]) -> dict:
         values = action_values(examples)
         self.values = {t: {a: v for a, (v, _, _) in by.items()} for t, by in values.items()}
-        self.choice = {t: max(by, key=lambda a: (by[a], a)) for t, by in self.values.items()}
-        return {"choice": dict(self.choice)}
+        if self.floor is None:
+            self.choice = {t: max(by, key=lambda a: (by[a], a)) for t, by in self.values.items()}
+            return {"choice": dict(self.choice)}
+        acc, cost = action_means(examples, "correct"), action_means(examples, "cost")
+        for t in self.values:
+            self.choice[t], self.why[t] = floor_choice(acc[t], cost[t], self.floor, self.reference.get(t))
+        return {"choice": dict(self.choice), "floor": self.floor, "why": self.why}
 
     def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
         task = ctx.task or "none"
@@ -311,7 +329,9 @@ class FixedLearner:
 
     def save(self, folder: Path) -> list[str]:
         (Path(folder) / self.model_file).write_bytes(orjson.dumps(
-            {"choice": self.choice, "values": self.values}, option=orjson.OPT_INDENT_2))
+            {"choice": self.choice, "values": self.values, "floor": self.floor, "why": self.why,
+             "reference": self.reference},
+            option=orjson.OPT_INDENT_2))
         return [self.model_file]
 
     @classmethod
@@ -319,13 +339,61 @@ class FixedLearner:
         self = cls(meta.get("name", "fixed"))
         data = orjson.loads((Path(folder) / cls.model_file).read_bytes())
         self.choice, self.values = data["choice"], data["values"]
+        self.floor, self.why = data.get("floor"), data.get("why") or {}
+        self.reference = {t: tuple(r) for t, r in (data.get("reference") or {}).items()}
         return self
 
     def close(self) -> None:
         pass
 
     def describe(self) -> dict:
-        return {"name": self.name, "choice": dict(self.choice)}
+        out = {"name": self.name, "choice": dict(self.choice)}
+        if self.floor is not None:
+            out.update(floor=self.floor, why=self.why)
+        return out
+
+
+def action_means(examples: Sequence[Logged], field: str) -> dict[str, dict[str, float]]:
+    """Per task and action: the mean `field` ("correct" or "cost") over all the task's
+    queries, a query the action was never logged on counting as wrong and free (as in
+    `action_values`)."""
+    n_task: dict[str, set[str]] = {}
+    for e in examples:
+        n_task.setdefault(e.context.task or "none", set()).add(e.query)
+    out: dict[str, dict[str, float]] = {}
+    for (task, a), by_q in per_query_means(examples, field).items():
+        out.setdefault(task, {})[a] = sum(by_q.values()) / len(n_task[task])
+    return out
+
+
+def best_singles(examples: Sequence[Logged]) -> dict[str, tuple[str, float, float]]:
+    """Per task: the single-worker action most accurate in the logs (ties: the cheaper), as
+    (key, accuracy, USD): the best single worker, chosen as the evaluation chooses it."""
+    acc, cost = action_means(examples, "correct"), action_means(examples, "cost")
+    out = {}
+    for t, by in acc.items():
+        singles = [a for a in by if a.startswith("single:")]
+        if singles:
+            best = max(singles, key=lambda a: (by[a], -cost[t][a], a))
+            out[t] = (best, by[best], cost[t][best])
+    return out
+
+
+def floor_choice(acc: dict[str, float], cost: dict[str, float], floor: float,
+                 reference: tuple[str, float, float] | None = None) -> tuple[str, dict]:
+    """The cheapest action with accuracy >= the best single's + `floor` (ties: the more
+    accurate, then the key); the most accurate action when none reaches it. The best single
+    is `reference` when given, else the most accurate single action among `acc`."""
+    if reference is None:
+        singles = [a for a in acc if a.startswith("single:")] or list(acc)
+        best = max(singles, key=lambda a: (acc[a], -cost[a], a))
+        reference = (best, acc[best], cost[best])
+    need = reference[1] + floor
+    ok = [a for a in acc if acc[a] >= need - 1e-12]
+    pick = (min(ok, key=lambda a: (cost[a], -acc[a], a)) if ok
+            else max(acc, key=lambda a: (acc[a], -cost[a], a)))
+    return pick, {"best_single": reference[0], "best_single_accuracy": reference[1], "need_accuracy": need,
+                  "accuracy": acc[pick], "usd": cost[pick], "best_single_usd": reference[2], "reached": bool(ok)}
 
 
 def make_learner(name: str, seed: int = 0, **vw_options) -> VWLearner | TableLearner | FixedLearner:

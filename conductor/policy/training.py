@@ -20,9 +20,15 @@ Training then, per task:
 2. holds back `holdout` of the queries, fits the per-query learner and the best
    fixed action (`learner.FixedLearner`) on the rest, and estimates both on the
    held-back queries (SNIPS, with standard errors);
-3. refits both on every query and ships the one that did better on the
-   held-back queries (`selection` in the summary). The artifact holds both, so
-   evaluation can report each (planner option `use=learned|fixed`).
+3. refits both on every query and ships the learned policy only when it did
+   better on the held-back queries by more than `ship_margin` paired standard
+   errors, else the fixed action (`selection` in the summary). The artifact holds
+   both, so evaluation can report each (planner option `use=learned|fixed`).
+
+The fixed action is the one with the best reward, or with `floor` the cheapest
+action whose train accuracy reaches the best single worker's + floor (see
+`learner.FixedLearner`): a target such as "the best single's accuracy at a
+quarter of its cost" asked of the train split directly.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import hashlib
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,7 +48,8 @@ from conductor.errors import ConductorError
 from conductor.policy import artifact as artifacts
 from conductor.policy.actions import Action, ActionSettings, Measured, action_set, from_steps, pareto, servable
 from conductor.policy.features import Context, FeatureSettings, context
-from conductor.policy.learner import LEARNERS, FixedLearner, Logged, make_learner, per_query_means
+from conductor.policy.learner import (LEARNERS, FixedLearner, Logged, best_singles, floor_choice, make_learner,
+                                      per_query_means)
 from conductor.pool import Pool, load_pool
 from conductor.queries import load_queries
 from conductor.store import RunDir
@@ -61,6 +68,11 @@ class TrainConfig:
     actions: ActionSettings = field(default_factory=ActionSettings)
     vw: dict[str, Any] = field(default_factory=dict)  # VWSettings overrides (passes, cb_type, ...)
     holdout: float = 0.25  # share of train queries held back to choose between learned and fixed
+    # The fixed action: None, the best reward; a number, the cheapest action whose train accuracy is at
+    # least the best single worker's + floor (0: match it, -0.01: within a point). See FixedLearner.
+    # With a floor, `lam` is replaced by the lambda under which that action is the best (implied_lambda).
+    floor: float | None = None
+    ship_margin: float = 1.0  # the learned policy ships only if better than the fixed by this many paired SEs
     band: float = 1.0  # keep actions within this many standard errors of the Pareto frontier
     max_actions: int = 40  # per task, after the Pareto cut
 
@@ -170,6 +182,11 @@ def train(cfg: TrainConfig) -> tuple[Path, dict[str, Any]]:
         raise ConductorError(f"--lambda must be at least 0 (got {cfg.lam})")
     if not 0 <= cfg.holdout < 1:
         raise ConductorError(f"--holdout must be at least 0 and below 1 (got {cfg.holdout})")
+    if cfg.floor is not None and not -1 < cfg.floor < 1:
+        raise ConductorError(f"--floor is an accuracy difference from the best single, between -1 and 1 "
+                             f"(got {cfg.floor})")
+    if cfg.ship_margin < 0:
+        raise ConductorError(f"--ship-margin must be at least 0 (got {cfg.ship_margin})")
     pool = load_pool(cfg.pool)
     t0 = time.monotonic()
     logs = collect(cfg, pool)
@@ -178,14 +195,26 @@ def train(cfg: TrainConfig) -> tuple[Path, dict[str, Any]]:
         raise ConductorError(f"no training examples in run(s) {', '.join(cfg.runs)} ({why})")
     measured = measure(logs.examples)
     kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in measured.items()}
-    examples = restrict(logs.examples, {t: {m.action.key for m in ms} for t, ms in kept.items()})
-    selection = choose(cfg, examples)
-    learner = make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
-    fixed = FixedLearner()
+    everything = logs.examples
+    floor_lambda = None
+    if cfg.floor is not None:
+        # The learner optimizes a reward: give it the lambda under which the floor's action is the
+        # best fixed one (its price of accuracy), so both aim at the same point of the frontier.
+        floor_lambda = implied_lambda(measured, kept, best_singles(everything), cfg.floor)
+        if floor_lambda is not None:
+            cfg = replace(cfg, lam=floor_lambda["lambda"])
+            everything = [replace(e, reward=float(bool(e.correct)) - cfg.lam * e.cost) for e in everything]
+    examples = restrict(everything, {t: {m.action.key for m in ms} for t, ms in kept.items()})
+    selection = choose(cfg, examples, everything)
+    learner = _learner(cfg, best_singles(everything))
+    fixed = FixedLearner(floor=cfg.floor, reference=best_singles(everything))
     try:
         fit = learner.fit(examples)
         fixed.fit(examples)
         summary = {
+            "lambda": cfg.lam,
+            "floor": cfg.floor,
+            "floor_lambda": floor_lambda,
             "runs": logs.runs,
             "plans_used": len(examples),
             "queries": logs.queries,
@@ -203,7 +232,7 @@ def train(cfg: TrainConfig) -> tuple[Path, dict[str, Any]]:
         actions = {t: [m.action for m in ms] for t, ms in kept.items()}
         folder = artifacts.save(cfg.out or artifacts.default_root(), pool, learner, fixed=fixed,
                                 shipped=selection["shipped"], actions=actions, action_settings=cfg.actions,
-                                features=cfg.features, lam=cfg.lam, training=summary)
+                                features=cfg.features, lam=cfg.lam, floor=cfg.floor, training=summary)
     finally:
         close = getattr(learner, "close", None)
         if callable(close):
@@ -241,28 +270,133 @@ def restrict(examples: Sequence[Logged], keep: dict[str, set[str]]) -> list[Logg
     return out
 
 
-def choose(cfg: TrainConfig, examples: Sequence[Logged]) -> dict[str, Any]:
-    """Fit the learner and the best fixed action on most queries, value both on the rest."""
+def _learner(cfg: TrainConfig, reference: dict[str, tuple[str, float, float]] | None = None) -> Any:
+    if cfg.learner == "fixed":
+        return FixedLearner(floor=cfg.floor, reference=reference)
+    return make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
+
+
+def choose(cfg: TrainConfig, examples: Sequence[Logged],
+           everything: Sequence[Logged] | None = None) -> dict[str, Any]:
+    """Fit the learner and the fixed action on most queries, compare both on the rest, paired
+    query by query; the learned policy ships only when it is better by more than `ship_margin`
+    standard errors of the difference (else the fixed action: a tie, or noise, ships it).
+
+    Better means, by default, a higher reward (accuracy - lambda x USD). With a `floor`, the
+    question is the floor's: the learned policy must reach the floor on the held-back queries
+    (accuracy at least the best single's + floor, the best single chosen on the rest) and
+    cost less than the fixed action by more than the margin. `everything`: the logs before the
+    Pareto cut (default `examples`), where the best single is measured."""
+    everything = examples if everything is None else everything
     if cfg.learner == "fixed":
         return {"shipped": "fixed", "why": "--learner fixed"}
     held = [e for e in examples if _held_back(e.query, cfg.holdout, cfg.seed)]
     fit_on = [e for e in examples if not _held_back(e.query, cfg.holdout, cfg.seed)]
     if not held or not fit_on:
         return {"shipped": "learned", "why": "too few queries to hold any back"}
-    learner = make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
-    fixed = FixedLearner()
+    learner = _learner(cfg)
+    fixed = FixedLearner(floor=cfg.floor, reference=best_singles(
+        [e for e in everything if not _held_back(e.query, cfg.holdout, cfg.seed)]))
     try:
         learner.fit(fit_on)
         fixed.fit(fit_on)
         values = {"learned": policy_value(learner, held), "fixed": policy_value(fixed, held)}
+        per_q = {"learned": outcomes(learner, held), "fixed": outcomes(fixed, held)}
     finally:
         close = getattr(learner, "close", None)
         if callable(close):
             close()
     values["fixed"]["choice"] = dict(fixed.choice)
-    better = values["learned"]["reward"] > values["fixed"]["reward"]
-    return {"shipped": "learned" if better else "fixed", "held_back_queries": len({e.query for e in held}),
-            **values}
+    out: dict[str, Any] = {"held_back_queries": len({e.query for e in held}), "ship_margin": cfg.ship_margin,
+                           **values}
+    if cfg.floor is None:
+        d = paired_diff(per_q["learned"], per_q["fixed"], 0)
+        better = d is not None and d[0] > 0 and d[0] > cfg.ship_margin * d[1]
+        out.update(rule=f"learned if its reward beats the fixed action's by more than {cfg.ship_margin:g} "
+                        f"paired SE on the held-back queries", learned_minus_fixed_reward=d)
+    else:
+        singles = {t: w["best_single"] for t, w in fixed.why.items()}
+        per_q["best_single"] = outcomes(_Constant(singles), [e for e in everything
+                                                             if _held_back(e.query, cfg.holdout, cfg.seed)])
+        vs_best = paired_diff(per_q["learned"], per_q["best_single"], 1)
+        saves = paired_diff(per_q["fixed"], per_q["learned"], 2)
+        reaches = vs_best is not None and vs_best[0] >= cfg.floor - 1e-12
+        better = reaches and saves is not None and saves[0] > 0 and saves[0] > cfg.ship_margin * saves[1]
+        out.update(rule=f"learned if it reaches the floor ({cfg.floor:+g} of the best single's accuracy) on the "
+                        f"held-back queries and costs less than the fixed action by more than "
+                        f"{cfg.ship_margin:g} paired SE", floor=cfg.floor, best_single=singles,
+                   learned_minus_best_single_accuracy=vs_best, fixed_minus_learned_usd=saves,
+                   fixed_why=fixed.why)
+    out["shipped"] = "learned" if better else "fixed"
+    return out
+
+
+def implied_lambda(measured: dict[str, list[Measured]], kept: dict[str, list[Measured]],
+                   reference: dict[str, tuple[str, float, float]], floor: float) -> dict[str, Any] | None:
+    """The lambda under which the floor's fixed action has the best reward (accuracy - lambda x
+    USD) among the kept actions, for the task with the most queries: the middle (geometric) of
+    the range where it does, or, when it is not on the convex hull, the lambda where it falls
+    least short of the best."""
+    task = max(measured, key=lambda t: (max((m.n for m in measured[t]), default=0), t))
+    ms = kept[task]
+    pick, why = floor_choice({m.action.key: m.accuracy for m in ms}, {m.action.key: m.cost for m in ms}, floor,
+                             reference.get(task))
+    c = next(m for m in ms if m.action.key == pick)
+    lo = max([(m.accuracy - c.accuracy) / (m.cost - c.cost) for m in ms
+              if m.cost > c.cost and m.accuracy > c.accuracy], default=0.0)
+    hi = min([(c.accuracy - m.accuracy) / (c.cost - m.cost) if m.accuracy < c.accuracy else 0.0
+              for m in ms if m.cost < c.cost], default=math.inf)
+    if lo <= hi:
+        lam = 2 * lo if math.isinf(hi) else (hi / 2 if lo == 0 else math.sqrt(lo * hi))
+        return {"task": task, "action": pick, "lambda": lam, "range": [lo, hi], "on_hull": True}
+
+    def regret(lam: float) -> float:
+        return max(m.accuracy - lam * m.cost for m in ms) - (c.accuracy - lam * c.cost)
+
+    a, b = max(hi, lo / 1e3, 1e-9), lo
+    grid = [a * (b / a) ** (i / 200) for i in range(201)]
+    lam = min(grid, key=regret)
+    return {"task": task, "action": pick, "lambda": lam, "range": [lo, hi], "on_hull": False,
+            "regret": regret(lam)}
+
+
+class _Constant:
+    """A policy playing one given action per task (to value the best single on held-back queries)."""
+
+    def __init__(self, choice: dict[str, str]):
+        self.choice = choice
+
+    def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
+        keys = [a.key for a in actions]
+        key = self.choice.get(ctx.task or "none")
+        return keys.index(key) if key in keys else -1
+
+
+def outcomes(learner: Any, examples: Sequence[Logged]) -> dict[str, tuple[float, float, float]]:
+    """Per query: the mean (reward, correct, cost) of the logged examples whose action is the
+    learner's greedy one (queries where none is logged are left out)."""
+    greedy: dict[tuple[int, tuple[str, ...]], int] = {}
+    by_query: dict[str, list[Logged]] = {}
+    for e in examples:
+        key = (id(e.context), tuple(a.key for a in e.actions))
+        if key not in greedy:
+            greedy[key] = learner.greedy(e.context, e.actions)
+        if greedy[key] == e.chosen:
+            by_query.setdefault(e.query, []).append(e)
+    return {q: (sum(e.reward for e in es) / len(es), sum(float(bool(e.correct)) for e in es) / len(es),
+                sum(e.cost for e in es) / len(es)) for q, es in by_query.items()}
+
+
+def paired_diff(a: dict[str, tuple[float, ...]], b: dict[str, tuple[float, ...]],
+                i: int) -> tuple[float, float] | None:
+    """Mean of a - b in field `i` over the queries both have, with its standard error."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    d = [a[q][i] - b[q][i] for q in common]
+    m = sum(d) / len(d)
+    se = math.sqrt(sum((x - m) ** 2 for x in d) / max(len(d) - 1, 1) / len(d))
+    return m, se
 
 
 def policy_value(learner: Any, examples: Sequence[Logged]) -> dict[str, float]:
@@ -382,8 +516,9 @@ def _selection_text(sel: dict[str, Any]) -> str:
     if "learned" not in sel:
         return sel.get("why", "")
     f = lambda v: f"{v['reward']:.4f} ± {v['reward_se']:.4f}"  # noqa: E731
-    return (f"on {sel['held_back_queries']} held-back queries: learned {f(sel['learned'])}, "
+    text = (f"on {sel['held_back_queries']} held-back queries: learned {f(sel['learned'])}, "
             f"fixed {f(sel['fixed'])} ({', '.join(sel['fixed']['choice'].values())})")
+    return text + (f"; rule: {sel['rule']}" if sel.get("rule") else "")
 
 
 def dumps(obj: Any) -> str:

@@ -32,6 +32,9 @@ from conductor.execute.shared.url import GovernorUnavailable, redact
 log = logging.getLogger("conductor.governor")
 
 PREFIX = "conductor:gov"
+# A slot used later than this after its send time is given up for a new one: the
+# schedule leaves 1 s between release and arrival (limits._JITTER_S) for everything else.
+_LATE_S = 0.25
 
 # KEYS: pause, rpm tat, tpm tat. ARGV: rpm interval, rpm tolerance, tpm interval, tpm tolerance, tokens.
 # Returns {ok, seconds}: ok=0 -> paused (Retry-After) for `seconds`, nothing taken;
@@ -82,17 +85,20 @@ end
 return 1
 """
 
-# KEYS: in-flight zset (member -> lease end). ARGV: limit, holder id, lease seconds.
+# KEYS: in-flight zset (member -> lease end), pause. ARGV: limit, holder id, lease seconds.
+# Returns {1, 0} entered; {0, seconds} paused (Retry-After) for that long; {0, -1} full.
 _ENTER = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local pause = tonumber(redis.call('GET', KEYS[2]) or '0')
+if pause > now then return {0, string.format('%.6f', pause - now)} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
   redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 60)
-  return 1
+  return {1, '0'}
 end
-return 0
+return {0, '-1'}
 """
 
 # Budget: KEYS: totals hash (spent, reserved), lease zset (id -> end), amounts hash (id -> usd).
@@ -156,8 +162,12 @@ class RedisGovernor:
         self.url = url
         self.shown = redact(url)
         self.budget_scope = budget_scope
-        self.client = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10,
-                                              health_check_interval=30)
+        # A bounded pool that waits for a free connection: every plan in flight may be
+        # polling for budget or a slot at once, and a server caps its clients.
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=32, timeout=30,
+                                                        socket_connect_timeout=5, socket_timeout=10,
+                                                        health_check_interval=30)
+        self.client = aioredis.Redis(connection_pool=pool)
         self.id = uuid.uuid4().hex[:12]
         self._scripts = {name: self.client.register_script(src) for name, src in (
             ("acquire", _ACQUIRE), ("settle_tokens", _SETTLE_TOKENS), ("pause", _PAUSE), ("enter", _ENTER),
@@ -216,8 +226,8 @@ class SharedLimiter:
         self._local = asyncio.Semaphore(provider.max_concurrency)  # no more waiters than slots per process
         self._rpm = _schedule(provider.rpm) if provider.rpm else (0.0, 0.0)
         self._tpm = _schedule(provider.tpm) if provider.tpm else (0.0, 0.0)
-        # A slot's lease covers the wait for its send time and the call itself.
-        self._lease = provider.timeout_s + 660.0
+        # A place in flight is held for the call: a process that dies frees it after this.
+        self._lease = provider.timeout_s + 60.0
         self._n = 0
 
     def pause(self, seconds: float) -> None:
@@ -226,31 +236,41 @@ class SharedLimiter:
 
     @contextlib.asynccontextmanager
     async def slot(self, tokens: float) -> AsyncIterator[None]:
+        """The rate slot first (one script: its send time on the shared schedule), then, at that
+        time, a place among the calls in flight, unless a Retry-After pause has begun since.
+        Taking the slot first keeps waiters off the in-flight set, so it is seldom polled."""
         async with self._local:
             self._n += 1
             holder = f"{self.gov.id}:{self._n}"
-            await self._enter(holder)
+            while True:
+                ok, wait = await self.gov.run("acquire", self._keys, [
+                    self._rpm[0], self._rpm[1], self._tpm[0], self._tpm[1], max(0.0, tokens)])
+                due = time.monotonic() + float(wait)
+                await asyncio.sleep(float(wait))
+                if time.monotonic() - due > _LATE_S:
+                    continue  # a stalled process would send late, in a bunch with later slots: take a new one
+                if int(ok) and await self._enter(holder):
+                    break
             try:
-                while True:
-                    ok, wait = await self.gov.run("acquire", self._keys, [
-                        self._rpm[0], self._rpm[1], self._tpm[0], self._tpm[1], max(0.0, tokens)])
-                    wait = float(wait)
-                    if int(ok):
-                        break
-                    await asyncio.sleep(wait)
-                if wait > 0:
-                    await asyncio.sleep(wait)
                 yield
             finally:
                 with contextlib.suppress(Exception):
                     await self.gov.client.zrem(self._inflight_key, holder)
 
-    async def _enter(self, holder: str) -> None:
-        """A slot among the provider's calls in flight across every process (polled: a slot
-        frees within one call's latency)."""
+    async def _enter(self, holder: str) -> bool:
+        """A place among the provider's calls in flight across every process (polled while
+        full: a place frees within one call's latency). False: a Retry-After pause began
+        while this call waited for its send time; it waits it out and takes a new slot,
+        so the calls held up do not all go at once when it ends."""
         pause = 0.005
-        while not int(await self.gov.run("enter", [self._inflight_key],
-                                         [self.provider.max_concurrency, holder, self._lease])):
+        while True:
+            ok, wait = await self.gov.run("enter", [self._inflight_key, self._keys[0]],
+                                          [self.provider.max_concurrency, holder, self._lease])
+            if int(ok):
+                return True
+            if float(wait) >= 0:
+                await asyncio.sleep(float(wait))
+                return False
             await asyncio.sleep(pause * (0.5 + random.random()))
             pause = min(0.1, pause * 1.5)
 

@@ -1,0 +1,99 @@
+"""Runs kept on an S3-compatible server (moto's, started on 127.0.0.1 by the fixture):
+tables written there, `conductor sql` answering from them, a killed worker's run
+resumed by another process from what the store holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from tests.conftest import REPO, run_cli, write_pool
+
+moto = pytest.importorskip("moto", reason="moto[server] is not installed (pip install -e '.[test]')")
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    from conductor.execute.shared.servers import S3Server
+
+    with S3Server() as server:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        yield server
+
+
+def run_args(queries, pool, data_dir, store):
+    return ["run", queries, "--pool", pool, "--data-dir", data_dir, "--store", store, "--quiet", "--no-cache",
+            "--run-id", "s3run"]
+
+
+def test_a_run_writes_its_tables_to_the_store_and_sql_answers_from_them(tmp_path, s3, fresh_sim, sample_queries):
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    store = "s3://conductor-test/nightly"
+    r = run_cli(*run_args(sample_queries, pool, tmp_path / "machine-a", store))
+    assert r.returncode == 0, r.stderr
+    files = ObjectStore(store).table_files()
+    assert {"plans", "traces", "results", "rewards"} <= set(files), files
+    # Answered from the store alone: another machine's empty data folder.
+    q = run_cli("sql", "SELECT status, count(*) AS n FROM results GROUP BY ALL", "--store", store,
+                "--format", "json", "--data-dir", tmp_path / "elsewhere")
+    assert q.returncode == 0, q.stderr
+    assert [orjson.loads(line) for line in q.stdout.splitlines()] == [{"status": "ok", "n": 60}]
+    q = run_cli("sql", "SELECT run_id, status FROM runs", "--store", store, "--format", "csv")
+    assert q.returncode == 0, q.stderr
+    assert q.stdout.splitlines()[0] == "run_id,status" and q.stdout.splitlines()[1].startswith("s3run,")
+
+
+def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path, s3, fresh_sim, sample_queries):
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 2, "timeout_s": 10}})
+    store = "s3://conductor-test/resume"
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "CONDUCTOR_STORE_SYNC_S": "0.5"}
+    first = subprocess.Popen([sys.executable, "-m", "conductor", *map(str, run_args(
+        sample_queries, pool, tmp_path / "machine-a", store))], cwd=REPO, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    objects = ObjectStore(store)
+    journal = "runs/s3run/work/plans.jsonl".split("/")
+
+    def uploaded() -> set[str]:
+        if not objects.exists(*journal):
+            return set()
+        with objects.fs.open_input_stream(objects.path(*journal)) as f:
+            lines = f.read().splitlines()
+        return {orjson.loads(x)["plan_id"] for x in lines if x.endswith(b"}")}
+
+    deadline = time.monotonic() + 240
+    while len(uploaded()) < 10 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the worker dies mid-run, its disk with it
+    first.wait()
+    done = uploaded()
+    assert 10 <= len(done) < 60, len(done)
+    fresh_sim.reset()
+    r = run_cli(*run_args(sample_queries, pool, tmp_path / "machine-b", store), env={"CONDUCTOR_STORE_SYNC_S": "0.5"})
+    assert r.returncode == 0, r.stderr
+    # What the store held was not asked for again (answers uploaded with the run's own cache
+    # after the journal was are claimed from it, not asked for either).
+    assert 0 < fresh_sim.log()["by_status"].get("200", 0) <= 60 - len(done)
+    q = run_cli("sql", "SELECT count(*) FILTER (WHERE status = 'ok') AS ok, count(*) AS n FROM results",
+                "--store", store, "--format", "json")
+    assert q.returncode == 0, q.stderr
+    assert orjson.loads(q.stdout.splitlines()[0]) == {"ok": 60, "n": 60}
+
+
+def test_a_bad_store_url_is_refused_with_its_form():
+    from conductor.errors import ConductorError
+    from conductor.execute.shared.objects import store_url
+
+    with pytest.raises(ConductorError, match="s3://bucket/prefix"):
+        store_url("gs://bucket/x")
