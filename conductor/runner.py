@@ -23,16 +23,16 @@ import pyarrow.parquet as pq
 
 from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
-from conductor.execute.cache import Cache
-from conductor.execute.shared.cache import open_cache
-from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, Executor, PlanJob
-from conductor.execute.journal import Journal, load_state
+from conductor.execute.context import ExecutionContext
+from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
+from conductor.execute.journal import load_state
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
 from conductor.failures import failure_groups
 from conductor.planners import make_planner
-from conductor.planners.base import Planner, Query
+from conductor.planners.base import Planner, PlannerBackEnd, Query
+from conductor.planners.replan import BaseReplanner, make_replanner
 from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
@@ -152,20 +152,18 @@ def planning_dir(run: Run) -> Path:
 
 
 def bind_planner(run: Run, planner: Any) -> None:
-    """Give a planner that wants it (an optional `bind` method) the run's context."""
-    bind = getattr(planner, "bind", None)
-    if callable(bind):
+    """Give a planner back end the run's context (see PlannerBackEnd.bind)."""
+    if isinstance(planner, PlannerBackEnd):
         cfg = run.config
-        bind(work_dir=planning_dir(run), cache_path=_cache_path(cfg) if cfg.cache else None,
+        planner.bind(work_dir=planning_dir(run), cache_path=_cache_path(cfg) if cfg.cache else None,
              run_id=run.dir.run_id, seed=cfg.seed, refresh=cfg.refresh, budget_usd=cfg.budget_usd,
              progress=cfg.progress)
 
 
 def close_planner(planner: Any) -> None:
     """Free what a planner holds (a vLLM engine and its worker processes)."""
-    close = getattr(planner, "close", None)
-    if callable(close):
-        close()
+    if isinstance(planner, PlannerBackEnd):
+        planner.close()
 
 
 def _cache_path(cfg: RunConfig) -> Path:
@@ -240,26 +238,14 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     plans_path = run.dir.table("plans")
     check_ready(run, plans_path)
     state = load_state(run.dir.work, retry_failed=cfg.retry_failed)
-    spent = dict(state.spent)
-    if planning_dir(run).exists():
-        for pid, usd in load_state(planning_dir(run)).spent.items():
-            spent[pid] = spent.get(pid, 0.0) + usd
+    planning = load_state(planning_dir(run)).spent if planning_dir(run).exists() else {}
     own_planner = None
     if replanner is None and any(w.kind == "planner" for w in run.pool.workers):
-        from conductor.planners.replan import make_replanner
-
         replanner = make_replanner(planner, run.pool, cfg.max_steps) if planner is not None else None
         if replanner is None:
             own_planner = configured_planner(cfg)
             replanner = make_replanner(own_planner, run.pool, cfg.max_steps)
-    extend = getattr(replanner, "extend_pool", None)
-    pool = extend(run.pool) if callable(extend) else run.pool
-    cache = open_cache(_cache_path(cfg), pool) if cfg.cache else None  # SQLite, or the shared server's
-    run_cache = Cache(run.dir.work / "responses.sqlite")
-    for key, pid, usd in state.unsettled.values():
-        if run_cache.get(key) is None:  # sent by a killed process, maybe paid: count it (else claimed below)
-            spent[pid] = spent.get(pid, 0.0) + usd
-    journal = Journal(run.dir.work)
+    pool = replanner.extend_pool(run.pool) if isinstance(replanner, BaseReplanner) else run.pool
     progress = progress or Progress(enabled=cfg.progress)
     progress.c.plans_total = pq.ParquetFile(plans_path).metadata.num_rows
     progress.c.plans_done = len(state.finished)
@@ -269,30 +255,27 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     reserve = None
     try:
         reserve = SpaceReserve(run.dir.work)
-        executor = Executor(
-            pool, journal,
+        context = ExecutionContext(
+            run.dir.work, pool,
             ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=cfg.budget_usd, seed=cfg.seed),
-            cache=cache, run_cache=run_cache, progress=progress, spent=spent, paid=state.paid,
-            functions=run_function,
-            replanner=replanner, max_depth=cfg.max_depth, reserve=reserve)
-        run.dir.set_status("executing")
-        asyncio.run(executor.run(_jobs(run, plans_path, record), state))
+            state=state, cache_path=_cache_path(cfg) if cfg.cache else None, progress=progress,
+            spent_before=planning, functions=run_function, replanner=replanner, max_depth=cfg.max_depth,
+            reserve=reserve)
+        with context as executor:
+            run.dir.set_status("executing")
+            asyncio.run(executor.run(_jobs(run, plans_path, record), state))
     except STORAGE_ERRORS as e:
         check_work(run)
         raise storage_error(e, run.dir.path) from None
     finally:
         if reserve is not None:
             reserve.release()
-        journal.close()
-        run_cache.close()
-        if cache is not None:
-            cache.close()
         if own_planner is not None:
             close_planner(own_planner)
     check_work(run)
     finalize_journal(run.dir)
     carry_columns(run)
-    run.dir.set_status("executed", spend=executor.ledger.summary())
+    run.dir.set_status("executed", spend=context.spend())
     return run.dir.table("results")
 
 

@@ -36,3 +36,25 @@ class Planner(Protocol):
     def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
         """Return, for each query in order, exactly `samples` drafts."""
         ...
+
+
+class PlannerBackEnd:
+    """What the runner may ask of a planner back end beyond `plan`, declared once with
+    defaults that do nothing; a back end overrides what it has. Any other object with a
+    `plan` method still plans (tests' scripted planners), without these."""
+
+    name: str
+
+    def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
+        raise NotImplementedError
+
+    def bind(self, **context: Any) -> None:
+        """The run's context for a planner that calls models through the executor: its work
+        folder, cache, run id, seed, refresh setting, budget and progress."""
+
+    def replanner(self, pool: Pool, max_steps: int) -> Any:
+        """What re-plans a step given to a planner worker (conductor.planners.replan); None: cannot."""
+        return None
+
+    def close(self) -> None:
+        """Free what the planner holds (a loaded engine and its processes)."""

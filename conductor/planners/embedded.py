@@ -30,7 +30,7 @@ from typing import Sequence
 import orjson
 
 from conductor.errors import ConductorError
-from conductor.planners.base import PlanDraft, Query
+from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
 from conductor.policy.actions import Action
 from conductor.pool import Pool, Worker
 
@@ -97,12 +97,17 @@ class EmbeddedConfig:
                 Action.from_key(key)  # a clear ValueError on a malformed key
 
 
-class EmbeddedPlanner:
+class EmbeddedPlanner(PlannerBackEnd):
     name = "embedded"
 
     def __init__(self, config: EmbeddedConfig | None = None):
         self.config = config or EmbeddedConfig()
         self._learned: dict[str, object] = {}  # pool key -> loaded artifact (or None)
+
+    def replanner(self, pool: Pool, max_steps: int):
+        from conductor.planners.replan import EmbeddedReplanner
+
+        return EmbeddedReplanner(self, pool, max_steps)
 
     def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
         solvers = [w for w in pool.workers if w.kind == "llm"]

@@ -32,12 +32,12 @@ from typing import Any, Sequence
 import orjson
 
 from conductor.errors import ConductorError, PoolError
-from conductor.execute.cache import Cache, Entry
-from conductor.execute.shared.cache import open_cache
-from conductor.execute.engine import ExecOptions, Executor, PlanJob, StepFailed
-from conductor.execute.journal import Journal, load_state
+from conductor.execute.cache import Entry
+from conductor.execute.context import ExecutionContext
+from conductor.execute.engine import ExecOptions, PlanJob, StepFailed
+from conductor.execute.journal import load_state
 from conductor.planners import prompt as prompts
-from conductor.planners.base import PlanDraft, Query
+from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema
 from conductor.plans import DEFAULT_MAX_STEPS, Step
 from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool, provider_from_model
@@ -99,7 +99,7 @@ class Binding:
     progress: bool = False
 
 
-class LLMPlanner:
+class LLMPlanner(PlannerBackEnd):
     name = "llm"
 
     def __init__(self, config: LLMPlannerConfig | None = None):
@@ -110,6 +110,11 @@ class LLMPlanner:
         """Where the planner's journal, run cache and shared cache live, and the
         run's seed, budget and refresh setting (see `Binding`)."""
         self.binding = Binding(**context)
+
+    def replanner(self, pool: Pool, max_steps: int):
+        from conductor.planners.replan import LLMReplanner
+
+        return LLMReplanner(self, pool, max_steps)
 
     # ---- the model --------------------------------------------------------
 
@@ -231,16 +236,11 @@ class LLMPlanner:
         base_seed = c.seed if c.seed is not None else b.seed
         tmp = tempfile.TemporaryDirectory(prefix="conductor-planner-") if b.work_dir is None else None
         work = Path(tmp.name) if tmp is not None else Path(b.work_dir)
-        state = load_state(work)
-        journal = Journal(work)
-        run_cache = Cache(work / "responses.sqlite")
-        cache = open_cache(b.cache_path, exec_pool) if b.cache_path is not None else None
         progress = Progress(label="plan", enabled=b.progress)
         progress.c.plans_total = len(queries) * samples
-        ex = Executor(exec_pool, journal, ExecOptions(run_id=b.run_id, refresh=b.refresh,
-                                                      run_budget_usd=b.budget_usd, seed=b.seed),
-                      cache=cache, run_cache=run_cache, progress=progress, spent=state.spent,
-                      paid=state.paid)
+        context = ExecutionContext(work, exec_pool, ExecOptions(run_id=b.run_id, refresh=b.refresh,
+                                                                run_budget_usd=b.budget_usd, seed=b.seed),
+                                   state=load_state(work), cache_path=b.cache_path, progress=progress)
         provider = exec_pool.provider_of(worker)
         slots = asyncio.Semaphore(c.max_in_flight or max(8, 2 * provider.max_concurrency))
         failures: list[StepFailed] = []
@@ -273,13 +273,10 @@ class LLMPlanner:
                              template_version=prompts.TEMPLATE_VERSION, info=info)
 
         try:
-            drafts = await asyncio.gather(*(one(q, k) for q in queries for k in range(samples)))
+            with context as ex:
+                drafts = await asyncio.gather(*(one(q, k) for q in queries for k in range(samples)))
         finally:
             progress.close()
-            journal.close()
-            run_cache.close()
-            if cache is not None:
-                cache.close()
             if tmp is not None:
                 tmp.cleanup()
         if failures:

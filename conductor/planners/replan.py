@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from conductor.errors import ConductorError, PlanError
 from conductor.execute.engine import Executor, ReplanRequest, Replanner, StepFailed
 from conductor.planners import prompt as prompts
-from conductor.planners.base import Query
+from conductor.planners.base import PlannerBackEnd, Query
 from conductor.plans import Plan, parse_plan, validate_plan
 from conductor.pool import Pool
 
@@ -38,18 +38,16 @@ REPLAN_TASK = "\n\nThe step that asked for this plan says: {instruction}"
 
 
 def make_replanner(planner: Any, pool: Pool, max_steps: int) -> Replanner | None:
-    """The replanner of a planner object; None for planners that cannot re-plan."""
-    from conductor.planners.embedded import EmbeddedPlanner
-    from conductor.planners.llm import LLMPlanner
-    from conductor.planners.vllm import VLLMPlanner
+    """The replanner a planner back end declares; None for planners that cannot re-plan."""
+    return planner.replanner(pool, max_steps) if isinstance(planner, PlannerBackEnd) else None
 
-    if isinstance(planner, LLMPlanner):
-        return LLMReplanner(planner, pool, max_steps)
-    if isinstance(planner, VLLMPlanner):
-        return VLLMReplanner(planner, pool, max_steps)
-    if isinstance(planner, EmbeddedPlanner):
-        return EmbeddedReplanner(planner, pool, max_steps)
-    return None
+
+class BaseReplanner:
+    """What every back end's replanner offers besides re-planning a step."""
+
+    def extend_pool(self, pool: Pool) -> Pool:
+        """The pool the executor runs in: the run's, plus any worker re-planning calls need."""
+        return pool
 
 
 def sub_kinds(kinds: Sequence[str], req: ReplanRequest) -> tuple[str, ...]:
@@ -77,7 +75,7 @@ def parse_sub_plan(text: str, pool: Pool, max_steps: int) -> Plan:
         raise StepFailed("error", f"the sub-plan is not valid: {e}") from None
 
 
-class LLMReplanner:
+class LLMReplanner(BaseReplanner):
     def __init__(self, planner: Any, pool: Pool, max_steps: int):
         self.planner = planner  # an LLMPlanner
         self.pool = pool  # the run's pool: what prompts offer and sub-plans may name
@@ -113,7 +111,7 @@ class LLMReplanner:
         return got[0]
 
 
-class VLLMReplanner:
+class VLLMReplanner(BaseReplanner):
     """Re-plans on the vLLM planner's engine; concurrent requests share engine calls."""
 
     def __init__(self, planner: Any, pool: Pool, max_steps: int):
@@ -157,8 +155,6 @@ class VLLMReplanner:
 
     def _generate(self, reqs: list[ReplanRequest]) -> list[Plan | StepFailed]:
         """Blocking: one engine call for every request that fits the engine."""
-        from conductor.planners.vllm import VLLMPlanner
-
         p, c = self.planner, self.planner.config
         llm = p.engine()
         tokenizer = llm.get_tokenizer()
@@ -183,7 +179,7 @@ class VLLMReplanner:
                                                   f"max_model_len is {limit}")
                 continue
             if kinds not in by_kinds:
-                by_kinds[kinds] = VLLMPlanner(dataclasses.replace(c, kinds=kinds), llm=llm).sampling_params(
+                by_kinds[kinds] = type(p)(dataclasses.replace(c, kinds=kinds), llm=llm).sampling_params(
                     self.pool, 1)
             prompts_.append({"prompt_token_ids": ids})
             params.append(by_kinds[kinds])
@@ -205,7 +201,7 @@ class VLLMReplanner:
         return outcomes  # type: ignore[return-value]
 
 
-class EmbeddedReplanner:
+class EmbeddedReplanner(BaseReplanner):
     """The embedded planner's templates, written over the work the step sees."""
 
     def __init__(self, planner: Any, pool: Pool, max_steps: int):

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from conductor.errors import ConductorError
 from conductor.planners import prompt as prompts
-from conductor.planners.base import PlanDraft, Query
+from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema
 from conductor.plans import DEFAULT_MAX_STEPS
 from conductor.pool import WORKER_KINDS, Pool
@@ -63,7 +63,7 @@ class VLLMPlannerConfig:
             raise ConductorError(f"vLLM planner: chunk_size must be at least 1 or None (got {self.chunk_size})")
 
 
-class VLLMPlanner:
+class VLLMPlanner(PlannerBackEnd):
     name = "vllm"
 
     def __init__(self, config: VLLMPlannerConfig, llm: Any = None):
@@ -95,6 +95,11 @@ class VLLMPlanner:
             self._llm = LLM(**kwargs)
             self.load_seconds = time.perf_counter() - start
         return self._llm
+
+    def replanner(self, pool: Pool, max_steps: int):
+        from conductor.planners.replan import VLLMReplanner
+
+        return VLLMReplanner(self, pool, max_steps)
 
     def close(self) -> None:
         """Stop the engine's worker processes."""

@@ -1,0 +1,81 @@
+"""One execution context: everything an executor needs, opened together and closed
+together, for every caller that sends calls (a run's execute stage, an enrichment
+job, the LLM planner's own planning calls).
+
+It owns the work folder's journal and run cache, the response cache shared across
+runs (SQLite, or the governor's server), the progress line and the executor (which
+holds the governor: rate limits, calls in flight, budgets). What the work folder's
+journal says was already spent, and what a killed process may have paid for
+without logging it, counts against the budgets; `spend()` reports the caps' state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conductor.execute.cache import Cache
+from conductor.execute.engine import ExecOptions, Executor
+from conductor.execute.journal import Journal, ResumeState
+from conductor.execute.shared.cache import open_cache
+from conductor.pool import Pool
+from conductor.progress import Progress
+
+
+class ExecutionContext:
+    """`with ExecutionContext(work, pool, options, state=...) as ex:` gives an Executor
+    whose journal and caches are closed on leaving, whatever happened."""
+
+    def __init__(self, work: Path, pool: Pool, options: ExecOptions, *, state: ResumeState,
+                 cache_path: str | Path | None = None, progress: Progress | None = None,
+                 spent_before: dict[str, float] | None = None, **executor_options: Any):
+        self.work = Path(work)
+        self.pool = pool
+        self.options = options
+        self.state = state
+        self.cache_path = cache_path
+        self.progress = progress or Progress(enabled=False)
+        self.spent_before = spent_before or {}  # e.g. what planning spent, for the same budgets
+        self.executor_options = executor_options
+        self.executor: Executor | None = None
+        self._open: list[Any] = []
+
+    def __enter__(self) -> Executor:
+        try:
+            cache = open_cache(self.cache_path, self.pool) if self.cache_path is not None else None
+            if cache is not None:
+                self._open.append(cache)
+            run_cache = Cache(self.work / "responses.sqlite")
+            self._open.append(run_cache)
+            spent = dict(self.state.spent)
+            for pid, usd in self.spent_before.items():
+                spent[pid] = spent.get(pid, 0.0) + usd
+            for key, pid, usd in self.state.unsettled.values():
+                if run_cache.get(key) is None:  # sent by a killed process, maybe paid: count it (else claimed)
+                    spent[pid] = spent.get(pid, 0.0) + usd
+            journal = Journal(self.work)
+            self._open.append(journal)
+            self.executor = Executor(self.pool, journal, self.options, cache=cache, run_cache=run_cache,
+                                     progress=self.progress, spent=spent, paid=self.state.paid,
+                                     **self.executor_options)
+            return self.executor
+        except BaseException:
+            self._close()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        self._close()
+
+    def spend(self) -> list[dict[str, Any]]:
+        """Each budget cap: what it allows and what was spent under it."""
+        return self.executor.ledger.summary() if self.executor is not None else []
+
+    def _close(self) -> None:
+        """Close everything opened, even when one close fails (a full disk); then raise the first failure."""
+        first = None
+        while self._open:
+            try:
+                self._open.pop().close()
+            except BaseException as e:  # noqa: BLE001 - raised below, after the rest is closed
+                first = first or e
+        if first is not None:
+            raise first
