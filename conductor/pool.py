@@ -39,6 +39,19 @@ class Provider:
     timeout_s: float = 120.0
     max_attempts: int = 6
     api_key_env: str | None = None
+    # mode "batch": calls go through the provider's batch API (conductor.execute.batch)
+    mode: str = "online"
+    batch_poll_s: float = 30.0  # seconds between status checks of a submitted batch
+    batch_collect_s: float = 1.0  # a batch is submitted once no new request joined it for this long
+    batch_max_wait_s: float = 86400.0  # then the batch is cancelled and its undone requests retried
+    batch_completion_window: str = "24h"
+    batch_price_factor: float = 0.5  # batch price = online price x this (OpenAI's and Anthropic's: half)
+    batch_retry: str = "online"  # failed or expired lines: retried online or in a new batch
+    batch_max_requests: int = 50_000  # OpenAI's limit per input file
+
+
+PROVIDER_MODES = ("online", "batch")
+BATCH_RETRY = ("online", "batch")
 
 
 @dataclass(frozen=True)
@@ -175,9 +188,14 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
         seen.add(worker.id)
         workers.append(worker)
     # Workers with no provider section share a default one with default limits.
-    for w in workers:
+    for i, w in enumerate(workers):
         if w.provider not in providers:
             providers[w.provider] = Provider(id=w.provider)
+        if providers[w.provider].mode == "batch" and w.kind != "function" and w.model \
+                and not w.model.startswith("openai/"):
+            raise PoolError(f"workers[{i}] ({w.id}).model: provider {w.provider} has mode: batch, which sends "
+                            f"through the OpenAI batch API (/v1/files, /v1/batches); the model must be an "
+                            f"openai/ model of an OpenAI-compatible endpoint (got {w.model!r})")
     return Pool(workers=tuple(workers), providers=providers, path=where, replay=replay, governor=governor)
 
 
@@ -201,7 +219,44 @@ def _provider(pid: Any, cfg: Any) -> Provider:
         timeout_s=_num(cfg, "timeout_s", at, positive=True, default=120.0),
         max_attempts=int(_num(cfg, "max_attempts", at, positive=True, default=6)),
         api_key_env=key_env,
+        **_batch_options(cfg, at),
     )
+
+
+def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
+    """The provider's batch-API settings; batch_* keys only make sense with mode: batch."""
+    mode = cfg.get("mode", "online")
+    if mode not in PROVIDER_MODES:
+        raise PoolError(f"{at}.mode: must be one of {', '.join(PROVIDER_MODES)} (got {mode!r})")
+    given = sorted(k for k in cfg if str(k).startswith("batch_"))
+    if given and mode != "batch":
+        raise PoolError(f"{at}.{given[0]}: only applies with mode: batch (this provider is online)")
+    out: dict[str, Any] = {"mode": mode}
+    for key in ("batch_poll_s", "batch_collect_s", "batch_max_wait_s"):
+        if key in cfg:
+            out[key] = float(_num(cfg, key, at, positive=True))
+    if "batch_price_factor" in cfg:
+        factor = _num(cfg, "batch_price_factor", at, minimum=0.0)
+        if factor > 1:
+            raise PoolError(f"{at}.batch_price_factor: must be at most 1 (the batch price as a share of the "
+                            f"online price, e.g. 0.5; got {factor!r})")
+        out["batch_price_factor"] = float(factor)
+    if "batch_max_requests" in cfg:
+        n = _num(cfg, "batch_max_requests", at, positive=True)
+        if n != int(n):
+            raise PoolError(f"{at}.batch_max_requests: must be a whole number (got {n!r})")
+        out["batch_max_requests"] = int(n)
+    if "batch_retry" in cfg:
+        if cfg["batch_retry"] not in BATCH_RETRY:
+            raise PoolError(f"{at}.batch_retry: must be one of {', '.join(BATCH_RETRY)} "
+                            f"(got {cfg['batch_retry']!r})")
+        out["batch_retry"] = cfg["batch_retry"]
+    if "batch_completion_window" in cfg:
+        window = cfg["batch_completion_window"]
+        if not isinstance(window, str) or not re.match(r"^[0-9]+h$", window):
+            raise PoolError(f"{at}.batch_completion_window: must be hours such as '24h' (got {window!r})")
+        out["batch_completion_window"] = window
+    return out
 
 
 def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
