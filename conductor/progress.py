@@ -21,6 +21,7 @@ class Counters:
     errors: int = 0
     retries: int = 0
     usd: float = 0.0
+    waiting: dict[str, str] = field(default_factory=dict)  # what the run waits on (a batch id -> its state)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -57,7 +58,8 @@ class Progress:
         eta = _fmt_s(left) if left is not None else "?"
         return (f"[{self.label}] plans {c.plans_done}/{c.plans_total}  calls {c.calls}  "
                 f"cache hits {c.cache_hits}  errors {c.errors}  retries {c.retries}  "
-                f"${c.usd:.4f}  {c.calls / elapsed:.1f} calls/s  left {eta}")
+                f"${c.usd:.4f}  {c.calls / elapsed:.1f} calls/s  left {eta}"
+                + "".join(f"  [{w}]" for w in c.waiting.values()))
 
     def close(self) -> None:
         if self.enabled:

@@ -18,6 +18,8 @@ class BudgetExhausted(Exception):
         super().__init__(
             f"budget exhausted: {cap} cap ${limit:.4f}, spent ${spent:.4f}, this call needs up to ${need:.4f}")
         self.cap = cap
+        self.limit = limit  # what is left (limit - spent) sizes the part of a batch that still fits
+        self.spent = spent
 
 
 @dataclass

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable
 
 from conductor.context import step_messages
+from conductor.execute.batch import Batches
 from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
@@ -142,6 +143,8 @@ class Executor:
         self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
         self._sub_plans: dict[str, dict[str, str]] = {}  # from the journal: plan id -> step path -> sub-plan
         self._rng = random.Random(options.seed)
+        # providers with mode: batch send through their batch API (conductor.execute.batch)
+        self.batches = Batches(self) if any(p.mode == "batch" for p in pool.providers.values()) else None
 
     # ---- plans -----------------------------------------------------------
 
@@ -160,7 +163,9 @@ class Executor:
 
     async def _run(self, jobs: Iterable[PlanJob], resume: ResumeState) -> None:
         limit = self.opt.max_plans_in_flight or max(
-            32, min(4096, 4 * sum(p.max_concurrency for p in self.pool.providers.values())))
+            32, min(4096, 4 * sum(p.max_concurrency for p in self.pool.providers.values())),
+            # a batch holds as many steps as are ready at once: let that many plans be in flight
+            sum(p.batch_max_requests for p in self.pool.providers.values() if p.mode == "batch"))
         slots = asyncio.Semaphore(limit)
         tasks: set[asyncio.Task] = set()
         failure: list[BaseException] = []
@@ -192,6 +197,8 @@ class Executor:
                     self._abort = self._abort or e
         for client in self._clients.values():
             await client.close()
+        if self.batches is not None:
+            await self.batches.close()
         if self._close_governor is not None:
             await self._close_governor()
         self.progress.close()
@@ -345,7 +352,10 @@ class Executor:
         self._inflight[key] = fut
         outcome: Any = None  # what waiters on the same request get, set on every path
         try:
-            resp, attempts, latency = await self._call_with_retries(worker, messages, params, key)
+            if self.batches is not None and self.pool.provider_of(worker).mode == "batch":
+                resp, attempts, latency = await self.batches.call(worker, messages, params, key)
+            else:
+                resp, attempts, latency = await self._call_with_retries(worker, messages, params, key)
             cost = self._cost(worker, resp)
             entry = outcome = Entry(resp.text, resp.prompt_tokens, resp.completion_tokens, resp.usage_estimated,
                                     resp.simulated, cost, latency, resp.logprob, attempts)
@@ -384,8 +394,9 @@ class Executor:
                                 failure=failure.kind, **row)
         raise StepFailed(failure.status, str(failure), row.get("attempts", 0), kind=failure.kind, row=logged)
 
-    async def _call_with_retries(self, worker: Worker, messages: list[dict[str, str]],
-                                 params: dict[str, Any], key: str) -> tuple[CallResponse, int, float]:
+    async def _call_with_retries(self, worker: Worker, messages: list[dict[str, str]], params: dict[str, Any],
+                                 key: str, attempts_before: int = 0) -> tuple[CallResponse, int, float]:
+        """Online attempts until an answer; `attempts_before`: those a batch already made."""
         provider = self.pool.provider_of(worker)
         for dead in (worker.id, provider.id):
             if dead in self._dead:
@@ -418,7 +429,7 @@ class Executor:
                 await self.ledger.settle(reservation, 0.0)
                 raise
         limiter = self.limiters[provider.id]
-        attempt = 0
+        attempt = attempts_before
         try:
             while True:
                 attempt += 1

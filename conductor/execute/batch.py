@@ -1,0 +1,493 @@
+"""Provider batch APIs: the calls of a provider with `mode: batch` go out as OpenAI batch
+jobs (/v1/files + /v1/batches, through litellm's file and batch functions) at the
+batch price instead of one request each.
+
+Steps that become ready together (a stage: every plan's first steps, then the steps
+those answers unblock) are collected until no new request has joined for
+`batch_collect_s`, then written as one JSONL input file and submitted. Cache hits
+never get here (the executor answers them first). The batch's worst-case cost is
+reserved at submission (what the budget cannot cover is refused as budget_exhausted,
+as online), and settled at the batch price when its results arrive.
+
+The batch id, its input file and the request keys (custom_ids) in it are journaled
+at submission (`batches.jsonl` in the work folder), so a killed run polls the same
+batch on resume instead of paying for it twice. Answers are stored in the run cache
+before the batch is marked done. Lines the batch did not answer (error lines, lines
+left when it expired or was cancelled) go to the normal retry path: online or in a
+new batch (`batch_retry`), counting attempts as online calls do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from conductor.execute.budget import BudgetExhausted
+from conductor.execute.cache import Entry
+from conductor.execute.call import CallFailure, CallRequest, CallResponse, _cut, classify, max_prompt_tokens
+from conductor.execute.failure import StepFailed
+from conductor.execute.journal import _open_append, _read, _write
+from conductor.execute.openai_http import _kind, read_answer
+from conductor.execute.prices import call_cost
+from conductor.execute.shared import GovernorUnavailable
+from conductor.pool import Provider, Worker
+
+if TYPE_CHECKING:
+    from conductor.execute.engine import Executor
+
+BATCHES_FILE = "batches.jsonl"
+ENDPOINT = "/v1/chat/completions"
+TERMINAL = ("completed", "expired", "failed", "cancelled")
+# Batch API calls (upload, create, poll, download) that fail are tried this often before
+# the batch's lines are handed to the retry path.
+API_ATTEMPTS = 5
+
+
+@dataclass
+class Waiter:
+    """A step waiting for its line of a batch."""
+
+    worker: Worker
+    messages: list[dict[str, str]]
+    params: dict[str, Any]
+    future: asyncio.Future
+    worst: float = 0.0  # worst-case cost at the batch price
+
+
+@dataclass
+class OpenBatch:
+    """A submitted batch (this run's, or one journaled by a killed process) and the steps
+    waiting for its lines."""
+
+    record: dict[str, Any]  # as journaled: batch_id, input_file_id, worker, keys, reserved, at
+    waiters: dict[str, Waiter] = field(default_factory=dict)
+    task: asyncio.Task | None = None
+    reservation: Any = None
+    status: str = "submitted"
+
+    @property
+    def batch_id(self) -> str:
+        return self.record["batch_id"]
+
+
+class BatchJournal:
+    """`batches.jsonl`: one line per submitted batch, one when its answers are stored."""
+
+    def __init__(self, folder: Path):
+        path = Path(folder) / BATCHES_FILE
+        self.open: dict[str, dict[str, Any]] = {}  # batch id -> its submission line, not yet done
+        for row in _read(path):
+            if row.get("event") == "submitted":
+                self.open[row["batch_id"]] = row
+            elif row.get("event") == "done":
+                self.open.pop(row["batch_id"], None)
+        self._file = _open_append(path)
+
+    def submitted(self, record: dict[str, Any]) -> None:
+        _write(self._file, {"event": "submitted", **record})
+
+    def done(self, batch_id: str, status: str) -> None:
+        _write(self._file, {"event": "done", "batch_id": batch_id, "status": status})
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Batches:
+    """The executor's batch path for providers with `mode: batch`."""
+
+    def __init__(self, ex: Executor):
+        self.ex = ex
+        self.journal = BatchJournal(ex.journal.folder)
+        self._open: dict[str, OpenBatch] = {b: OpenBatch(r) for b, r in self.journal.open.items()}
+        self._by_key: dict[str, str] = {k: b for b, r in self.journal.open.items() for k in r["keys"]}
+        self._pending: dict[tuple[str, str | None], list[tuple[str, Waiter]]] = {}
+        self._collectors: dict[tuple[str, str | None], asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.submissions = 0  # batches this run submitted
+
+    # ---- the step's side ---------------------------------------------------
+
+    async def call(self, worker: Worker, messages: list[dict[str, str]], params: dict[str, Any],
+                   key: str) -> tuple[CallResponse, int, float]:
+        """One step's call through the batch API: (response, attempts, latency); raises StepFailed."""
+        ex = self.ex
+        provider = ex.pool.provider_of(worker)
+        for dead in (worker.id, provider.id):
+            if dead in ex._dead:
+                raise StepFailed("error", ex._dead[dead][0], kind=ex._dead[dead][1])
+        worst = self._worst(worker, provider, messages, params)
+        t0 = time.monotonic()
+        attempts = 0
+        while True:
+            waiter = Waiter(worker, messages, params, asyncio.get_running_loop().create_future(), worst)
+            bid = self._by_key.get(key) if attempts == 0 else None
+            if bid is not None and bid in self._open:  # journaled by a killed run: poll that batch
+                self._attach(self._open[bid], key, waiter)
+            else:
+                self._enqueue(worker, provider, key, waiter)
+            try:
+                resp = await waiter.future
+                return resp, attempts + 1, time.monotonic() - t0
+            except CallFailure as f:
+                attempts += 1
+                if not f.retryable or attempts >= provider.max_attempts:
+                    raise StepFailed("error", ex._failure_message(worker, provider, f, attempts), attempts,
+                                     kind="not_found" if f.status == 404 else f.kind) from None
+                ex.progress.c.retries += 1
+                if provider.batch_retry == "online":
+                    return await ex._call_with_retries(worker, messages, params, key, attempts_before=attempts)
+
+    def _worst(self, worker: Worker, provider: Provider, messages: list[dict[str, str]],
+               params: dict[str, Any]) -> float:
+        """The request's worst-case cost at the batch price (0 when no budget applies)."""
+        if provider.id not in self.ex._budgeted:
+            return 0.0
+        price = self.ex.prices[worker.id]
+        if price is None:
+            raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
+                                      f"cannot run under a budget; add price: {{input_per_mtok, "
+                                      f"output_per_mtok}} to it in the pool file", kind="config")
+        online = max_prompt_tokens(messages) * price.input + params["max_tokens"] * price.output
+        return online * provider.batch_price_factor
+
+    def _enqueue(self, worker: Worker, provider: Provider, key: str, waiter: Waiter) -> None:
+        group = (worker.id, self._api_key(provider, worker))
+        self._pending.setdefault(group, []).append((key, waiter))
+        if group not in self._collectors:
+            self._collectors[group] = self._spawn(self._collect(group, worker, provider))
+
+    def _attach(self, batch: OpenBatch, key: str, waiter: Waiter) -> None:
+        batch.waiters[key] = waiter
+        if batch.task is None:
+            worker = self.ex.pool.worker(batch.record["worker"])
+            batch.task = self._spawn(self._resume(batch, worker, self.ex.pool.provider_of(worker)))
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        """Stop polling (the run is over or aborted; open batches stay journaled for a resume)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - cancelled, or already reported to its steps
+                pass
+        self.journal.close()
+
+    # ---- collecting and submitting ---------------------------------------
+
+    async def _collect(self, group: tuple[str, str | None], worker: Worker, provider: Provider) -> None:
+        """Wait until no new request joins the group for batch_collect_s (or it is full), then submit it."""
+        seen = -1
+        try:
+            while len(self._pending[group]) != seen and len(self._pending[group]) < provider.batch_max_requests:
+                seen = len(self._pending[group])
+                await asyncio.sleep(provider.batch_collect_s)
+        finally:
+            del self._collectors[group]
+            lines = self._pending.pop(group)
+        rest = lines[provider.batch_max_requests:]
+        if rest:
+            self._pending[group] = rest
+            self._collectors[group] = self._spawn(self._collect(group, worker, provider))
+        await self._submit(lines[:provider.batch_max_requests], worker, provider, group[1])
+
+    async def _submit(self, lines: list[tuple[str, Waiter]], worker: Worker, provider: Provider,
+                      api_key: str | None) -> None:
+        ex = self.ex
+        reservation = None
+        try:
+            if ex._abort is not None:
+                raise _aborted()
+            lines, reservation = await self._reserve(lines, worker, provider)
+            if not lines:
+                return
+            model = worker.model.split("/", 1)[1]
+            data = b"".join(orjson.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT,
+                                          "body": {"model": model, "messages": w.messages,
+                                                   **{k: v for k, v in w.params.items() if v is not None}}})
+                            + b"\n" for key, w in lines)
+            litellm = _litellm()
+            where = self._where(worker, provider, api_key)
+            file = await self._api(provider, "upload the batch input file", lambda: litellm.acreate_file(
+                file=("conductor-batch.jsonl", data, "application/jsonl"), purpose="batch", **where))
+            made = await self._api(provider, "create the batch", lambda: litellm.acreate_batch(
+                completion_window=provider.batch_completion_window, endpoint=ENDPOINT, input_file_id=file.id,
+                metadata={"conductor_run": ex.opt.run_id}, **where))
+        except CallFailure as f:
+            for key, w in lines:
+                _fail(w.future, f)
+            if reservation is not None:
+                await ex.ledger.settle(reservation, 0.0)
+            return
+        except BaseException as e:
+            for key, w in lines:
+                _fail(w.future, e)
+            raise
+        record = {"batch_id": made.id, "input_file_id": file.id, "worker": worker.id,
+                  "keys": [k for k, _ in lines], "reserved": reservation.amount if reservation else 0.0,
+                  "at": time.time()}
+        batch = OpenBatch(record, dict(lines), reservation=reservation)
+        self._open[made.id] = batch
+        try:
+            ex._durably(self.journal.submitted, record)
+        except BaseException as e:
+            for key, w in lines:
+                _fail(w.future, e)
+            raise
+        self.submissions += 1
+        batch.task = asyncio.current_task()
+        await self._wait(batch, worker, provider)
+
+    async def _reserve(self, lines: list[tuple[str, Waiter]], worker: Worker,
+                       provider: Provider) -> tuple[list[tuple[str, Waiter]], Any]:
+        """Reserve the batch's worst case; the lines the budget cannot cover are refused
+        (budget_exhausted) and the rest go out."""
+        ex = self.ex
+        if provider.id not in ex._budgeted:
+            return lines, None
+        n = len(lines)
+        while n > 0:
+            total = sum(w.worst for _, w in lines[:n])
+            try:
+                reservation = await ex.ledger.reserve(provider.id, total)
+                break
+            except BudgetExhausted as e:
+                room = max(0.0, e.limit - e.spent)
+                covered, acc = 0, 0.0
+                for _, w in lines[:n]:
+                    if acc + w.worst > room + 1e-12:
+                        break
+                    acc += w.worst
+                    covered += 1
+                n = min(covered, n - 1)
+                last = e
+            except GovernorUnavailable as e:
+                for _, w in lines:
+                    _fail(w.future, StepFailed("error", f"worker {worker.id}: {e}", kind="connection"))
+                return [], None
+        else:
+            reservation = None
+        for _, w in lines[n:]:
+            _fail(w.future, StepFailed("budget_exhausted", f"worker {worker.id}: {last} (in a batch of "
+                                                           f"{len(lines)} requests, {n} fit)", kind="budget"))
+        return lines[:n], reservation
+
+    # ---- waiting and answers ---------------------------------------------
+
+    async def _resume(self, batch: OpenBatch, worker: Worker, provider: Provider) -> None:
+        """Poll a batch a killed run submitted; its worst case is reserved again meanwhile."""
+        if provider.id in self.ex._budgeted and batch.record.get("reserved"):
+            try:
+                batch.reservation = await self.ex.ledger.reserve(provider.id, batch.record["reserved"])
+            except (BudgetExhausted, GovernorUnavailable):
+                batch.reservation = None  # already submitted: its answers are paid for either way
+        await self._wait(batch, worker, provider)
+
+    async def _wait(self, batch: OpenBatch, worker: Worker, provider: Provider) -> None:
+        ex = self.ex
+        litellm = _litellm()
+        where = self._where(worker, provider, self._api_key(provider, worker))
+        bid = batch.batch_id
+        cancelled = False
+        try:
+            while True:
+                if ex._abort is not None:  # the run stops; the batch stays journaled for a resume
+                    for w in batch.waiters.values():
+                        _fail(w.future, _aborted())
+                    return
+                try:
+                    info = await self._api(provider, f"check batch {bid}",
+                                           lambda: litellm.aretrieve_batch(batch_id=bid, **where))
+                except CallFailure as f:
+                    if f.status == 404:
+                        raise CallFailure("server", f"batch {bid} is unknown to the provider: {f}") from None
+                    if not f.retryable or time.time() - batch.record["at"] > provider.batch_max_wait_s:
+                        raise
+                    await asyncio.sleep(provider.batch_poll_s)  # the batch is paid for: keep asking
+                    continue
+                batch.status = info.status
+                self._show(batch, info)
+                if info.status in TERMINAL:
+                    break
+                if not cancelled and time.time() - batch.record["at"] > provider.batch_max_wait_s:
+                    cancelled = True  # its answered lines still come back; the rest are retried
+                    await self._api(provider, f"cancel batch {bid}",
+                                    lambda: litellm.acancel_batch(batch_id=bid, **where))
+                    continue
+                await asyncio.sleep(provider.batch_poll_s)
+            answers, errors = {}, {}
+            for file_id, into in ((info.output_file_id, answers), (info.error_file_id, errors)):
+                if file_id:
+                    content = await self._api(provider, f"download file {file_id} of batch {bid}",
+                                              lambda: litellm.afile_content(file_id=file_id, **where))
+                    for line in content.content.splitlines():
+                        if line.strip():
+                            row = orjson.loads(line)
+                            into[row.get("custom_id")] = row
+        except CallFailure as f:  # the batch cannot be followed: its lines take the retry path
+            self._finish(batch, {}, {}, f"batch {bid}: {f}", None, provider)
+            return
+        finally:
+            self._show(batch, None)
+        why = _batch_error(info) or f"batch {bid} ended {info.status} before answering this request"
+        self._finish(batch, answers, errors, why, info.status, provider)
+        if batch.reservation is not None:
+            await ex.ledger.settle(batch.reservation, batch.record.get("paid", 0.0))
+
+    def _finish(self, batch: OpenBatch, answers: dict, errors: dict, why: str, status: str | None,
+                provider: Provider) -> None:
+        """Store every answer in the run cache, mark the batch done, then hand each waiting
+        step its answer or its line's failure."""
+        ex = self.ex
+        worker = ex.pool.worker(batch.record["worker"])
+        latency = time.time() - batch.record["at"]
+        results: dict[str, CallResponse | CallFailure] = {}
+        paid = 0.0
+        for key in batch.record["keys"]:
+            row = answers.get(key) or errors.get(key)
+            waiter = batch.waiters.get(key)
+            got = _line_result(row, waiter, why, status)
+            if isinstance(got, CallResponse):
+                if waiter is not None:
+                    got = ex._clamped(got, waiter.messages, waiter.params)
+                cost = call_cost(ex.prices[worker.id], got.prompt_tokens, got.completion_tokens)
+                cost = None if cost is None else cost * provider.batch_price_factor
+                got = replace(got, cost_usd=cost)
+                if ex.run_cache is not None:  # kept before the batch is marked done: it is paid for
+                    ex._durably(ex.run_cache.put, key, worker.model, Entry(
+                        got.text, got.prompt_tokens, got.completion_tokens, got.usage_estimated, got.simulated,
+                        cost, latency, got.logprob, 1))
+                if waiter is not None:  # an answer no step waits for is counted when a step claims it
+                    paid += cost or 0.0
+                    if batch.reservation is None and cost:
+                        ex.ledger.record(provider.id, cost)
+            results[key] = got
+        batch.record["paid"] = paid
+        if ex.run_cache is not None:
+            ex._durably(ex.run_cache.flush)
+        if status is not None:
+            ex._durably(self.journal.done, batch.batch_id, status)
+        self._open.pop(batch.batch_id, None)
+        for key in batch.record["keys"]:
+            self._by_key.pop(key, None)
+        for key, waiter in batch.waiters.items():
+            got = results.get(key)
+            if isinstance(got, CallResponse):
+                if not waiter.future.done():
+                    waiter.future.set_result(got)
+            else:
+                _fail(waiter.future, got or CallFailure("server", why))
+
+    async def _api(self, provider: Provider, what: str, send: Any) -> Any:
+        """One batch-API call, tried up to API_ATTEMPTS times on retryable failures."""
+        for attempt in range(1, API_ATTEMPTS + 1):
+            try:
+                return await asyncio.wait_for(send(), provider.timeout_s)
+            except asyncio.TimeoutError:
+                f = CallFailure("timeout", f"no answer within timeout_s={provider.timeout_s:g} s")
+            except Exception as e:  # litellm maps provider errors onto many classes
+                f = classify(e, None)
+            if not f.retryable or attempt == API_ATTEMPTS:
+                raise CallFailure(f.kind, f"could not {what}: {f}", f.status, f.retry_after)
+            await asyncio.sleep(f.retry_after if f.retry_after is not None
+                                else min(30.0, self.ex.opt.backoff_base_s * 2 ** attempt))
+
+    def _where(self, worker: Worker, provider: Provider, api_key: str | None) -> dict[str, Any]:
+        return {"custom_llm_provider": "openai", "api_base": worker.api_base, "api_key": api_key,
+                "timeout": provider.timeout_s, "max_retries": 0}
+
+    def _api_key(self, provider: Provider, worker: Worker) -> str | None:
+        key = os.environ.get(provider.api_key_env) if provider.api_key_env else None
+        if key is None and worker.api_base:
+            key = "no-key"  # OpenAI-compatible local servers need some value
+        return key
+
+    def _show(self, batch: OpenBatch, info: Any) -> None:
+        """The batch's state on the progress line, so a long wait is visible."""
+        waiting = self.ex.progress.c.waiting
+        if info is None:
+            waiting.pop(batch.batch_id, None)
+        else:
+            counts = getattr(info, "request_counts", None)
+            done = getattr(counts, "completed", 0) or 0
+            failed = getattr(counts, "failed", 0) or 0
+            total = getattr(counts, "total", 0) or len(batch.record["keys"])
+            waited = int(time.time() - batch.record["at"])
+            waiting[batch.batch_id] = (f"batch {batch.batch_id} {info.status} {done}/{total}"
+                                       + (f" ({failed} failed)" if failed else "")
+                                       + f" after {waited // 60}m{waited % 60:02d}s")
+        self.ex.progress.tick()
+
+
+def _line_result(row: dict | None, waiter: Waiter | None, why: str,
+                 status: str | None) -> CallResponse | CallFailure:
+    """A batch line's answer, or why it has none: the error line's status and message,
+    or (no line at all) the batch ended before answering it."""
+    if row is None:
+        # retried like a timeout: the provider did not get to it in time
+        return CallFailure("timeout" if status in ("expired", "cancelled") else "server", why)
+    response = row.get("response") or {}
+    code = response.get("status_code")
+    error = row.get("error")
+    if code == 200 and not error:
+        req = CallRequest(waiter.worker.model if waiter else "", waiter.messages if waiter else [],
+                          waiter.params if waiter else {})
+        try:
+            return read_answer(req, response.get("body"), {})
+        except CallFailure as f:
+            return f
+        except Exception as e:  # whatever else a malformed line raises fails this line only
+            return CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}")
+    if isinstance(code, int):
+        body = response.get("body")
+        err = body.get("error") if isinstance(body, dict) else None
+        text = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else body
+        return CallFailure(_kind(code), _cut(f"HTTP {code} (in a batch): {text}"), code)
+    if isinstance(error, dict):
+        code_name = error.get("code") or "error"
+        kind = "timeout" if code_name in ("batch_expired", "batch_cancelled") else "server"
+        return CallFailure(kind, _cut(f"{code_name} (in a batch): {error.get('message') or ''}".strip()))
+    return CallFailure("malformed", f"malformed batch line: {str(row)[:200]}")
+
+
+def _batch_error(info: Any) -> str | None:
+    """A failed batch's own errors (validation), for the lines' message."""
+    errors = getattr(info, "errors", None)
+    data = getattr(errors, "data", None) if errors is not None else None
+    if isinstance(errors, dict):
+        data = errors.get("data")
+    if not data:
+        return None
+    first = data[0]
+    message = first.get("message") if isinstance(first, dict) else getattr(first, "message", None)
+    return f"batch {info.id} failed: {message}" + (f" (and {len(data) - 1} more errors)" if len(data) > 1 else "")
+
+
+def _fail(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _aborted() -> Exception:
+    from conductor.execute.engine import Aborted  # engine imports this module
+
+    return Aborted()
+
+
+def _litellm() -> Any:
+    from conductor.execute.call import _litellm as load
+
+    return load()
