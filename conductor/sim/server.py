@@ -1,6 +1,7 @@
 """The simulated worker pool as an OpenAI-compatible HTTP server (aiohttp).
 
-Endpoints: POST /v1/chat/completions, GET /v1/models, GET /health, and for
+Endpoints: POST /v1/chat/completions, GET /v1/models, GET /health, OpenAI's
+Files and Batch API (see `batch`), and for
 tests and benchmarks GET /admin/log, POST /admin/reset, GET|POST /admin/faults.
 Faults and latency are random (seeded); the answer is a pure function of the
 request, see `answers` and, for structured requests, `structured`.
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from conductor.localserver import LocalServer, RequestLog, message_text, openai_app
 from conductor.sim.answers import draw, reply
+from conductor.sim.batch import BatchAPI
 from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, effective_faults,
                                   Faults)
 from conductor.sim.index import QueryIndex
@@ -50,9 +52,24 @@ class SimLog(RequestLog):
         # Tokens actually processed per model (prompt, completion), whatever the
         # reported usage says: the provider's bill, for budget checks from outside.
         self.billed_tokens: dict[str, list[int]] = {}
+        # The batch API's counters: tokens billed at the batch price per model, lines
+        # by outcome (HTTP status or batch_expired / batch_cancelled) and per model,
+        # and batches created per input file (sha256), so a resumed client can be
+        # seen to have submitted once.
+        self.batch_billed_tokens: dict[str, list[int]] = {}
+        self.batch_lines: Counter[str] = Counter()
+        self.batch_by_model: Counter[str] = Counter()
+        self.batch_submissions: Counter[str] = Counter()
+        self.batches_created = 0
+        self.files_uploaded = 0
 
     def bill(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
         billed = self.billed_tokens.setdefault(model, [0, 0])
+        billed[0] += prompt_tokens
+        billed[1] += completion_tokens
+
+    def bill_batch(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        billed = self.batch_billed_tokens.setdefault(model, [0, 0])
         billed[0] += prompt_tokens
         billed[1] += completion_tokens
 
@@ -74,7 +91,11 @@ class SimLog(RequestLog):
         return {**super().to_json(), "by_body": dict(self.by_body),
                 "accepted_times": {m: list(t) for m, t in self.accepted_times.items()},
                 "by_query": dict(self.by_query), "by_kind": dict(self.by_kind),
-                "billed_tokens": {m: list(t) for m, t in self.billed_tokens.items()}}
+                "billed_tokens": {m: list(t) for m, t in self.billed_tokens.items()},
+                "batch_billed_tokens": {m: list(t) for m, t in self.batch_billed_tokens.items()},
+                "batch_lines": dict(self.batch_lines), "batch_by_model": dict(self.batch_by_model),
+                "batch_submissions": dict(self.batch_submissions), "batches_created": self.batches_created,
+                "files_uploaded": self.files_uploaded}
 
 
 class SimServer(LocalServer):
@@ -93,11 +114,17 @@ class SimServer(LocalServer):
         self._rng = random.Random(seed)
         self._model_list = orjson.dumps({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": FINGERPRINT} for m in models]})
+        self.batch_api = BatchAPI(self)
 
     # -- configuration -------------------------------------------------------
 
     def requires_key(self, model: str) -> bool:
         return model in self._keys
+
+    def has_key(self, request: web.Request, model: str) -> bool:
+        """Whether the request may use `model`: it needs no key, or the request carries it."""
+        expected = self._keys.get(model)
+        return expected is None or self._authorized(request, expected)
 
     def faults(self, model: str) -> Faults:
         f = self._faults.get(model)
@@ -143,8 +170,7 @@ class SimServer(LocalServer):
         if isinstance(checked, Rejection):
             return self._reject(checked)
         spec, structured = checked
-        expected = self._keys.get(spec.name)
-        if expected is not None and not self._authorized(request, expected):
+        if not self.has_key(request, spec.name):
             return self._reject(unauthorized(spec.name))
 
         f = self.faults(spec.name)
@@ -346,4 +372,6 @@ def _check_request(body: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def build_app(server: SimServer) -> web.Application:
-    return openai_app(server, faults=True)
+    app = openai_app(server, faults=True)
+    server.batch_api.add_routes(app)
+    return app
