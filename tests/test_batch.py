@@ -1,0 +1,197 @@
+"""Batch mode (a provider with `mode: batch`) over real HTTP against the simulated
+server's OpenAI Files and Batch API: the same answers as online at the batch price,
+one submission per stage, resume after SIGKILL by polling the same batch, failed
+and expired lines retried, budgets reserved per batch, cache hits never sent."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conductor.errors import PoolError
+from conductor.pool import load_pool
+from tests.conftest import kill_when_journaled, run_cli, worker
+
+PRICE_IN, PRICE_OUT = 1.0e-6, 2.0e-6  # conftest.worker's prices, per token
+
+
+@pytest.fixture(scope="module")
+def queries(tmp_path_factory, sample_queries):
+    out = tmp_path_factory.mktemp("batchq") / "q20.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, 20), out)
+    return out
+
+
+def batch_pool(path, url, **provider):
+    """Two workers on one provider; `mode: batch` unless provider says otherwise."""
+    cfg = {"max_concurrency": 32, "timeout_s": 10, "mode": "batch", "batch_poll_s": 0.2,
+           "batch_collect_s": 0.3, **provider}
+    if cfg["mode"] == "online":
+        cfg = {k: v for k, v in cfg.items() if not k.startswith("batch_")}
+    path.write_text(yaml.safe_dump({"providers": {"sim": cfg},
+                                    "workers": [worker(n, url) for n in ("fast", "weak")]}))
+    return path
+
+
+def run(queries, pool, data, *extra):
+    return run_cli("run", queries, "--pool", pool, "--quiet", "--data-dir", data, *extra)
+
+
+def tables(data):
+    run_dir = next((data / "runs").iterdir())
+    traces = pq.read_table(run_dir / "traces.parquet").to_pylist()
+    results = pq.read_table(run_dir / "results.parquet").to_pylist()
+    return traces, results
+
+
+def answers(traces):
+    return {(t["plan_id"], t["step_path"]): t["response_text"] for t in traces}
+
+
+def billed_usd(tokens: dict) -> float:
+    return sum(p * PRICE_IN + c * PRICE_OUT for p, c in tokens.values())
+
+
+def test_batch_run_answers_as_online_at_half_price_one_submission_per_stage(tmp_path, fresh_sim, queries):
+    online = run(queries, batch_pool(tmp_path / "online.yaml", fresh_sim.url, mode="online"),
+                 tmp_path / "online", "--no-cache")
+    assert online.returncode == 0, online.stderr
+    online_log = fresh_sim.log()
+    fresh_sim.reset()
+    batch = run(queries, batch_pool(tmp_path / "batch.yaml", fresh_sim.url), tmp_path / "batch", "--no-cache")
+    assert batch.returncode == 0, batch.stderr
+    log = fresh_sim.log()
+
+    on_traces, on_results = tables(tmp_path / "online")
+    traces, results = tables(tmp_path / "batch")
+    assert answers(traces) == answers(on_traces)
+    assert {r["status"] for r in results} == {"ok"}
+    # Nothing went online; the plans' two stages (solve, then check) made one batch each.
+    assert log["total"] == 0
+    assert log["batches_created"] == 2
+    assert log["batch_lines"] == {"200": len(traces)}
+    # The same tokens, billed at half the price: by the run and by the server's own count.
+    assert log["batch_billed_tokens"] == online_log["billed_tokens"]
+    cost = sum(r["cost_usd"] for r in results)
+    online_cost = sum(r["cost_usd"] for r in on_results)
+    assert cost == pytest.approx(online_cost / 2, rel=1e-9)
+    assert cost == pytest.approx(billed_usd(log["batch_billed_tokens"]) / 2, rel=1e-9)
+
+
+def test_sigkill_after_submission_resumes_by_polling_the_same_batch(tmp_path, fresh_sim, queries):
+    fresh_sim.set_faults(batch_delay_s=2.0)
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    args = ["run", str(queries), "--pool", str(pool), "--quiet", "--no-cache"]
+    run_dir = kill_when_journaled(args, tmp_path / "data", 1, journal="work/batches.jsonl")
+    assert run_dir is not None, "the run ended before it submitted a batch"
+    assert fresh_sim.log()["batches_created"] == 1  # killed while the first stage's batch runs
+
+    final = run_cli(*args, "--data-dir", tmp_path / "data")
+    assert final.returncode == 0, final.stderr
+    traces, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"ok"} and len(results) == 20
+    log = fresh_sim.log()
+    # The resumed run polled the killed run's batch: still one per stage, each input sent once.
+    assert log["batches_created"] == 2
+    assert set(log["batch_submissions"].values()) == {1}
+    assert log["batch_lines"] == {"200": len(traces)}
+    assert log["total"] == 0
+
+
+@pytest.mark.parametrize("retry", ["online", "batch"])
+def test_expired_batch_and_line_errors_are_retried_as_configured(tmp_path, fresh_sim, queries, retry):
+    fresh_sim.set_faults(batch_expire=0.25, batch_line_error_rate=0.2)
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, batch_retry=retry, max_attempts=10)
+    done = run(queries, pool, tmp_path / "data", "--no-cache")
+    assert done.returncode == 0, done.stderr
+    traces, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"ok"}
+    log = fresh_sim.log()
+    retried = [t for t in traces if t["attempts"] > 1]
+    assert retried, "no line failed; the faults did not apply"
+    assert log["batch_lines"].get("batch_expired", 0) > 0 and log["batch_lines"].get("500", 0) > 0
+    if retry == "online":
+        assert log["batches_created"] == 2  # one per stage; every failed line went online
+        assert log["total"] == log["by_status"]["200"] + sum(
+            n for s, n in log["by_status"].items() if s != "200")
+        assert log["by_status"]["200"] == len(retried)
+    else:
+        assert log["total"] == 0  # nothing online: failed lines went into new batches
+        assert log["batches_created"] > 2
+    # A retried line is paid at the price of the attempt that answered it.
+    for t in retried:
+        assert t["cost_usd"] > 0
+
+
+def test_batch_waits_longer_than_batch_max_wait_s_are_cancelled_and_retried_online(tmp_path, fresh_sim, queries):
+    fresh_sim.set_faults(batch_delay_s=600)
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, batch_max_wait_s=1.0)
+    done = run(queries, pool, tmp_path / "data", "--no-cache")
+    assert done.returncode == 0, done.stderr
+    traces, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"ok"}
+    log = fresh_sim.log()
+    assert log["batch_lines"].get("batch_cancelled", 0) > 0
+    assert log["by_status"]["200"] == log["batch_lines"]["batch_cancelled"]
+
+
+def test_budget_reserves_the_batch_worst_case_and_refuses_what_does_not_fit(tmp_path, fresh_sim, queries):
+    budget = 0.003  # about a third of the first stage's worst case at the batch price
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, budget_usd=budget)
+    run(queries, pool, tmp_path / "data", "--no-cache")
+    traces, results = tables(tmp_path / "data")
+    statuses = [r["status"] for r in results]
+    assert "budget_exhausted" in statuses and "ok" in statuses
+    log = fresh_sim.log()
+    # What the server billed (at the batch price) stays within the budget, and only the
+    # lines that fit were ever sent.
+    assert billed_usd(log["batch_billed_tokens"]) / 2 <= budget
+    sent = sum(log["batch_lines"].values())
+    assert sent == sum(1 for t in traces if t["status"] == "ok" and t["attempts"])
+    assert sent < len(results) * 2
+
+
+def test_cache_hits_never_enter_a_batch(tmp_path, fresh_sim, queries):
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    half = tmp_path / "q10.parquet"
+    pq.write_table(pq.read_table(queries).slice(0, 10), half)
+    first = run(half, pool, tmp_path / "data")
+    assert first.returncode == 0, first.stderr
+    fresh_sim.reset()
+    second = run(queries, pool, tmp_path / "data")  # 10 of its 20 queries are cached
+    assert second.returncode == 0, second.stderr
+    log = fresh_sim.log()
+    run_dir = [d for d in (tmp_path / "data" / "runs").iterdir() if d.name != first.stdout.split()[1]]
+    traces = pq.read_table(run_dir[0] / "traces.parquet").to_pylist()
+    hits = [t for t in traces if t["cache_hit"]]
+    assert len(hits) == 20
+    assert sum(log["batch_lines"].values()) == len(traces) - len(hits) == 20
+    assert log["batches_created"] == 2
+
+
+@pytest.mark.parametrize("provider, message", [
+    ({"mode": "bulk"}, "providers.sim.mode: must be one of online, batch (got 'bulk')"),
+    ({"batch_poll_s": 5}, "providers.sim.batch_poll_s: only applies with mode: batch"),
+    ({"mode": "batch", "batch_price_factor": 2}, "providers.sim.batch_price_factor: must be at most 1"),
+    ({"mode": "batch", "batch_retry": "never"}, "providers.sim.batch_retry: must be one of online, batch"),
+    ({"mode": "batch", "batch_poll_s": 0}, "providers.sim.batch_poll_s: must be greater than 0"),
+    ({"mode": "batch", "batch_max_requests": 2.5}, "providers.sim.batch_max_requests: must be a whole number"),
+    ({"mode": "batch", "batch_completion_window": "1d"}, "providers.sim.batch_completion_window: must be hours"),
+])
+def test_bad_batch_options_are_refused_naming_the_file_and_key(tmp_path, provider, message):
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump({"providers": {"sim": provider},
+                                    "workers": [worker("fast", "http://127.0.0.1:9/v1")]}))
+    with pytest.raises(PoolError) as e:
+        load_pool(path)
+    assert str(path) in str(e.value) and message in str(e.value)
+
+
+def test_a_batch_provider_needs_an_openai_compatible_model(tmp_path):
+    path = tmp_path / "pool.yaml"
+    path.write_text(yaml.safe_dump({"providers": {"anth": {"mode": "batch"}},
+                                    "workers": [{"id": "c", "model": "anthropic/claude-3-5-haiku",
+                                                 "provider": "anth"}]}))
+    with pytest.raises(PoolError, match=r"workers\[0\] \(c\)\.model: provider anth has mode: batch"):
+        load_pool(path)
