@@ -34,8 +34,8 @@ def batch_pool(path, url, **provider):
     return path
 
 
-def run(queries, pool, data, *extra):
-    return run_cli("run", queries, "--pool", pool, "--quiet", "--data-dir", data, *extra)
+def run(queries, pool, data, *extra, quiet=True):
+    return run_cli("run", queries, "--pool", pool, *(["--quiet"] if quiet else []), "--data-dir", data, *extra)
 
 
 def tables(data):
@@ -127,8 +127,10 @@ def test_expired_batch_and_line_errors_are_retried_as_configured(tmp_path, fresh
 def test_batch_waits_longer_than_batch_max_wait_s_are_cancelled_and_retried_online(tmp_path, fresh_sim, queries):
     fresh_sim.set_faults(batch_delay_s=600)
     pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, batch_max_wait_s=1.0)
-    done = run(queries, pool, tmp_path / "data", "--no-cache")
+    done = run(queries, pool, tmp_path / "data", "--no-cache", quiet=False)
     assert done.returncode == 0, done.stderr
+    # The progress line shows what the run is waiting for.
+    assert "[batch batch_" in done.stderr and " 0/20 after 0m0" in done.stderr
     traces, results = tables(tmp_path / "data")
     assert {r["status"] for r in results} == {"ok"}
     log = fresh_sim.log()
