@@ -79,13 +79,20 @@ def test_batch_run_answers_as_online_at_half_price_one_submission_per_stage(tmp_
     assert cost == pytest.approx(billed_usd(log["batch_billed_tokens"]) / 2, rel=1e-9)
 
 
-def test_sigkill_after_submission_resumes_by_polling_the_same_batch(tmp_path, fresh_sim, queries):
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", ["after journaling the batch", "before journaling the batch it created"])
+def test_sigkill_after_submission_resumes_by_polling_the_same_batch(tmp_path, fresh_sim, queries, killed):
     fresh_sim.set_faults(batch_delay_s=2.0)
     pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url)
     args = ["run", str(queries), "--pool", str(pool), "--quiet", "--no-cache"]
-    run_dir = kill_when_journaled(args, tmp_path / "data", 1, journal="work/batches.jsonl")
+    run_dir = kill_when_journaled(args, tmp_path / "data", 2, journal="work/batches.jsonl")
     assert run_dir is not None, "the run ended before it submitted a batch"
     assert fresh_sim.log()["batches_created"] == 1  # killed while the first stage's batch runs
+    if killed.startswith("before"):  # as if killed between the provider's answer and the journal line
+        journal = run_dir / "work" / "batches.jsonl"
+        lines = journal.read_bytes().splitlines(keepends=True)
+        assert [b'"event":"uploaded"' in lines[0], b'"event":"submitted"' in lines[1]] == [True, True]
+        journal.write_bytes(lines[0])
 
     final = run_cli(*args, "--data-dir", tmp_path / "data")
     assert final.returncode == 0, final.stderr

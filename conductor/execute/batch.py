@@ -82,21 +82,45 @@ class BatchJournal:
     def __init__(self, folder: Path):
         path = Path(folder) / BATCHES_FILE
         self.open: dict[str, dict[str, Any]] = {}  # batch id -> its submission line, not yet done
+        # input file id -> its upload line, for a batch whose creation was never journaled
+        # (killed between creating it and writing its line): found again by its input file
+        self.uploaded: dict[str, dict[str, Any]] = {}
         for row in _read(path):
-            if row.get("event") == "submitted":
+            event = row.get("event")
+            if event == "uploaded":
+                self.uploaded[row["input_file_id"]] = row
+            elif event == "submitted":
                 self.open[row["batch_id"]] = row
-            elif row.get("event") == "done":
+                self.uploaded.pop(row["input_file_id"], None)
+            elif event == "done":
                 self.open.pop(row["batch_id"], None)
-        self._file = _open_append(path)
+            elif event == "not_created":
+                self.uploaded.pop(row["input_file_id"], None)
+        self._path = path
+        self._file: Any = None
+
+    def _line(self, row: dict[str, Any]) -> None:
+        if self._file is None:
+            self._file = _open_append(self._path)
+        _write(self._file, row)
+
+    def uploaded_file(self, record: dict[str, Any]) -> None:
+        """Before the batch is created: its input file and keys."""
+        self._line({"event": "uploaded", **{k: v for k, v in record.items() if k != "batch_id"}})
 
     def submitted(self, record: dict[str, Any]) -> None:
-        _write(self._file, {"event": "submitted", **record})
+        self._line({"event": "submitted", **record})
+
+    def not_created(self, file_id: str) -> None:
+        """An upload whose batch the provider does not have: its keys are free to go in a new one."""
+        self._line({"event": "not_created", "input_file_id": file_id})
 
     def done(self, batch_id: str, status: str) -> None:
-        _write(self._file, {"event": "done", "batch_id": batch_id, "status": status})
+        self._line({"event": "done", "batch_id": batch_id, "status": status})
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 class Batches:
@@ -107,6 +131,8 @@ class Batches:
         self.journal = BatchJournal(ex.journal.folder)
         self._open: dict[str, OpenBatch] = {b: OpenBatch(r) for b, r in self.journal.open.items()}
         self._by_key: dict[str, str] = {k: b for b, r in self.journal.open.items() for k in r["keys"]}
+        self._unconfirmed: dict[str, str] = {k: f for f, r in self.journal.uploaded.items() for k in r["keys"]}
+        self._lookups: dict[str, asyncio.Task] = {}  # input file id -> finding its batch
         self._pending: dict[tuple[str, str | None], list[tuple[str, Waiter]]] = {}
         self._collectors: dict[tuple[str, str | None], asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -128,6 +154,8 @@ class Batches:
         while True:
             waiter = Waiter(worker, messages, params, asyncio.get_running_loop().create_future(), worst)
             bid = self._by_key.get(key) if attempts == 0 else None
+            if bid is None and attempts == 0 and key in self._unconfirmed:
+                bid = await self._confirm(self._unconfirmed[key], worker, provider)
             if bid is not None and bid in self._open:  # journaled by a killed run: poll that batch
                 self._attach(self._open[bid], key, waiter)
             else:
@@ -223,9 +251,15 @@ class Batches:
             where = self._where(worker, provider, api_key)
             file = await self._api(provider, "upload the batch input file", lambda: litellm.acreate_file(
                 file=("conductor-batch.jsonl", data, "application/jsonl"), purpose="batch", **where))
+            record = {"batch_id": None, "input_file_id": file.id, "worker": worker.id,
+                      "keys": [k for k, _ in lines], "reserved": reservation.amount if reservation else 0.0,
+                      "at": time.time()}
+            ex._durably(self.journal.uploaded_file, record)
+            # A create that timed out may have created the batch: look for it before trying again.
             made = await self._api(provider, "create the batch", lambda: litellm.acreate_batch(
                 completion_window=provider.batch_completion_window, endpoint=ENDPOINT, input_file_id=file.id,
-                metadata={"conductor_run": ex.opt.run_id}, **where))
+                metadata={"conductor_run": ex.opt.run_id}, **where),
+                before_retry=lambda: self._find(file.id, where, provider))
         except CallFailure as f:
             for key, w in lines:
                 _fail(w.future, f)
@@ -236,9 +270,7 @@ class Batches:
             for key, w in lines:
                 _fail(w.future, e)
             raise
-        record = {"batch_id": made.id, "input_file_id": file.id, "worker": worker.id,
-                  "keys": [k for k, _ in lines], "reserved": reservation.amount if reservation else 0.0,
-                  "at": time.time()}
+        record["batch_id"] = made.id
         batch = OpenBatch(record, dict(lines), reservation=reservation)
         self._open[made.id] = batch
         try:
@@ -391,9 +423,13 @@ class Batches:
             else:
                 _fail(waiter.future, got or CallFailure("server", why))
 
-    async def _api(self, provider: Provider, what: str, send: Any) -> Any:
-        """One batch-API call, tried up to API_ATTEMPTS times on retryable failures."""
+    async def _api(self, provider: Provider, what: str, send: Any, before_retry: Any = None) -> Any:
+        """One batch-API call, tried up to API_ATTEMPTS times on retryable failures;
+        `before_retry()` may return the call's result after all (a batch created by a
+        request whose answer was lost)."""
         for attempt in range(1, API_ATTEMPTS + 1):
+            if attempt > 1 and before_retry is not None and (found := await before_retry()) is not None:
+                return found
             try:
                 return await asyncio.wait_for(send(), provider.timeout_s)
             except asyncio.TimeoutError:
@@ -404,6 +440,53 @@ class Batches:
                 raise CallFailure(f.kind, f"could not {what}: {f}", f.status, f.retry_after)
             await asyncio.sleep(f.retry_after if f.retry_after is not None
                                 else min(30.0, self.ex.opt.backoff_base_s * 2 ** attempt))
+
+    async def _confirm(self, file_id: str, worker: Worker, provider: Provider) -> str | None:
+        """The batch a killed run created from this input file without journaling it, if the
+        provider has one (then it is polled like any journaled batch); None: submit anew."""
+        if file_id not in self._lookups:
+            self._lookups[file_id] = self._spawn(self._adopt(file_id, worker, provider))
+        return await asyncio.shield(self._lookups[file_id])
+
+    async def _adopt(self, file_id: str, worker: Worker, provider: Provider) -> str | None:
+        record = self.journal.uploaded[file_id]
+        where = self._where(self.ex.pool.worker(record["worker"]), provider, self._api_key(provider, worker))
+        found = await self._find(file_id, where, provider)
+        for key in record["keys"]:
+            self._unconfirmed.pop(key, None)
+        if found is None:
+            self.ex._durably(self.journal.not_created, file_id)
+            return None
+        record = {**record, "batch_id": found.id}
+        record.pop("event", None)
+        record.pop("_seq", None)
+        self.ex._durably(self.journal.submitted, record)
+        self._open[found.id] = OpenBatch(record)
+        for key in record["keys"]:
+            self._by_key[key] = found.id
+        return found.id
+
+    async def _find(self, file_id: str, where: dict[str, Any], provider: Provider) -> Any:
+        """The provider's batch made from this input file (newest first, a few pages), or None."""
+        litellm = _litellm()
+        after = None
+        for _ in range(10):
+            try:
+                page = await asyncio.wait_for(litellm.alist_batches(after=after, limit=100, **where),
+                                              provider.timeout_s)
+            except Exception:  # noqa: BLE001 - cannot tell: treat as not created (may pay twice, never loses)
+                return None
+            data = getattr(page, "data", None) or (page.get("data") if isinstance(page, dict) else None) or []
+            for b in data:
+                if (getattr(b, "input_file_id", None) or (b.get("input_file_id") if isinstance(b, dict) else None)) \
+                        == file_id:
+                    return b
+            more = getattr(page, "has_more", None) if not isinstance(page, dict) else page.get("has_more")
+            if not more or not data:
+                return None
+            last = data[-1]
+            after = getattr(last, "id", None) or (last.get("id") if isinstance(last, dict) else None)
+        return None
 
     def _where(self, worker: Worker, provider: Provider, api_key: str | None) -> dict[str, Any]:
         return {"custom_llm_provider": "openai", "api_base": worker.api_base, "api_key": api_key,
