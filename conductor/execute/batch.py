@@ -266,22 +266,22 @@ class Batches:
             if reservation is not None:
                 await ex.ledger.settle(reservation, 0.0)
             return
-        except BaseException as e:
+        except asyncio.CancelledError:
+            for key, w in lines:
+                _fail(w.future, _aborted())
+            raise
+        except Exception as e:  # a storage error (the run stops) or a bug: these lines fail, not the run
             for key, w in lines:
                 _fail(w.future, e)
-            raise
+            if reservation is not None:
+                await ex.ledger.settle(reservation, 0.0)
+            return
         record["batch_id"] = made.id
         batch = OpenBatch(record, dict(lines), reservation=reservation)
         self._open[made.id] = batch
-        try:
-            ex._durably(self.journal.submitted, record)
-        except BaseException as e:
-            for key, w in lines:
-                _fail(w.future, e)
-            raise
         self.submissions += 1
         batch.task = asyncio.current_task()
-        await self._wait(batch, worker, provider)
+        await self._follow(batch, worker, provider, lambda: ex._durably(self.journal.submitted, record))
 
     async def _reserve(self, lines: list[tuple[str, Waiter]], worker: Worker,
                        provider: Provider) -> tuple[list[tuple[str, Waiter]], Any]:
@@ -326,7 +326,32 @@ class Batches:
                 batch.reservation = await self.ex.ledger.reserve(provider.id, batch.record["reserved"])
             except (BudgetExhausted, GovernorUnavailable):
                 batch.reservation = None  # already submitted: its answers are paid for either way
-        await self._wait(batch, worker, provider)
+        await self._follow(batch, worker, provider)
+
+    async def _follow(self, batch: OpenBatch, worker: Worker, provider: Provider, first: Any = None) -> None:
+        """Wait for the batch; whatever goes wrong on the way fails its waiting steps (never leaves
+        them waiting): a storage error stops the run, anything else fails those steps only."""
+        try:
+            if first is not None:
+                first()
+            await self._wait(batch, worker, provider)
+        except asyncio.CancelledError:
+            for w in batch.waiters.values():
+                _fail(w.future, _aborted())
+            raise
+        except Exception as e:
+            self._forget(batch)
+            for w in batch.waiters.values():
+                _fail(w.future, e)
+            if batch.reservation is not None:
+                await self.ex.ledger.settle(batch.reservation, batch.record.get("reserved", 0.0))
+
+    def _forget(self, batch: OpenBatch) -> None:
+        """No step waits on this batch any more (answered, or given up)."""
+        self._open.pop(batch.batch_id, None)
+        for key in batch.record["keys"]:
+            if self._by_key.get(key) == batch.batch_id:
+                del self._by_key[key]
 
     async def _wait(self, batch: OpenBatch, worker: Worker, provider: Provider) -> None:
         ex = self.ex
@@ -366,11 +391,16 @@ class Batches:
                     content = await self._api(provider, f"download file {file_id} of batch {bid}",
                                               lambda: litellm.afile_content(file_id=file_id, **where))
                     for line in content.content.splitlines():
-                        if line.strip():
+                        try:
                             row = orjson.loads(line)
+                        except orjson.JSONDecodeError:
+                            continue  # an unreadable line: its request counts as unanswered
+                        if isinstance(row, dict):
                             into[row.get("custom_id")] = row
         except CallFailure as f:  # the batch cannot be followed: its lines take the retry path
             self._finish(batch, {}, {}, f"batch {bid}: {f}", None, provider)
+            if batch.reservation is not None:  # the provider may still run it: counted as spent
+                await ex.ledger.settle(batch.reservation, batch.record.get("reserved", 0.0))
             return
         finally:
             self._show(batch, None)
@@ -412,9 +442,7 @@ class Batches:
             ex._durably(ex.run_cache.flush)
         if status is not None:
             ex._durably(self.journal.done, batch.batch_id, status)
-        self._open.pop(batch.batch_id, None)
-        for key in batch.record["keys"]:
-            self._by_key.pop(key, None)
+        self._forget(batch)
         for key, waiter in batch.waiters.items():
             got = results.get(key)
             if isinstance(got, CallResponse):
