@@ -195,21 +195,29 @@ def test_litellm_batch_and_file_functions_work_against_the_sim(sim):
     assert sim.log()["batch_submissions"] == {hashlib.sha256(data).hexdigest(): 1}
 
 
-def test_status_moves_by_the_clock(sim):
+def test_status_and_counts_move_by_the_clock(sim):
     sim.set_faults(batch_delay_s=1.5)
     seen: list[str] = []
+    counts: list[int] = []
 
     async def go(c: Client):
-        b = await c.submit([line(f"s{i}", body("sim-good", i)) for i in range(10)])
+        b = await c.submit([line(f"s{i}", body("sim-good", i)) for i in range(50)])
         seen.append(b["status"])
-        return await c.wait(b["id"], seen, poll_s=0.02)
+        while b["status"] not in ("completed", "expired", "cancelled", "failed"):
+            await asyncio.sleep(0.02)
+            b = (await c.call("GET", f"/batches/{b['id']}"))[1]
+            counts.append(b["request_counts"]["completed"])
+            if seen[-1] != b["status"]:
+                seen.append(b["status"])
+        return b
 
     b = using(sim, go)
     order = ["validating", "in_progress", "finalizing", "completed"]
     assert seen[0] == "validating" and seen[-1] == "completed"
     assert seen == sorted(seen, key=order.index) and "in_progress" in seen
     assert b["created_at"] <= b["in_progress_at"] <= b["finalizing_at"] <= b["completed_at"]
-    assert b["request_counts"]["completed"] == 10
+    assert counts == sorted(counts) and counts[-1] == 50
+    assert any(0 < n < 50 for n in counts)  # lines are done while the batch is in progress
 
 
 def test_the_delay_is_counted_from_submission_not_from_polls(sim):
@@ -308,6 +316,27 @@ def test_cancel(sim):
     assert again_status == 409 and "cancelled" in again["error"]["message"]
     assert missing_status == 404 and "batch_nope" in missing["error"]["message"]
     assert sim.log()["batch_billed_tokens"] == {}
+
+
+def test_cancel_in_progress_keeps_the_lines_done_so_far(sim):
+    sim.set_faults(batch_delay_s=2)
+
+    async def go(c: Client):
+        b = await c.submit([line(f"p{i:02d}", body("sim-good", i)) for i in range(40)])
+        while b["request_counts"]["completed"] == 0:
+            await asyncio.sleep(0.05)
+            b = (await c.call("GET", f"/batches/{b['id']}"))[1]
+        await c.call("POST", f"/batches/{b['id']}/cancel")
+        done = await c.wait(b["id"])
+        return done, await c.content(done["output_file_id"]), await c.content(done["error_file_id"])
+
+    done, out, err = using(sim, go)
+    assert done["status"] == "cancelled" and 0 < len(out) < 40 and len(out) + len(err) == 40
+    assert [r["custom_id"] for r in out] == [f"p{i:02d}" for i in range(len(out))]  # in file order
+    assert {r["error"]["code"] for r in err} == {"batch_cancelled"}
+    assert done["request_counts"] == {"total": 40, "completed": len(out), "failed": len(err)}
+    assert sum(t[1] for t in sim.log()["batch_billed_tokens"].values()) == sum(
+        r["response"]["body"]["usage"]["completion_tokens"] for r in out)
 
 
 def test_a_finished_batch_cannot_be_cancelled(sim):

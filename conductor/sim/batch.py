@@ -6,15 +6,17 @@ Routes: POST|GET /v1/files, GET|DELETE /v1/files/{id}, GET /v1/files/{id}/conten
 POST|GET /v1/batches, GET /v1/batches/{id}, POST /v1/batches/{id}/cancel.
 
 A batch moves validating -> in_progress -> finalizing -> completed by the clock
-(`batch_delay_s`), worked out when it is read: no background task. Its lines
-are answered when it ends, each by the same check and answer as online chat,
-so a line gets the reply its body gets online; the tokens are billed in the
-request log's `batch_billed_tokens`, apart from online ones. Per line, the
-model's faults as they stand then: `fail_status` that status, `error_rate` and
-`drop_rate` 500/502/503, `rate_limit_rate` 429, `batch_line_error_rate` 500
-(rpm, latency and hangs do not apply). `batch_expire` leaves the last part of
-the lines undone and ends the batch "expired"; a cancelled batch keeps the
-lines done before the cancel. Undone lines go to the error file with
+(`batch_delay_s` from its creation), worked out whenever it is read: no
+background task. Its lines are done at an even pace through in_progress, each
+answered when a read finds it due (so request_counts grow while it runs) by the
+same check and answer as online chat: a line gets the reply its body gets
+online. Their tokens are billed in the request log's `batch_billed_tokens`,
+apart from online ones. Per line, the model's faults as they stand then:
+`fail_status` that status, `error_rate` and `drop_rate` 500/502/503,
+`rate_limit_rate` 429, `batch_line_error_rate` 500 (rpm, latency and hangs do
+not apply). `batch_expire` leaves the last part of the lines undone and ends
+the batch "expired"; a cancelled batch keeps the lines done before the cancel.
+Undone lines go to the error file with
 `error: {code: batch_expired | batch_cancelled}`. Files and batches live in
 memory until the server stops; /admin/reset clears only the counters.
 """
@@ -76,8 +78,7 @@ class StoredFile:
 class Batch:
     id: str
     input_file_id: str
-    data: bytes  # the input, kept even if its file is deleted
-    total: int
+    lines: list[bytes]  # the input's lines, kept even if its file is deleted
     created: float
     delay_s: float
     expire: float  # fraction of lines left undone
@@ -86,11 +87,19 @@ class Batch:
     status: str = "validating"
     output_file_id: str | None = None
     error_file_id: str | None = None
-    completed: int = 0
-    failed: int = 0
+    out: list[bytes] = field(default_factory=list, repr=False)  # output file lines so far
+    err: list[bytes] = field(default_factory=list, repr=False)  # error file lines so far
     cancelling_at: float | None = None
     ended_at: float | None = None
-    finishing: asyncio.Task | None = field(default=None, repr=False)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def total(self) -> int:
+        return len(self.lines)
+
+    @property
+    def done(self) -> int:
+        return len(self.out) + len(self.err)
 
     def at(self, share: float) -> float:
         return self.created + share * self.delay_s
@@ -104,6 +113,16 @@ class Batch:
         if now < self.at(1.0):
             return "finalizing"
         return "done"
+
+    def target(self, t: float) -> int:
+        """How many lines are done by time t: none while validating, then at an even
+        pace through in_progress, all that will ever be done from finalizing on."""
+        doable = self.total - round(self.total * self.expire)
+        if t <= self.created or t < self.at(_IN_PROGRESS_AT):
+            return 0
+        if t >= self.at(_FINALIZING_AT):
+            return doable
+        return int(doable * (t - self.at(_IN_PROGRESS_AT)) / (self.at(_FINALIZING_AT) - self.at(_IN_PROGRESS_AT)))
 
     def to_json(self, now: float) -> dict[str, Any]:
         status = self.status if self.status in TERMINAL or self.status == "cancelling" else self.clock_status(now)
@@ -128,7 +147,7 @@ class Batch:
             "expired_at": _int(self.ended_at) if status == "expired" else None,
             "cancelling_at": _int(self.cancelling_at),
             "cancelled_at": _int(self.ended_at) if status == "cancelled" else None,
-            "request_counts": {"total": self.total, "completed": self.completed, "failed": self.failed},
+            "request_counts": {"total": self.total, "completed": len(self.out), "failed": len(self.err)},
             "metadata": self.metadata,
         }
 
@@ -216,7 +235,7 @@ class BatchAPI:
         f = self.files[body["input_file_id"]]
         models = [m for m in f.models if m in self.server.models] or list(self.server.models)
         faults = [self.server.faults(m) for m in models]
-        batch = Batch(id="batch_" + secrets.token_hex(12), input_file_id=f.id, data=f.data, total=f.lines,
+        batch = Batch(id="batch_" + secrets.token_hex(12), input_file_id=f.id, lines=_lines(f.data),
                       created=time.time(), delay_s=max(x.batch_delay_s for x in faults),
                       expire=max(x.batch_expire for x in faults),
                       authorized=frozenset(m for m in models if self.server.has_key(request, m)),
@@ -254,7 +273,7 @@ class BatchAPI:
         if isinstance(batch, web.Response):
             return batch
         await self._current(batch)
-        if batch.status in TERMINAL or batch.status == "cancelling":
+        if batch.status in TERMINAL or batch.cancelling_at is not None:
             return _reply(Rejection(409, f"Cannot cancel a batch with status '{batch.status}'.", param="batch_id"))
         batch.cancelling_at = time.time()
         batch.status = "cancelling"
@@ -267,42 +286,39 @@ class BatchAPI:
                                                                 param="batch_id"))
 
     async def _current(self, batch: Batch) -> dict[str, Any]:
-        """The batch as of now, answering its lines first if it has ended."""
+        """The batch as of now: the lines due by now answered, and ended if its time has come."""
         now = time.time()
-        if batch.status not in TERMINAL and (batch.status == "cancelling" or batch.clock_status(now) == "done"):
-            if batch.finishing is None:
-                batch.finishing = asyncio.ensure_future(self._finish(batch))
-            await asyncio.shield(batch.finishing)
+        if batch.status not in TERMINAL:
+            async with batch.lock:  # one poll answers the lines; others wait for it
+                if batch.status not in TERMINAL:
+                    await self._advance(batch, now)
         return batch.to_json(now)
 
-    async def _finish(self, batch: Batch) -> None:
-        """Answer the lines that got done, write the output and error files, and end the batch."""
-        lines = batch.total
+    async def _advance(self, batch: Batch, now: float) -> None:
         if batch.cancelling_at is not None:
-            span = batch.at(_FINALIZING_AT) - batch.at(_IN_PROGRESS_AT)
-            progress = (batch.cancelling_at - batch.at(_IN_PROGRESS_AT)) / span if span > 0 else 0.0
-            done, end, undone_code = int(lines * min(1.0, max(0.0, progress))), "cancelled", "batch_cancelled"
-            ended = batch.cancelling_at
-        elif batch.expire > 0:
-            done, end, undone_code = lines - round(lines * batch.expire), "expired", "batch_expired"
-            ended = batch.at(1.0)
+            until, end, code, ended = batch.cancelling_at, "cancelled", "batch_cancelled", batch.cancelling_at
+        elif batch.clock_status(now) == "done":
+            until, ended = now, batch.at(1.0)
+            end, code = ("expired", "batch_expired") if batch.expire > 0 else ("completed", "")
         else:
-            done, end, undone_code, ended = lines, "completed", "", batch.at(1.0)
-        out, err = [], []
-        for i, raw in enumerate(_lines(batch.data)):
-            line = orjson.loads(raw)
-            if i < done:
-                ok, record = self._run_line(batch, line["custom_id"], line["body"], int(ended))
-            else:
-                ok, record = False, _undone(batch, line["custom_id"], undone_code)
-            (out if ok else err).append(orjson.dumps(record))
-            response = record["response"]
-            self.server.log.batch_lines[str(response["status_code"]) if response else record["error"]["code"]] += 1
+            until, end = now, None
+        target = batch.target(until)
+        log = self.server.log
+        while batch.done < target:
+            i = batch.done
+            line = orjson.loads(batch.lines[i])
+            ok, record = self._run_line(batch, line["custom_id"], line["body"], int(now))
+            (batch.out if ok else batch.err).append(orjson.dumps(record))
+            log.batch_lines[str(record["response"]["status_code"])] += 1
             if i % CHUNK == CHUNK - 1:
                 await asyncio.sleep(0)
-        batch.output_file_id = self._result_file(batch, out, "output")
-        batch.error_file_id = self._result_file(batch, err, "error")
-        batch.completed, batch.failed = len(out), len(err)
+        if end is None:
+            return
+        for raw in batch.lines[batch.done:]:
+            batch.err.append(orjson.dumps(_undone(batch, orjson.loads(raw)["custom_id"], code)))
+            log.batch_lines[code] += 1
+        batch.output_file_id = self._result_file(batch, batch.out, "output")
+        batch.error_file_id = self._result_file(batch, batch.err, "error")
         batch.ended_at, batch.status = max(ended, batch.created), end
 
     def _run_line(self, batch: Batch, custom_id: str, body: Any, created: int) -> tuple[bool, dict[str, Any]]:
