@@ -424,7 +424,8 @@ GOOD = orjson.dumps(line("a", body("sim-good", 1)))
 
 @pytest.mark.parametrize("data, words", [
     (GOOD + b"\n" + GOOD.replace(b'"a"', b'"b"') + b"\n{not json\n", "line 3: not valid JSON"),
-    (orjson.dumps(line("a", body("sim-good", 1), url="/v1/embeddings")), "line 1: 'url' must be '/v1/chat/completions'"),
+    (orjson.dumps(line("a", body("sim-good", 1), url="/v1/embeddings")),
+     "line 1: 'url' must be '/v1/chat/completions'"),
     (GOOD + b"\n" + GOOD + b"\n", "line 2: custom_id 'a' is already used on line 1"),
     (orjson.dumps({"method": "POST", "url": ENDPOINT, "body": {}}), "line 1: 'custom_id' is required"),
     (orjson.dumps({**line("a", {}), "method": "GET"}), "line 1: 'method' must be 'POST'"),

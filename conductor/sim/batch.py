@@ -78,7 +78,8 @@ class StoredFile:
 class Batch:
     id: str
     input_file_id: str
-    lines: list[bytes]  # the input's lines, kept even if its file is deleted
+    lines: list[bytes]  # the input's lines, kept (even if its file is deleted) until the batch ends
+    total: int
     created: float
     delay_s: float
     expire: float  # fraction of lines left undone
@@ -87,6 +88,8 @@ class Batch:
     status: str = "validating"
     output_file_id: str | None = None
     error_file_id: str | None = None
+    completed: int = 0
+    failed: int = 0
     out: list[bytes] = field(default_factory=list, repr=False)  # output file lines so far
     err: list[bytes] = field(default_factory=list, repr=False)  # error file lines so far
     cancelling_at: float | None = None
@@ -94,12 +97,8 @@ class Batch:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
-    def total(self) -> int:
-        return len(self.lines)
-
-    @property
     def done(self) -> int:
-        return len(self.out) + len(self.err)
+        return self.completed + self.failed
 
     def at(self, share: float) -> float:
         return self.created + share * self.delay_s
@@ -147,7 +146,7 @@ class Batch:
             "expired_at": _int(self.ended_at) if status == "expired" else None,
             "cancelling_at": _int(self.cancelling_at),
             "cancelled_at": _int(self.ended_at) if status == "cancelled" else None,
-            "request_counts": {"total": self.total, "completed": len(self.out), "failed": len(self.err)},
+            "request_counts": {"total": self.total, "completed": self.completed, "failed": self.failed},
             "metadata": self.metadata,
         }
 
@@ -235,7 +234,7 @@ class BatchAPI:
         f = self.files[body["input_file_id"]]
         models = [m for m in f.models if m in self.server.models] or list(self.server.models)
         faults = [self.server.faults(m) for m in models]
-        batch = Batch(id="batch_" + secrets.token_hex(12), input_file_id=f.id, lines=_lines(f.data),
+        batch = Batch(id="batch_" + secrets.token_hex(12), input_file_id=f.id, lines=_lines(f.data), total=f.lines,
                       created=time.time(), delay_s=max(x.batch_delay_s for x in faults),
                       expire=max(x.batch_expire for x in faults),
                       authorized=frozenset(m for m in models if self.server.has_key(request, m)),
@@ -308,7 +307,12 @@ class BatchAPI:
             i = batch.done
             line = orjson.loads(batch.lines[i])
             ok, record = self._run_line(batch, line["custom_id"], line["body"], int(now))
-            (batch.out if ok else batch.err).append(orjson.dumps(record))
+            if ok:
+                batch.out.append(orjson.dumps(record))
+                batch.completed += 1
+            else:
+                batch.err.append(orjson.dumps(record))
+                batch.failed += 1
             log.batch_lines[str(record["response"]["status_code"])] += 1
             if i % CHUNK == CHUNK - 1:
                 await asyncio.sleep(0)
@@ -317,8 +321,10 @@ class BatchAPI:
         for raw in batch.lines[batch.done:]:
             batch.err.append(orjson.dumps(_undone(batch, orjson.loads(raw)["custom_id"], code)))
             log.batch_lines[code] += 1
+            batch.failed += 1
         batch.output_file_id = self._result_file(batch, batch.out, "output")
         batch.error_file_id = self._result_file(batch, batch.err, "error")
+        batch.lines, batch.out, batch.err = [], [], []  # all in the files now
         batch.ended_at, batch.status = max(ended, batch.created), end
 
     def _run_line(self, batch: Batch, custom_id: str, body: Any, created: int) -> tuple[bool, dict[str, Any]]:

@@ -201,7 +201,8 @@ class SimServer(LocalServer):
         self._admit(spec.name, f)
 
         answer = self.answer(body, spec, structured, f)
-        log.bill(spec.name, answer.prompt_tokens, answer.completion_tokens)  # billed once accepted, even if the client goes away
+        # billed once accepted, even if the client goes away
+        log.bill(spec.name, answer.prompt_tokens, answer.completion_tokens)
 
         delay = self._latency(f, answer.completion_tokens) + (f.hang_s if hang else 0.0)
         if delay > 0:
