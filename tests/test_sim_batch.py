@@ -195,6 +195,31 @@ def test_litellm_batch_and_file_functions_work_against_the_sim(sim):
     assert sim.log()["batch_submissions"] == {hashlib.sha256(data).hexdigest(): 1}
 
 
+def test_litellm_cancel_retrieve_and_delete(sim):
+    import litellm
+
+    sim.set_faults(batch_delay_s=60)
+    data = jsonl([line(f"k{i}", body("sim-good", i)) for i in range(5)])
+    kw = {"custom_llm_provider": "openai", "api_base": sim.url, "api_key": "sk-anything"}
+
+    async def go():
+        f = await litellm.acreate_file(file=("steps.jsonl", data), purpose="batch", **kw)
+        got = await litellm.afile_retrieve(file_id=f.id, **kw)
+        b = await litellm.acreate_batch(input_file_id=f.id, endpoint=ENDPOINT, completion_window="24h", **kw)
+        cancelling = await litellm.acancel_batch(batch_id=b.id, **kw)
+        cancelled = await litellm.aretrieve_batch(batch_id=b.id, **kw)
+        errors = await litellm.afile_content(file_id=cancelled.error_file_id, **kw)
+        deleted = await litellm.afile_delete(file_id=f.id, **kw)
+        return f, got, cancelling, cancelled, errors.content, deleted
+
+    f, got, cancelling, cancelled, errors, deleted = asyncio.run(go())
+    assert got.id == f.id and got.bytes == len(data)
+    assert cancelling.status == "cancelling" and cancelled.status == "cancelled"
+    assert cancelled.request_counts.failed == 5 and cancelled.output_file_id is None
+    assert [orjson.loads(x)["error"]["code"] for x in errors.splitlines()] == ["batch_cancelled"] * 5
+    assert deleted.deleted is True
+
+
 def test_status_and_counts_move_by_the_clock(sim):
     sim.set_faults(batch_delay_s=1.5)
     seen: list[str] = []
