@@ -281,6 +281,16 @@ def test_fully_expired_batch_has_no_output_file(sim):
     assert len(err) == 5 and sim.log()["batch_billed_tokens"] == {}
 
 
+def test_a_batch_can_fail_validation(sim):
+    sim.set_faults(batch_fail_rate=1.0)
+    b, out, err = using(sim, lambda c: c.run([line(f"f{i}", body("sim-good", i)) for i in range(5)]))
+    assert b["status"] == "failed" and b["failed_at"] is not None and b["completed_at"] is None
+    assert b["errors"]["data"][0]["code"] == "simulated_failure"
+    assert b["output_file_id"] is None and b["error_file_id"] is None and out == err == {}
+    assert b["request_counts"] == {"total": 5, "completed": 0, "failed": 0}
+    assert sim.log()["batch_billed_tokens"] == {} and sim.log()["batch_lines"] == {}
+
+
 def test_line_errors_go_to_the_error_file_and_a_new_batch_redraws_them(sim):
     sim.set_faults(batch_line_error_rate=0.3)
     bodies = {f"r{i}": body("sim-good", i) for i in range(400)}

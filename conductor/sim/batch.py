@@ -14,11 +14,12 @@ online. Their tokens are billed in the request log's `batch_billed_tokens`,
 apart from online ones. Per line, the model's faults as they stand then:
 `fail_status` that status, `error_rate` and `drop_rate` 500/502/503,
 `rate_limit_rate` 429, `batch_line_error_rate` 500 (rpm, latency and hangs do
-not apply). `batch_expire` leaves the last part of the lines undone and ends
-the batch "expired"; a cancelled batch keeps the lines done before the cancel.
-Undone lines go to the error file with
-`error: {code: batch_expired | batch_cancelled}`. Files and batches live in
-memory until the server stops; /admin/reset clears only the counters.
+not apply). `batch_fail_rate` fails whole batches at validation;
+`batch_expire` leaves the last part of the lines undone and ends the batch
+"expired"; a cancelled batch keeps the lines done before the cancel. Undone
+lines go to the error file with `error: {code: batch_expired | batch_cancelled}`.
+Files and batches live in memory until the server stops; /admin/reset clears
+only the counters.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ TERMINAL = ("completed", "expired", "cancelled", "failed")
 # The share of batch_delay_s spent in each state before "completed".
 _IN_PROGRESS_AT, _FINALIZING_AT = 0.1, 0.9
 _JSON = "application/json"
+_FAILED = {"object": "list", "data": [{"code": "simulated_failure", "line": None, "param": None,
+                                       "message": "The batch failed validation (simulated: batch_fail_rate)."}]}
 
 
 class BatchInputError(ValueError):
@@ -83,6 +86,7 @@ class Batch:
     created: float
     delay_s: float
     expire: float  # fraction of lines left undone
+    fails: bool  # fails validation
     authorized: frozenset[str]  # key-locked models the submitter had the key for
     metadata: dict[str, str] | None
     status: str = "validating"
@@ -134,7 +138,7 @@ class Batch:
             return int(t) if t <= reached and status != "validating" else None
 
         return {
-            "id": self.id, "object": "batch", "endpoint": ENDPOINT, "errors": None,
+            "id": self.id, "object": "batch", "endpoint": ENDPOINT, "errors": _FAILED if status == "failed" else None,
             "input_file_id": self.input_file_id, "completion_window": WINDOW, "status": status,
             "output_file_id": self.output_file_id, "error_file_id": self.error_file_id,
             "created_at": int(self.created),
@@ -142,7 +146,7 @@ class Batch:
             "expires_at": int(self.created) + WINDOW_S,
             "finalizing_at": stamp(_FINALIZING_AT) if self.cancelling_at is None else None,
             "completed_at": _int(self.ended_at) if status == "completed" else None,
-            "failed_at": None,
+            "failed_at": _int(self.ended_at) if status == "failed" else None,
             "expired_at": _int(self.ended_at) if status == "expired" else None,
             "cancelling_at": _int(self.cancelling_at),
             "cancelled_at": _int(self.ended_at) if status == "cancelled" else None,
@@ -237,6 +241,7 @@ class BatchAPI:
         batch = Batch(id="batch_" + secrets.token_hex(12), input_file_id=f.id, lines=_lines(f.data), total=f.lines,
                       created=time.time(), delay_s=max(x.batch_delay_s for x in faults),
                       expire=max(x.batch_expire for x in faults),
+                      fails=_draw_fails(max(x.batch_fail_rate for x in faults)),
                       authorized=frozenset(m for m in models if self.server.has_key(request, m)),
                       metadata=body.get("metadata"))
         self.batches[batch.id] = batch
@@ -296,6 +301,11 @@ class BatchAPI:
     async def _advance(self, batch: Batch, now: float) -> None:
         if batch.cancelling_at is not None:
             until, end, code, ended = batch.cancelling_at, "cancelled", "batch_cancelled", batch.cancelling_at
+        elif batch.fails:
+            if batch.clock_status(now) != "validating":
+                batch.lines = []
+                batch.ended_at, batch.status = batch.at(_IN_PROGRESS_AT), "failed"
+            return
         elif batch.clock_status(now) == "done":
             until, ended = now, batch.at(1.0)
             end, code = ("expired", "batch_expired") if batch.expire > 0 else ("completed", "")
@@ -431,6 +441,10 @@ def _check_batch_request(body: Any, files: dict[str, StoredFile]) -> Rejection |
         return Rejection(400, "metadata must be an object of at most 16 string keys and string values.",
                          param="metadata")
     return None
+
+
+def _draw_fails(rate: float) -> bool:
+    return secrets.randbelow(1_000_000) < rate * 1_000_000
 
 
 def _lines(data: bytes) -> list[bytes]:
