@@ -285,6 +285,7 @@ def test_a_batch_can_fail_validation(sim):
     sim.set_faults(batch_fail_rate=1.0)
     b, out, err = using(sim, lambda c: c.run([line(f"f{i}", body("sim-good", i)) for i in range(5)]))
     assert b["status"] == "failed" and b["failed_at"] is not None and b["completed_at"] is None
+    assert b["in_progress_at"] is None and b["finalizing_at"] is None
     assert b["errors"]["data"][0]["code"] == "simulated_failure"
     assert b["output_file_id"] is None and b["error_file_id"] is None and out == err == {}
     assert b["request_counts"] == {"total": 5, "completed": 0, "failed": 0}

@@ -129,13 +129,13 @@ class Batch:
 
     def to_json(self, now: float) -> dict[str, Any]:
         status = self.status if self.status in TERMINAL or self.status == "cancelling" else self.clock_status(now)
-        if status == "done":  # read before it was finished (only in the create answer)
+        if status == "done":  # due to end, but not yet ended by a read (see BatchAPI._current)
             status = "finalizing"
         reached = self.ended_at if self.ended_at is not None else now
 
         def stamp(share: float) -> int | None:
             t = self.at(share)
-            return int(t) if t <= reached and status != "validating" else None
+            return int(t) if t <= reached and status not in ("validating", "failed") else None
 
         return {
             "id": self.id, "object": "batch", "endpoint": ENDPOINT, "errors": _FAILED if status == "failed" else None,

@@ -279,7 +279,7 @@ class SimServer(LocalServer):
             self.log.by_kind[kind] += 1
 
     def reset(self) -> None:
-        """Clears the request log and the rpm windows (not the fault overrides)."""
+        """Clears the request log and the rpm windows (not the fault overrides, files or batches)."""
         self.log.reset()
         for w in self._windows.values():
             w.clear()
