@@ -513,6 +513,18 @@ def test_batch_settings_are_checked_like_other_faults(sim):
     assert served_models(pool)["m"].faults == {"batch_delay_s": 5.0, "batch_line_error_rate": 0.1}
 
 
+def test_batch_faults_can_be_set_at_start(tmp_path):
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(
+        {"workers": [{"id": "w", "model": "openai/sim-w", "simulate": {"skill": 1.0}}]}))
+    cols = {c: [r.get(c) for r in QUERIES[:5]] for c in ("query_id", "prompt", "task", "reference")}
+    pq.write_table(pa.table(cols), tmp_path / "q.parquet")
+    with start_sim(tmp_path / "pool.yaml", tmp_path / "q.parquet", latency_ms=0, batch_expire=1.0) as other:
+        b, out, err = using(other, lambda c: c.run([line("a", body("sim-w", 0))]))
+        effective = other.faults()["effective"]["sim-w"]
+    assert b["status"] == "expired" and list(err) == ["a"] and out == {}
+    assert effective["batch_expire"] == 1.0 and effective["batch_delay_s"] == 0.0
+
+
 def test_ten_thousand_lines(sim):
     n = 10_000
     lines = [line(f"n{i}", body(("sim-good", "sim-plain")[i % 2], i)) for i in range(n)]
