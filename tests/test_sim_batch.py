@@ -321,11 +321,12 @@ def test_per_model_faults_apply_per_line(sim):
     sim.set_faults("sim-weak", fail_status=503)
     lines = [line("ok", body("sim-good", 1)), line("limited", body("sim-faulty", 2)),
              line("down", body("sim-weak", 3)), line("nomodel", body("gpt-nothing", 4)),
-             line("locked", body("sim-locked", 5)), line("bad", {"model": "sim-good", "messages": []})]
+             line("locked", body("sim-locked", 5)), line("bad", {"model": "sim-good", "messages": []}),
+             line("locked-bad", {"model": "sim-locked", "messages": []})]  # the key is checked first
     b, out, err = using(sim, lambda c: c.run(lines))
     assert set(out) == {"ok"}
     status = {k: r["response"]["status_code"] for k, r in err.items()}
-    assert status == {"limited": 429, "down": 503, "nomodel": 404, "locked": 401, "bad": 400}
+    assert status == {"limited": 429, "down": 503, "nomodel": 404, "locked": 401, "bad": 400, "locked-bad": 401}
     assert err["nomodel"]["response"]["body"]["error"]["code"] == "model_not_found"
     assert "messages" in err["bad"]["response"]["body"]["error"]["message"]
     # the key-locked model answers when the batch was created with its key

@@ -35,7 +35,7 @@ import orjson
 from aiohttp import web
 
 from conductor.sim.answers import draw
-from conductor.sim.outcome import Rejection, failed_status, rate_limited, server_error, unauthorized
+from conductor.sim.outcome import Rejection, failed_status, rate_limited, server_error
 
 if TYPE_CHECKING:
     from conductor.sim.server import SimServer
@@ -340,14 +340,14 @@ class BatchAPI:
     def _run_line(self, batch: Batch, custom_id: str, body: Any, created: int) -> tuple[bool, dict[str, Any]]:
         """One line, as the same body would be answered online (less the HTTP-level faults)."""
         server, log = self.server, self.server.log
-        checked = server.check(body)
+        checked = server.check(body, lambda m: not server.requires_key(m) or m in batch.authorized)
         if isinstance(checked, Rejection):
+            if checked.model in server.models:
+                log.batch_by_model[checked.model] += 1
             return False, _failed_line(batch, custom_id, checked)
         spec, structured = checked
         model = spec.name
         log.batch_by_model[model] += 1
-        if server.requires_key(model) and model not in batch.authorized:
-            return False, _failed_line(batch, custom_id, unauthorized(model))
         f = server.faults(model)
         if f.fail_status is not None:
             return False, _failed_line(batch, custom_id, failed_status(model, f))
