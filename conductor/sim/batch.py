@@ -6,17 +6,20 @@ Routes: POST|GET /v1/files, GET|DELETE /v1/files/{id}, GET /v1/files/{id}/conten
 POST|GET /v1/batches, GET /v1/batches/{id}, POST /v1/batches/{id}/cancel.
 
 A batch moves validating -> in_progress -> finalizing -> completed by the clock
-(`batch_delay_s`), worked out when it is read: no background task. Its lines
-are answered when it ends, each by the same check and answer as online chat,
-so a line gets the reply its body gets online; the tokens are billed in the
-request log's `batch_billed_tokens`, apart from online ones. Per line, the
-model's faults as they stand then: `fail_status` that status, `error_rate` and
-`drop_rate` 500/502/503, `rate_limit_rate` 429, `batch_line_error_rate` 500
-(rpm, latency and hangs do not apply). `batch_expire` leaves the last part of
-the lines undone and ends the batch "expired"; a cancelled batch keeps the
-lines done before the cancel. Undone lines go to the error file with
-`error: {code: batch_expired | batch_cancelled}`. Files and batches live in
-memory until the server stops; /admin/reset clears only the counters.
+(`batch_delay_s` from its creation), worked out whenever it is read: no
+background task. Its lines are done at an even pace through in_progress, each
+answered when a read finds it due (so request_counts grow while it runs) by the
+same check and answer as online chat: a line gets the reply its body gets
+online. Their tokens are billed in the request log's `batch_billed_tokens`,
+apart from online ones. Per line, the model's faults as they stand then:
+`fail_status` that status, `error_rate` and `drop_rate` 500/502/503,
+`rate_limit_rate` 429, `batch_line_error_rate` 500 (rpm, latency and hangs do
+not apply). `batch_fail_rate` fails whole batches at validation;
+`batch_expire` leaves the last part of the lines undone and ends the batch
+"expired"; a cancelled batch keeps the lines done before the cancel. Undone
+lines go to the error file with `error: {code: batch_expired | batch_cancelled}`.
+Files and batches live in memory until the server stops; /admin/reset clears
+only the counters.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import orjson
 from aiohttp import web
 
 from conductor.sim.answers import draw
-from conductor.sim.outcome import Rejection, failed_status, rate_limited, server_error, unauthorized
+from conductor.sim.outcome import Rejection, failed_status, rate_limited, server_error
 
 if TYPE_CHECKING:
     from conductor.sim.server import SimServer
@@ -46,6 +49,8 @@ TERMINAL = ("completed", "expired", "cancelled", "failed")
 # The share of batch_delay_s spent in each state before "completed".
 _IN_PROGRESS_AT, _FINALIZING_AT = 0.1, 0.9
 _JSON = "application/json"
+_FAILED = {"object": "list", "data": [{"code": "simulated_failure", "line": None, "param": None,
+                                       "message": "The batch failed validation (simulated: batch_fail_rate)."}]}
 
 
 class BatchInputError(ValueError):
@@ -76,11 +81,12 @@ class StoredFile:
 class Batch:
     id: str
     input_file_id: str
-    data: bytes  # the input, kept even if its file is deleted
+    lines: list[bytes]  # the input's lines, kept (even if its file is deleted) until the batch ends
     total: int
     created: float
     delay_s: float
     expire: float  # fraction of lines left undone
+    fails: bool  # fails validation
     authorized: frozenset[str]  # key-locked models the submitter had the key for
     metadata: dict[str, str] | None
     status: str = "validating"
@@ -88,9 +94,15 @@ class Batch:
     error_file_id: str | None = None
     completed: int = 0
     failed: int = 0
+    out: list[bytes] = field(default_factory=list, repr=False)  # output file lines so far
+    err: list[bytes] = field(default_factory=list, repr=False)  # error file lines so far
     cancelling_at: float | None = None
     ended_at: float | None = None
-    finishing: asyncio.Task | None = field(default=None, repr=False)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def done(self) -> int:
+        return self.completed + self.failed
 
     def at(self, share: float) -> float:
         return self.created + share * self.delay_s
@@ -105,18 +117,28 @@ class Batch:
             return "finalizing"
         return "done"
 
+    def target(self, t: float) -> int:
+        """How many lines are done by time t: none while validating, then at an even
+        pace through in_progress, all that will ever be done from finalizing on."""
+        doable = self.total - round(self.total * self.expire)
+        if t <= self.created or t < self.at(_IN_PROGRESS_AT):
+            return 0
+        if t >= self.at(_FINALIZING_AT):
+            return doable
+        return int(doable * (t - self.at(_IN_PROGRESS_AT)) / (self.at(_FINALIZING_AT) - self.at(_IN_PROGRESS_AT)))
+
     def to_json(self, now: float) -> dict[str, Any]:
         status = self.status if self.status in TERMINAL or self.status == "cancelling" else self.clock_status(now)
-        if status == "done":  # read before it was finished (only in the create answer)
+        if status == "done":  # due to end, but not yet ended by a read (see BatchAPI._current)
             status = "finalizing"
         reached = self.ended_at if self.ended_at is not None else now
 
         def stamp(share: float) -> int | None:
             t = self.at(share)
-            return int(t) if t <= reached and status != "validating" else None
+            return int(t) if t <= reached and status not in ("validating", "failed") else None
 
         return {
-            "id": self.id, "object": "batch", "endpoint": ENDPOINT, "errors": None,
+            "id": self.id, "object": "batch", "endpoint": ENDPOINT, "errors": _FAILED if status == "failed" else None,
             "input_file_id": self.input_file_id, "completion_window": WINDOW, "status": status,
             "output_file_id": self.output_file_id, "error_file_id": self.error_file_id,
             "created_at": int(self.created),
@@ -124,7 +146,7 @@ class Batch:
             "expires_at": int(self.created) + WINDOW_S,
             "finalizing_at": stamp(_FINALIZING_AT) if self.cancelling_at is None else None,
             "completed_at": _int(self.ended_at) if status == "completed" else None,
-            "failed_at": None,
+            "failed_at": _int(self.ended_at) if status == "failed" else None,
             "expired_at": _int(self.ended_at) if status == "expired" else None,
             "cancelling_at": _int(self.cancelling_at),
             "cancelled_at": _int(self.ended_at) if status == "cancelled" else None,
@@ -216,9 +238,10 @@ class BatchAPI:
         f = self.files[body["input_file_id"]]
         models = [m for m in f.models if m in self.server.models] or list(self.server.models)
         faults = [self.server.faults(m) for m in models]
-        batch = Batch(id="batch_" + secrets.token_hex(12), input_file_id=f.id, data=f.data, total=f.lines,
+        batch = Batch(id="batch_" + secrets.token_hex(12), input_file_id=f.id, lines=_lines(f.data), total=f.lines,
                       created=time.time(), delay_s=max(x.batch_delay_s for x in faults),
                       expire=max(x.batch_expire for x in faults),
+                      fails=_draw_fails(max(x.batch_fail_rate for x in faults)),
                       authorized=frozenset(m for m in models if self.server.has_key(request, m)),
                       metadata=body.get("metadata"))
         self.batches[batch.id] = batch
@@ -254,7 +277,7 @@ class BatchAPI:
         if isinstance(batch, web.Response):
             return batch
         await self._current(batch)
-        if batch.status in TERMINAL or batch.status == "cancelling":
+        if batch.status in TERMINAL or batch.cancelling_at is not None:
             return _reply(Rejection(409, f"Cannot cancel a batch with status '{batch.status}'.", param="batch_id"))
         batch.cancelling_at = time.time()
         batch.status = "cancelling"
@@ -267,55 +290,64 @@ class BatchAPI:
                                                                 param="batch_id"))
 
     async def _current(self, batch: Batch) -> dict[str, Any]:
-        """The batch as of now, answering its lines first if it has ended."""
+        """The batch as of now: the lines due by now answered, and ended if its time has come."""
         now = time.time()
-        if batch.status not in TERMINAL and (batch.status == "cancelling" or batch.clock_status(now) == "done"):
-            if batch.finishing is None:
-                batch.finishing = asyncio.ensure_future(self._finish(batch))
-            await asyncio.shield(batch.finishing)
+        if batch.status not in TERMINAL:
+            async with batch.lock:  # one poll answers the lines; others wait for it
+                if batch.status not in TERMINAL:
+                    await self._advance(batch, now)
         return batch.to_json(now)
 
-    async def _finish(self, batch: Batch) -> None:
-        """Answer the lines that got done, write the output and error files, and end the batch."""
-        lines = batch.total
+    async def _advance(self, batch: Batch, now: float) -> None:
         if batch.cancelling_at is not None:
-            span = batch.at(_FINALIZING_AT) - batch.at(_IN_PROGRESS_AT)
-            progress = (batch.cancelling_at - batch.at(_IN_PROGRESS_AT)) / span if span > 0 else 0.0
-            done, end, undone_code = int(lines * min(1.0, max(0.0, progress))), "cancelled", "batch_cancelled"
-            ended = batch.cancelling_at
-        elif batch.expire > 0:
-            done, end, undone_code = lines - round(lines * batch.expire), "expired", "batch_expired"
-            ended = batch.at(1.0)
+            until, end, code, ended = batch.cancelling_at, "cancelled", "batch_cancelled", batch.cancelling_at
+        elif batch.fails:
+            if batch.clock_status(now) != "validating":
+                batch.lines = []
+                batch.ended_at, batch.status = batch.at(_IN_PROGRESS_AT), "failed"
+            return
+        elif batch.clock_status(now) == "done":
+            until, ended = now, batch.at(1.0)
+            end, code = ("expired", "batch_expired") if batch.expire > 0 else ("completed", "")
         else:
-            done, end, undone_code, ended = lines, "completed", "", batch.at(1.0)
-        out, err = [], []
-        for i, raw in enumerate(_lines(batch.data)):
-            line = orjson.loads(raw)
-            if i < done:
-                ok, record = self._run_line(batch, line["custom_id"], line["body"], int(ended))
+            until, end = now, None
+        target = batch.target(until)
+        log = self.server.log
+        while batch.done < target:
+            i = batch.done
+            line = orjson.loads(batch.lines[i])
+            ok, record = self._run_line(batch, line["custom_id"], line["body"], int(now))
+            if ok:
+                batch.out.append(orjson.dumps(record))
+                batch.completed += 1
             else:
-                ok, record = False, _undone(batch, line["custom_id"], undone_code)
-            (out if ok else err).append(orjson.dumps(record))
-            response = record["response"]
-            self.server.log.batch_lines[str(response["status_code"]) if response else record["error"]["code"]] += 1
+                batch.err.append(orjson.dumps(record))
+                batch.failed += 1
+            log.batch_lines[str(record["response"]["status_code"])] += 1
             if i % CHUNK == CHUNK - 1:
                 await asyncio.sleep(0)
-        batch.output_file_id = self._result_file(batch, out, "output")
-        batch.error_file_id = self._result_file(batch, err, "error")
-        batch.completed, batch.failed = len(out), len(err)
+        if end is None:
+            return
+        for raw in batch.lines[batch.done:]:
+            batch.err.append(orjson.dumps(_undone(batch, orjson.loads(raw)["custom_id"], code)))
+            log.batch_lines[code] += 1
+            batch.failed += 1
+        batch.output_file_id = self._result_file(batch, batch.out, "output")
+        batch.error_file_id = self._result_file(batch, batch.err, "error")
+        batch.lines, batch.out, batch.err = [], [], []  # all in the files now
         batch.ended_at, batch.status = max(ended, batch.created), end
 
     def _run_line(self, batch: Batch, custom_id: str, body: Any, created: int) -> tuple[bool, dict[str, Any]]:
         """One line, as the same body would be answered online (less the HTTP-level faults)."""
         server, log = self.server, self.server.log
-        checked = server.check(body)
+        checked = server.check(body, lambda m: not server.requires_key(m) or m in batch.authorized)
         if isinstance(checked, Rejection):
+            if checked.model in server.models:
+                log.batch_by_model[checked.model] += 1
             return False, _failed_line(batch, custom_id, checked)
         spec, structured = checked
         model = spec.name
         log.batch_by_model[model] += 1
-        if server.requires_key(model) and model not in batch.authorized:
-            return False, _failed_line(batch, custom_id, unauthorized(model))
         f = server.faults(model)
         if f.fail_status is not None:
             return False, _failed_line(batch, custom_id, failed_status(model, f))
@@ -409,6 +441,10 @@ def _check_batch_request(body: Any, files: dict[str, StoredFile]) -> Rejection |
         return Rejection(400, "metadata must be an object of at most 16 string keys and string values.",
                          param="metadata")
     return None
+
+
+def _draw_fails(rate: float) -> bool:
+    return secrets.randbelow(1_000_000) < rate * 1_000_000
 
 
 def _lines(data: bytes) -> list[bytes]:

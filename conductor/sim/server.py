@@ -17,7 +17,7 @@ import random
 import time
 from collections import Counter, deque
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 from aiohttp import web
@@ -166,12 +166,10 @@ class SimServer(LocalServer):
             return self._error(400, f"We could not parse the JSON body of your request ({e}).", "invalid_request_error")
         model = body.get("model") if isinstance(body, dict) else None
         log.request(hashlib.sha256(raw).hexdigest(), model if isinstance(model, str) else None)
-        checked = self.check(body)
+        checked = self.check(body, lambda m: self.has_key(request, m))
         if isinstance(checked, Rejection):
             return self._reject(checked)
         spec, structured = checked
-        if not self.has_key(request, spec.name):
-            return self._reject(unauthorized(spec.name))
 
         f = self.faults(spec.name)
         if f.fail_status is not None:
@@ -201,7 +199,8 @@ class SimServer(LocalServer):
         self._admit(spec.name, f)
 
         answer = self.answer(body, spec, structured, f)
-        log.bill(spec.name, answer.prompt_tokens, answer.completion_tokens)  # billed once accepted, even if the client goes away
+        # billed once accepted, even if the client goes away
+        log.bill(spec.name, answer.prompt_tokens, answer.completion_tokens)
 
         delay = self._latency(f, answer.completion_tokens) + (f.hang_s if hang else 0.0)
         if delay > 0:
@@ -219,8 +218,10 @@ class SimServer(LocalServer):
 
     # -- the answer, shared by online chat and batch lines --------------------
 
-    def check(self, body: Any) -> tuple[ModelSpec, StructuredRequest | None] | Rejection:
-        """The served model and structured request a chat body asks for, or why it is refused."""
+    def check(self, body: Any,
+              may_use: Callable[[str], bool]) -> tuple[ModelSpec, StructuredRequest | None] | Rejection:
+        """The served model and structured request a chat body asks for, or why it is
+        refused; `may_use(model)` says whether the caller has the model's key."""
         if not isinstance(body, dict):
             return Rejection(400, "The request body must be a JSON object.")
         model = body.get("model")
@@ -230,6 +231,8 @@ class SimServer(LocalServer):
         if spec is None:
             return Rejection(404, f"The model `{model}` does not exist or you do not have access to it.",
                              code="model_not_found", model=model)
+        if not may_use(model):
+            return unauthorized(model)
         problem = _check_request(body)
         structured = None
         if not problem and spec.role != "planner":
@@ -278,7 +281,7 @@ class SimServer(LocalServer):
             self.log.by_kind[kind] += 1
 
     def reset(self) -> None:
-        """Clears the request log and the rpm windows (not the fault overrides)."""
+        """Clears the request log and the rpm windows (not the fault overrides, files or batches)."""
         self.log.reset()
         for w in self._windows.values():
             w.clear()
