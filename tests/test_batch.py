@@ -204,3 +204,34 @@ def test_a_batch_provider_needs_an_openai_compatible_model(tmp_path):
                                                  "provider": "anth"}]}))
     with pytest.raises(PoolError, match=r"workers\[0\] \(c\)\.model: provider anth has mode: batch"):
         load_pool(path)
+
+
+@pytest.mark.parametrize("retry", ["online", "batch"])
+def test_a_failed_batch_is_retried_and_its_error_is_named(tmp_path, fresh_sim, queries, retry):
+    fresh_sim.set_faults(batch_fail_rate=1.0)  # every batch fails validation
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, batch_retry=retry, max_attempts=2)
+    run(queries, pool, tmp_path / "data", "--no-cache")
+    traces, results = tables(tmp_path / "data")
+    log = fresh_sim.log()
+    if retry == "online":  # each line's second attempt goes online and is answered
+        assert {r["status"] for r in results} == {"ok"}
+        assert log["by_status"] == {"200": len(traces)}
+        assert {t["attempts"] for t in traces} == {2}
+    else:  # a new batch fails too, and the step gives up after max_attempts with the provider's reason
+        assert {r["status"] for r in results} == {"error"}
+        assert log["total"] == 0
+        first = [t for t in traces if t["step_path"] == "0"]
+        assert {t["attempts"] for t in first} == {2}
+        assert all("gave up after 2 attempts" in t["error"] and "failed validation" in t["error"] for t in first)
+
+
+def test_a_line_answered_400_fails_its_step_without_retry(tmp_path, fresh_sim, queries):
+    fresh_sim.set_faults("weak", fail_status=400)  # the checking step's worker
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    run(queries, pool, tmp_path / "data", "--no-cache")
+    traces, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"error"}
+    checks = [t for t in traces if t["worker"] == "weak"]
+    assert checks and all(t["status"] == "error" and t["attempts"] == 1 and "HTTP 400 (in a batch)" in t["error"]
+                          for t in checks)
+    assert fresh_sim.log()["total"] == 0  # nothing retried online
