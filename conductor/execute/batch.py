@@ -47,6 +47,10 @@ TERMINAL = ("completed", "expired", "failed", "cancelled")
 # Batch API calls (upload, create, poll, download) that fail are tried this often before
 # the batch's lines are handed to the retry path.
 API_ATTEMPTS = 5
+# litellm otherwise downloads a finished batch's whole output file a second time, in a
+# logging callback, to price it with its own cost map (20 s for 5,000 lines here): we read
+# the file once and price each line at the pool's price.
+_NO_COST_LOG = {"litellm_metadata": {"batch_ignore_default_logging": True}}
 
 
 @dataclass
@@ -367,7 +371,7 @@ class Batches:
                     return
                 try:
                     info = await self._api(provider, f"check batch {bid}",
-                                           lambda: litellm.aretrieve_batch(batch_id=bid, **where))
+                                           lambda: litellm.aretrieve_batch(batch_id=bid, **where, **_NO_COST_LOG))
                 except CallFailure as f:
                     if f.status == 404:
                         raise CallFailure("server", f"batch {bid} is unknown to the provider: {f}") from None
