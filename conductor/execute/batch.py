@@ -389,8 +389,8 @@ class Batches:
                                     lambda: litellm.acancel_batch(batch_id=bid, **where))
                     continue
                 await asyncio.sleep(provider.batch_poll_s)
-            answers, errors = {}, {}
-            for file_id, into in ((info.output_file_id, answers), (info.error_file_id, errors)):
+            lines: dict[str, CallResponse | CallFailure] = {}  # read as they come: no file held whole
+            for file_id in (info.output_file_id, info.error_file_id):
                 if file_id:
                     content = await self._api(provider, f"download file {file_id} of batch {bid}",
                                               lambda: litellm.afile_content(file_id=file_id, **where))
@@ -399,22 +399,24 @@ class Batches:
                             row = orjson.loads(line)
                         except orjson.JSONDecodeError:
                             continue  # an unreadable line: its request counts as unanswered
-                        if isinstance(row, dict):
-                            into[row.get("custom_id")] = row
+                        key = row.get("custom_id") if isinstance(row, dict) else None
+                        if key is not None and not isinstance(lines.get(key), CallResponse):
+                            lines[key] = _line_result(row, batch.waiters.get(key))
+                    del content
         except CallFailure as f:  # the batch cannot be followed: its lines take the retry path
-            self._finish(batch, {}, {}, f"batch {bid}: {f}", None, provider)
+            self._finish(batch, {}, f"batch {bid}: {f}", None, provider)
             if batch.reservation is not None:  # the provider may still run it: counted as spent
                 await ex.ledger.settle(batch.reservation, batch.record.get("reserved", 0.0))
             return
         finally:
             self._show(batch, None)
         why = _batch_error(info) or f"batch {bid} ended {info.status} before answering this request"
-        self._finish(batch, answers, errors, why, info.status, provider)
+        self._finish(batch, lines, why, info.status, provider)
         if batch.reservation is not None:
             await ex.ledger.settle(batch.reservation, batch.record.get("paid", 0.0))
 
-    def _finish(self, batch: OpenBatch, answers: dict, errors: dict, why: str, status: str | None,
-                provider: Provider) -> None:
+    def _finish(self, batch: OpenBatch, lines: dict[str, CallResponse | CallFailure], why: str,
+                status: str | None, provider: Provider) -> None:
         """Store every answer in the run cache, mark the batch done, then hand each waiting
         step its answer or its line's failure."""
         ex = self.ex
@@ -423,9 +425,8 @@ class Batches:
         results: dict[str, CallResponse | CallFailure] = {}
         paid = 0.0
         for key in batch.record["keys"]:
-            row = answers.get(key) or errors.get(key)
             waiter = batch.waiters.get(key)
-            got = _line_result(row, waiter, why, status)
+            got = lines.get(key) or _unanswered(why, status)
             if isinstance(got, CallResponse):
                 if waiter is not None:
                     got = ex._clamped(got, waiter.messages, waiter.params)
@@ -547,14 +548,16 @@ class Batches:
         self.ex.progress.tick()
 
 
-def _line_result(row: dict | None, waiter: Waiter | None, why: str,
-                 status: str | None) -> CallResponse | CallFailure:
-    """A batch line's answer, or why it has none: the error line's status and message,
-    or (no line at all) the batch ended before answering it."""
-    if row is None:
-        # retried like a timeout: the provider did not get to it in time
-        return CallFailure("timeout" if status in ("expired", "cancelled") else "server", why)
-    response = row.get("response") or {}
+def _unanswered(why: str, status: str | None) -> CallFailure:
+    """A request with no line in the batch's files: the batch ended before answering it
+    (retried like a timeout when it expired or was cancelled: the provider did not get to it)."""
+    return CallFailure("timeout" if status in ("expired", "cancelled") else "server", why)
+
+
+def _line_result(row: dict, waiter: Waiter | None) -> CallResponse | CallFailure:
+    """A batch line's answer, or why it has none: the error line's status and message."""
+    response = row.get("response")
+    response = response if isinstance(response, dict) else {}
     code = response.get("status_code")
     error = row.get("error")
     if code == 200 and not error:
