@@ -422,7 +422,7 @@ class Executor:
         if api_key is None and worker.api_base:
             api_key = "no-key"  # OpenAI-compatible local servers need some value
         req = CallRequest(worker.model, messages, params, worker.api_base, provider.timeout_s, key,
-                          self._client(worker, api_key))
+                          self._client(worker, api_key, track_sent=provider.rpm is not None))
         est_in = estimate_tokens(messages)
         est_tokens = est_in + params["max_tokens"]
         reservation = None
@@ -453,9 +453,9 @@ class Executor:
                 if self._abort is not None:
                     raise Aborted()
                 try:
-                    async with limiter.slot(est_tokens):
+                    async with limiter.slot(est_tokens) as sent:
                         t = time.monotonic()
-                        resp = await complete(req, api_key)
+                        resp = await complete(req, api_key, sent)
                 except CallFailure as f:
                     limiter.settle_tokens(est_tokens, 0)
                     if f.rate is not None and hasattr(limiter, "observe"):
@@ -489,14 +489,15 @@ class Executor:
                 except STORAGE_ERRORS:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
 
-    def _client(self, worker: Worker, api_key: str | None) -> Any:
+    def _client(self, worker: Worker, api_key: str | None, track_sent: bool = False) -> Any:
         """One direct client per OpenAI-compatible endpoint and key for the run (a worker
-        with an api_base and an openai/ model); None: litellm's own for other providers."""
+        with an api_base and an openai/ model); None: litellm's own for other providers.
+        `track_sent`: the client reports when each request has left, for an rpm limit."""
         if not worker.api_base or not (worker.model or "").startswith("openai/"):
             return None
-        k = (worker.api_base, api_key)
+        k = (worker.api_base, api_key, track_sent)
         if k not in self._clients:
-            self._clients[k] = OpenAIEndpoint(worker.api_base, api_key)
+            self._clients[k] = OpenAIEndpoint(worker.api_base, api_key, track_sent)
         return self._clients[k]
 
     def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:
