@@ -37,11 +37,12 @@ def serve_cached(ex: "Executor", jobs: list["PlanJob"], restored: dict[str, Any]
         asks: list[tuple[int, int, str]] = []  # (job, step, key) of every step whose inputs are known
         for n in live:
             steps, got = jobs[n].plan.steps, found[n]  # type: ignore[union-attr]
-            outputs = {i: hit[1].text for i, hit in got.items()}
+            outputs = {i: hit[1].text for i, hit in got.items()} if got else {}
             for i, step in enumerate(steps):
-                if i not in got and all(j in got for j in step.access):  # no conditions here
-                    worker = ex.pool.worker(step.worker)
-                    asks.append((n, i, ex.request_key(worker, step_messages(step, steps, outputs, worker.system))[1]))
+                if i in got or (step.access and not all(j in got for j in step.access)):  # no conditions here
+                    continue
+                worker = ex.pool.worker(step.worker)
+                asks.append((n, i, ex.request_key(worker, step_messages(step, steps, outputs, worker.system))[1]))
         keys = [a[2] for a in asks]
         own = ex.run_cache.get_many(keys) if ex.run_cache is not None else {}
         rest = [k for k in keys if k not in own]

@@ -298,13 +298,16 @@ class Executor:
                      ended: float | None = None, out: list[dict[str, Any]] | None = None) -> None:
         """Write the plan's row (or add it to `out`, for the caller to write with others)."""
         t1 = ended or time.time()
-        called = [r for r in rows if not r.get("restored") and r["status"] != "skipped"]
+        calls = hits = 0  # of the steps this run did (not restored, not skipped)
+        for r in rows:
+            if not r.get("restored") and r["status"] != "skipped":
+                calls += 1 if r.get("attempts") else 0
+                hits += 1 if r.get("cache_hit") else 0
         row = {
             "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
             "query_index": job.query_index, "sample": job.sample, "status": status,
             "final_answer": answer, "error": error,
-            "calls": sum(1 for r in called if r.get("attempts")),
-            "cache_hits": sum(1 for r in called if r.get("cache_hit")),
+            "calls": calls, "cache_hits": hits,
             "started_at": self._stamp(t0), "ended_at": self._stamp(t1), "wall_time_s": round(t1 - t0, 6),
             "failure": failure,  # the failure's kind: a rerun retries transient ones (journal.TRANSIENT_KINDS)
         }
@@ -647,6 +650,9 @@ class Executor:
     def _cached_row(self, job, path, depth, step, worker, key, entry: Entry, t0, accept=None,
                     ended: float | None = None, out: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         self.progress.c.cache_hits += 1
+        if accept is None:  # straight to the row: a rerun writes thousands of these a second
+            return self._log_step(job, path, depth, step, worker=worker, status="ok", attempts=0, request_key=key,
+                                  entry=entry, cost=0.0, started=t0, cache_hit=True, ended=ended, out=out)
         return self._accepted_row(job, path, depth, step, worker, accept, attempts=0,
                                   request_key=key, entry=entry, cost=0.0, started=t0, cache_hit=True,
                                   ended=ended, out=out)
