@@ -18,7 +18,7 @@ import yaml
 
 from conductor.errors import PoolError
 from conductor.pool import Provider, parse_pool
-from tests.conftest import REPO, worker, write_pool
+from tests.conftest import REPO, run_cli, worker, write_pool
 from tests.test_executor import FixedPlanner, solve
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
@@ -148,6 +148,28 @@ def test_a_reservation_of_a_killed_process_is_charged_in_full_when_its_lease_end
         assert (round(spent, 6), round(reserved, 6)) == (0.75, 0.0)
 
     asyncio.run(go())
+
+
+def test_the_run_summary_shows_the_shared_budget_a_run_drew_on(tmp_path, fresh_sim, sample_queries, redis_server):
+    import re
+
+    import redis
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",),
+                      providers={"sim": {"max_concurrency": 8, "timeout_s": 10, "budget_usd": 5.0}})
+    doc = yaml.safe_load(pool.read_text())
+    doc["governor"] = redis_server.url
+    pool.write_text(yaml.safe_dump(doc))
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--run-id", "shown")
+    assert r.returncode == 0, r.stderr
+    line = next((x for x in r.stdout.splitlines() if x.startswith("budget provider sim")), None)
+    assert line is not None, r.stdout
+    m = re.search(r"\(shared; this run's part\)\s+\$([0-9.]+) of \$5\.000000", line)
+    assert m, line
+    server = redis.Redis.from_url(redis_server.url)
+    spent = float(server.hget("conductor:gov:budget:default:sim", "spent"))
+    server.close()
+    assert float(m.group(1)) == pytest.approx(spent, abs=2e-6) and spent > 0  # the only run on it
 
 
 @pytest.mark.slow

@@ -73,10 +73,19 @@ class Journal:
     def plan(self, row: dict[str, Any]) -> None:
         self._queue(self._plans, row)
 
-    def _queue(self, f: IO[bytes], row: dict[str, Any]) -> None:
+    def steps(self, rows: list[dict[str, Any]]) -> None:
+        """Several step rows at once (a batch served from the cache)."""
+        self._queue(self._steps, *rows)
+
+    def plans(self, rows: list[dict[str, Any]]) -> None:
+        self._queue(self._plans, *rows)
+
+    def _queue(self, f: IO[bytes], *rows: dict[str, Any]) -> None:
         self._raise_pending_error()
-        row["_seq"] = time.time_ns()
-        self._pending[id(f)].append(orjson.dumps(row) + b"\n")
+        pending = self._pending[id(f)]
+        for row in rows:
+            row["_seq"] = time.time_ns()
+            pending.append(orjson.dumps(row) + b"\n")
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

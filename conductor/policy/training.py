@@ -375,9 +375,8 @@ class _Constant:
         return keys.index(key) if key in keys else -1
 
 
-def outcomes(learner: Any, examples: Sequence[Logged]) -> dict[str, tuple[float, float, float]]:
-    """Per query: the mean (reward, correct, cost) of the logged examples whose action is the
-    learner's greedy one (queries where none is logged are left out)."""
+def _greedy_matches(learner: Any, examples: Sequence[Logged]) -> dict[str, list[Logged]]:
+    """Per query, the logged examples whose action is the learner's greedy choice."""
     greedy: dict[tuple[int, tuple[str, ...]], int] = {}
     by_query: dict[str, list[Logged]] = {}
     for e in examples:
@@ -386,6 +385,13 @@ def outcomes(learner: Any, examples: Sequence[Logged]) -> dict[str, tuple[float,
             greedy[key] = learner.greedy(e.context, e.actions)
         if greedy[key] == e.chosen:
             by_query.setdefault(e.query, []).append(e)
+    return by_query
+
+
+def outcomes(learner: Any, examples: Sequence[Logged]) -> dict[str, tuple[float, float, float]]:
+    """Per query: the mean (reward, correct, cost) of the logged examples whose action is the
+    learner's greedy one (queries where none is logged are left out)."""
+    by_query = _greedy_matches(learner, examples)
     return {q: (sum(e.reward for e in es) / len(es), sum(float(bool(e.correct)) for e in es) / len(es),
                 sum(e.cost for e in es) / len(es)) for q, es in by_query.items()}
 
@@ -405,14 +411,7 @@ def paired_diff(a: dict[str, tuple[float, ...]], b: dict[str, tuple[float, ...]]
 def policy_value(learner: Any, examples: Sequence[Logged]) -> dict[str, float]:
     """SNIPS estimates of the learner's greedy policy on logged examples: reward, accuracy and
     cost per query, with the reward's standard error."""
-    greedy: dict[tuple[int, tuple[str, ...]], int] = {}
-    by_query: dict[str, list[Logged]] = {}
-    for e in examples:
-        key = (id(e.context), tuple(a.key for a in e.actions))
-        if key not in greedy:
-            greedy[key] = learner.greedy(e.context, e.actions)
-        if greedy[key] == e.chosen:
-            by_query.setdefault(e.query, []).append(e)
+    by_query = _greedy_matches(learner, examples)
     n = len(by_query)
     if not n:
         return {"reward": -math.inf, "accuracy": 0.0, "usd": 0.0, "reward_se": math.inf, "matched": 0}
