@@ -5,6 +5,7 @@ and expired lines retried, budgets reserved per batch, cache hits never sent."""
 
 from __future__ import annotations
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -235,3 +236,24 @@ def test_a_line_answered_400_fails_its_step_without_retry(tmp_path, fresh_sim, q
     assert checks and all(t["status"] == "error" and t["attempts"] == 1 and "HTTP 400 (in a batch)" in t["error"]
                           for t in checks)
     assert fresh_sim.log()["total"] == 0  # nothing retried online
+
+
+@pytest.mark.slow
+def test_a_resumed_batch_under_a_budget_is_counted_once(tmp_path, fresh_sim, queries):
+    fresh_sim.set_faults(batch_delay_s=2.0)
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, budget_usd=1.0)
+    args = ["run", str(queries), "--pool", str(pool), "--quiet", "--no-cache"]
+    assert kill_when_journaled(args, tmp_path / "data", 2, journal="work/batches.jsonl") is not None
+    final = run_cli(*args, "--data-dir", tmp_path / "data")
+    assert final.returncode == 0, final.stderr
+    traces, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"ok"}
+    log = fresh_sim.log()
+    assert log["batches_created"] == 2
+    billed = billed_usd(log["batch_billed_tokens"]) / 2
+    manifest = orjson.loads((next((tmp_path / "data" / "runs").iterdir()) / "manifest.json").read_bytes())
+    spent = {s["cap"]: s["spent_usd"] for s in manifest["spend"]}
+    # What the provider's cap counts is what the server billed at the batch price, not twice
+    # the first batch (journaled by the killed run, polled by the rerun) and no reservation left.
+    assert spent["provider sim"] == pytest.approx(billed, abs=1e-6)
+    assert sum(r["cost_usd"] for r in results) == pytest.approx(billed, rel=1e-9)
