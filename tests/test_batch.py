@@ -257,3 +257,12 @@ def test_a_resumed_batch_under_a_budget_is_counted_once(tmp_path, fresh_sim, que
     # the first batch (journaled by the killed run, polled by the rerun) and no reservation left.
     assert spent["provider sim"] == pytest.approx(billed, abs=1e-6)
     assert sum(r["cost_usd"] for r in results) == pytest.approx(billed, rel=1e-9)
+
+
+def test_a_batch_larger_than_an_input_file_may_be_is_split_by_size():
+    from conductor.execute.batch import split_by_size
+
+    lines = [(f"k{i}", None, b"x" * n) for i, n in enumerate([40, 40, 30, 90, 150, 10])]
+    parts = split_by_size(lines, 100)
+    assert [[k for k, _, _ in p] for p in parts] == [["k0", "k1"], ["k2"], ["k3"], ["k4"], ["k5"]]
+    assert all(sum(len(b) for _, _, b in p) <= 100 for p in parts if len(p) > 1)

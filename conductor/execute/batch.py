@@ -47,6 +47,7 @@ TERMINAL = ("completed", "expired", "failed", "cancelled")
 # Batch API calls (upload, create, poll, download) that fail are tried this often before
 # the batch's lines are handed to the retry path.
 API_ATTEMPTS = 5
+MAX_FILE_BYTES = 190_000_000  # OpenAI takes input files up to 200 MB
 # litellm otherwise downloads a finished batch's whole output file a second time, in a
 # logging callback, to price it with its own cost map (20 s for 5,000 lines here): we read
 # the file once and price each line at the pool's price.
@@ -234,10 +235,15 @@ class Batches:
         if rest:
             self._pending[group] = rest
             self._collectors[group] = self._spawn(self._collect(group, worker, provider))
-        await self._submit(lines[:provider.batch_max_requests], worker, provider, group[1])
+        model = worker.model.split("/", 1)[1]
+        encoded = [(key, w, _encode(model, key, w)) for key, w in lines[:provider.batch_max_requests]]
+        # one input file per MAX_FILE_BYTES (OpenAI refuses larger files), submitted side by side
+        await asyncio.gather(*(self._submit(part, worker, provider, group[1])
+                               for part in split_by_size(encoded, MAX_FILE_BYTES)))
 
-    async def _submit(self, lines: list[tuple[str, Waiter]], worker: Worker, provider: Provider,
+    async def _submit(self, lines: list[tuple[str, Waiter, bytes]], worker: Worker, provider: Provider,
                       api_key: str | None) -> None:
+        """Reserve, upload, create and journal one batch, then follow it to its answers."""
         ex = self.ex
         reservation = None
         try:
@@ -246,17 +252,13 @@ class Batches:
             lines, reservation = await self._reserve(lines, worker, provider)
             if not lines:
                 return
-            model = worker.model.split("/", 1)[1]
-            data = b"".join(orjson.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT,
-                                          "body": {"model": model, "messages": w.messages,
-                                                   **{k: v for k, v in w.params.items() if v is not None}}})
-                            + b"\n" for key, w in lines)
+            data = b"".join(line for _, _, line in lines)
             litellm = _litellm()
             where = self._where(worker, provider, api_key)
             file = await self._api(provider, "upload the batch input file", lambda: litellm.acreate_file(
                 file=("conductor-batch.jsonl", data, "application/jsonl"), purpose="batch", **where))
             record = {"batch_id": None, "input_file_id": file.id, "worker": worker.id,
-                      "keys": [k for k, _ in lines], "reserved": reservation.amount if reservation else 0.0,
+                      "keys": [k for k, _, _ in lines], "reserved": reservation.amount if reservation else 0.0,
                       "at": time.time()}
             ex._durably(self.journal.uploaded_file, record)
             # A create that timed out may have created the batch: look for it before trying again.
@@ -265,30 +267,30 @@ class Batches:
                 metadata={"conductor_run": ex.opt.run_id}, **where),
                 before_retry=lambda: self._find(file.id, where, provider))
         except CallFailure as f:
-            for key, w in lines:
+            for _, w, _ in lines:
                 _fail(w.future, f)
             if reservation is not None:
                 await ex.ledger.settle(reservation, 0.0)
             return
         except asyncio.CancelledError:
-            for key, w in lines:
+            for _, w, _ in lines:
                 _fail(w.future, _aborted())
             raise
         except Exception as e:  # a storage error (the run stops) or a bug: these lines fail, not the run
-            for key, w in lines:
+            for _, w, _ in lines:
                 _fail(w.future, e)
             if reservation is not None:
                 await ex.ledger.settle(reservation, 0.0)
             return
         record["batch_id"] = made.id
-        batch = OpenBatch(record, dict(lines), reservation=reservation)
+        batch = OpenBatch(record, {key: w for key, w, _ in lines}, reservation=reservation)
         self._open[made.id] = batch
         self.submissions += 1
         batch.task = asyncio.current_task()
         await self._follow(batch, worker, provider, lambda: ex._durably(self.journal.submitted, record))
 
-    async def _reserve(self, lines: list[tuple[str, Waiter]], worker: Worker,
-                       provider: Provider) -> tuple[list[tuple[str, Waiter]], Any]:
+    async def _reserve(self, lines: list[tuple[str, Waiter, bytes]], worker: Worker,
+                       provider: Provider) -> tuple[list[tuple[str, Waiter, bytes]], Any]:
         """Reserve the batch's worst case; the lines the budget cannot cover are refused
         (budget_exhausted) and the rest go out."""
         ex = self.ex
@@ -296,14 +298,14 @@ class Batches:
             return lines, None
         n = len(lines)
         while n > 0:
-            total = sum(w.worst for _, w in lines[:n])
+            total = sum(w.worst for _, w, _ in lines[:n])
             try:
                 reservation = await ex.ledger.reserve(provider.id, total)
                 break
             except BudgetExhausted as e:
                 room = max(0.0, e.limit - e.spent)
                 covered, acc = 0, 0.0
-                for _, w in lines[:n]:
+                for _, w, _ in lines[:n]:
                     if acc + w.worst > room + 1e-12:
                         break
                     acc += w.worst
@@ -311,12 +313,12 @@ class Batches:
                 n = min(covered, n - 1)
                 last = e
             except GovernorUnavailable as e:
-                for _, w in lines:
+                for _, w, _ in lines:
                     _fail(w.future, StepFailed("error", f"worker {worker.id}: {e}", kind="connection"))
                 return [], None
         else:
             reservation = None
-        for _, w in lines[n:]:
+        for _, w, _ in lines[n:]:
             _fail(w.future, StepFailed("budget_exhausted", f"worker {worker.id}: {last} (in a batch of "
                                                            f"{len(lines)} requests, {n} fit)", kind="budget"))
         return lines[:n], reservation
@@ -546,6 +548,25 @@ class Batches:
                                        + (f" ({failed} failed)" if failed else "")
                                        + f" after {waited // 60}m{waited % 60:02d}s")
         self.ex.progress.tick()
+
+
+def _encode(model: str, key: str, w: Waiter) -> bytes:
+    """The request's line of a batch input file."""
+    body = {"model": model, "messages": w.messages, **{k: v for k, v in w.params.items() if v is not None}}
+    return orjson.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT, "body": body}) + b"\n"
+
+
+def split_by_size(lines: list[tuple[str, Waiter, bytes]], cap: int) -> list[list[tuple[str, Waiter, bytes]]]:
+    """Consecutive parts of at most `cap` bytes each (a line larger than cap goes alone)."""
+    parts: list[list[tuple[str, Waiter, bytes]]] = []
+    size = cap + 1
+    for line in lines:
+        if size + len(line[2]) > cap:
+            parts.append([])
+            size = 0
+        parts[-1].append(line)
+        size += len(line[2])
+    return parts
 
 
 def _unanswered(why: str, status: str | None) -> CallFailure:
