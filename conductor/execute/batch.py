@@ -31,7 +31,7 @@ import orjson
 from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Entry
 from conductor.execute.call import CallFailure, CallRequest, CallResponse, _cut, classify, max_prompt_tokens
-from conductor.execute.failure import StepFailed
+from conductor.execute.failure import Aborted, StepFailed
 from conductor.execute.journal import _open_append, _read, _write
 from conductor.execute.openai_http import _kind, read_answer
 from conductor.execute.prices import call_cost
@@ -248,7 +248,7 @@ class Batches:
         reservation = None
         try:
             if ex._abort is not None:
-                raise _aborted()
+                raise Aborted()
             lines, reservation = await self._reserve(lines, worker, provider)
             if not lines:
                 return
@@ -274,7 +274,7 @@ class Batches:
             return
         except asyncio.CancelledError:
             for _, w, _ in lines:
-                _fail(w.future, _aborted())
+                _fail(w.future, Aborted())
             raise
         except Exception as e:  # a storage error (the run stops) or a bug: these lines fail, not the run
             for _, w, _ in lines:
@@ -343,7 +343,7 @@ class Batches:
             await self._wait(batch, worker, provider)
         except asyncio.CancelledError:
             for w in batch.waiters.values():
-                _fail(w.future, _aborted())
+                _fail(w.future, Aborted())
             raise
         except Exception as e:
             self._forget(batch)
@@ -369,7 +369,7 @@ class Batches:
             while True:
                 if ex._abort is not None:  # the run stops; the batch stays journaled for a resume
                     for w in batch.waiters.values():
-                        _fail(w.future, _aborted())
+                        _fail(w.future, Aborted())
                     return
                 try:
                     info = await self._api(provider, f"check batch {bid}",
@@ -618,12 +618,6 @@ def _batch_error(info: Any) -> str | None:
 def _fail(future: asyncio.Future, error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
-
-
-def _aborted() -> Exception:
-    from conductor.execute.engine import Aborted  # engine imports this module
-
-    return Aborted()
 
 
 def _litellm() -> Any:

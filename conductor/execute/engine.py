@@ -40,7 +40,7 @@ from conductor.execute.limits import ProviderLimiter
 from conductor.execute.openai_http import OpenAIEndpoint
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
-from conductor.execute.failure import StepFailed
+from conductor.execute.failure import Aborted, StepFailed
 from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
@@ -113,10 +113,6 @@ CACHED_BATCH = 256
 # Errors of the disk or the databases on it (full, read-only, gone): they abort the
 # run, since nothing paid could be recorded, and a rerun after freeing space resumes.
 STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
-
-
-class Aborted(Exception):
-    """The run is stopping (a storage error elsewhere): stop this plan without recording it."""
 
 
 class Executor:

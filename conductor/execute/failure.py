@@ -19,3 +19,7 @@ class StepFailed(Exception):
         # why, as a class: a call failure's kind (connection, timeout, server, rate_limit, auth,
         # not_found, client, malformed, other), budget, config or plan
         self.kind = kind or ("budget" if status == "budget_exhausted" else "other")
+
+
+class Aborted(Exception):
+    """The run is stopping (a storage error elsewhere): stop this plan without recording it."""
