@@ -260,7 +260,7 @@ def test_a_resumed_batch_under_a_budget_is_counted_once(tmp_path, fresh_sim, que
 
 
 def test_a_batch_larger_than_an_input_file_may_be_is_split_by_size():
-    from conductor.execute.batch import split_by_size
+    from conductor.execute.batchfiles import split_by_size
 
     lines = [(f"k{i}", None, b"x" * n) for i, n in enumerate([40, 40, 30, 90, 150, 10])]
     parts = split_by_size(lines, 100)

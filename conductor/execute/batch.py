@@ -23,17 +23,16 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from conductor.execute.batchfiles import (ENDPOINT, MAX_FILE_BYTES, BatchJournal, Waiter, batch_error,
+                                          encode_line, line_result, split_by_size, unanswered)
 from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Entry
-from conductor.execute.call import CallFailure, CallRequest, CallResponse, _cut, classify, max_prompt_tokens
+from conductor.execute.call import CallFailure, CallResponse, classify, max_prompt_tokens
 from conductor.execute.failure import Aborted, StepFailed
-from conductor.execute.journal import _open_append, _read, _write
-from conductor.execute.openai_http import _kind, read_answer
 from conductor.execute.prices import call_cost
 from conductor.execute.shared import GovernorUnavailable
 from conductor.pool import Provider, Worker
@@ -41,28 +40,14 @@ from conductor.pool import Provider, Worker
 if TYPE_CHECKING:
     from conductor.execute.engine import Executor
 
-BATCHES_FILE = "batches.jsonl"
-ENDPOINT = "/v1/chat/completions"
 TERMINAL = ("completed", "expired", "failed", "cancelled")
 # Batch API calls (upload, create, poll, download) that fail are tried this often before
 # the batch's lines are handed to the retry path.
 API_ATTEMPTS = 5
-MAX_FILE_BYTES = 190_000_000  # OpenAI takes input files up to 200 MB
 # litellm otherwise downloads a finished batch's whole output file a second time, in a
 # logging callback, to price it with its own cost map (20 s for 5,000 lines here): we read
 # the file once and price each line at the pool's price.
 _NO_COST_LOG = {"litellm_metadata": {"batch_ignore_default_logging": True}}
-
-
-@dataclass
-class Waiter:
-    """A step waiting for its line of a batch."""
-
-    worker: Worker
-    messages: list[dict[str, str]]
-    params: dict[str, Any]
-    future: asyncio.Future
-    worst: float = 0.0  # worst-case cost at the batch price
 
 
 @dataclass
@@ -79,53 +64,6 @@ class OpenBatch:
     @property
     def batch_id(self) -> str:
         return self.record["batch_id"]
-
-
-class BatchJournal:
-    """`batches.jsonl`: one line per submitted batch, one when its answers are stored."""
-
-    def __init__(self, folder: Path):
-        path = Path(folder) / BATCHES_FILE
-        self.open: dict[str, dict[str, Any]] = {}  # batch id -> its submission line, not yet done
-        # input file id -> its upload line, for a batch whose creation was never journaled
-        # (killed between creating it and writing its line): found again by its input file
-        self.uploaded: dict[str, dict[str, Any]] = {}
-        for row in _read(path):
-            event = row.get("event")
-            if event == "uploaded":
-                self.uploaded[row["input_file_id"]] = row
-            elif event == "submitted":
-                self.open[row["batch_id"]] = row
-                self.uploaded.pop(row["input_file_id"], None)
-            elif event == "done":
-                self.open.pop(row["batch_id"], None)
-            elif event == "not_created":
-                self.uploaded.pop(row["input_file_id"], None)
-        self._path = path
-        self._file: Any = None
-
-    def _line(self, row: dict[str, Any]) -> None:
-        if self._file is None:
-            self._file = _open_append(self._path)
-        _write(self._file, row)
-
-    def uploaded_file(self, record: dict[str, Any]) -> None:
-        """Before the batch is created: its input file and keys."""
-        self._line({"event": "uploaded", **{k: v for k, v in record.items() if k != "batch_id"}})
-
-    def submitted(self, record: dict[str, Any]) -> None:
-        self._line({"event": "submitted", **record})
-
-    def not_created(self, file_id: str) -> None:
-        """An upload whose batch the provider does not have: its keys are free to go in a new one."""
-        self._line({"event": "not_created", "input_file_id": file_id})
-
-    def done(self, batch_id: str, status: str) -> None:
-        self._line({"event": "done", "batch_id": batch_id, "status": status})
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
 
 
 class Batches:
@@ -236,7 +174,7 @@ class Batches:
             self._pending[group] = rest
             self._collectors[group] = self._spawn(self._collect(group, worker, provider))
         model = worker.model.split("/", 1)[1]
-        encoded = [(key, w, _encode(model, key, w)) for key, w in lines[:provider.batch_max_requests]]
+        encoded = [(key, w, encode_line(model, key, w)) for key, w in lines[:provider.batch_max_requests]]
         # one input file per MAX_FILE_BYTES (OpenAI refuses larger files), submitted side by side
         await asyncio.gather(*(self._submit(part, worker, provider, group[1])
                                for part in split_by_size(encoded, MAX_FILE_BYTES)))
@@ -403,7 +341,7 @@ class Batches:
                             continue  # an unreadable line: its request counts as unanswered
                         key = row.get("custom_id") if isinstance(row, dict) else None
                         if key is not None and not isinstance(lines.get(key), CallResponse):
-                            lines[key] = _line_result(row, batch.waiters.get(key))
+                            lines[key] = line_result(row, batch.waiters.get(key))
                     del content
         except CallFailure as f:  # the batch cannot be followed: its lines take the retry path
             self._finish(batch, {}, f"batch {bid}: {f}", None, provider)
@@ -412,7 +350,7 @@ class Batches:
             return
         finally:
             self._show(batch, None)
-        why = _batch_error(info) or f"batch {bid} ended {info.status} before answering this request"
+        why = batch_error(info) or f"batch {bid} ended {info.status} before answering this request"
         self._finish(batch, lines, why, info.status, provider)
         if batch.reservation is not None:
             await ex.ledger.settle(batch.reservation, batch.record.get("paid", 0.0))
@@ -428,7 +366,7 @@ class Batches:
         paid = 0.0
         for key in batch.record["keys"]:
             waiter = batch.waiters.get(key)
-            got = lines.get(key) or _unanswered(why, status)
+            got = lines.get(key) or unanswered(why, status)
             if isinstance(got, CallResponse):
                 if waiter is not None:
                     got = ex._clamped(got, waiter.messages, waiter.params)
@@ -548,71 +486,6 @@ class Batches:
                                        + (f" ({failed} failed)" if failed else "")
                                        + f" after {waited // 60}m{waited % 60:02d}s")
         self.ex.progress.tick()
-
-
-def _encode(model: str, key: str, w: Waiter) -> bytes:
-    """The request's line of a batch input file."""
-    body = {"model": model, "messages": w.messages, **{k: v for k, v in w.params.items() if v is not None}}
-    return orjson.dumps({"custom_id": key, "method": "POST", "url": ENDPOINT, "body": body}) + b"\n"
-
-
-def split_by_size(lines: list[tuple[str, Waiter, bytes]], cap: int) -> list[list[tuple[str, Waiter, bytes]]]:
-    """Consecutive parts of at most `cap` bytes each (a line larger than cap goes alone)."""
-    parts: list[list[tuple[str, Waiter, bytes]]] = []
-    size = cap + 1
-    for line in lines:
-        if size + len(line[2]) > cap:
-            parts.append([])
-            size = 0
-        parts[-1].append(line)
-        size += len(line[2])
-    return parts
-
-
-def _unanswered(why: str, status: str | None) -> CallFailure:
-    """A request with no line in the batch's files: the batch ended before answering it
-    (retried like a timeout when it expired or was cancelled: the provider did not get to it)."""
-    return CallFailure("timeout" if status in ("expired", "cancelled") else "server", why)
-
-
-def _line_result(row: dict, waiter: Waiter | None) -> CallResponse | CallFailure:
-    """A batch line's answer, or why it has none: the error line's status and message."""
-    response = row.get("response")
-    response = response if isinstance(response, dict) else {}
-    code = response.get("status_code")
-    error = row.get("error")
-    if code == 200 and not error:
-        req = CallRequest(waiter.worker.model if waiter else "", waiter.messages if waiter else [],
-                          waiter.params if waiter else {})
-        try:
-            return read_answer(req, response.get("body"), {})
-        except CallFailure as f:
-            return f
-        except Exception as e:  # whatever else a malformed line raises fails this line only
-            return CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}")
-    if isinstance(code, int):
-        body = response.get("body")
-        err = body.get("error") if isinstance(body, dict) else None
-        text = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else body
-        return CallFailure(_kind(code), _cut(f"HTTP {code} (in a batch): {text}"), code)
-    if isinstance(error, dict):
-        code_name = error.get("code") or "error"
-        kind = "timeout" if code_name in ("batch_expired", "batch_cancelled") else "server"
-        return CallFailure(kind, _cut(f"{code_name} (in a batch): {error.get('message') or ''}".strip()))
-    return CallFailure("malformed", f"malformed batch line: {str(row)[:200]}")
-
-
-def _batch_error(info: Any) -> str | None:
-    """A failed batch's own errors (validation), for the lines' message."""
-    errors = getattr(info, "errors", None)
-    data = getattr(errors, "data", None) if errors is not None else None
-    if isinstance(errors, dict):
-        data = errors.get("data")
-    if not data:
-        return None
-    first = data[0]
-    message = first.get("message") if isinstance(first, dict) else getattr(first, "message", None)
-    return f"batch {info.id} failed: {message}" + (f" (and {len(data) - 1} more errors)" if len(data) > 1 else "")
 
 
 def _fail(future: asyncio.Future, error: BaseException) -> None:
