@@ -222,6 +222,39 @@ def test_cache_hits_cost_nothing_and_refresh_calls_again(tmp_path, fresh_sim, sa
     assert not any(t["cache_hit"] for t in t3)
 
 
+def test_a_rerun_of_multi_step_plans_is_served_from_the_cache_and_a_new_step_is_still_called(
+        tmp_path, fresh_sim, sample_queries):
+    """Plans the caches answer whole are written in bulk (conductor.execute.cached): a step
+    that reads an earlier output is looked up once that output is known. A plan with one
+    step not cached runs as usual: its cached steps are hits, the new one is called."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+
+    def two(q):
+        return [{"worker": "fast", "instruction": f"{q.prompt}\nEnd with 'Answer: ...'", "access": []},
+                {"worker": "fast", "instruction": "Check the answer above. End with 'Answer: ...'", "access": [0]}]
+
+    def three(q):
+        return two(q) + [{"worker": "weak", "instruction": "Say it once more. End with 'Answer: ...'", "access": [1]}]
+
+    def key(t):
+        return t["plan_id"], t["step_path"]
+
+    s1, t1, r1 = run(tmp_path, pool, sample_queries, FixedPlanner(two), run_id="one")
+    sent = fresh_sim.log()["total"]
+    assert sent == s1["calls"] == len(t1) > 0
+    s2, t2, r2 = run(tmp_path, pool, sample_queries, FixedPlanner(two), run_id="two")
+    assert fresh_sim.log()["total"] == sent  # not one request
+    assert all(t["cache_hit"] and t["attempts"] == 0 and t["cost_usd"] == 0 and t["status"] == "ok" for t in t2)
+    assert {key(t): t["response_text"] for t in t2} == {key(t): t["response_text"] for t in t1}
+    assert {r["query_id"]: r["final_answer"] for r in r2} == {r["query_id"]: r["final_answer"] for r in r1}
+    assert s2["cost_usd"] == 0
+    s3, t3, _ = run(tmp_path, pool, sample_queries, FixedPlanner(three), run_id="three")
+    called = [t for t in t3 if not t["cache_hit"]]
+    assert called and {t["step_path"] for t in called} == {"2"}  # only new third steps were called
+    assert fresh_sim.log()["total"] == sent + len(called)  # (identical ones once: shared in flight)
+    assert len(t3) == 3 * len({t["plan_id"] for t in t1}) and {t["status"] for t in t3} == {"ok"}
+
+
 def test_cache_key_covers_system_prompt_and_api_base(tmp_path, fresh_sim, sample_queries):
     url = fresh_sim.url
     queries = _unique_prompts(tmp_path, sample_queries, 5)

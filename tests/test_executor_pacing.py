@@ -75,6 +75,36 @@ def test_no_burst_above_the_rate_in_any_one_second_or_one_minute_window(rpm):
     assert (len(times) - 1) / span * 60 >= 0.95 * rpm
 
 
+def test_releases_are_spread_over_the_second_not_sent_in_a_burst_at_its_start():
+    """A burst of R / 60 at the start of each second arrives stretched by the server's own
+    handling and overlaps the next burst in its one-second window: releases are spread."""
+    times = _releases(3000, 300)
+    assert _most_in_window(times, 0.2) <= 3000 / 60 * 0.2 + 1
+    assert min(b - a for a, b in zip(times, times[1:])) >= 60 / 3000 - 1e-9
+
+
+def test_a_request_that_left_late_counts_from_when_it_left():
+    """The first request of a run opens a connection and reaches the server late: the
+    requests a one-second window later keep their distance from when it left."""
+    clock = FakeClock()
+    pacer = Pacer(3000, clock=clock, sleep=clock.sleep)
+
+    async def go():
+        sent = await pacer.acquire()
+        clock.t += 0.05  # 50 ms to open the connection (more than the pacing margin)
+        left = clock.t
+        sent()
+        later = []
+        for _ in range(60):
+            await pacer.acquire()
+            later.append(clock.t)
+        return left, later
+
+    left, later = asyncio.run(go())
+    assert _most_in_window([left, *later], 1.0) <= 50
+    assert later[49] >= left + 1.0  # the 51st request, counting the late one
+
+
 def test_rate_limit_headers_slow_or_hold_the_pace():
     clock = FakeClock()
     pacer = Pacer(3000, clock=clock, sleep=clock.sleep)

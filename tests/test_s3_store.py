@@ -33,6 +33,7 @@ def run_args(queries, pool, data_dir, store):
             "--run-id", "s3run"]
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_tables_to_the_store_and_sql_answers_from_them(tmp_path, s3, fresh_sim, sample_queries):
     from conductor.execute.shared.objects import ObjectStore
 
@@ -52,6 +53,7 @@ def test_a_run_writes_its_tables_to_the_store_and_sql_answers_from_them(tmp_path
     assert q.stdout.splitlines()[0] == "run_id,status" and q.stdout.splitlines()[1].startswith("s3run,")
 
 
+@pytest.mark.slow
 def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path, s3, fresh_sim, sample_queries):
     from conductor.execute.shared.objects import ObjectStore
 

@@ -68,6 +68,7 @@ def bench_sim(tmp_path_factory):
         yield sim
 
 
+@pytest.mark.slow
 def test_two_processes_together_keep_to_one_rate_limit(tmp_path, bench_sim, redis_server):
     rpm = 600  # 10 per second for the two together: alone, each would go at this rate
     run_workers(bench_sim, tmp_path, redis_server.url, [(0, 30), (30, 30)], rpm=rpm)
@@ -84,6 +85,7 @@ def test_two_processes_together_keep_to_one_rate_limit(tmp_path, bench_sim, redi
             assert j - i + 1 <= burst + per_s * (times[j] - times[i] + 1.5), (i, j, times[j] - times[i])
 
 
+@pytest.mark.slow
 def test_a_shared_budget_is_never_exceeded_across_processes(tmp_path, bench_sim, redis_server):
     budget = 0.01  # about 17 worst-case reservations; the calls cost far less, so it runs out mid-run
     outs = run_workers(bench_sim, tmp_path, redis_server.url, [(0, 150), (150, 150)], budget=budget)
@@ -170,6 +172,7 @@ def test_the_run_summary_shows_the_shared_budget_a_run_drew_on(tmp_path, fresh_s
     assert float(m.group(1)) == pytest.approx(spent, abs=2e-6) and spent > 0  # the only run on it
 
 
+@pytest.mark.slow
 def test_killing_the_governor_fails_calls_clearly_loses_nothing_and_the_rerun_finishes(tmp_path, fresh_sim,
                                                                                      sample_queries, monkeypatch):
     from conductor.runner import RunConfig, run_all

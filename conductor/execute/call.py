@@ -14,7 +14,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from conductor.tokens import estimate_tokens, max_prompt_tokens, tokens_from_chars  # noqa: F401  (re-exported)
 
@@ -90,11 +90,12 @@ class CallFailure(Exception):
         return self.kind in ("rate_limit", "server", "timeout", "connection")
 
 
-async def complete(req: CallRequest, api_key: str | None) -> CallResponse:
+async def complete(req: CallRequest, api_key: str | None, sent: Callable[[], None] | None = None) -> CallResponse:
     """One attempt. A request whose `client` is a direct OpenAI-compatible client
-    (openai_http.OpenAIEndpoint) goes through it; any other through litellm."""
+    (openai_http.OpenAIEndpoint) goes through it, which calls `sent` once the request
+    has left (for the rate limiter); any other through litellm."""
     if getattr(req.client, "direct", False):
-        return await req.client.send(req)
+        return await req.client.send(req, sent)
     try:
         # timeout_s bounds the whole attempt: the HTTP client's timeout is per read, so a
         # server trickling a byte at a time would hold the call for ever

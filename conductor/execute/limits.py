@@ -7,7 +7,7 @@ so a limiter that allows a burst (a minute's worth, or aiolimiter's first
 capacity) draws 429s at the start. The RPM limiter therefore has no burst: it
 gives each request its own time slot, one every (60 s + jitter) / R, so any
 61-second window holds at most R requests, and any one-second window at most
-R / 60 (the slots are not caught up after a late one). `x-ratelimit-*` headers,
+R / 60, spread evenly over it (see Pacer). `x-ratelimit-*` headers,
 when a provider sends them, slow the pace further until their window resets.
 """
 
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from aiolimiter import AsyncLimiter
 
@@ -39,21 +40,28 @@ def rpm_limiter(rpm: float) -> AsyncLimiter:
 
 
 class Pacer:
-    """Requests per minute with no burst above the rate: a request is released only
-    while the last (60 s + jitter) held fewer than R releases and the last
-    L x (61 / R) s fewer than L = R / 60 (a one-second bucket's worth, with the same
-    margin). After a stall of the event loop the pace catches up only as far as both
-    windows allow, so a server counting either way never sees more than its limit."""
+    """Requests per minute with no burst above the rate: one release per slot, the slots
+    (60 s + jitter) / R apart, so a server sees them spread evenly rather than R / 60 at
+    the start of each second (such a burst arrives stretched by the server's own handling,
+    and the next burst, handled faster, then overlaps it in the server's one-second window).
+    A release late by up to half a slot keeps the next slot where it was (the pace does
+    not drift with timer lag); a later one moves the slots on. Bounds on top: the last
+    (60 s + jitter) hold fewer than R releases and the last L x (61 / R) s fewer than
+    L = R / 60, so after a stall of the event loop the pace never catches up beyond what a
+    server counting either way allows."""
 
     def __init__(self, rpm: float, clock=time.monotonic, sleep=asyncio.sleep):
         self.rpm = rpm
         self._sleep = sleep
+        self._interval = (60.0 + _JITTER_S) / rpm
+        self._next = -math.inf  # the next slot
         self._short_n = max(1, int(rpm // 60))
-        self._short_w = self._short_n * (60.0 + _JITTER_S) / rpm
+        self._short_w = self._short_n * self._interval
         self._long_n = max(1, int(rpm))
         self._long_w = 60.0 + _JITTER_S / 2
-        self._short: deque[float] = deque(maxlen=self._short_n)
-        self._long: deque[float] = deque(maxlen=self._long_n)
+        # each release as a one-item list: its time, moved on to when the request left (`sent`)
+        self._short: deque[list[float]] = deque(maxlen=self._short_n)
+        self._long: deque[list[float]] = deque(maxlen=self._long_n)
         self._clock = clock
         self._lock = asyncio.Lock()
         self._hold_until = 0.0
@@ -61,22 +69,34 @@ class Pacer:
         self._slow_until = 0.0
 
     def _earliest(self) -> float:
-        t = self._hold_until
+        t = max(self._hold_until, self._next)
         if len(self._short) == self._short_n:
-            t = max(t, self._short[0] + self._short_w)
+            t = max(t, self._short[0][0] + self._short_w)
         if len(self._long) == self._long_n:
-            t = max(t, self._long[0] + self._long_w)
-        if self._short and self._short[-1] < self._slow_until:
-            t = max(t, self._short[-1] + self._slow_interval)
+            t = max(t, self._long[0][0] + self._long_w)
+        if self._short and self._short[-1][0] < self._slow_until:
+            t = max(t, self._short[-1][0] + self._slow_interval)
         return t
 
-    async def acquire(self) -> None:
+    async def acquire(self) -> Callable[[], None]:
+        """Wait for the next slot. Returns `sent`, to call when the request has left: a
+        request held up after its release (a new connection to open, a busy event loop)
+        then counts from when it left, so the ones after it keep their distance from it
+        as the server sees it (the first request of a run, opening the first connection,
+        reached the server 16-20 ms late, the whole margin of a one-second window)."""
         async with self._lock:
             while (wait := self._earliest() - self._clock()) > 0:
                 await self._sleep(wait)
             now = self._clock()
-            self._short.append(now)
-            self._long.append(now)
+            self._next = (self._next if now - self._next <= self._interval / 2 else now) + self._interval
+            release = [now]
+            self._short.append(release)
+            self._long.append(release)
+
+        def sent() -> None:
+            release[0] = max(release[0], self._clock())
+
+        return sent
 
     def hold(self, until: float) -> None:
         """No release before `until` (monotonic time)."""
@@ -156,15 +176,14 @@ class ProviderLimiter:
             self._rpm.slow(rate.reset_s / rate.remaining, now + rate.reset_s)
 
     @contextlib.asynccontextmanager
-    async def slot(self, tokens: float) -> AsyncIterator[None]:
+    async def slot(self, tokens: float) -> AsyncIterator[Callable[[], None] | None]:
+        """A place to send one request; yields the pacer's `sent` (None without an rpm limit)."""
         async with self._inflight:
             while (wait := self._resume_at - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
             if self._tpm:
                 await self._tpm.acquire(tokens)
-            if self._rpm:
-                await self._rpm.acquire()
-            yield
+            yield await self._rpm.acquire() if self._rpm else None
 
     def settle_tokens(self, estimated: float, actual: float) -> None:
         if self._tpm:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import orjson
@@ -42,21 +42,27 @@ class OpenAIEndpoint:
 
     direct = True  # `call.complete` sends through `send` instead of litellm
 
-    def __init__(self, api_base: str, api_key: str | None):
+    def __init__(self, api_base: str, api_key: str | None, track_sent: bool = False):
         self.url = api_base.rstrip("/") + "/chat/completions"
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
                          "Authorization": f"Bearer {api_key or 'no-key'}"}
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
+        self._track_sent = track_sent  # call `send`'s `sent` when a request's headers are out (costs a little)
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             # no pool limit here: the provider's limiter bounds calls in flight
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
             # no session deadline either: `timeout_s` bounds each attempt (asyncio.timeout)
+            traces = []
+            if self._track_sent:
+                trace = aiohttp.TraceConfig()
+                trace.on_request_headers_sent.append(_headers_sent)
+                traces.append(trace)
             self._session = aiohttp.ClientSession(connector=connector, trust_env=False,
                                                   timeout=aiohttp.ClientTimeout(total=None),
-                                                  skip_auto_headers=("User-Agent",))
+                                                  skip_auto_headers=("User-Agent",), trace_configs=traces)
         return self._session
 
     async def close(self) -> None:
@@ -64,7 +70,7 @@ class OpenAIEndpoint:
             await self._session.close()
             self._session = None
 
-    async def send(self, req: CallRequest) -> CallResponse:
+    async def send(self, req: CallRequest, sent: Callable[[], None] | None = None) -> CallResponse:
         model = req.model.split("/", 1)[1] if req.model.startswith("openai/") else req.model
         body = {"model": model, "messages": req.messages,
                 **{k: v for k, v in req.params.items() if v is not None}}
@@ -74,7 +80,8 @@ class OpenAIEndpoint:
         session = self._open()
         try:
             async with asyncio.timeout(req.timeout_s):
-                async with session.post(self.url, data=orjson.dumps(body), headers=headers) as resp:
+                async with session.post(self.url, data=orjson.dumps(body), headers=headers,
+                                        trace_request_ctx=sent) as resp:  # type: ignore[arg-type]
                     if resp.status >= 400:
                         raise await self._failure(resp)
                     raw = await resp.read()
@@ -122,6 +129,12 @@ class OpenAIEndpoint:
         failure.rate = rate_headers(resp.headers)
         failure.headers_seen = True
         return failure
+
+
+async def _headers_sent(session: Any, ctx: Any, params: Any) -> None:
+    """aiohttp's trace hook: the request is on its connection; tell the rate limiter."""
+    if ctx.trace_request_ctx is not None:
+        ctx.trace_request_ctx()
 
 
 def _kind(status: int) -> str:

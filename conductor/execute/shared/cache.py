@@ -2,7 +2,7 @@
 (conductor.execute.cache.cache_key): a job run again on any machine is served
 from it. The per-run cache and journal that resume relies on stay in the run folder.
 
-The interface is the SQLite Cache's (get, put, len, close), synchronous: one
+The interface is the SQLite Cache's (get, get_many, put, len, close), synchronous: one
 round trip on a local network is well under a millisecond.
 """
 
@@ -45,6 +45,19 @@ class RedisCache:
             self._unreachable("answers are looked up in this run's own cache only", e)
             return None
         return None if raw is None else Entry(**orjson.loads(raw))
+
+    def get_many(self, keys: list[str]) -> dict[str, Entry]:
+        """The entries of those keys that are cached, in one round trip (MGET)."""
+        from redis.exceptions import RedisError
+
+        if not keys:
+            return {}
+        try:
+            raws = self._r.mget([PREFIX + k for k in keys])
+        except RedisError as e:
+            self._unreachable("answers are looked up in this run's own cache only", e)
+            return {}
+        return {k: Entry(**orjson.loads(raw)) for k, raw in zip(keys, raws) if raw is not None}
 
     def put(self, key: str, model: str, entry: Entry) -> None:
         from redis.exceptions import RedisError
