@@ -89,6 +89,8 @@ class Journal:
     def flush(self) -> None:
         """Write the queued lines (raises a failed write's error; the lines stay queued)."""
         self._turn.raise_pending()
+        # Steps before plans: a plan's line never reaches the disk before its steps' lines,
+        # which the object store's journal snapshots rely on (objects.WORK_FILES).
         for f in (self._steps, self._plans):
             lines = self._pending[id(f)]
             if lines:
