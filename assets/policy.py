@@ -16,6 +16,7 @@ from pydantic import Field
 
 from conductor.policy.training import TrainConfig, runs_for_pool, train
 from conductor.pool import load_pool
+from conductor.runner import planning_pool
 from assets.resources import PoolResource, StorageResource
 
 
@@ -44,7 +45,8 @@ def policy(context: AssetExecutionContext, config: PolicySettings, pool: PoolRes
         return Output({"skipped": reason}, metadata={"skipped": MetadataValue.text(reason)})
     folder, summary = train(TrainConfig(pool=pool_path, runs=runs, data_dir=data_dir, lam=config.lam,
                                         out=Path(config.out) if config.out else data_dir / "policy",
-                                        learner=config.learner, seed=config.seed))
+                                        learner=config.learner, seed=config.seed),
+                            pool=planning_pool(load_pool(pool_path)))
     est = summary["estimates"]
     return Output({"artifact": str(folder), "runs": runs, "summary": summary}, metadata={
         "artifact": MetadataValue.path(str(folder.resolve())),

@@ -129,7 +129,7 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
     from conductor.pool import load_pool
     from conductor.replay.build import pool_document, query_table, write_pool
     from conductor.replay.process import start_replay
-    from conductor.runner import RunConfig, run_all
+    from conductor.runner import RunConfig, planning_pool, run_all
 
     t0 = time.monotonic()
     ds = spec.name
@@ -152,7 +152,8 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
         return s
 
     tasks = set(pq.read_table(files["train"], columns=["task"]).column("task").to_pylist())
-    k = max(len(action_set(load_pool(pool), t)) for t in tasks)
+    recorded = planning_pool(load_pool(pool))
+    k = max(len(action_set(recorded, t)) for t in tasks)
     print(f"{ds}: sweep on train ({k} candidate actions per query)", flush=True)
     r1, r2 = {}, {}
     with start_replay(pool, port=args.port):
@@ -163,12 +164,12 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
             tag = f"{value:g}" if kind == "lambda" else f"floor{value:g}"  # a run id: no "+"
             how = {"lam": value} if kind == "lambda" else {"floor": value}
             r1[tag], s1 = train(TrainConfig(pool=pool, runs=["sweep"], data_dir=data, out=root / f"round1-{tag}",
-                                            **how))
+                                            **how), pool=recorded)
             rid = f"onpolicy-{tag}"
             rollouts(rid, {"policy": str(r1[tag]), "candidates": "bandit", "explore": args.explore},
                      args.samples, 100)
             r2[tag], s2 = train(TrainConfig(pool=pool, runs=["sweep", rid], data_dir=data,
-                                            out=root / f"round2-{tag}", **how))
+                                            out=root / f"round2-{tag}", **how), pool=recorded)
             log["lambdas"][tag] = {"round1": str(r1[tag]), "round2": str(r2[tag]), "lambda": s1["lambda"],
                                    "floor": s1["floor"], "floor_lambda": s1["floor_lambda"],
                                    "frontier": s1["frontier"], "selection_round1": s1["selection"],

@@ -81,6 +81,10 @@ class Pool:
     # Where limits and budgets are held: None/memory:// in this process, redis://... shared
     # by every process using it (conductor.execute.shared); CONDUCTOR_GOVERNOR overrides it.
     governor: str | None = None
+    # For a replay pool: question text -> ids of the workers with a recorded response to it.
+    # Never read from the file: the runner fills it (conductor.runner.planning_pool), so planners
+    # and the policy plan only what the replay server can answer without importing replay.
+    recorded: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {w.id: w for w in self.workers})
@@ -90,6 +94,15 @@ class Pool:
 
     def has(self, worker_id: str) -> bool:
         return worker_id in self._by_id  # type: ignore[attr-defined]
+
+    def servable_questions(self) -> dict[str, frozenset[str]] | None:
+        """None for a live pool (any worker answers anything); for a replay pool, `recorded`."""
+        if self.replay is None:
+            return None
+        if self.recorded is None:
+            raise PoolError(f"pool {self.path or '(in memory)'}: a replay pool must be planned with its recorded "
+                            f"questions (conductor.runner.planning_pool)")
+        return self.recorded
 
     @property
     def ids(self) -> list[str]:

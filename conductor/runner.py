@@ -170,9 +170,20 @@ def _cache_path(cfg: RunConfig) -> Path:
     return cfg.cache_path or Path(cfg.data_dir) / "cache.sqlite"
 
 
+def planning_pool(pool: Pool) -> Pool:
+    """The pool as planners and the policy see it: a replay pool carries the questions its
+    server can answer (Pool.recorded), so neither has to read the replay tables."""
+    if pool.replay is None:
+        return pool
+    from conductor.replay.tables import with_recorded
+
+    return with_recorded(pool)
+
+
 def _plan(run: Run, planner: Planner, out: Path) -> Path:
     cfg = run.config
     bind_planner(run, planner)
+    pool = planning_pool(run.pool)
     run.dir.set_status("planning")
     parts = []
     n = run.queries.num_rows
@@ -181,7 +192,7 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
         if not part.exists():
             chunk = run.queries.slice(start, cfg.plan_chunk)
             queries = [Query(index=start + i, **row) for i, row in enumerate(chunk.to_pylist())]
-            drafts = planner.plan(queries, run.pool, cfg.samples)
+            drafts = planner.plan(queries, pool, cfg.samples)
             if len(drafts) != len(queries) or any(len(d) != cfg.samples for d in drafts):
                 raise ConductorError(f"planner {planner.name} returned the wrong number of plans")
             write_table(part, rows_to_table(_plan_rows(run, planner.name, queries, drafts), schemas.PLANS))

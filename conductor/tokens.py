@@ -1,5 +1,6 @@
 """Token counts estimated from text, one rule everywhere a count is not reported:
-characters / 4, rounded up. The executor (rate limits, budget reservations, a
+characters / 4, rounded half to even (unbiased: the figure the shared replay data's
+reference costs are computed with). The executor (rate limits, budget reservations, a
 provider that reports no usage) and the replay server (a table without recorded
 usage) count this way, so their figures agree. The simulated pool bills as a
 provider's tokenizer would (`tokenizer_tokens`): the same for ASCII text, about a
@@ -7,7 +8,6 @@ token a character for other scripts, which is what budget tests need to see."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 CHARS_PER_TOKEN = 4
@@ -15,10 +15,11 @@ MESSAGE_FRAMING_TOKENS = 4  # role and separators a chat template adds per messa
 
 
 def tokens_from_chars(chars: Any) -> Any:
-    """Characters / 4, rounded up. Takes an int or a polars expression."""
+    """Characters / 4, rounded half to even. Takes an int or a polars expression.
+    Budget reservations do not use it: they need a bound (max_prompt_tokens)."""
     if isinstance(chars, int):
-        return math.ceil(chars / CHARS_PER_TOKEN)
-    return (chars / CHARS_PER_TOKEN).ceil().cast(int)
+        return round(chars / CHARS_PER_TOKEN)
+    return (chars / CHARS_PER_TOKEN).round(0).cast(int)
 
 
 def estimate_tokens(messages: list[dict[str, str]]) -> int:

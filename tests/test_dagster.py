@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from dagster import AssetKey, DagsterInstance, build_schedule_context, materialize
 
 from assets.pipeline import executions, plans, query_set, rewards, run_report
@@ -216,3 +217,84 @@ def test_a_provider_down_fails_the_failed_share_check_and_a_rematerialization_fi
         [check] = [e for e in again.get_asset_check_evaluations() if e.check_name == "failed_share"]
         assert check.passed
     assert fresh_sim.log()["total"] == 60  # each failed plan's one call, nothing sent twice
+
+
+# A partition's run in its own process, as the daemon's run launcher starts the
+# runs of a backfill, with the multiprocess executor: every step in a process of its own.
+PARTITION_RUN = """
+import sys
+from dagster import DagsterInstance, execute_job, multiprocess_executor, reconstructable
+
+
+def job():
+    from pipelines.definitions import defs
+
+    return defs.resolve_job_def("run_query_set").with_executor_def(multiprocess_executor)
+
+
+if __name__ == "__main__":
+    with DagsterInstance.get() as instance:
+        result = execute_job(reconstructable(job), instance, tags={"dagster/partition": sys.argv[1]})
+        print("RUN_ID", result.run_id)
+        sys.exit(0 if result.success else 1)
+"""
+
+
+def test_with_a_shared_governor_a_backfills_partitions_run_at_once_on_one_provider_limit(
+        tmp_path, instance, fresh_sim, monkeypatch):
+    """Three partitions of one provider at once, each run its own process and each step its
+    own process: with the in-process governor they would take turns in the provider's pool
+    (limit 1); with the Redis governor they claim no pool, overlap, and their calls together
+    keep to the provider's one rate limit."""
+    from conductor.execute.shared.servers import RedisServer
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (make setup-test installs Debian's)")
+    rpm, partitions = 360, ["q0", "q1", "q2"]
+    with RedisServer() as redis:
+        pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",),
+                          providers={"sim": {"max_concurrency": 8, "timeout_s": 10, "rpm": rpm}})
+        doc = yaml.safe_load(pool.read_text())
+        doc["governor"] = redis.url
+        pool.write_text(yaml.safe_dump(doc))
+        fresh_sim.set_faults("fast", rpm=rpm)  # the provider's own limit: over it, 429s
+        env = conductor_env(tmp_path, pool)
+        res = resources.from_env(env)
+        sample = pq.read_table(REPO / "data" / "queries" / "sample.parquet")
+        for i, key in enumerate(partitions):  # different queries: the shared cache must not answer them
+            pq.write_table(sample.slice(60 * i, 60), tmp_path / f"{key}.parquet")
+            add_partition(instance, res, key, tmp_path / f"{key}.parquet")
+        script = tmp_path / "partition_run.py"
+        script.write_text(PARTITION_RUN)
+        full_env = {**os.environ, **env, "PYTHONPATH": str(REPO), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        full_env.pop("CONDUCTOR_GOVERNOR", None)
+        procs = [subprocess.Popen([sys.executable, str(script), key], cwd=REPO, env=full_env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for key in partitions]
+        run_ids = []
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err.decode()[-3000:]
+            run_ids.append(out.decode().split("RUN_ID ")[1].split()[0])
+
+    log = fresh_sim.log()
+    assert log["by_status"].get("429", 0) == 0, log["by_status"]
+    times = sorted(log["accepted_times"]["fast"])
+    assert len(times) >= 180  # every query of the three partitions was answered by the sim
+    # Arrivals keep to one paced limit (1% burst, then rpm over 61 s, 1.5 s for jitter);
+    # three in-process governors would each go at the full rate.
+    burst, per_s = max(1, rpm // 100), (rpm - max(1, rpm // 100)) / 61.0
+    for i in range(0, len(times), 5):
+        for j in range(i + 1, len(times)):
+            assert j - i + 1 <= burst + per_s * (times[j] - times[i] + 1.5), (i, j, times[j] - times[i])
+
+    steps = []
+    for run_id in run_ids:
+        events = {e.dagster_event.event_type_value: e.timestamp for e in instance.all_logs(run_id)
+                  if e.dagster_event and e.dagster_event.step_key == "executions"}
+        steps.append((events["STEP_START"], events["STEP_SUCCESS"]))
+        mats = [e for e in instance.all_logs(run_id) if e.dagster_event and e.dagster_event.is_step_materialization
+                and e.dagster_event.step_key == "executions"]
+        assert mats[0].dagster_event.step_materialization_data.materialization.metadata["pools"].value == []
+    # The executions steps of all three partitions ran at the same time.
+    assert max(s for s, _ in steps) < min(e for _, e in steps), steps
+    assert "provider-sim" not in {p.name for p in instance.event_log_storage.get_pool_limits()}

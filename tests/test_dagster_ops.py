@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -420,6 +421,15 @@ def test_helm_values_and_vllm_deployment_agree_with_the_instance():
     assert daemon["runRetries"]["retryOnAssetOrOpFailure"] == instance["run_retries"]["retry_on_asset_or_op_failure"]
     assert (values["runLauncher"]["config"]["k8sRunLauncher"]["jobNamespace"]
             == instance["run_launcher"]["config"]["job_namespace"])
+
+    # The governor URL names the Redis that deploy/redis.k8s.yaml runs, which keeps budgets over a restart.
+    redis_set, service = yaml.safe_load_all((DEPLOY / "redis.k8s.yaml").read_text())
+    assert (redis_set["kind"], service["kind"]) == ("StatefulSet", "Service")
+    host = urlsplit(env["CONDUCTOR_GOVERNOR"])
+    assert (host.hostname, host.port) == (service["metadata"]["name"], service["spec"]["ports"][0]["port"])
+    redis_args = redis_set["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert redis_args[redis_args.index("--appendonly") + 1] == "yes"
+    assert redis_args[redis_args.index("--maxmemory-policy") + 1] == "noeviction"
 
     docs = list(yaml.safe_load_all((DEPLOY / "vllm-planner.k8s.yaml").read_text()))
     assert [d["kind"] for d in docs] == ["Deployment", "Service"]

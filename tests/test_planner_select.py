@@ -91,8 +91,8 @@ def test_dagster_planner_resource_selects_the_vllm_planner(tmp_path, fresh_sim, 
     import psutil
     from dagster import DagsterInstance, materialize
 
+    from assets import resources
     from assets.pipeline import executions, plans, query_set, rewards, run_report
-    from pipelines import resources
     from assets.resources import PlannerResource
 
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)

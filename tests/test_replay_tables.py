@@ -6,7 +6,6 @@ of bad table, and the converter from wide tables (RouterBench's layout)."""
 
 from __future__ import annotations
 
-import math
 import asyncio
 import json
 import sys
@@ -124,7 +123,7 @@ def test_queries_and_pool_from_a_table_of_any_name(mine):
         # an effective price from the recorded dollars, not prices.csv (Mixtral's list price is 0.6e-6)
         tokens = (rows["prompt_tokens"].fill_null(0) + rows["completion_tokens"].fill_null(0)).sum()
         if m == NO_TOKENS:
-            tokens = sum(math.ceil(len(x) / 4) for x in rows["question"]) + sum(math.ceil(len(x) / 4) for x in rows["response"])
+            tokens = sum(round(len(x) / 4) for x in rows["question"]) + sum(round(len(x) / 4) for x in rows["response"])
         rate = rows["cost_usd"].sum() / tokens
         assert w.price.input == w.price.output == pytest.approx(rate, rel=1e-5)
         assert f"real recorded responses from the replay table {NAME}.parquet" in w.description
@@ -141,7 +140,7 @@ def test_the_server_sends_recorded_costs_and_tokens(mine):
                                                 {"max_tokens": 1024}, server.url, 10.0), "no-key"))
         assert resp.text == row["response"] and resp.cost_usd == pytest.approx(row["cost_usd"], rel=1e-12)
         if m == NO_TOKENS:
-            assert resp.usage_estimated and resp.prompt_tokens == math.ceil(len(row["question"]) / 4)
+            assert resp.usage_estimated and resp.prompt_tokens == round(len(row["question"]) / 4)
         else:
             assert not resp.usage_estimated
             assert (resp.prompt_tokens, resp.completion_tokens) == (row["prompt_tokens"], row["completion_tokens"])

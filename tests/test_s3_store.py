@@ -33,6 +33,7 @@ def run_args(queries, pool, data_dir, store):
             "--run-id", "s3run"]
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_tables_to_the_store_and_sql_answers_from_them(tmp_path, s3, fresh_sim, sample_queries):
     from conductor.execute.shared.objects import ObjectStore
 
@@ -52,6 +53,7 @@ def test_a_run_writes_its_tables_to_the_store_and_sql_answers_from_them(tmp_path
     assert q.stdout.splitlines()[0] == "run_id,status" and q.stdout.splitlines()[1].startswith("s3run,")
 
 
+@pytest.mark.slow
 def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path, s3, fresh_sim, sample_queries):
     from conductor.execute.shared.objects import ObjectStore
 
@@ -89,6 +91,53 @@ def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path
                 "--store", store, "--format", "json")
     assert q.returncode == 0, q.stderr
     assert orjson.loads(q.stdout.splitlines()[0]) == {"ok": 60, "n": 60}
+
+
+def test_an_uploaded_journal_never_holds_a_finished_plan_without_its_steps(tmp_path, s3, monkeypatch):
+    """The executor goes on writing while the journal uploads, file after file. Whatever it
+    writes between two files' uploads, a plan the store calls finished must have its steps
+    there too, or a run resumed elsewhere reports it without them (calls and cost lost)."""
+    from types import SimpleNamespace
+
+    from conductor.execute.journal import Journal, load_state
+    from conductor.execute.shared.objects import ObjectStore
+
+    def step(plan: str, i: int) -> dict:
+        return {"plan_id": plan, "step_path": str(i), "status": "ok", "response_text": f"{plan}/{i}",
+                "provider": "sim", "cost_usd": 0.001, "attempts": 1, "request_key": f"{plan}-{i}"}
+
+    def finish(plan: str, steps: int) -> None:  # steps, then the plan: the executor's order
+        for i in range(steps):
+            journal.step(step(plan, i))
+        journal.plan({"plan_id": plan, "status": "ok", "calls": steps})
+
+    run = SimpleNamespace(run_id="snap", path=tmp_path / "a" / "snap", work=tmp_path / "a" / "snap" / "work",
+                          manifest_path=tmp_path / "a" / "snap" / "manifest.json")
+    journal = Journal(run.work)
+    finish("p0", 1)
+    put, journal_files = ObjectStore.put, []
+
+    def put_while_running(self, local, *rel):
+        put(self, local, *rel)
+        if rel[-1].endswith(".jsonl"):
+            journal_files.append(rel[-1])
+            finish(f"p{len(journal_files)}", 2)  # another plan finishes before the next file goes up
+
+    monkeypatch.setattr(ObjectStore, "put", put_while_running)
+    store = ObjectStore("s3://conductor-test/snapshot")
+    store.push_run(run)
+    journal.close()
+    monkeypatch.setattr(ObjectStore, "put", put)
+    assert {"plans.jsonl", "steps.jsonl", "reservations.jsonl"} == set(journal_files)
+    elsewhere = tmp_path / "b"
+    for name in journal_files:
+        store.get(elsewhere / name, "runs", "snap", "work", name)
+    state = load_state(elsewhere)
+    steps = [orjson.loads(x) for x in (elsewhere / "steps.jsonl").read_bytes().splitlines()]
+    for plan in state.finished:
+        want = 1 if plan == "p0" else 2
+        assert sum(1 for r in steps if r["plan_id"] == plan) == want, (plan, state.finished)
+    assert "p0" in state.finished
 
 
 def test_a_bad_store_url_is_refused_with_its_form():

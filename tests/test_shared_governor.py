@@ -18,7 +18,7 @@ import yaml
 
 from conductor.errors import PoolError
 from conductor.pool import Provider, parse_pool
-from tests.conftest import REPO, worker, write_pool
+from tests.conftest import REPO, run_cli, worker, write_pool
 from tests.test_executor import FixedPlanner, solve
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
@@ -68,6 +68,7 @@ def bench_sim(tmp_path_factory):
         yield sim
 
 
+@pytest.mark.slow
 def test_two_processes_together_keep_to_one_rate_limit(tmp_path, bench_sim, redis_server):
     rpm = 600  # 10 per second for the two together: alone, each would go at this rate
     run_workers(bench_sim, tmp_path, redis_server.url, [(0, 30), (30, 30)], rpm=rpm)
@@ -84,6 +85,7 @@ def test_two_processes_together_keep_to_one_rate_limit(tmp_path, bench_sim, redi
             assert j - i + 1 <= burst + per_s * (times[j] - times[i] + 1.5), (i, j, times[j] - times[i])
 
 
+@pytest.mark.slow
 def test_a_shared_budget_is_never_exceeded_across_processes(tmp_path, bench_sim, redis_server):
     budget = 0.01  # about 17 worst-case reservations; the calls cost far less, so it runs out mid-run
     outs = run_workers(bench_sim, tmp_path, redis_server.url, [(0, 150), (150, 150)], budget=budget)
@@ -148,6 +150,29 @@ def test_a_reservation_of_a_killed_process_is_charged_in_full_when_its_lease_end
     asyncio.run(go())
 
 
+def test_the_run_summary_shows_the_shared_budget_a_run_drew_on(tmp_path, fresh_sim, sample_queries, redis_server):
+    import re
+
+    import redis
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",),
+                      providers={"sim": {"max_concurrency": 8, "timeout_s": 10, "budget_usd": 5.0}})
+    doc = yaml.safe_load(pool.read_text())
+    doc["governor"] = redis_server.url
+    pool.write_text(yaml.safe_dump(doc))
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--run-id", "shown")
+    assert r.returncode == 0, r.stderr
+    line = next((x for x in r.stdout.splitlines() if x.startswith("budget provider sim")), None)
+    assert line is not None, r.stdout
+    m = re.search(r"\(shared; this run's part\)\s+\$([0-9.]+) of \$5\.000000", line)
+    assert m, line
+    server = redis.Redis.from_url(redis_server.url)
+    spent = float(server.hget("conductor:gov:budget:default:sim", "spent"))
+    server.close()
+    assert float(m.group(1)) == pytest.approx(spent, abs=2e-6) and spent > 0  # the only run on it
+
+
+@pytest.mark.slow
 def test_killing_the_governor_fails_calls_clearly_loses_nothing_and_the_rerun_finishes(tmp_path, fresh_sim,
                                                                                      sample_queries, monkeypatch):
     from conductor.runner import RunConfig, run_all

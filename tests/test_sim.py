@@ -394,7 +394,9 @@ def test_request_log_counts_and_reset(sim):
     assert log["billed_tokens"]["sim-plain"][0] == 2 * math.ceil(len(QUERIES[1]["prompt"]) / 4)
     sim.reset()
     assert sim.log() == {"total": 0, "by_model": {}, "by_status": {}, "by_body": {}, "by_request_key": {},
-                         "accepted_times": {}, "by_query": {}, "by_kind": {}, "billed_tokens": {}}
+                         "accepted_times": {}, "by_query": {}, "by_kind": {}, "billed_tokens": {},
+                         "batch_billed_tokens": {}, "batch_lines": {}, "batch_by_model": {},
+                         "batch_submissions": {}, "batches_created": 0, "files_uploaded": 0}
 
 
 def test_models_and_health(sim):

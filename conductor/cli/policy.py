@@ -176,6 +176,8 @@ def _serving(pool):
 def train(args: argparse.Namespace) -> int:
     from conductor.policy.training import TrainConfig, describe, dumps
     from conductor.policy.training import train as fit
+    from conductor.pool import load_pool
+    from conductor.runner import planning_pool
 
     vw = {"cb_type": args.cb_type}
     if args.passes is not None:
@@ -183,7 +185,8 @@ def train(args: argparse.Namespace) -> int:
     folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
                                       out=args.out, learner=args.learner, seed=args.seed, holdout=args.holdout,
                                       floor=args.floor, ship_margin=args.ship_margin,
-                                      vw=vw if args.learner not in ("table", "fixed") else {}))
+                                      vw=vw if args.learner not in ("table", "fixed") else {}),
+                          pool=planning_pool(load_pool(args.pool)))
     print(describe(folder))
     print("estimates " + dumps(summary["estimates"]))
     print("selection " + dumps(summary["selection"]))

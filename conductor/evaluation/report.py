@@ -60,12 +60,7 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
                      f"server on {f['queries']} of the {n} queries; plan shapes: {shapes}; server: {outcomes}; "
                      f"{f['wall_time_s']:.0f} s; run `{f.get('run_id', '')}` in `{f['run']}`.")
         if f.get("subset_reference"):
-            r = f["subset_reference"]
-            parts.append(f"  On the same {f['queries']} queries: best single ({r['best_single']}) "
-                         f"{r['best_single_accuracy']:.3f} at {_usd(r['best_single_usd'])}, oracle "
-                         f"{r['oracle_accuracy']:.3f} at {_usd(r['oracle_usd'])}, uniform random "
-                         f"{r['random_accuracy']:.3f} at {_usd(r['random_usd'])} "
-                         f"({'labels' if r.get('by') == 'label' else 'our grader'}).")
+            parts.append(_subset_line(f["subset_reference"], f["queries"]))
     else:
         parts.append("- embedded planner: not run (--no-planner).")
     learned = [p for p in policies if p.kind == "learned"]
@@ -80,11 +75,7 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
                      f"its margin of paired standard errors (*shipped*). ± SE: the accuracy's standard error; comparisons below are paired (the "
                      f"same queries on both sides).")
         if meta.get("learned_subset_reference"):
-            r = meta["learned_subset_reference"]
-            parts.append(f"  On the same {learned[0].queries} queries: best single ({r['best_single']}) "
-                         f"{r['best_single_accuracy']:.3f} at {_usd(r['best_single_usd'])}, oracle "
-                         f"{r['oracle_accuracy']:.3f} at {_usd(r['oracle_usd'])} "
-                         f"({'labels' if r.get('by') == 'label' else 'our grader'}).")
+            parts.append(_subset_line(meta["learned_subset_reference"], learned[0].queries, random=False))
     parts += ["", "## Policies", "", policy_table(headline(policies)), ""]
     if chart_name:
         parts += [f"![accuracy against cost]({chart_name})", ""]
@@ -312,6 +303,15 @@ def _short(p: Policy) -> str:
 
 def _f(x: float | None, digits: int) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _subset_line(r: dict, queries: int, random: bool = True) -> str:
+    """The reference figures on the subset a planner or policy was run on."""
+    rand = (f", uniform random {r['random_accuracy']:.3f} at {_usd(r['random_usd'])}" if random else "")
+    return (f"  On the same {queries} queries: best single ({r['best_single']}) "
+            f"{r['best_single_accuracy']:.3f} at {_usd(r['best_single_usd'])}, oracle "
+            f"{r['oracle_accuracy']:.3f} at {_usd(r['oracle_usd'])}{rand} "
+            f"({'labels' if r.get('by') == 'label' else 'our grader'}).")
 
 
 def _usd(x: float | None) -> str:

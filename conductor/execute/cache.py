@@ -13,7 +13,6 @@ the next `put` (or `flush`), after which every put commits at once.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import sqlite3
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import orjson
 
 from conductor.errors import ConductorError
+from conductor.execute.turns import AfterTurn
 
 KEY_VERSION = 1
 _KEYS_PER_QUERY = 500  # well under SQLite's limit on a statement's parameters
@@ -55,9 +55,7 @@ class Cache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._pending: dict[str, tuple[str, str, bytes, float]] = {}
-        self._scheduled = False
-        self._error: BaseException | None = None  # of a commit after a loop turn, raised by the next put
-        self._write_through = False  # after a failed commit: every put commits before it returns
+        self._turn = AfterTurn(self.flush, (OSError, sqlite3.DatabaseError))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
         try:
@@ -102,34 +100,13 @@ class Cache:
         return found
 
     def put(self, key: str, model: str, entry: Entry) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            self._write_through = True
-            raise error
+        self._turn.raise_pending()
         self._pending[key] = (key, model, orjson.dumps(entry.__dict__), time.time())
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is None or self._write_through:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush_after_turn)
-
-    def _flush_after_turn(self) -> None:
-        self._scheduled = False
-        try:
-            self.flush()
-        except (OSError, sqlite3.DatabaseError) as e:  # kept for the next put to raise
-            self._error = e
+        self._turn.schedule()
 
     def flush(self) -> None:
         """Commit the entries put since the last commit (raises a commit's error)."""
-        if self._error is not None:
-            error, self._error = self._error, None
-            self._write_through = True
-            raise error
+        self._turn.raise_pending()
         if not self._pending:
             return
         rows = list(self._pending.values())

@@ -14,7 +14,6 @@ by the next write (or `flush`), after which every line is written at once.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import IO, Any
 import orjson
 
 from conductor.errors import ConductorError
+from conductor.execute.turns import AfterTurn
 
 # Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
 FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan", "invalid"}  # invalid: no valid record
@@ -63,9 +63,7 @@ class Journal:
         self._plans = _open_append(folder / PLANS_FILE)
         self._reservations = _open_append(folder / RESERVATIONS_FILE)
         self._pending: dict[int, list[bytes]] = {id(self._steps): [], id(self._plans): []}
-        self._scheduled = False
-        self._error: BaseException | None = None  # of a write after a loop turn, raised by the next write
-        self._write_through = False
+        self._turn = AfterTurn(self.flush, (OSError,))
 
     def step(self, row: dict[str, Any]) -> None:
         self._queue(self._steps, row)
@@ -81,37 +79,16 @@ class Journal:
         self._queue(self._plans, *rows)
 
     def _queue(self, f: IO[bytes], *rows: dict[str, Any]) -> None:
-        self._raise_pending_error()
+        self._turn.raise_pending()
         pending = self._pending[id(f)]
         for row in rows:
             row["_seq"] = time.time_ns()
             pending.append(orjson.dumps(row) + b"\n")
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is None or self._write_through:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush_after_turn)
-
-    def _raise_pending_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            self._write_through = True
-            raise error
-
-    def _flush_after_turn(self) -> None:
-        self._scheduled = False
-        try:
-            self.flush()
-        except OSError as e:  # kept for the next write to raise
-            self._error = e
+        self._turn.schedule()
 
     def flush(self) -> None:
         """Write the queued lines (raises a failed write's error; the lines stay queued)."""
-        self._raise_pending_error()
+        self._turn.raise_pending()
         for f in (self._steps, self._plans):
             lines = self._pending[id(f)]
             if lines:

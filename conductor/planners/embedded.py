@@ -116,7 +116,7 @@ class EmbeddedPlanner(PlannerBackEnd):
             return [[_invalid("the pool has no llm workers to plan with") for _ in range(samples)] for _ in queries]
         # A replay pool answers only recorded (model, question) pairs: plan each query with
         # the workers that recorded it, the prompt as is, and no step a model must write anew.
-        recorded = _replay_servable(pool)
+        recorded = pool.servable_questions()
         learned = self.learned_policy(pool)
         out = []
         for q in queries:
@@ -358,15 +358,6 @@ def _majority(ps: list[float]) -> float:
 
 def _seed(seed: int, query_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{query_id}".encode()).digest()[:8], "big")
-
-
-def _replay_servable(pool: Pool) -> dict[str, frozenset[str]] | None:
-    """For a replay pool, prompt -> ids of the workers with a recorded response; else None."""
-    if pool.replay is None:
-        return None
-    from conductor.replay.tables import servable
-
-    return servable(pool)
 
 
 def _invalid(reason: str) -> PlanDraft:

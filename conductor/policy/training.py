@@ -134,7 +134,7 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
         prompts.update({(run_id, r["query_id"]): (r["prompt"], r["task"]) for r in t})
         runs.append({"run_id": run_id, "queries": str(qpath), "pool": manifest["inputs"].get("pool"),
                      "planner": manifest["inputs"].get("planner"), "samples": manifest["inputs"].get("samples")})
-    allowed = _servable(pool)
+    allowed = pool.servable_questions()
     sets: dict[str | None, list[Action]] = {}
     contexts: dict[tuple[str, str], Context] = {}
     skipped: Counter = Counter()
@@ -174,8 +174,11 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
     return Logs(examples, len({(r["run_id"], r["query_id"]) for r in rows}), skipped, runs, by_action)
 
 
-def train(cfg: TrainConfig) -> tuple[Path, dict[str, Any]]:
-    """Fit the learner on the runs and save the next artifact version; (folder, summary)."""
+def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, Any]]:
+    """Fit the learner on the runs and save the next artifact version; (folder, summary).
+
+    `pool`: cfg.pool loaded, and for a replay pool with its recorded questions
+    (conductor.runner.planning_pool); loaded here when not given."""
     if cfg.learner not in LEARNERS:
         raise ConductorError(f"--learner {cfg.learner!r}: choose from {', '.join(LEARNERS)}")
     if cfg.lam < 0:
@@ -187,7 +190,7 @@ def train(cfg: TrainConfig) -> tuple[Path, dict[str, Any]]:
                              f"(got {cfg.floor})")
     if cfg.ship_margin < 0:
         raise ConductorError(f"--ship-margin must be at least 0 (got {cfg.ship_margin})")
-    pool = load_pool(cfg.pool)
+    pool = pool or load_pool(cfg.pool)
     t0 = time.monotonic()
     logs = collect(cfg, pool)
     if not logs.examples:
@@ -372,9 +375,8 @@ class _Constant:
         return keys.index(key) if key in keys else -1
 
 
-def outcomes(learner: Any, examples: Sequence[Logged]) -> dict[str, tuple[float, float, float]]:
-    """Per query: the mean (reward, correct, cost) of the logged examples whose action is the
-    learner's greedy one (queries where none is logged are left out)."""
+def _greedy_matches(learner: Any, examples: Sequence[Logged]) -> dict[str, list[Logged]]:
+    """Per query, the logged examples whose action is the learner's greedy choice."""
     greedy: dict[tuple[int, tuple[str, ...]], int] = {}
     by_query: dict[str, list[Logged]] = {}
     for e in examples:
@@ -383,6 +385,13 @@ def outcomes(learner: Any, examples: Sequence[Logged]) -> dict[str, tuple[float,
             greedy[key] = learner.greedy(e.context, e.actions)
         if greedy[key] == e.chosen:
             by_query.setdefault(e.query, []).append(e)
+    return by_query
+
+
+def outcomes(learner: Any, examples: Sequence[Logged]) -> dict[str, tuple[float, float, float]]:
+    """Per query: the mean (reward, correct, cost) of the logged examples whose action is the
+    learner's greedy one (queries where none is logged are left out)."""
+    by_query = _greedy_matches(learner, examples)
     return {q: (sum(e.reward for e in es) / len(es), sum(float(bool(e.correct)) for e in es) / len(es),
                 sum(e.cost for e in es) / len(es)) for q, es in by_query.items()}
 
@@ -402,14 +411,7 @@ def paired_diff(a: dict[str, tuple[float, ...]], b: dict[str, tuple[float, ...]]
 def policy_value(learner: Any, examples: Sequence[Logged]) -> dict[str, float]:
     """SNIPS estimates of the learner's greedy policy on logged examples: reward, accuracy and
     cost per query, with the reward's standard error."""
-    greedy: dict[tuple[int, tuple[str, ...]], int] = {}
-    by_query: dict[str, list[Logged]] = {}
-    for e in examples:
-        key = (id(e.context), tuple(a.key for a in e.actions))
-        if key not in greedy:
-            greedy[key] = learner.greedy(e.context, e.actions)
-        if greedy[key] == e.chosen:
-            by_query.setdefault(e.query, []).append(e)
+    by_query = _greedy_matches(learner, examples)
     n = len(by_query)
     if not n:
         return {"reward": -math.inf, "accuracy": 0.0, "usd": 0.0, "reward_se": math.inf, "matched": 0}
@@ -461,14 +463,6 @@ def off_policy_estimates(learner: Any, examples: Sequence[Logged]) -> dict[str, 
         out.update(greedy_reward_snips=num["reward"] / den, greedy_accuracy_snips=num["correct"] / den,
                    greedy_usd_snips=num["cost"] / den)
     return out
-
-
-def _servable(pool: Pool) -> dict[str, frozenset[str]] | None:
-    if pool.replay is None:
-        return None
-    from conductor.replay.tables import servable
-
-    return servable(pool)
 
 
 def runs_for_pool(data_dir: Path, pool: Pool) -> list[str]:

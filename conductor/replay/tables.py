@@ -20,7 +20,7 @@ import csv
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import polars as pl
@@ -349,6 +349,13 @@ def recorded_model(worker: Worker) -> str | None:
 def replay_workers(pool: Pool) -> dict[str, str]:
     """worker id -> recorded model name, for the pool's replayable llm workers."""
     return {w.id: m for w in pool.workers if (m := recorded_model(w)) is not None}
+
+
+def with_recorded(pool: Pool) -> Pool:
+    """The pool with `recorded` (see Pool) filled when it is a replay pool."""
+    if pool.replay is None or pool.recorded is not None:
+        return pool
+    return replace(pool, recorded=servable(pool))
 
 
 def servable(pool: Pool) -> dict[str, frozenset[str]]:

@@ -34,6 +34,16 @@ Every llm or planner worker whose model is `openai/<name>` is served as model
                      negative or huge values test clients against usage lies. What is
                      billed (the request log's `billed_tokens`) never changes
 
+    Batch API (OpenAI's /v1/files and /v1/batches, see conductor/sim/batch.py):
+    batch_delay_s:   seconds from submission until a batch is done (default 0: done at
+                     the first poll); a batch of several models takes the longest delay
+    batch_expire:    fraction of a batch's lines left undone when it ends, and then it
+                     ends "expired" (default 0: batches complete); likewise the largest
+    batch_line_error_rate: fraction of batch lines answered 500 in the error file,
+                     drawn per batch and line, so a resubmitted line gets a new draw
+    batch_fail_rate: fraction of batches that fail validation: status "failed" with
+                     `errors`, no line done (as OpenAI fails a batch it cannot start)
+
 Fault values can be overridden for all models ("*") or one model, at start
 and at run time; a model's override beats "*", which beats the pool.
 """
@@ -51,20 +61,23 @@ from conductor.pool import Pool
 
 SKILL_TASKS = ("math", "choice", "exact", "record", "default")
 DEFAULT_SKILL = 0.5
-RATE_KEYS = ("error_rate", "rate_limit_rate", "hang_rate", "drop_rate", "malformed_json")
+RATE_KEYS = ("error_rate", "rate_limit_rate", "hang_rate", "drop_rate", "malformed_json", "batch_expire",
+             "batch_line_error_rate", "batch_fail_rate")
 # Flat fault names, as used by overrides (CLI flags, start_sim kwargs, /admin/faults).
 FAULT_KEYS = ("rpm", "rpm_window_s", *RATE_KEYS, "hang_s", "latency_ms", "latency_sd_ms", "per_token_ms",
-              "fail_status", "retry_after_ms", "usage_factor")
+              "fail_status", "retry_after_ms", "usage_factor", "batch_delay_s")
 FAULT_DEFAULTS: dict[str, float | None] = {
     "rpm": None, "rpm_window_s": 60.0, "error_rate": 0.0, "rate_limit_rate": 0.0,
     "hang_rate": 0.0, "drop_rate": 0.0, "hang_s": 30.0,
     "latency_ms": 20.0, "latency_sd_ms": 5.0, "per_token_ms": 0.0, "fail_status": None,
     "retry_after_ms": 1000.0, "malformed_json": 0.0, "usage_factor": 1.0,
+    "batch_expire": 0.0, "batch_line_error_rate": 0.0, "batch_delay_s": 0.0,
+    "batch_fail_rate": 0.0,
 }
 ROLES = ("worker", "planner")
 SIMULATE_KEYS = ("role", "replan_rate", "cascade_rate", "skill", "latency_ms", "per_token_ms", "rpm",
                  "rpm_window_s", *RATE_KEYS,
-                 "hang_s", "require_key_env", "fail_status", "retry_after_ms", "usage_factor")
+                 "hang_s", "require_key_env", "fail_status", "retry_after_ms", "usage_factor", "batch_delay_s")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -88,6 +101,10 @@ class Faults:
     retry_after_ms: float
     malformed_json: float
     usage_factor: float
+    batch_expire: float
+    batch_line_error_rate: float
+    batch_fail_rate: float
+    batch_delay_s: float
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,10 @@ _FAULT_HELP = {
     "retry_after_ms": "the wait that --rate-limit-rate's 429s ask for (default 1000)",
     "malformed_json": "fraction of structured (JSON record) replies broken: unparseable or schema-invalid",
     "usage_factor": "reported usage = billed tokens x this (negative or huge to test usage lies; default 1)",
+    "batch_expire": "fraction of each batch's lines left undone; the batch then ends 'expired'",
+    "batch_line_error_rate": "fraction of batch lines answered 500 in the batch's error file",
+    "batch_fail_rate": "fraction of batches that fail validation (status 'failed', no line done)",
+    "batch_delay_s": "seconds from batch submission to completion (default 0: done at the first poll)",
 }
 
 

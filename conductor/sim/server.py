@@ -1,6 +1,7 @@
 """The simulated worker pool as an OpenAI-compatible HTTP server (aiohttp).
 
-Endpoints: POST /v1/chat/completions, GET /v1/models, GET /health, and for
+Endpoints: POST /v1/chat/completions, GET /v1/models, GET /health, OpenAI's
+Files and Batch API (see `batch`), and for
 tests and benchmarks GET /admin/log, POST /admin/reset, GET|POST /admin/faults.
 Faults and latency are random (seeded); the answer is a pure function of the
 request, see `answers` and, for structured requests, `structured`.
@@ -16,21 +17,23 @@ import random
 import time
 from collections import Counter, deque
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 from aiohttp import web
 
 from conductor.localserver import LocalServer, RequestLog, message_text, openai_app
 from conductor.sim.answers import draw, reply
+from conductor.sim.batch import BatchAPI
 from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, effective_faults,
                                   Faults)
 from conductor.sim.index import QueryIndex
+from conductor.sim.outcome import (FINGERPRINT, Answer, Rejection, failed_status, rate_limited, server_error,
+                                   unauthorized)
 from conductor.sim.planner import plan_reply, token_logprobs
-from conductor.sim.structured import StructuredRequestError, parse_request, record_reply
+from conductor.sim.structured import StructuredRequest, StructuredRequestError, parse_request, record_reply
 from conductor.tokens import tokenizer_tokens
 
-FINGERPRINT = "conductor-sim"
 MAX_TIMES = 100_000
 # Request fields that do not change what a model would answer.
 _NOT_SAMPLING = frozenset({"model", "stream", "stream_options", "user", "metadata"})
@@ -49,9 +52,24 @@ class SimLog(RequestLog):
         # Tokens actually processed per model (prompt, completion), whatever the
         # reported usage says: the provider's bill, for budget checks from outside.
         self.billed_tokens: dict[str, list[int]] = {}
+        # The batch API's counters: tokens billed at the batch price per model, lines
+        # by outcome (HTTP status or batch_expired / batch_cancelled) and per model,
+        # and batches created per input file (sha256), so a resumed client can be
+        # seen to have submitted once.
+        self.batch_billed_tokens: dict[str, list[int]] = {}
+        self.batch_lines: Counter[str] = Counter()
+        self.batch_by_model: Counter[str] = Counter()
+        self.batch_submissions: Counter[str] = Counter()
+        self.batches_created = 0
+        self.files_uploaded = 0
 
     def bill(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
         billed = self.billed_tokens.setdefault(model, [0, 0])
+        billed[0] += prompt_tokens
+        billed[1] += completion_tokens
+
+    def bill_batch(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        billed = self.batch_billed_tokens.setdefault(model, [0, 0])
         billed[0] += prompt_tokens
         billed[1] += completion_tokens
 
@@ -73,7 +91,11 @@ class SimLog(RequestLog):
         return {**super().to_json(), "by_body": dict(self.by_body),
                 "accepted_times": {m: list(t) for m, t in self.accepted_times.items()},
                 "by_query": dict(self.by_query), "by_kind": dict(self.by_kind),
-                "billed_tokens": {m: list(t) for m, t in self.billed_tokens.items()}}
+                "billed_tokens": {m: list(t) for m, t in self.billed_tokens.items()},
+                "batch_billed_tokens": {m: list(t) for m, t in self.batch_billed_tokens.items()},
+                "batch_lines": dict(self.batch_lines), "batch_by_model": dict(self.batch_by_model),
+                "batch_submissions": dict(self.batch_submissions), "batches_created": self.batches_created,
+                "files_uploaded": self.files_uploaded}
 
 
 class SimServer(LocalServer):
@@ -92,11 +114,17 @@ class SimServer(LocalServer):
         self._rng = random.Random(seed)
         self._model_list = orjson.dumps({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": FINGERPRINT} for m in models]})
+        self.batch_api = BatchAPI(self)
 
     # -- configuration -------------------------------------------------------
 
     def requires_key(self, model: str) -> bool:
         return model in self._keys
+
+    def has_key(self, request: web.Request, model: str) -> bool:
+        """Whether the request may use `model`: it needs no key, or the request carries it."""
+        expected = self._keys.get(model)
+        return expected is None or self._authorized(request, expected)
 
     def faults(self, model: str) -> Faults:
         f = self._faults.get(model)
@@ -138,18 +166,73 @@ class SimServer(LocalServer):
             return self._error(400, f"We could not parse the JSON body of your request ({e}).", "invalid_request_error")
         model = body.get("model") if isinstance(body, dict) else None
         log.request(hashlib.sha256(raw).hexdigest(), model if isinstance(model, str) else None)
+        checked = self.check(body, lambda m: self.has_key(request, m))
+        if isinstance(checked, Rejection):
+            return self._reject(checked)
+        spec, structured = checked
+
+        f = self.faults(spec.name)
+        if f.fail_status is not None:
+            return self._reject(failed_status(spec.name, f))
+        if f.rpm is not None:
+            limited = self._rpm_check(spec.name, f)
+            if limited is not None:
+                return limited
+        # One draw splits requests into drop | error | rate limit | hang | normal;
+        # rates summing past 1 leave nothing for the later ones.
+        u = self._rng.random()
+        if u < f.drop_rate:
+            self._admit(spec.name, f)
+            log.status("dropped", spec.name)
+            if request.transport is not None:
+                request.transport.abort()
+            raise web.HTTPInternalServerError()  # never reaches the client: the connection is gone
+        u -= f.drop_rate
+        if u < f.error_rate:
+            self._admit(spec.name, f)
+            return self._reject(server_error(spec.name, self._rng.choice((500, 502, 503))))
+        u -= f.error_rate
+        if u < f.rate_limit_rate:
+            return self._reject(rate_limited(spec.name, f))
+        u -= f.rate_limit_rate
+        hang = u < f.hang_rate
+        self._admit(spec.name, f)
+
+        answer = self.answer(body, spec, structured, f)
+        # billed once accepted, even if the client goes away
+        log.bill(spec.name, answer.prompt_tokens, answer.completion_tokens)
+
+        delay = self._latency(f, answer.completion_tokens) + (f.hang_s if hang else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if request.transport is None:  # the client gave up while we were "thinking"
+            log.status("499", spec.name)
+            return web.Response(status=499)
+        log.status("200", spec.name, received)
+        self.count_answer(answer)
+        if (request_key := request.headers.get("x-conductor-request")) is not None:
+            log.by_request_key[request_key] += 1
+        payload = answer.payload(spec.name, int(received), f.usage_factor)
+        return web.Response(body=orjson.dumps(payload), content_type=_JSON,
+                            headers={"x-conductor-simulated": "1"})
+
+    # -- the answer, shared by online chat and batch lines --------------------
+
+    def check(self, body: Any,
+              may_use: Callable[[str], bool]) -> tuple[ModelSpec, StructuredRequest | None] | Rejection:
+        """The served model and structured request a chat body asks for, or why it is
+        refused; `may_use(model)` says whether the caller has the model's key."""
         if not isinstance(body, dict):
-            return self._error(400, "The request body must be a JSON object.", "invalid_request_error")
+            return Rejection(400, "The request body must be a JSON object.")
+        model = body.get("model")
         if not isinstance(model, str) or not model:
-            return self._error(400, "You must provide a model parameter.", "invalid_request_error", param="model")
+            return Rejection(400, "You must provide a model parameter.", param="model")
         spec = self.models.get(model)
         if spec is None:
-            return self._error(404, f"The model `{model}` does not exist or you do not have access to it.",
-                               "invalid_request_error", code="model_not_found", model=model)
-        expected = self._keys.get(model)
-        if expected is not None and not self._authorized(request, expected):
-            return self._error(401, "Incorrect API key provided", "invalid_request_error",
-                               code="invalid_api_key", model=model)
+            return Rejection(404, f"The model `{model}` does not exist or you do not have access to it.",
+                             code="model_not_found", model=model)
+        if not may_use(model):
+            return unauthorized(model)
         problem = _check_request(body)
         structured = None
         if not problem and spec.role != "planner":
@@ -158,42 +241,13 @@ class SimServer(LocalServer):
             except StructuredRequestError as e:
                 problem = (e.args[0], e.args[1])
         if problem:
-            return self._error(400, problem[1], "invalid_request_error", param=problem[0], model=model)
+            return Rejection(400, problem[1], param=problem[0], model=model)
+        return spec, structured
 
-        f = self.faults(model)
-        if f.fail_status is not None:
-            return self._error(int(f.fail_status), f"Simulated failure with status {int(f.fail_status)}.",
-                               "invalid_request_error" if f.fail_status < 500 else "server_error", model=model)
-        if f.rpm is not None:
-            limited = self._rpm_check(model, f)
-            if limited is not None:
-                return limited
-        # One draw splits requests into drop | error | rate limit | hang | normal;
-        # rates summing past 1 leave nothing for the later ones.
-        u = self._rng.random()
-        if u < f.drop_rate:
-            self._admit(model, f)
-            log.status("dropped", model)
-            if request.transport is not None:
-                request.transport.abort()
-            raise web.HTTPInternalServerError()  # never reaches the client: the connection is gone
-        u -= f.drop_rate
-        if u < f.error_rate:
-            self._admit(model, f)
-            status = self._rng.choice((500, 502, 503))
-            return self._error(status, "The server had an error while processing your request. (simulated)",
-                               "server_error", model=model)
-        u -= f.error_rate
-        if u < f.rate_limit_rate:
-            wait_ms = f.retry_after_ms
-            return self._error(429, f"Rate limit reached for {model}. Please try again in {wait_ms / 1000:g}s. "
-                                    "(simulated)", "requests", code="rate_limit_exceeded", model=model,
-                               headers={"Retry-After": str(max(1, math.ceil(wait_ms / 1000))),
-                                        "retry-after-ms": str(int(wait_ms))})
-        u -= f.rate_limit_rate
-        hang = u < f.hang_rate
-        self._admit(model, f)
-
+    def answer(self, body: dict[str, Any], spec: ModelSpec, structured: StructuredRequest | None,
+               f: Faults) -> Answer:
+        """What the model answers to a checked body: a pure function of the request."""
+        model = spec.name
         messages = body["messages"]
         texts = [message_text(m.get("content")) for m in messages]
         request_hash = hashlib.sha256(orjson.dumps(
@@ -215,40 +269,19 @@ class SimServer(LocalServer):
         else:
             known = self.index.find(texts)
             content, _ = reply(known, spec.skill_for(known.task if known else None), rng, self.index)
-        prompt_tokens = sum(map(tokenizer_tokens, texts))
-        completion_tokens = tokenizer_tokens(content)
-        log.bill(model, prompt_tokens, completion_tokens)  # billed once accepted, even if the client goes away
+        return Answer(content=content, logprobs=logprobs, query_id=known.query_id if known else None,
+                      kinds=kinds, prompt_tokens=sum(map(tokenizer_tokens, texts)),
+                      completion_tokens=tokenizer_tokens(content), request_hash=request_hash)
 
-        delay = self._latency(f, completion_tokens) + (f.hang_s if hang else 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if request.transport is None:  # the client gave up while we were "thinking"
-            log.status("499", model)
-            return web.Response(status=499)
-        log.status("200", model, received)
-        reported = [int(n * f.usage_factor) for n in (prompt_tokens, completion_tokens)]
-        if known is not None:
-            log.by_query[known.query_id] += 1
-        for kind in kinds:
-            log.by_kind[kind] += 1
-        if (request_key := request.headers.get("x-conductor-request")) is not None:
-            log.by_request_key[request_key] += 1
-        payload = {
-            "id": f"chatcmpl-sim-{request_hash[:24]}",
-            "object": "chat.completion",
-            "created": int(received),
-            "model": model,
-            "system_fingerprint": FINGERPRINT,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "logprobs": logprobs, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": reported[0], "completion_tokens": reported[1],
-                      "total_tokens": sum(reported)},
-        }
-        return web.Response(body=orjson.dumps(payload), content_type=_JSON,
-                            headers={"x-conductor-simulated": "1"})
+    def count_answer(self, answer: Answer) -> None:
+        """Counts a delivered answer by known query and structured kind."""
+        if answer.query_id is not None:
+            self.log.by_query[answer.query_id] += 1
+        for kind in answer.kinds:
+            self.log.by_kind[kind] += 1
 
     def reset(self) -> None:
-        """Clears the request log and the rpm windows (not the fault overrides)."""
+        """Clears the request log and the rpm windows (not the fault overrides, files or batches)."""
         self.log.reset()
         for w in self._windows.values():
             w.clear()
@@ -307,6 +340,10 @@ class SimServer(LocalServer):
                 ms = mean
         return (ms + f.per_token_ms * completion_tokens) / 1000.0
 
+    def _reject(self, r: Rejection) -> web.Response:
+        return self._error(r.status, r.message, r.type, param=r.param, code=r.code, model=r.model,
+                           headers=r.headers)
+
     def _error(self, status: int, message: str, type_: str, *, param: str | None = None,
                code: str | None = None, model: str | None = None,
                headers: dict[str, str] | None = None) -> web.Response:
@@ -338,4 +375,6 @@ def _check_request(body: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def build_app(server: SimServer) -> web.Application:
-    return openai_app(server, faults=True)
+    app = openai_app(server, faults=True)
+    server.batch_api.add_routes(app)
+    return app

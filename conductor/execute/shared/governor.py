@@ -336,6 +336,17 @@ class SharedLedger(Ledger):
                 log.warning("%s: a reservation of $%.6f will be charged in full when its lease ends", e, r.amount)
         await super().settle(r, actual)
 
+    def summary(self) -> list[dict]:
+        """As Ledger's, with each shared provider cap's limit beside this run's part of its
+        spend, so the run summary still shows the budget a run drew on."""
+        rows = super().summary()
+        for row in rows:
+            provider = row["cap"].removeprefix("provider ")
+            if row["cap"].startswith("provider ") and self.limits.get(provider) is not None:
+                row["cap"] = f"provider {provider} (shared; this run's part)"
+                row["limit_usd"] = self.limits[provider]
+        return rows
+
     async def shared_spend(self, provider: str) -> tuple[float, float]:
         """(spent, reserved) on the server for a provider, in this budget scope."""
         vals = await self.gov.client.hmget(self._keys(provider)[0], ["spent", "reserved"])

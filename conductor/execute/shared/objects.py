@@ -30,7 +30,12 @@ log = logging.getLogger("conductor.store")
 ENV = "CONDUCTOR_STORE"
 TABLE_FILES = ("manifest.json", "plans.parquet", "traces.parquet", "results.parquet", "rewards.parquet",
                "summary.json", "records.parquet")
-WORK_FILES = ("steps.jsonl", "plans.jsonl")
+# The journal in the order it is uploaded, each file a snapshot taken a little later than
+# the one before. A plan's line is written after its steps' lines (journal.Journal.flush),
+# so plans first: every plan the uploaded plans.jsonl calls finished has its steps in the
+# later steps.jsonl. Reservations last: one sent after the steps snapshot is counted as
+# spent on resume unless its answer is in the run cache, uploaded after them all.
+WORK_FILES = ("plans.jsonl", "steps.jsonl", "reservations.jsonl")
 
 
 def store_url(value: str | None) -> str | None:
