@@ -27,6 +27,7 @@ from conductor.execute.turns import AfterTurn
 
 KEY_VERSION = 1
 _KEYS_PER_QUERY = 500  # well under SQLite's limit on a statement's parameters
+_JSON_EACH = sqlite3.sqlite_version_info >= (3, 38, 0)  # JSON functions built in from then on
 
 
 def cache_key(model: str, api_base: str | None, messages: list[dict], params: dict[str, Any]) -> str:
@@ -49,6 +50,20 @@ class Entry:
     latency_s: float
     logprob: float | None = None  # of the completion, when the provider sent log-probabilities
     attempts: int = 1  # sends it took, so a resumed run can record a call it paid for but never logged
+
+
+_ENTRY_FIELDS = frozenset(Entry.__dataclass_fields__)
+
+
+def _entry(value: bytes) -> Entry:
+    """`Entry(**orjson.loads(value))` in a third of the time for an entry with every field
+    (a rerun builds one per step); older entries, missing fields, go through `Entry`."""
+    d = orjson.loads(value)
+    if d.keys() != _ENTRY_FIELDS:
+        return Entry(**d)
+    entry = object.__new__(Entry)
+    entry.__dict__ = d
+    return entry
 
 
 class Cache:
@@ -75,28 +90,33 @@ class Cache:
     def get(self, key: str) -> Entry | None:
         pending = self._pending.get(key)
         if pending is not None:
-            return Entry(**orjson.loads(pending[2]))
+            return _entry(pending[2])
         row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
-        return Entry(**orjson.loads(row[0]))
+        return _entry(row[0])
 
     def get_many(self, keys: list[str]) -> dict[str, Entry]:
-        """The entries of those keys that are cached, in one query per 500 keys: a
-        rerun looks up a batch of steps at once instead of one query each."""
+        """The entries of those keys that are cached, in one query: a rerun looks up a
+        batch of steps at once instead of one query each."""
         found: dict[str, Entry] = {}
         rest = []
         for key in keys:
             pending = self._pending.get(key)
             if pending is not None:
-                found[key] = Entry(**orjson.loads(pending[2]))
+                found[key] = _entry(pending[2])
             else:
                 rest.append(key)
+        if rest and _JSON_EACH:  # the keys as one JSON array: cheaper to bind than one parameter each
+            for key, value in self._db.execute("SELECT r.key, r.value FROM json_each(?) AS k "
+                                               "JOIN responses AS r ON r.key = k.value", (orjson.dumps(rest),)):
+                found[key] = _entry(value)
+            return found
         for i in range(0, len(rest), _KEYS_PER_QUERY):
             part = rest[i:i + _KEYS_PER_QUERY]
             query = f"SELECT key, value FROM responses WHERE key IN ({','.join('?' * len(part))})"
             for key, value in self._db.execute(query, part):
-                found[key] = Entry(**orjson.loads(value))
+                found[key] = _entry(value)
         return found
 
     def put(self, key: str, model: str, entry: Entry) -> None:

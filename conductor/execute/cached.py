@@ -88,8 +88,6 @@ def _servable(ex: "Executor", job: "PlanJob") -> bool:
 def _plan_rows(ex: "Executor", job: "PlanJob", got: dict[int, tuple[str, Entry, bool]], t0: float, t1: float,
                step_rows: list[dict[str, Any]], plan_rows: list[dict[str, Any]]) -> None:
     """The rows the call path writes for this plan, added to the batch's lists."""
-    from conductor.execute.engine import plan_outcome
-
     rows: list[dict[str, Any]] = []
     for i, step in enumerate(job.plan.steps):  # type: ignore[union-attr]
         key, entry, own = got[i]
@@ -99,5 +97,5 @@ def _plan_rows(ex: "Executor", job: "PlanJob", got: dict[int, tuple[str, Entry, 
         else:
             rows.append(ex._cached_row(job, str(i), 0, step, worker, key, entry, t0, ended=t1, out=step_rows))
     ex._sub_plans.pop(job.plan_id, None)
-    ex._finish_plan(job, "ok", plan_outcome(rows)["response_text"], None, rows, t0,  # type: ignore[index]
-                    ended=t1, out=plan_rows)
+    # every step ran and none has a condition: the last one answers (engine.plan_outcome)
+    ex._finish_plan(job, "ok", rows[-1]["response_text"], None, rows, t0, ended=t1, out=plan_rows)
