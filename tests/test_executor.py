@@ -246,7 +246,13 @@ def test_a_rerun_of_multi_step_plans_is_served_from_the_cache_and_a_new_step_is_
     assert fresh_sim.log()["total"] == sent  # not one request
     assert all(t["cache_hit"] and t["attempts"] == 0 and t["cost_usd"] == 0 and t["status"] == "ok" for t in t2)
     assert {key(t): t["response_text"] for t in t2} == {key(t): t["response_text"] for t in t1}
+    # every other field as the first run wrote it, but those a hit sets (rows are built from a copy)
+    hit_fields = {"run_id", "attempts", "cache_hit", "cost_usd", "started_at", "ended_at"}
+    first = {key(t): {k: v for k, v in t.items() if k not in hit_fields} for t in t1}
+    assert {key(t): {k: v for k, v in t.items() if k not in hit_fields} for t in t2} == first
     assert {r["query_id"]: r["final_answer"] for r in r2} == {r["query_id"]: r["final_answer"] for r in r1}
+    assert {(r["plan_id"], r["status"], r["calls"], r["cache_hits"], r["cost_usd"]) for r in r2} == {
+        (r["plan_id"], "ok", 0, 2, 0) for r in r1}
     assert s2["cost_usd"] == 0
     s3, t3, _ = run(tmp_path, pool, sample_queries, FixedPlanner(three), run_id="three")
     called = [t for t in t3 if not t["cache_hit"]]

@@ -20,6 +20,7 @@ from conductor.execute.cache import Entry
 
 if TYPE_CHECKING:
     from conductor.execute.engine import Executor, PlanJob
+    from conductor.plans import Step
 
 
 def serve_cached(ex: "Executor", jobs: list["PlanJob"], restored: dict[str, Any]) -> list["PlanJob"]:
@@ -57,21 +58,19 @@ def serve_cached(ex: "Executor", jobs: list["PlanJob"], restored: dict[str, Any]
                 missed.add(n)
         live = [n for n in live if n not in missed and len(found[n]) < len(jobs[n].plan.steps)]  # type: ignore[union-attr]
     rest_jobs: list["PlanJob"] = []
-    step_rows: list[dict[str, Any]] = []
-    plan_rows: list[dict[str, Any]] = []
-    t1 = time.time()  # the batch's steps and plans all end now
+    rows = _Rows(ex, t0, time.time())  # the batch's steps and plans all end now
     try:
         for n, job in enumerate(jobs):
             got = found.get(n)
             if got is None or len(got) < len(job.plan.steps):  # type: ignore[union-attr]
                 rest_jobs.append(job)
             else:
-                _plan_rows(ex, job, got, t0, t1, step_rows, plan_rows)
+                rows.plan(job, got)
     finally:  # the rows of plans counted so far, whatever happens next: steps before their plans
-        if step_rows:
-            ex._durably(ex.journal.steps, step_rows)
-        if plan_rows:
-            ex._durably(ex.journal.plans, plan_rows)
+        if rows.steps:
+            ex._durably(ex.journal.steps, rows.steps)
+        if rows.plans:
+            ex._durably(ex.journal.plans, rows.plans)
     return rest_jobs
 
 
@@ -85,17 +84,60 @@ def _servable(ex: "Executor", job: "PlanJob") -> bool:
     return True
 
 
-def _plan_rows(ex: "Executor", job: "PlanJob", got: dict[int, tuple[str, Entry, bool]], t0: float, t1: float,
-               step_rows: list[dict[str, Any]], plan_rows: list[dict[str, Any]]) -> None:
-    """The rows the call path writes for this plan, added to the batch's lists."""
-    rows: list[dict[str, Any]] = []
-    for i, step in enumerate(job.plan.steps):  # type: ignore[union-attr]
-        key, entry, own = got[i]
-        worker = ex.pool.worker(step.worker)
-        if own and key not in ex._paid:  # paid by a process killed before it logged the call
-            rows.append(ex._claim_row(job, str(i), 0, step, worker, key, entry, t0, ended=t1, out=step_rows))
-        else:
-            rows.append(ex._cached_row(job, str(i), 0, step, worker, key, entry, t0, ended=t1, out=step_rows))
-    ex._sub_plans.pop(job.plan_id, None)
-    # every step ran and none has a condition: the last one answers (engine.plan_outcome)
-    ex._finish_plan(job, "ok", rows[-1]["response_text"], None, rows, t0, ended=t1, out=plan_rows)
+class _Rows:
+    """The rows the call path writes for the batch's plans (`Executor._cached_row`,
+    `_claim_row`, `_finish_plan`). Rows of cache hits differ from the batch's first
+    of their kind only in a few fields, so later ones are that row's copy with those
+    fields set: cheaper than building each anew, and a rerun writes one per step."""
+
+    def __init__(self, ex: "Executor", t0: float, t1: float):
+        self.ex, self.t0, self.t1 = ex, t0, t1
+        self.steps: list[dict[str, Any]] = []
+        self.plans: list[dict[str, Any]] = []
+        self._step_base: dict[str, dict[str, Any]] = {}  # worker -> its first hit row
+        self._plan_base: dict[str, Any] | None = None  # the first row of a plan of hits only
+
+    def plan(self, job: "PlanJob", got: dict[int, tuple[str, Entry, bool]]) -> None:
+        ex, rows, claimed = self.ex, [], False
+        for i, step in enumerate(job.plan.steps):  # type: ignore[union-attr]
+            key, entry, own = got[i]
+            worker = ex.pool.worker(step.worker)
+            if own and key not in ex._paid:  # paid by a process killed before it logged the call
+                claimed = True
+                rows.append(ex._claim_row(job, str(i), 0, step, worker, key, entry, self.t0, ended=self.t1,
+                                          out=self.steps))
+            elif (base := self._step_base.get(worker.id)) is None:
+                rows.append(row := ex._cached_row(job, str(i), 0, step, worker, key, entry, self.t0, ended=self.t1,
+                                                  out=self.steps))
+                self._step_base[worker.id] = row
+            else:
+                rows.append(self._hit(base, job, i, step, key, entry))
+        ex._sub_plans.pop(job.plan_id, None)
+        # every step ran and none has a condition: the last one answers (engine.plan_outcome)
+        answer = rows[-1]["response_text"]
+        if claimed or self._plan_base is None:
+            ex._finish_plan(job, "ok", answer, None, rows, self.t0, ended=self.t1, out=self.plans)
+            if not claimed:
+                self._plan_base = self.plans[-1]
+            return
+        row = self._plan_base.copy()
+        row["plan_id"], row["query_id"], row["query_index"], row["sample"] = (
+            job.plan_id, job.query_id, job.query_index, job.sample)
+        row["final_answer"], row["calls"], row["cache_hits"] = answer, 0, len(rows)
+        self.plans.append(row)
+        ex.progress.c.plans_done += 1
+        ex.progress.tick()
+
+    def _hit(self, base: dict[str, Any], job: "PlanJob", i: int, step: "Step", key: str,
+             entry: Entry) -> dict[str, Any]:
+        self.ex.progress.c.cache_hits += 1
+        row = base.copy()
+        row["plan_id"], row["query_id"], row["query_index"], row["sample"] = (
+            job.plan_id, job.query_id, job.query_index, job.sample)
+        row["step"], row["step_path"], row["instruction"], row["request_key"] = i, str(i), step.instruction, key
+        row["prompt_tokens"], row["completion_tokens"], row["usage_estimated"] = (
+            entry.prompt_tokens, entry.completion_tokens, entry.usage_estimated)
+        row["original_cost_usd"], row["latency_s"] = entry.cost_usd, round(entry.latency_s, 6)
+        row["response_text"], row["simulated"] = entry.text, entry.simulated
+        self.steps.append(row)
+        return row

@@ -49,7 +49,7 @@ from conductor.progress import Progress
 from conductor.execute.shared import GovernorUnavailable, build_governor
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: a frozen one of nine fields costs five times as much to build, one per plan
 class PlanJob:
     plan_id: str
     query_id: str
