@@ -107,6 +107,7 @@ def test_sigkill_after_submission_resumes_by_polling_the_same_batch(tmp_path, fr
     assert log["total"] == 0
 
 
+@pytest.mark.slow  # waits on the clock
 @pytest.mark.parametrize("retry", ["online", "batch"])
 def test_expired_batch_and_line_errors_are_retried_as_configured(tmp_path, fresh_sim, queries, retry):
     fresh_sim.set_faults(batch_expire=0.25, batch_line_error_rate=0.2)
@@ -132,6 +133,7 @@ def test_expired_batch_and_line_errors_are_retried_as_configured(tmp_path, fresh
         assert t["cost_usd"] > 0
 
 
+@pytest.mark.slow  # waits on the clock
 def test_batch_waits_longer_than_batch_max_wait_s_are_cancelled_and_retried_online(tmp_path, fresh_sim, queries):
     fresh_sim.set_faults(batch_delay_s=600)
     pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, batch_max_wait_s=1.0)
@@ -146,6 +148,7 @@ def test_batch_waits_longer_than_batch_max_wait_s_are_cancelled_and_retried_onli
     assert log["by_status"]["200"] == log["batch_lines"]["batch_cancelled"]
 
 
+@pytest.mark.slow  # waits on the clock
 def test_budget_reserves_the_batch_worst_case_and_refuses_what_does_not_fit(tmp_path, fresh_sim, queries):
     budget = 0.003  # about a third of the first stage's worst case at the batch price
     pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, budget_usd=budget)
@@ -162,6 +165,7 @@ def test_budget_reserves_the_batch_worst_case_and_refuses_what_does_not_fit(tmp_
     assert sent < len(results) * 2
 
 
+@pytest.mark.slow  # waits on the clock
 def test_cache_hits_never_enter_a_batch(tmp_path, fresh_sim, queries):
     pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url)
     half = tmp_path / "q10.parquet"
@@ -207,6 +211,7 @@ def test_a_batch_provider_needs_an_openai_compatible_model(tmp_path):
         load_pool(path)
 
 
+@pytest.mark.slow  # waits on the clock
 @pytest.mark.parametrize("retry", ["online", "batch"])
 def test_a_failed_batch_is_retried_and_its_error_is_named(tmp_path, fresh_sim, queries, retry):
     fresh_sim.set_faults(batch_fail_rate=1.0)  # every batch fails validation
@@ -226,6 +231,7 @@ def test_a_failed_batch_is_retried_and_its_error_is_named(tmp_path, fresh_sim, q
         assert all("gave up after 2 attempts" in t["error"] and "failed validation" in t["error"] for t in first)
 
 
+@pytest.mark.slow  # waits on the clock
 def test_a_line_answered_400_fails_its_step_without_retry(tmp_path, fresh_sim, queries):
     fresh_sim.set_faults("weak", fail_status=400)  # the checking step's worker
     pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url)

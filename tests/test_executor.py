@@ -98,6 +98,7 @@ def _unique_prompts(tmp_path, sample_queries, n):
     return path
 
 
+@pytest.mark.slow  # waits on the clock
 def test_requests_per_minute_limit_holds_the_rate(tmp_path, fresh_sim, sample_queries):
     rpm = 600  # 10 per second
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",),
@@ -119,6 +120,7 @@ def test_requests_per_minute_limit_holds_the_rate(tmp_path, fresh_sim, sample_qu
             assert j - i + 1 <= burst + per_s * (released[j] - released[i] + 1.0), (i, j)
 
 
+@pytest.mark.slow  # waits on the clock
 def test_tokens_per_minute_limit_holds_the_rate(tmp_path, fresh_sim, sample_queries):
     tpm = 60_000  # 1,000 tokens per second
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",),

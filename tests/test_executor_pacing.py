@@ -133,6 +133,7 @@ def test_rate_limit_headers_are_read_in_openai_s_forms():
     assert rate_headers({}) is None
 
 
+@pytest.mark.slow  # waits on the clock
 def test_a_rate_limited_server_is_paced_and_every_call_answered_once(tmp_path, fresh_sim, sample_queries):
     """The server allows 20 requests per 2 s and the pool is set to 600 rpm: every call
     is answered exactly once (a 429 drawn on a loaded machine is retried after the wait
