@@ -220,16 +220,16 @@ def test_a_provider_down_fails_the_failed_share_check_and_a_rematerialization_fi
 
 
 # A partition's run in its own process, as the daemon's run launcher starts the
-# runs of a backfill, with the multiprocess executor: every step in a process of its own.
+# runs of a backfill, with the definitions' executor.
 PARTITION_RUN = """
 import sys
-from dagster import DagsterInstance, execute_job, multiprocess_executor, reconstructable
+from dagster import DagsterInstance, execute_job, reconstructable
 
 
 def job():
     from pipelines.definitions import defs
 
-    return defs.resolve_job_def("run_query_set").with_executor_def(multiprocess_executor)
+    return defs.resolve_job_def("run_query_set")
 
 
 if __name__ == "__main__":
@@ -242,10 +242,10 @@ if __name__ == "__main__":
 
 def test_with_a_shared_governor_a_backfills_partitions_run_at_once_on_one_provider_limit(
         tmp_path, instance, fresh_sim, monkeypatch):
-    """Three partitions of one provider at once, each run its own process and each step its
-    own process: with the in-process governor they would take turns in the provider's pool
-    (limit 1); with the Redis governor they claim no pool, overlap, and their calls together
-    keep to the provider's one rate limit."""
+    """Three partitions of one provider at once, each run its own process: with the
+    in-process governor they would take turns in the provider's pool (limit 1); with the
+    Redis governor they claim no pool, overlap, and their calls together keep to the
+    provider's one rate limit."""
     from conductor.execute.shared.servers import RedisServer
 
     if shutil.which("redis-server") is None:
