@@ -35,3 +35,15 @@ def test_sql_imports_no_heavy_library(tmp_path):
     heavy = sorted(n for n in _imported(["sql", "select 1", "--data-dir", str(tmp_path)])
                    if n.split(".")[0] in HEAVY)
     assert not heavy, f"conductor sql imported {heavy}"
+
+
+def test_a_run_on_an_openai_compatible_pool_never_imports_litellm(tmp_path, sim, sample_queries):
+    """Workers with an api_base and an openai/ model are called by the direct client and
+    checked by the preflight without litellm, so such a run does not pay its seconds of import."""
+    from tests.conftest import write_pool
+
+    pool = write_pool(tmp_path / "pool.yaml", sim.url)
+    imported = _imported(["run", str(sample_queries), "--pool", str(pool), "--data-dir", str(tmp_path / "data"),
+                          "--quiet"])
+    assert "conductor.runner" in imported
+    assert not sorted(n for n in imported if n.split(".")[0] == "litellm")
