@@ -36,13 +36,18 @@ setup-test: $(VENV)/.test
 demo: setup
 	$(BIN)/python -m conductor.demo --port $(SIM_PORT)
 
+# Three workers on two cores: many tests wait on a server, a rate window or a child process.
+# Each test file runs whole on one worker (its module fixtures, such as a vLLM engine, load once).
+TEST_WORKERS ?= 3
+TEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 test: setup-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(TEST_PARALLEL)
 
 # The edit loop: unit and in-process tests, the CLI and the simulated pool; no vLLM
 # engine, no browser, no Dagster runs (tests marked slow). CI runs `make test`.
 test-fast: setup-test
-	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider
+	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider $(TEST_PARALLEL)
 
 # The Dagster UI on http://127.0.0.1:3000, with the instance in data/dagster_home
 # (DAGSTER_HOME above); query-set files dropped into data/inbox/ become partitions.
