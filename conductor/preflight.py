@@ -54,10 +54,12 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
 
 def _provider_model(w: Worker) -> tuple[str, str | None]:
     """The model name the call sends, or why litellm cannot route the model string.
-    An `openai/` model with an api_base is sent by the direct client (execute/openai_http),
-    never by litellm: its name is checked without importing litellm (seconds of start-up)."""
-    if w.api_base and w.model.startswith("openai/") and w.model != "openai/":
-        return w.model.split("/", 1)[1], None
+    A worker the direct client sends (execute/openai_http) needs no litellm: its seconds
+    of import are not paid for it."""
+    from conductor.execute.openai_http import direct_model
+
+    if name := direct_model(w.api_base, w.model):
+        return name, None
     import litellm
 
     try:

@@ -37,7 +37,7 @@ from conductor.execute.call import (CallFailure, CallRequest, CallResponse, comp
                                     max_prompt_tokens)
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
-from conductor.execute.openai_http import OpenAIEndpoint
+from conductor.execute.openai_http import OpenAIEndpoint, direct_model
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
 from conductor.execute.failure import Aborted, StepFailed
@@ -503,7 +503,7 @@ class Executor:
         """One direct client per OpenAI-compatible endpoint and key for the run (a worker
         with an api_base and an openai/ model); None: litellm's own for other providers.
         `track_sent`: the client reports when each request has left, for an rpm limit."""
-        if not worker.api_base or not (worker.model or "").startswith("openai/"):
+        if direct_model(worker.api_base, worker.model) is None:
             return None
         k = (worker.api_base, api_key, track_sent)
         if k not in self._clients:

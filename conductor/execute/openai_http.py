@@ -24,6 +24,14 @@ from conductor.execute.call import (MAX_ERROR_BODY_BYTES, MAX_ERROR_CHARS, CallF
                                     completion_logprob, estimate_tokens, redact)
 
 
+def direct_model(api_base: str | None, model: str | None) -> str | None:
+    """The model name this client sends for a worker, or None when the worker's calls go
+    through litellm: only an `openai/` model with an api_base is sent directly."""
+    if api_base and model and model.startswith("openai/"):
+        return model.split("/", 1)[1]
+    return None
+
+
 class RateHeaders:
     """What `x-ratelimit-*-requests` headers said: requests left in the provider's
     window and seconds until it resets (None when a header is absent)."""
