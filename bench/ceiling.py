@@ -5,21 +5,24 @@ train can find, never a way to choose (that would be tuning on test).
     python bench/ceiling.py                                   # mmlu_pro, test split, <= 15%, within 1 point
     python bench/ceiling.py --work data/bench-policy/gsm8k --share 0.25 --delta 0
 
-Run after `bench/policy.py` for the dataset: it reads the work folder's train and test
-query sets, its pool and the sweep run (each worker's mean cost per query on train, as the
-pipeline priced it), and the recorded table. Each worker's answers are the recorded
-responses graded by `conductor.grading`, as the replay server and `eval` grade them.
+Run after `bench/policy.py` for the dataset: it reads the work folder's pool, its query
+set of the split, the sweep run on train (each worker's mean cost and accuracy per query,
+and the best single, as training measures them) and the recorded table. Each worker's
+answers on the split are its recorded responses, graded by `conductor.grading` as the
+replay server and `eval` grade them.
 
-Searched: cascades of 1-3 first workers and up to 3 escalations among the cheap workers
-and the best single (the next escalation runs while the answers so far disagree, then
-while they have no majority; the answer is the last step's), and majority votes of 3-5
-cheap workers (a tie goes to the first listed). Cheap: the workers that cost at most the
-bound alone, the --cheap most accurate on train. The best single is chosen on train.
+Searched: the policy's own cascade and vote actions (`conductor.policy.actions.Action`):
+cascades of 2-3 first workers escalating to one or two workers among the cheap ones and
+the best single, and votes of 3-5 cheap workers through the `vote` function worker. Each
+action runs as the executor runs its plan on the recorded responses: a step's condition
+through the executor's `condition_holds`, the answer from the last step that ran. Cheap:
+the workers that cost at most the bound alone, the --cheap most accurate on train.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import sys
@@ -32,64 +35,80 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from conductor.grading import extract_answer, grade  # noqa: E402
+from conductor.execute.engine import condition_holds  # noqa: E402
+from conductor.functions import vote  # noqa: E402
+from conductor.grading import answers_agree, grade  # noqa: E402
+from conductor.plans import validate_plan  # noqa: E402
+from conductor.pool import load_pool  # noqa: E402
+from conductor.policy.actions import Action  # noqa: E402
 
 
-def answers(table: Path, queries: list[dict], task: str) -> tuple[dict, dict]:
-    """Per worker, per query id: the extracted answer and whether it is correct."""
+def recorded(table: Path, pool, queries: list[dict], task: str) -> tuple[dict, dict]:
+    """Per worker id, per query id: the recorded response and whether our grader marks it correct."""
+    from conductor.replay.tables import replay_workers
+
+    worker_of = {model: wid for wid, model in replay_workers(pool).items()}
     by_prompt = {q["prompt"]: q for q in queries}
-    ans: dict[str, dict[str, str | None]] = defaultdict(dict)
+    text: dict[str, dict[str, str]] = defaultdict(dict)
     ok: dict[str, dict[str, bool]] = defaultdict(dict)
     for r in pq.read_table(table, columns=["question", "model", "response"]).to_pylist():
-        q = by_prompt.get(r["question"])
-        if q is not None:
-            ans[r["model"]][q["query_id"]] = extract_answer(r["response"], task)
-            ok[r["model"]][q["query_id"]] = grade(task, r["response"], q["reference"]).correct
-    return ans, ok
+        q, wid = by_prompt.get(r["question"]), worker_of.get(r["model"])
+        if q is not None and wid is not None and r["response"] is not None:
+            text[wid][q["query_id"]] = r["response"]
+            ok[wid][q["query_id"]] = grade(task, r["response"], q["reference"]).correct
+    return text, ok
 
 
-def sweep_costs(work: Path) -> dict[str, float]:
-    """Each worker's mean cost per query on train, from the sweep's single-worker plans."""
+def on_train(work: Path, pool, task: str) -> tuple[dict[str, float], dict[str, float], str]:
+    """From the sweep run on train, measured as training measures it: each worker's mean
+    cost and accuracy per query, and the best single worker (`learner.best_singles`)."""
+    from conductor.policy.learner import action_means, best_singles
     from conductor.policy.training import TrainConfig, collect
-    from conductor.pool import load_pool
     from conductor.runner import planning_pool
 
     cfg = TrainConfig(pool=work / "pool.yaml", runs=["sweep"], data_dir=work / "data")
-    costs: dict[str, list[float]] = defaultdict(list)
-    for e in collect(cfg, planning_pool(load_pool(cfg.pool))).examples:
-        action = e.actions[e.chosen]
-        if action.shape == "single":
-            costs[action.workers[0]].append(e.cost)
-    return {w: sum(c) / len(c) for w, c in costs.items()}
+    examples = collect(cfg, planning_pool(pool)).examples
+    single = len("single:")
+    acc, cost = (action_means(examples, f)[task] for f in ("correct", "cost"))
+    return ({a[single:]: v for a, v in cost.items() if a.startswith("single:")},
+            {a[single:]: v for a, v in acc.items() if a.startswith("single:")},
+            best_singles(examples)[task][0][single:])
 
 
-def cascade(ids, ans, ok, first, escalation):
-    """Accuracy and mean cost-units (worker calls by name) of one cascade over `ids`."""
-    correct, calls = 0, Counter()
-    for q in ids:
-        asked = list(first)
-        for e in escalation:
-            counts = Counter(ans[w].get(q) for w in asked)
-            settled = len(counts) == 1 if len(asked) == len(first) else counts.most_common(1)[0][1] * 2 > len(asked)
-            if settled:
-                break
-            asked.append(e)
-        calls.update(asked)
-        correct += ok[asked[-1]].get(q, False)
-    return correct / len(ids), calls
+class Replayed:
+    """Actions run on the recorded responses with the executor's and vote's own rules."""
 
+    def __init__(self, pool, text: dict, ok: dict, references: dict[str, str], task: str):
+        self.pool, self.text, self.ok, self.references, self.task = pool, text, ok, references, task
+        self.agree = functools.lru_cache(maxsize=None)(lambda a, b: answers_agree(task, a, b))
 
-def vote(ids, ans, ok, group):
-    correct = 0
-    for q in ids:
-        said = [ans[w].get(q) for w in group]
-        counts = Counter(a for a in said if a is not None)
-        if not counts:
-            continue
-        top = counts.most_common(1)[0][1]
-        pick = next(a for a in said if a is not None and counts[a] == top)
-        correct += ok[next(w for w in group if ans[w].get(q) == pick)].get(q, False)
-    return correct / len(ids), Counter({w: len(ids) for w in group})
+    def run(self, action: Action, ids: list[str]) -> tuple[float, Counter]:
+        """Accuracy over `ids` and how many calls each worker got."""
+        steps = action.steps("solve")
+        plan = validate_plan(steps, self.pool, max_steps=len(steps))
+        correct, calls = 0, Counter()
+        for q in ids:
+            outputs: dict[int, str] = {}
+            for i, step in enumerate(plan.steps):
+                if step.when is not None and not condition_holds(step.when, outputs, self.task, self.agree)[0]:
+                    continue
+                if step.worker == "vote":
+                    try:
+                        outputs[i] = vote([outputs[j] for j in step.access if j in outputs], self.task)
+                    except ValueError:  # no answer to vote on: the plan fails, wrong
+                        break
+                    continue
+                if q not in self.text[step.worker]:
+                    break  # never recorded: the step fails, the plan is wrong (as `eval` counts it)
+                calls[step.worker] += 1
+                outputs[i] = self.text[step.worker][q]
+            else:
+                last = max(outputs, default=None)
+                if last is not None:
+                    worker = plan.steps[last].worker
+                    correct += (grade(self.task, outputs[last], self.references[q]).correct if worker == "vote"
+                                else self.ok[worker][q])
+        return correct / len(ids), calls
 
 
 def main() -> int:
@@ -104,42 +123,35 @@ def main() -> int:
     args = ap.parse_args()
     dataset = args.work.name
     table = args.table or REPO.parent / "shared" / "replay" / f"{dataset}.parquet"
-    for need in (args.work / f"{dataset}-train.parquet", args.work / f"{dataset}-{args.split}.parquet", table):
+    for need in (args.work / "pool.yaml", args.work / f"{dataset}-{args.split}.parquet", table):
         if not need.exists():
             sys.exit(f"{need} is missing: run bench/policy.py --datasets {dataset} first (or give --work/--table)")
-    train_q = pq.read_table(args.work / f"{dataset}-train.parquet").to_pylist()
     split_q = pq.read_table(args.work / f"{dataset}-{args.split}.parquet").to_pylist()
     task = split_q[0]["task"]
-    cost = sweep_costs(args.work)
-    t_ans, t_ok = answers(table, train_q, task)
-    ans, ok = answers(table, split_q, task)
-    t_ids, ids = [q["query_id"] for q in train_q], [q["query_id"] for q in split_q]
-    workers = sorted(w for w in cost if w in ans)
-    train_acc = {w: sum(t_ok[w].get(q, False) for q in t_ids) / len(t_ids) for w in workers}
-    best = max(workers, key=lambda w: (train_acc[w], -cost[w]))
+    pool = load_pool(args.work / "pool.yaml")
+    cost, train_acc, best = on_train(args.work, pool, task)
+    text, ok = recorded(table, pool, split_q, task)
+    ids = [q["query_id"] for q in split_q]
     best_acc = sum(ok[best].get(q, False) for q in ids) / len(ids)
     bound, need = args.share * cost[best], best_acc + args.delta
-    cheap = sorted((w for w in workers if w != best and cost[w] <= bound), key=lambda w: -train_acc[w])[:args.cheap]
+    cheap = sorted((w for w in cost if w in text and w != best and cost[w] <= bound), key=lambda w: -train_acc[w])[:args.cheap]
     print(f"{dataset}, {args.split} split ({len(ids)} queries): best single on train {best}, "
           f"{best_acc:.4f} on {args.split} at ${cost[best]:.6f}; needs {need:.4f} at <= ${bound:.6f} "
           f"({args.share:.0%}); cheap workers: {', '.join(cheap)}")
 
+    actions = [Action("cascade", first, None, esc) for k in (2, 3) for first in itertools.combinations(cheap, k)
+               for n in (1, 2) for esc in itertools.permutations([w for w in cheap + [best] if w not in first], n)]
+    actions += [Action("ensemble", (lead, *others), "vote") for k in (3, 4, 5) for lead in cheap
+                for others in itertools.combinations([w for w in cheap if w != lead], k - 1)]
+    replayed = Replayed(pool, text, ok, {q["query_id"]: q["reference"] for q in split_q}, task)
     found = []
-    def keep(name, acc, calls):
+    for action in actions:
+        if sum(cost[w] for w in action.solvers) > bound:
+            continue  # its first calls alone are over the bound
+        acc, calls = replayed.run(action, ids)
         usd = sum(n * cost[w] for w, n in calls.items()) / len(ids)
         if usd <= bound:
-            found.append((acc, usd, name))
-
-    for k in (2, 3):
-        for first in itertools.combinations(cheap, k):
-            rest = [w for w in cheap + [best] if w not in first]
-            for n in (1, 2, 3):
-                for esc in itertools.permutations(rest, n):
-                    keep(f"cascade:{'+'.join(first)}>{'>'.join(esc)}", *cascade(ids, ans, ok, first, esc))
-    for k in (3, 4, 5):
-        for lead in cheap:
-            for others in itertools.combinations([w for w in cheap if w != lead], k - 1):
-                keep(f"vote:{'+'.join((lead, *others))}", *vote(ids, ans, ok, (lead, *others)))
+            found.append((acc, usd, action.key))
     found.sort(reverse=True)
     print(f"\n{len(found)} cascades and votes within the bound; the most accurate on {args.split}:\n")
     print("| accuracy | gap to the need | USD / query | share | action |\n|---:|---:|---:|---:|---|")
