@@ -22,8 +22,10 @@ assets that claim pools carry the tag `conductor/pools: provider`.
 
 from __future__ import annotations
 
+import fcntl
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterable, Iterator
 
 from conductor.pool import Pool, provider_from_model
@@ -82,11 +84,17 @@ def hold_pools(context, pools: Iterable[str], poll_s: float = 1.0, log_every_s: 
     held: list[str] = []
     try:
         for name in names:
-            if not _limited(instance, name):
+            with _claims_serialized(instance):
+                limited = _limited(instance, name)
+            if not limited:
                 context.log.info(f"pool {name} has no limit; not waiting for it")
                 continue
             start, last_log = time.monotonic(), None
-            while not storage.claim_concurrency_slot(name, run_id, step_key).is_claimed:
+            while True:
+                with _claims_serialized(instance):
+                    claimed = storage.claim_concurrency_slot(name, run_id, step_key).is_claimed
+                if claimed:
+                    break
                 if last_log is None or time.monotonic() - last_log >= log_every_s:
                     last_log = time.monotonic()
                     holders = sorted({s.run_id for s in storage.get_concurrency_info(name).claimed_slots})
@@ -98,7 +106,32 @@ def hold_pools(context, pools: Iterable[str], poll_s: float = 1.0, log_every_s: 
         yield held
     finally:
         # Frees this step's slots and any claim still waiting in a queue.
-        storage.free_concurrency_slot_for_step(run_id, step_key)
+        with _claims_serialized(instance):
+            storage.free_concurrency_slot_for_step(run_id, step_key)
+
+
+@contextmanager
+def _claims_serialized(instance) -> Iterator[None]:
+    """One claim at a time among the processes of a SQLite instance.
+
+    Dagster's SQLite storage does not make a claim atomic across processes:
+    two run workers claiming at the same moment can both take the same free
+    slot row, and two creating a pool's default limit can each add a slot.
+    Either way both runs held the pool at once (seen in CI). The lock is held
+    for one claim attempt, never while waiting. A SQLite instance lives on one
+    machine, so a file lock beside its storage covers every process using it.
+    """
+    from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage, SqliteEventLogStorage
+
+    if not isinstance(instance.event_log_storage, (SqliteEventLogStorage, ConsolidatedSqliteEventLogStorage)):
+        yield
+        return
+    with open(Path(instance.root_directory) / ".conductor-pool-claims.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _limited(instance, name: str) -> bool:

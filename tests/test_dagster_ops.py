@@ -348,6 +348,60 @@ def test_a_step_waits_while_its_provider_pool_is_full_and_other_providers_go_on(
     assert held == ["provider-x"] and start >= freed
 
 
+# A step in its own process claiming a new pool in each round, every process
+# at the same instant, as run workers reaching their first call do.
+NEW_POOL_CLAIMS = """
+import json, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+from dagster import DagsterInstance
+from assets.concurrency import hold_pools
+
+index, rounds, go, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+out.with_suffix(".ready").touch()
+while not go.exists():
+    time.sleep(0.01)
+t0, spans = float(go.read_text()), []
+with DagsterInstance.get() as instance:
+    instance.event_log_storage.get_pool_limits()  # storage opened before the first round
+    ctx = SimpleNamespace(instance=instance, run=SimpleNamespace(run_id="run-" + index), log=SimpleNamespace(info=print),
+                          get_step_execution_context=lambda: SimpleNamespace(step=SimpleNamespace(key="executions")))
+    for r in range(rounds):
+        time.sleep(max(0.0, t0 + r - time.time()))
+        with hold_pools(ctx, [f"provider-new{r}"], poll_s=0.01):
+            began = time.time()
+            time.sleep(0.05)
+            spans.append([r, began, time.time()])
+out.write_text(json.dumps(spans))
+"""
+
+
+def test_steps_claiming_a_new_pool_at_the_same_moment_still_take_turns(instance, tmp_path):
+    """Dagster's SQLite storage lets two processes claiming together take the
+    same slot, or each create the new pool's slot (this failed in CI); claims
+    are serialized (assets.concurrency), so no two steps hold a pool at once."""
+    script, go, rounds = tmp_path / "claims.py", tmp_path / "go", 5
+    script.write_text(NEW_POOL_CLAIMS)
+    outs = [tmp_path / f"claims{i}.json" for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(rounds), str(go), str(out)], cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
+             for i, out in enumerate(outs)]
+    deadline = time.monotonic() + 60
+    while not all(o.with_suffix(".ready").exists() for o in outs):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "claimers did not start"
+        time.sleep(0.05)
+    go.write_text(str(time.time() + 3.0))  # every process has opened the instance by then
+    for p in procs:
+        assert p.wait(90) == 0
+    spans = [s for o in outs for s in json.loads(o.read_text())]
+    for r in range(rounds):
+        held = sorted((a, b) for r_, a, b in spans if r_ == r)
+        assert len(held) == len(outs)
+        assert all(b0 >= a1 for (_, a1), (b0, _) in zip(held, held[1:])), f"two steps held provider-new{r} at once"
+        info = instance.event_log_storage.get_concurrency_info(f"provider-new{r}")
+        assert info.slot_count == 1 and not info.claimed_slots
+
+
 def test_executions_retries_and_jobs_carry_retry_tags():
     policy = defs.get_assets_def("executions").op.retry_policy
     assert policy is not None and policy.max_retries >= 2 and policy.delay
