@@ -7,6 +7,7 @@ chosen on train, graded by the same grader.
     python bench/policy.py --datasets gsm8k --lambdas 0 30
     python bench/policy.py --datasets gsm8k --lambdas --floors 0     # the floor only, no lambda
     python bench/policy.py --tables my_logs.parquet --lambdas 0 30   # any recorded table (see the README)
+    python bench/policy.py --datasets mmlu_pro --learner segment --group-by category --work data/bench-policy-segment
 
 Per dataset (everything under --work, default data/bench-policy/<dataset>):
 1. The replay pool and the train and test query sets (`conductor replay pool|queries`).
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=4, help="plans per query of the on-policy round")
     ap.add_argument("--explore", type=float, default=0.3, help="epsilon of the on-policy round")
     ap.add_argument("--port", type=int, default=8931, help="the replay server's port (fixed, so reruns resume)")
+    ap.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table", "segment"),
+                    help="the per-query learner trained beside the best fixed action (default vw)")
+    ap.add_argument("--group-by", default=None, metavar="FIELD",
+                    help="with --learner segment: the metadata field naming each query's group (mmlu_pro: category)")
     ap.add_argument("--docs", action="store_true", help="copy the charts to docs/img/policy_<dataset>.png")
     ap.add_argument("--sweep-only", action="store_true",
                     help="run (or resume) the sweep on train and stop: the slow part, reused by a later full run")
@@ -76,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.summary_only and args.sweep_only:
         ap.error("--summary-only and --sweep-only exclude each other")
+    if (args.learner == "segment") != bool(args.group_by):
+        ap.error("--learner segment needs --group-by FIELD, and --group-by needs --learner segment")
     if args.summary_only:
         results = {p.parent.name: json.loads(p.read_text()) for p in sorted(args.work.glob("*/result.json"))}
         return _write_summary(args.work, results)
@@ -125,6 +132,7 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
     from conductor.evaluation.policies import paired
     from conductor.evaluation.report import objective
     from conductor.policy.actions import action_set
+    from conductor.policy.features import FeatureSettings
     from conductor.policy.training import TrainConfig, train
     from conductor.pool import load_pool
     from conductor.replay.build import pool_document, query_table, write_pool
@@ -160,9 +168,12 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
         rollouts("sweep", {"sweep": True, "policy": "none"}, k, 0)
         if args.sweep_only:
             return {"dataset": ds, "sweep": log["rollouts"][-1]}
+        learner = {"learner": args.learner, "features": FeatureSettings(group_by=args.group_by)}
         for kind, value in [("lambda", lam) for lam in lambdas] + [("floor", f) for f in floors]:
             tag = f"{value:g}" if kind == "lambda" else f"floor{value:g}"  # a run id: no "+"
-            how = {"lam": value} if kind == "lambda" else {"floor": value}
+            if args.learner != "vw":  # its on-policy round is another run
+                tag = f"{args.learner}-{tag}"
+            how = {"lam": value, **learner} if kind == "lambda" else {"floor": value, **learner}
             r1[tag], s1 = train(TrainConfig(pool=pool, runs=["sweep"], data_dir=data, out=root / f"round1-{tag}",
                                             **how), pool=recorded)
             rid = f"onpolicy-{tag}"

@@ -194,6 +194,38 @@ def test_a_floor_ships_the_cheapest_action_at_the_best_singles_train_accuracy(pl
     assert r.returncode != 0 and "--floor" in r.stderr
 
 
+def test_a_segment_policy_plans_each_query_by_its_metadata_group(planted, tmp_path):
+    """`policy train --learner segment --group-by set`: one action per task and metadata group,
+    and planning reads each query's group from its metadata (recorded in the plan's info)."""
+    train_args = ["policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
+                  "--out", tmp_path / "p", "--floor", "0"]
+    r = run_cli(*train_args, "--learner", "segment", "--group-by", "set")
+    assert r.returncode == 0, r.stderr
+    folder = artifact.find(load_pool(planted["pool"]), tmp_path / "p")
+    meta = orjson.loads((folder / "policy.json").read_bytes())
+    assert meta["learner"]["kind"] == "segment" and meta["features"]["group_by"] == "set"
+    model = orjson.loads((folder / "segment.json").read_bytes())
+    assert model["why"]["math"]["groups"] == {"arithmetic": 47, "finance": 34}
+    # Only mathwiz solves math, in either set: per-set choices would gain nothing, so there are none.
+    assert not model["why"]["math"]["grouped"] and model["choice"]["math"]["groups"] == {}
+    assert "mathwiz" in model["choice"]["math"]["all"]
+
+    held_out = pq.read_table(planted["dir"] / "held_out.parquet").to_pylist()
+    queries = [Query(q["query_id"], q["prompt"], q["task"], metadata=q["metadata"]) for q in held_out]
+    plans = EmbeddedPlanner(EmbeddedConfig(policy=str(folder), use="learned")).plan(queries, load_pool(planted["pool"]), 1)
+    for q, (draft,) in zip(held_out, plans):
+        assert draft.info["group"] == orjson.loads(q["metadata"])["set"]
+        choice = model["choice"][q["task"]]
+        assert draft.info["action"] == choice["groups"].get(draft.info["group"], choice["all"])
+
+    r = run_cli(*train_args, "--learner", "segment", "--group-by", "subject")
+    assert r.returncode != 0 and "--group-by subject" in r.stderr and "'subject'" in r.stderr
+    r = run_cli(*train_args, "--learner", "segment")
+    assert r.returncode != 0 and "--group-by FIELD" in r.stderr
+    r = run_cli(*train_args, "--group-by", "set")
+    assert r.returncode != 0 and "--group-by FIELD" in r.stderr
+
+
 def test_planning_falls_back_to_the_prior_without_an_artifact(planted, tmp_path, monkeypatch):
     pool = load_pool(planted["pool"])
     q = Query("q1", "What is 2 + 2?", "math")

@@ -202,7 +202,7 @@ def test_a_learned_policy_within_noise_of_the_fixed_action_is_not_shipped(tmp_pa
     for, the point estimate decides; with a real edge (b wins on every zebra), it ships."""
     import conductor.policy.training as training
 
-    monkeypatch.setattr(training, "_learner", lambda cfg: _PlaysBOnZebra())
+    monkeypatch.setattr(training, "_learner", lambda cfg, reference=None: _PlaysBOnZebra())
     acts = [Action("single", ("a",)), Action("single", ("b",))]
 
     def logs(b_wins):
@@ -252,7 +252,7 @@ def test_with_a_floor_the_learned_policy_ships_only_when_it_reaches_it_and_costs
             return [a.key for a in actions].index("single:tiny" if i % 200 < 140 else "cascade:tiny+small>big")
 
     ctx_ids = {id(e.context): e.query[1:] for e in logs}
-    monkeypatch.setattr("conductor.policy.training._learner", lambda cfg: Routes())
+    monkeypatch.setattr("conductor.policy.training._learner", lambda cfg, reference=None: Routes())
     sel = choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.3, floor=0.0), logs)
     assert sel["learned"]["accuracy"] >= 0.9 and sel["learned"]["usd"] < 0.1
     assert sel["shipped"] == "learned"

@@ -59,9 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.data_dir(t)
     t.add_argument("--out", type=Path, default=None,
                    help="policy root (default: $CONDUCTOR_POLICY_DIR, else data/policy)")
-    t.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table", "fixed"),
+    t.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table", "fixed", "segment"),
                    help="vw: Vowpal Wabbit cb_explore_adf over text n-grams (default); vw-task: without the "
-                        "text; table: per-task IPS table; fixed: the best fixed action per task")
+                        "text; table: per-task IPS table; fixed: the best fixed action per task; segment: the "
+                        "best fixed action per task and group (--group-by)")
+    t.add_argument("--group-by", default=None, metavar="FIELD",
+                   help="with --learner segment: the field of the queries' metadata (JSON) naming each "
+                        "query's group, such as a subject or a document type")
     t.add_argument("--holdout", type=float, default=0.25,
                    help="share of queries held back to choose between the learned policy and the best fixed "
                         "action (default 0.25)")
@@ -174,6 +178,7 @@ def _serving(pool):
 
 
 def train(args: argparse.Namespace) -> int:
+    from conductor.policy.features import FeatureSettings
     from conductor.policy.training import TrainConfig, describe, dumps
     from conductor.policy.training import train as fit
     from conductor.pool import load_pool
@@ -185,7 +190,8 @@ def train(args: argparse.Namespace) -> int:
     folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
                                       out=args.out, learner=args.learner, seed=args.seed, holdout=args.holdout,
                                       floor=args.floor, ship_margin=args.ship_margin,
-                                      vw=vw if args.learner not in ("table", "fixed") else {}),
+                                      features=FeatureSettings(group_by=args.group_by),
+                                      vw=vw if args.learner.startswith("vw") else {}),
                           pool=planning_pool(load_pool(args.pool)))
     print(describe(folder))
     print("estimates " + dumps(summary["estimates"]))

@@ -177,6 +177,8 @@ class EmbeddedPlanner(PlannerBackEnd):
             d = self._draft(q, c, p.propensity, replay)
             d.info.update(policy=learned.label, use=learned.extra.get("use"), greedy=p.greedy, explore=explore,
                           candidates=len(acts))
+            if learned.features.group_by:
+                d.info["group"] = p.group
             drafts.append(d)
         return drafts
 

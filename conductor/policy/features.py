@@ -1,7 +1,8 @@
-"""The policy's context: hashed word and character n-grams of the query text, and its task.
+"""The policy's context: hashed word and character n-grams of the query text, its task,
+and optionally its group (one field of the query's metadata, `group_by`).
 
-Only what the planner sees before anything runs goes in: the prompt and the task
-tag. Never the reference answer, never an outcome. Hashing is our own (crc32 of a
+Only what the planner sees before anything runs goes in: the prompt, the task
+tag and the metadata. Never the reference answer, never an outcome. Hashing is our own (crc32 of a
 namespaced token, modulo 2**bits), so the Vowpal Wabbit learner and the numpy
 baselines see exactly the same features, and the settings stored with an artifact
 reproduce them.
@@ -14,6 +15,8 @@ import re
 import zlib
 from dataclasses import asdict, dataclass
 
+import orjson
+
 _WORD = re.compile(r"[a-z]+|\d+|[^\sa-z\d]")
 _SPACE = re.compile(r"\s+")
 
@@ -25,6 +28,7 @@ class FeatureSettings:
     char_ngrams: tuple[int, ...] = (4,)
     max_chars: int = 300  # the question's start says what it is about; the rest adds noise and time
     length_buckets: bool = True  # log2 length of the text, in words (a difficulty proxy)
+    group_by: str | None = None  # a metadata field naming the query's group (the `segment` learner's key)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -40,14 +44,17 @@ class FeatureSettings:
 
 @dataclass(frozen=True)
 class Context:
-    """Hashed features by namespace: t task, w words, c characters, l length."""
+    """Hashed features by namespace: t task, w words, c characters, l length; and the
+    query's group when the settings name a metadata field (None where it has none)."""
 
     task: str | None
     namespaces: dict[str, tuple[int, ...]]
     values: dict[str, tuple[float, ...]]
+    group: str | None = None
 
 
-def context(text: str, task: str | None, settings: FeatureSettings = FeatureSettings()) -> Context:
+def context(text: str, task: str | None, settings: FeatureSettings = FeatureSettings(),
+            metadata: str | None = None) -> Context:
     text = _SPACE.sub(" ", (text or "").lower()).strip()[: settings.max_chars]
     words = [_number(w) for w in _WORD.findall(text)]
     ns: dict[str, list[int]] = {"t": [_h("t", task or "none", settings.bits)], "w": [], "c": []}
@@ -70,7 +77,22 @@ def context(text: str, task: str | None, settings: FeatureSettings = FeatureSett
         norm = math.sqrt(sum(c * c for c in counts.values())) or 1.0
         out[name] = keys
         vals[name] = tuple(counts[k] / norm for k in keys)
-    return Context(task, out, vals)
+    return Context(task, out, vals, group_of(metadata, settings.group_by))
+
+
+def group_of(metadata: str | None, field: str | None) -> str | None:
+    """The value of `field` in the query's metadata (a JSON object), as text; None when
+    no field is asked for, the query has no metadata, or the field is absent or null."""
+    if not field or not metadata:
+        return None
+    try:
+        value = orjson.loads(metadata)
+    except orjson.JSONDecodeError:
+        return None  # load_queries rejects such a query set; nothing to group by
+    if not isinstance(value, dict) or value.get(field) is None:
+        return None
+    value = value[field]
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _number(token: str) -> str:

@@ -18,6 +18,8 @@ with (the propensity), and the reward the pipeline measured for it
 - `fixed`: per task, one action for every query (the best fixed action on the
   training logs: by reward, or the cheapest reaching an accuracy floor). Training compares the learned policy with it on held-back
   queries and ships whichever is better (conductor.policy.training).
+- `segment`: per task and group (a field of the query's metadata, `--group-by`), one
+  action for every query of the group, its cost weight set by cross-fitting.
 
 Planning asks for the greedy action and an epsilon-greedy distribution over
 the candidates: (1 - eps) on the greedy action plus eps spread evenly, the
@@ -39,7 +41,7 @@ import orjson
 from conductor.policy.actions import Action
 from conductor.policy.features import Context
 
-LEARNERS = ("vw", "vw-task", "table", "fixed")
+LEARNERS = ("vw", "vw-task", "table", "fixed", "segment")
 _TEXT_NS = ("w", "c")
 
 
@@ -353,6 +355,206 @@ class FixedLearner:
         return out
 
 
+class SegmentLearner:
+    """Per task and group (the query's `group_by` metadata field), one action for every query
+    of the group. Where a task's groups differ in which workers answer them well (MMLU-Pro's
+    subjects), one cascade for all of them pays for the hardest group everywhere.
+
+    A group's action is the one with the best accuracy - lam x USD on the group's queries.
+    Many small groups choosing on their own logs overfit: the chosen actions look better on
+    the logs than on new queries. So the figures that set `lam` are cross-fitted: the queries
+    of each of `folds` folds are scored with the choices made on the other folds, and the
+    task-wide choice (no groups: the best fixed action; with a floor, the cheapest whose
+    task-wide accuracy reaches it, as `FixedLearner`) is scored the same way beside them.
+    Without a floor, lam is the training lambda, and the groups are used only if their
+    cross-fitted reward beats the task-wide choice's. With a floor, the cheapest by
+    cross-fitted cost among the lams (and the task-wide choice) whose cross-fitted accuracy
+    reaches the best single's + floor wins (the most accurate when none does). Queries of
+    groups with fewer than `min_group` queries, of groups never seen, or without a group
+    take the task-wide choice."""
+
+    model_file = "segment.json"
+    kind = "segment"
+
+    def __init__(self, name: str = "segment", lam: float = 0.0, floor: float | None = None,
+                 reference: dict[str, tuple[str, float, float]] | None = None, folds: int = 5,
+                 min_group: int = 20, seed: int = 0):
+        self.name, self.lam, self.floor, self.folds, self.min_group, self.seed = name, lam, floor, folds, min_group, seed
+        self.reference = reference or {}
+        self.choice: dict[str, dict] = {}  # task -> {"all": key, "groups": {group: key}}
+        self.scores: dict[str, dict[str, float]] = {}  # task -> action -> accuracy - lam x USD, task-wide
+        self.why: dict[str, dict] = {}
+
+    def fit(self, examples: Sequence[Logged]) -> dict:
+        acc, cost = per_query_means(examples, "correct"), per_query_means(examples, "cost")
+        groups = {e.query: e.context.group for e in examples}
+        by_task: dict[str, set[str]] = {}
+        for e in examples:
+            by_task.setdefault(e.context.task or "none", set()).add(e.query)
+        for task, queries in sorted(by_task.items()):
+            actions = sorted(a for (t, a) in acc if t == task)
+            table = _SegmentTable(task, sorted(queries), actions, acc, cost, groups, self.folds, self.min_group,
+                                  self.seed)
+            if self.floor is not None:
+                ref = self.reference.get(task) or table.best_single()
+                table.need = ref[1] + self.floor
+            lam, self.why[task] = self._lambda(task, table)
+            self.choice[task] = table.choose(lam, grouped=self.why[task]["grouped"])
+            self.scores[task] = table.scores(lam)
+        return {"choice": self.choice, "why": self.why}
+
+    def _lambda(self, task: str, table: "_SegmentTable") -> tuple[float, dict]:
+        wide = (True, *table.crossfit(self.lam, grouped=False))  # the task-wide choice, no groups
+        if self.floor is None:
+            grouped = (False, *table.crossfit(self.lam))
+            best = max([wide, grouped], key=lambda t: (t[1] - self.lam * t[2], t[0]))
+            return self.lam, {"lambda": self.lam, "grouped": not best[0], "crossfit_accuracy": best[1],
+                              "crossfit_usd": best[2], "task_wide_crossfit": list(wide[1:]),
+                              "groups": table.counts()}
+        ref = self.reference.get(task) or table.best_single()
+        need = table.need
+        tried = [(lam, True, *table.crossfit(lam)) for lam in table.lambdas()] + [(self.lam, False, *wide[1:])]
+        ok = [t for t in tried if t[2] >= need - 1e-12]
+        lam, grouped, a, c = (min(ok, key=lambda t: (t[3], -t[2], t[1], -t[0])) if ok
+                              else max(tried, key=lambda t: (t[2], -t[3], not t[1])))
+        return lam, {"lambda": lam, "grouped": grouped, "crossfit_accuracy": a, "crossfit_usd": c,
+                     "need_accuracy": need, "task_wide_crossfit": list(wide[1:]), "best_single": ref[0],
+                     "best_single_accuracy": ref[1], "best_single_usd": ref[2], "reached": bool(ok),
+                     "lambdas_tried": len(tried) - 1, "groups": table.counts()}
+
+    def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
+        task = ctx.task or "none"
+        keys = [a.key for a in actions]
+        choice = self.choice.get(task, {})
+        for key in (choice.get("groups", {}).get(ctx.group), choice.get("all")):
+            if key in keys:
+                return keys.index(key)
+        scores = self.scores.get(task, {})
+        return max(range(len(actions)), key=lambda i: (scores.get(keys[i], -math.inf), -i))
+
+    def save(self, folder: Path) -> list[str]:
+        (Path(folder) / self.model_file).write_bytes(orjson.dumps(
+            {"choice": self.choice, "scores": self.scores, "why": self.why, "lam": self.lam, "floor": self.floor,
+             "reference": self.reference, "folds": self.folds, "min_group": self.min_group, "seed": self.seed},
+            option=orjson.OPT_INDENT_2))
+        return [self.model_file]
+
+    @classmethod
+    def load(cls, folder: Path, meta: dict) -> "SegmentLearner":
+        data = orjson.loads((Path(folder) / cls.model_file).read_bytes())
+        self = cls(meta.get("name", "segment"), lam=data["lam"], floor=data["floor"],
+                   reference={t: tuple(r) for t, r in data["reference"].items()}, folds=data["folds"],
+                   min_group=data["min_group"], seed=data["seed"])
+        self.choice, self.scores, self.why = data["choice"], data["scores"], data["why"]
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict:
+        return {"name": self.name, "floor": self.floor, "folds": self.folds, "min_group": self.min_group,
+                "why": self.why}
+
+
+class _SegmentTable:
+    """One task's logs as sums per (action, segment, fold), so each lam is scored in
+    O(actions x segments x folds). A segment is a group with at least `min_group` queries;
+    the rest of the task's queries form the segment None, which takes the task-wide choice:
+    the best at lam, or with an accuracy `need` the cheapest action reaching it."""
+
+    need: float | None = None
+
+    def __init__(self, task: str, queries: list[str], actions: list[str],
+                 acc: dict[tuple[str, str], dict[str, float]], cost: dict[tuple[str, str], dict[str, float]],
+                 groups: dict[str, str | None], folds: int, min_group: int, seed: int):
+        self.actions = actions
+        sizes: dict[str | None, int] = {}
+        for q in queries:
+            sizes[groups.get(q)] = sizes.get(groups.get(q), 0) + 1
+        self.sizes = sizes
+        seg = {q: groups.get(q) if groups.get(q) is not None and sizes[groups.get(q)] >= min_group else None
+               for q in queries}
+        self.segments = sorted({s for s in seg.values()}, key=lambda s: (s is None, s or ""))
+        self.folds = max(2, min(folds, len(queries)))
+        fold = {q: zlib.crc32(f"{seed}:{q}".encode()) % self.folds for q in queries}
+        n = [[0] * self.folds for _ in self.segments]
+        index = {s: i for i, s in enumerate(self.segments)}
+        for q in queries:
+            n[index[seg[q]]][fold[q]] += 1
+        self.n = n
+        self.sums = {}  # action -> [segment][fold] -> [correct, usd]
+        for a in actions:
+            c_by, u_by = acc.get((task, a), {}), cost.get((task, a), {})
+            cells = [[[0.0, 0.0] for _ in range(self.folds)] for _ in self.segments]
+            for q in queries:  # a query the action was never logged on counts as wrong and free
+                cell = cells[index[seg[q]]][fold[q]]
+                cell[0] += c_by.get(q, 0.0)
+                cell[1] += u_by.get(q, 0.0)
+            self.sums[a] = cells
+        self.total = len(queries)
+
+    def _pick(self, lam: float, rows: list[int], without: int | None) -> str:
+        def value(a: str) -> tuple:
+            c = u = 0.0
+            for i in rows:
+                for k, (ci, ui) in enumerate(self.sums[a][i]):
+                    if k != without:
+                        c, u = c + ci, u + ui
+            return (c - lam * u, -u, a)
+        return max(self.actions, key=value)
+
+    def _everyone(self, lam: float, without: int | None) -> str:
+        rows = list(range(len(self.segments)))
+        if self.need is None:
+            return self._pick(lam, rows, without)
+        n = sum(c for i in rows for k, c in enumerate(self.n[i]) if k != without) or 1
+        acc = {a: sum(ci for i in rows for k, (ci, _) in enumerate(self.sums[a][i]) if k != without) / n
+               for a in self.actions}
+        usd = {a: sum(ui for i in rows for k, (_, ui) in enumerate(self.sums[a][i]) if k != without) / n
+               for a in self.actions}
+        return floor_choice(acc, usd, 0.0, ("need", self.need, 0.0))[0]
+
+    def _choices(self, lam: float, without: int | None, grouped: bool = True) -> list[str]:
+        everyone = self._everyone(lam, without)
+        return [everyone if s is None or not grouped else self._pick(lam, [i], without)
+                for i, s in enumerate(self.segments)]
+
+    def choose(self, lam: float, grouped: bool = True) -> dict:
+        picks = self._choices(lam, None, grouped)
+        return {"all": self._everyone(lam, None),
+                "groups": {s: a for s, a in zip(self.segments, picks) if s is not None and grouped}}
+
+    def crossfit(self, lam: float, grouped: bool = True) -> tuple[float, float]:
+        """Accuracy and USD per query when every fold is planned with the other folds' choices."""
+        c = u = 0.0
+        for k in range(self.folds):
+            for i, a in enumerate(self._choices(lam, k, grouped)):
+                c, u = c + self.sums[a][i][k][0], u + self.sums[a][i][k][1]
+        return c / self.total, u / self.total
+
+    def scores(self, lam: float) -> dict[str, float]:
+        return {a: sum(ci - lam * ui for row in self.sums[a] for ci, ui in row) / self.total for a in self.actions}
+
+    def best_single(self) -> tuple[str, float, float]:
+        means = {a: [sum(x[j] for row in self.sums[a] for x in row) / self.total for j in (0, 1)]
+                 for a in self.actions if a.startswith("single:")} or \
+                {a: [sum(x[j] for row in self.sums[a] for x in row) / self.total for j in (0, 1)] for a in self.actions}
+        best = max(means, key=lambda a: (means[a][0], -means[a][1], a))
+        return best, means[best][0], means[best][1]
+
+    def lambdas(self) -> list[float]:
+        """0 and a geometric grid around the price of accuracy of these actions: from a tenth
+        to a thousand accuracy points per the dearest action's USD per query."""
+        dearest = max((sum(x[1] for row in self.sums[a] for x in row) / self.total for a in self.actions),
+                      default=0.0)
+        if dearest <= 0:
+            return [0.0]
+        return [0.0] + [0.1 / dearest * 10 ** (i / 20) for i in range(81)]
+
+    def counts(self) -> dict[str, int]:
+        return {("(task-wide)" if s is None else s): sum(self.n[i]) for i, s in enumerate(self.segments)}
+
+
 def action_means(examples: Sequence[Logged], field: str) -> dict[str, dict[str, float]]:
     """Per task and action: the mean `field` ("correct" or "cost") over all the task's
     queries, a query the action was never logged on counting as wrong and free (as in
@@ -396,7 +598,7 @@ def floor_choice(acc: dict[str, float], cost: dict[str, float], floor: float,
                   "accuracy": acc[pick], "usd": cost[pick], "best_single_usd": reference[2], "reached": bool(ok)}
 
 
-def make_learner(name: str, seed: int = 0, **vw_options) -> VWLearner | TableLearner | FixedLearner:
+def make_learner(name: str, seed: int = 0, **vw_options) -> VWLearner | TableLearner | FixedLearner | SegmentLearner:
     if name == "vw":
         return VWLearner(VWSettings(**vw_options), seed=seed, name="vw")
     if name == "vw-task":
@@ -405,10 +607,12 @@ def make_learner(name: str, seed: int = 0, **vw_options) -> VWLearner | TableLea
         return TableLearner()
     if name == "fixed":
         return FixedLearner()
+    if name == "segment":
+        return SegmentLearner(seed=seed)
     raise ValueError(f"unknown learner {name!r} (choose from {', '.join(LEARNERS)})")
 
 
-def load_learner(folder: Path, meta: dict) -> VWLearner | TableLearner | FixedLearner:
+def load_learner(folder: Path, meta: dict) -> VWLearner | TableLearner | FixedLearner | SegmentLearner:
     kind = meta.get("kind")
     if kind == "vw":
         return VWLearner.load(folder, meta)
@@ -416,4 +620,6 @@ def load_learner(folder: Path, meta: dict) -> VWLearner | TableLearner | FixedLe
         return TableLearner.load(folder, meta)
     if kind == "fixed":
         return FixedLearner.load(folder, meta)
+    if kind == "segment":
+        return SegmentLearner.load(folder, meta)
     raise ValueError(f"unknown learner kind {kind!r}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from conductor.plans import Query
@@ -29,6 +29,7 @@ class Pick:
     action: Action
     propensity: float
     greedy: bool
+    group: str | None = None  # the query's group, when the policy plans per group (its features' group_by)
 
 
 def candidates(artifact: Artifact, q: Query, allowed: frozenset[str] | set[str] | None) -> list[Action] | None:
@@ -41,9 +42,9 @@ def candidates(artifact: Artifact, q: Query, allowed: frozenset[str] | set[str] 
 
 def choose(artifact: Artifact, q: Query, actions: Sequence[Action], samples: int, explore: float,
            seed: int) -> list[Pick]:
-    ctx = context(q.prompt, q.task, artifact.features)
+    ctx = context(q.prompt, q.task, artifact.features, q.metadata)
     g = artifact.learner.greedy(ctx, actions)
-    return draw(actions, g, samples, explore, seed, q.query_id)
+    return [replace(p, group=ctx.group) for p in draw(actions, g, samples, explore, seed, q.query_id)]
 
 
 def draw(actions: Sequence[Action], greedy: int, samples: int, explore: float, seed: int,

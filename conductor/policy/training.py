@@ -48,8 +48,8 @@ from conductor.errors import ConductorError
 from conductor.policy import artifact as artifacts
 from conductor.policy.actions import Action, ActionSettings, Measured, action_set, from_steps, pareto, servable
 from conductor.policy.features import Context, FeatureSettings, context
-from conductor.policy.learner import (LEARNERS, FixedLearner, Logged, best_singles, floor_choice, make_learner,
-                                      per_query_means)
+from conductor.policy.learner import (LEARNERS, FixedLearner, Logged, SegmentLearner, best_singles, floor_choice,
+                                      make_learner, per_query_means)
 from conductor.pool import Pool, load_pool
 from conductor.queries import load_queries
 from conductor.store import RunDir
@@ -130,8 +130,8 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
         qpath = Path(manifest["inputs"]["queries"])
         if not qpath.exists():
             raise ConductorError(f"run {run_id}: its query set {qpath} is gone; the policy needs the query text")
-        t = load_queries(qpath).select(["query_id", "prompt", "task"]).to_pylist()
-        prompts.update({(run_id, r["query_id"]): (r["prompt"], r["task"]) for r in t})
+        t = load_queries(qpath).select(["query_id", "prompt", "task", "metadata"]).to_pylist()
+        prompts.update({(run_id, r["query_id"]): (r["prompt"], r["task"], r["metadata"]) for r in t})
         runs.append({"run_id": run_id, "queries": str(qpath), "pool": manifest["inputs"].get("pool"),
                      "planner": manifest["inputs"].get("planner"), "samples": manifest["inputs"].get("samples")})
     allowed = pool.servable_questions()
@@ -154,7 +154,7 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
         if action is None or any(not pool.has(w) for w in action.workers):
             skipped["plan shape or worker outside this pool's action space"] += 1
             continue
-        prompt, task = prompts[(r["run_id"], r["query_id"])]
+        prompt, task, metadata = prompts[(r["run_id"], r["query_id"])]
         if r["unpriced"]:
             skipped["cost unknown (a step without a price)"] += 1
             continue
@@ -165,7 +165,7 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
             cands = [*cands, action]
         key = (r["run_id"], r["query_id"])
         if key not in contexts:
-            contexts[key] = context(prompt, task, cfg.features)
+            contexts[key] = context(prompt, task, cfg.features, metadata)
         cost = float(r["cost_usd"] or 0.0)
         reward = (1.0 if r["correct"] else 0.0) - cfg.lam * cost
         examples.append(Logged(contexts[key], cands, cands.index(action), float(r["propensity"]), reward,
@@ -190,12 +190,19 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
                              f"(got {cfg.floor})")
     if cfg.ship_margin < 0:
         raise ConductorError(f"--ship-margin must be at least 0 (got {cfg.ship_margin})")
+    group_by = cfg.features.group_by
+    if (cfg.learner == "segment") != bool(group_by):
+        raise ConductorError("--learner segment plans per group of queries: give it --group-by FIELD (a field of "
+                             "the queries' metadata), and --group-by only with --learner segment")
     pool = pool or load_pool(cfg.pool)
     t0 = time.monotonic()
     logs = collect(cfg, pool)
     if not logs.examples:
         why = ", ".join(f"{k}: {v}" for k, v in logs.skipped.items()) or "the runs hold no plans"
         raise ConductorError(f"no training examples in run(s) {', '.join(cfg.runs)} ({why})")
+    if group_by and not any(e.context.group is not None for e in logs.examples):
+        raise ConductorError(f"--group-by {group_by}: no query of run(s) {', '.join(cfg.runs)} has the field "
+                             f"{group_by!r} in its metadata")
     measured = measure(logs.examples)
     kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in measured.items()}
     everything = logs.examples
@@ -276,6 +283,8 @@ def restrict(examples: Sequence[Logged], keep: dict[str, set[str]]) -> list[Logg
 def _learner(cfg: TrainConfig, reference: dict[str, tuple[str, float, float]] | None = None) -> Any:
     if cfg.learner == "fixed":
         return FixedLearner(floor=cfg.floor, reference=reference)
+    if cfg.learner == "segment":
+        return SegmentLearner(lam=cfg.lam, floor=cfg.floor, reference=reference, seed=cfg.seed)
     return make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
 
 
@@ -297,9 +306,9 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
     fit_on = [e for e in examples if not _held_back(e.query, cfg.holdout, cfg.seed)]
     if not held or not fit_on:
         return {"shipped": "learned", "why": "too few queries to hold any back"}
-    learner = _learner(cfg)
-    fixed = FixedLearner(floor=cfg.floor, reference=best_singles(
-        [e for e in everything if not _held_back(e.query, cfg.holdout, cfg.seed)]))
+    reference = best_singles([e for e in everything if not _held_back(e.query, cfg.holdout, cfg.seed)])
+    learner = _learner(cfg, reference)
+    fixed = FixedLearner(floor=cfg.floor, reference=reference)
     try:
         learner.fit(fit_on)
         fixed.fit(fit_on)
