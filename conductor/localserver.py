@@ -5,7 +5,9 @@ subprocess for tests, benchmarks and the demo.
 A started server runs in its own process group, so `stop()` ends it and
 anything it started; its stdout and stderr go to files that `stdout()` and
 `stderr()` read. It prints `<ready><url>` once it listens, which is how the
-parent learns the port it picked.
+parent learns the port it picked. It also stops when the process that started
+it is gone: a parent killed by a signal runs no exit handler, and a server
+left behind would hold its port against the next run.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from conductor.errors import ConductorError
 # Loopback calls must not go through an HTTP proxy set in the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _LIVE: "set[ServerHandle]" = set()  # servers still running, stopped at exit
+PARENT_ENV = "CONDUCTOR_SERVER_PARENT"  # the pid of the process that started the server
 
 
 _JSON = "application/json"
@@ -138,8 +141,19 @@ async def serve(app: web.Application, host: str, port: int, ready: str, banner: 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    watch = asyncio.create_task(_stop_when_orphaned(stop)) if os.environ.get(PARENT_ENV) else None
     await stop.wait()
+    if watch is not None:
+        watch.cancel()
     await runner.cleanup()
+
+
+async def _stop_when_orphaned(stop: asyncio.Event, every_s: float = 0.5) -> None:
+    """Set `stop` once the starting process has died (this one is then re-parented)."""
+    parent = int(os.environ[PARENT_ENV])
+    while os.getppid() == parent:
+        await asyncio.sleep(every_s)
+    stop.set()
 
 
 class ServerHandle:
@@ -211,7 +225,7 @@ def start_server(cmd: list[str], ready: str, handle: type[H], host: str, *, env:
     """Run `cmd` in its own process group and wait until it answers /health."""
     logdir = tempfile.TemporaryDirectory(prefix="conductor-server-")
     out_path, err_path = Path(logdir.name) / "stdout.txt", Path(logdir.name) / "stderr.txt"
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid()), **(env or {})}
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 env=child_env, start_new_session=True)

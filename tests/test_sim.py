@@ -10,6 +10,7 @@ import secrets
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -213,6 +214,49 @@ def test_identical_request_gets_identical_response_even_after_restart(sim, files
     differ = sum(x["choices"][0]["message"]["content"] != y["choices"][0]["message"]["content"]
                  for x, y in zip(first, changed))
     assert differ >= len(bodies) // 4
+
+
+def test_a_server_stops_when_the_process_that_started_it_is_killed(files, tmp_path):
+    """A parent killed by a signal runs no exit handler; its server must not outlive it and
+    hold its port against the next run."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from conductor.sim.process import start_sim\n"
+        f"h = start_sim({str(files / 'pool.yaml')!r}, [{str(files)!r}], latency_ms=0, env={{{KEY_ENV!r}: 'k'}})\n"
+        "print(h.pid, h.port, flush=True)\n"
+        "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    server_pid = None
+    try:
+        server_pid, port = map(int, parent.stdout.readline().split())
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server_pid), "the server outlived the process that started it"
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        parent.kill()
+        if server_pid is not None and _alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; only its parent's wait is missing
+        return f.read().split(") ")[-1][0] != "Z"
 
 
 # -- faults ----------------------------------------------------------------
