@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -395,32 +396,34 @@ class SegmentLearner:
             actions = sorted(a for (t, a) in acc if t == task)
             table = _SegmentTable(task, sorted(queries), actions, acc, cost, groups, self.folds, self.min_group,
                                   self.seed)
+            reference = self.reference.get(task) or table.best_single()
             if self.floor is not None:
-                ref = self.reference.get(task) or table.best_single()
-                table.need = ref[1] + self.floor
-            lam, self.why[task] = self._lambda(task, table)
-            self.choice[task] = table.choose(lam, grouped=self.why[task]["grouped"])
+                table.need = reference[1] + self.floor
+            lam, grouped, self.why[task] = self._setting(table, reference)
+            self.choice[task] = table.choose(lam, grouped)
             self.scores[task] = table.scores(lam)
         return {"choice": self.choice, "why": self.why}
 
-    def _lambda(self, task: str, table: "_SegmentTable") -> tuple[float, dict]:
-        wide = (True, *table.crossfit(self.lam, grouped=False))  # the task-wide choice, no groups
+    def _setting(self, table: "_SegmentTable", reference: tuple[str, float, float]) -> tuple[float, bool, dict]:
+        """(lam, grouped, why): each candidate setting scored by its cross-fitted accuracy and USD."""
+        wide = (self.lam, False, *table.crossfit(self.lam, grouped=False))  # no groups: the task-wide choice
         if self.floor is None:
-            grouped = (False, *table.crossfit(self.lam))
-            best = max([wide, grouped], key=lambda t: (t[1] - self.lam * t[2], t[0]))
-            return self.lam, {"lambda": self.lam, "grouped": not best[0], "crossfit_accuracy": best[1],
-                              "crossfit_usd": best[2], "task_wide_crossfit": list(wide[1:]),
-                              "groups": table.counts()}
-        ref = self.reference.get(task) or table.best_single()
-        need = table.need
-        tried = [(lam, True, *table.crossfit(lam)) for lam in table.lambdas()] + [(self.lam, False, *wide[1:])]
-        ok = [t for t in tried if t[2] >= need - 1e-12]
-        lam, grouped, a, c = (min(ok, key=lambda t: (t[3], -t[2], t[1], -t[0])) if ok
-                              else max(tried, key=lambda t: (t[2], -t[3], not t[1])))
-        return lam, {"lambda": lam, "grouped": grouped, "crossfit_accuracy": a, "crossfit_usd": c,
-                     "need_accuracy": need, "task_wide_crossfit": list(wide[1:]), "best_single": ref[0],
-                     "best_single_accuracy": ref[1], "best_single_usd": ref[2], "reached": bool(ok),
-                     "lambdas_tried": len(tried) - 1, "groups": table.counts()}
+            tried = [wide, (self.lam, True, *table.crossfit(self.lam))]
+            pick = max(tried, key=lambda t: (t[2] - self.lam * t[3], not t[1]))  # a tie keeps it simple
+            reached = None
+        else:
+            tried = [wide] + [(lam, True, *table.crossfit(lam)) for lam in table.lambdas()]
+            ok = [t for t in tried if t[2] >= table.need - 1e-12]
+            pick = (min(ok, key=lambda t: (t[3], -t[2], t[1], -t[0])) if ok
+                    else max(tried, key=lambda t: (t[2], -t[3], not t[1])))
+            reached = bool(ok)
+        lam, grouped, accuracy, usd = pick
+        why = {"lambda": lam, "grouped": grouped, "crossfit_accuracy": accuracy, "crossfit_usd": usd,
+               "task_wide_crossfit": list(wide[2:]), "groups": table.counts()}
+        if self.floor is not None:
+            why.update(need_accuracy=table.need, reached=reached, lambdas_tried=len(tried) - 1,
+                       best_single=reference[0], best_single_accuracy=reference[1], best_single_usd=reference[2])
+        return lam, grouped, why
 
     def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
         task = ctx.task or "none"
@@ -467,51 +470,48 @@ class _SegmentTable:
     def __init__(self, task: str, queries: list[str], actions: list[str],
                  acc: dict[tuple[str, str], dict[str, float]], cost: dict[tuple[str, str], dict[str, float]],
                  groups: dict[str, str | None], folds: int, min_group: int, seed: int):
-        self.actions = actions
-        sizes: dict[str | None, int] = {}
-        for q in queries:
-            sizes[groups.get(q)] = sizes.get(groups.get(q), 0) + 1
-        self.sizes = sizes
-        seg = {q: groups.get(q) if groups.get(q) is not None and sizes[groups.get(q)] >= min_group else None
-               for q in queries}
-        self.segments = sorted({s for s in seg.values()}, key=lambda s: (s is None, s or ""))
+        self.actions, self.total = actions, len(queries)
+        sizes = Counter(groups.get(q) for q in queries)
+        seg = {q: g if g is not None and sizes[g] >= min_group else None for q in queries for g in [groups.get(q)]}
+        self.segments = sorted(set(seg.values()), key=lambda s: (s is None, s or ""))
         self.folds = max(2, min(folds, len(queries)))
-        fold = {q: zlib.crc32(f"{seed}:{q}".encode()) % self.folds for q in queries}
-        n = [[0] * self.folds for _ in self.segments]
         index = {s: i for i, s in enumerate(self.segments)}
-        for q in queries:
-            n[index[seg[q]]][fold[q]] += 1
-        self.n = n
-        self.sums = {}  # action -> [segment][fold] -> [correct, usd]
+        cell = {q: (index[seg[q]], zlib.crc32(f"{seed}:{q}".encode()) % self.folds) for q in queries}
+        self.n = [[0] * self.folds for _ in self.segments]
+        for i, k in cell.values():
+            self.n[i][k] += 1
+        self.sums: dict[str, list[list[list[float]]]] = {}  # action -> [segment][fold] -> [correct, usd]
         for a in actions:
             c_by, u_by = acc.get((task, a), {}), cost.get((task, a), {})
-            cells = [[[0.0, 0.0] for _ in range(self.folds)] for _ in self.segments]
-            for q in queries:  # a query the action was never logged on counts as wrong and free
-                cell = cells[index[seg[q]]][fold[q]]
-                cell[0] += c_by.get(q, 0.0)
-                cell[1] += u_by.get(q, 0.0)
-            self.sums[a] = cells
-        self.total = len(queries)
+            sums = [[[0.0, 0.0] for _ in range(self.folds)] for _ in self.segments]
+            for q, (i, k) in cell.items():  # a query the action was never logged on counts as wrong and free
+                sums[i][k][0] += c_by.get(q, 0.0)
+                sums[i][k][1] += u_by.get(q, 0.0)
+            self.sums[a] = sums
 
-    def _pick(self, lam: float, rows: list[int], without: int | None) -> str:
+    def _sum(self, a: str, rows: Sequence[int] | None = None, without: int | None = None) -> tuple[float, float, int]:
+        """Correct answers, USD and queries of action `a` over the segments `rows` (all by
+        default), leaving out fold `without`."""
+        c = u = 0.0
+        n = 0
+        for i in range(len(self.segments)) if rows is None else rows:
+            for k, (ci, ui) in enumerate(self.sums[a][i]):
+                if k != without:
+                    c, u, n = c + ci, u + ui, n + self.n[i][k]
+        return c, u, n
+
+    def _pick(self, lam: float, rows: Sequence[int] | None, without: int | None) -> str:
         def value(a: str) -> tuple:
-            c = u = 0.0
-            for i in rows:
-                for k, (ci, ui) in enumerate(self.sums[a][i]):
-                    if k != without:
-                        c, u = c + ci, u + ui
-            return (c - lam * u, -u, a)
+            c, u, _ = self._sum(a, rows, without)
+            return c - lam * u, -u, a
         return max(self.actions, key=value)
 
     def _everyone(self, lam: float, without: int | None) -> str:
-        rows = list(range(len(self.segments)))
         if self.need is None:
-            return self._pick(lam, rows, without)
-        n = sum(c for i in rows for k, c in enumerate(self.n[i]) if k != without) or 1
-        acc = {a: sum(ci for i in rows for k, (ci, _) in enumerate(self.sums[a][i]) if k != without) / n
-               for a in self.actions}
-        usd = {a: sum(ui for i in rows for k, (_, ui) in enumerate(self.sums[a][i]) if k != without) / n
-               for a in self.actions}
+            return self._pick(lam, None, without)
+        sums = {a: self._sum(a, None, without) for a in self.actions}
+        acc = {a: c / max(n, 1) for a, (c, _, n) in sums.items()}
+        usd = {a: u / max(n, 1) for a, (_, u, n) in sums.items()}
         return floor_choice(acc, usd, 0.0, ("need", self.need, 0.0))[0]
 
     def _choices(self, lam: float, without: int | None, grouped: bool = True) -> list[str]:
@@ -533,20 +533,18 @@ class _SegmentTable:
         return c / self.total, u / self.total
 
     def scores(self, lam: float) -> dict[str, float]:
-        return {a: sum(ci - lam * ui for row in self.sums[a] for ci, ui in row) / self.total for a in self.actions}
+        return {a: (c - lam * u) / self.total for a in self.actions for c, u, _ in [self._sum(a)]}
 
     def best_single(self) -> tuple[str, float, float]:
-        means = {a: [sum(x[j] for row in self.sums[a] for x in row) / self.total for j in (0, 1)]
-                 for a in self.actions if a.startswith("single:")} or \
-                {a: [sum(x[j] for row in self.sums[a] for x in row) / self.total for j in (0, 1)] for a in self.actions}
+        singles = [a for a in self.actions if a.startswith("single:")] or self.actions
+        means = {a: (c / self.total, u / self.total) for a in singles for c, u, _ in [self._sum(a)]}
         best = max(means, key=lambda a: (means[a][0], -means[a][1], a))
-        return best, means[best][0], means[best][1]
+        return best, *means[best]
 
     def lambdas(self) -> list[float]:
         """0 and a geometric grid around the price of accuracy of these actions: from a tenth
         to a thousand accuracy points per the dearest action's USD per query."""
-        dearest = max((sum(x[1] for row in self.sums[a] for x in row) / self.total for a in self.actions),
-                      default=0.0)
+        dearest = max((self._sum(a)[1] / self.total for a in self.actions), default=0.0)
         if dearest <= 0:
             return [0.0]
         return [0.0] + [0.1 / dearest * 10 ** (i / 20) for i in range(81)]
