@@ -2,10 +2,10 @@
 and optionally its group (one field of the query's metadata, `group_by`).
 
 Only what the planner sees before anything runs goes in: the prompt, the task
-tag and the metadata. Never the reference answer, never an outcome. Hashing is our own (crc32 of a
-namespaced token, modulo 2**bits), so the Vowpal Wabbit learner and the numpy
-baselines see exactly the same features, and the settings stored with an artifact
-reproduce them.
+tag and the metadata. Never the reference answer, never an outcome. Hashing is
+our own (crc32 of a namespaced token, modulo 2**bits), so the Vowpal Wabbit
+learner and the numpy baselines see exactly the same features, and the settings
+stored with an artifact reproduce them.
 """
 
 from __future__ import annotations
