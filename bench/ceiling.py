@@ -48,12 +48,13 @@ def recorded(table: Path, pool, queries: list[dict], task: str) -> tuple[dict, d
     from conductor.replay.tables import replay_workers
 
     worker_of = {model: wid for wid, model in replay_workers(pool).items()}
-    by_prompt = {q["prompt"]: q for q in queries}
+    # By question id, the first row per model, as `eval` builds its table (two questions can share a text).
+    by_id = {q["query_id"]: q for q in queries}
     text: dict[str, dict[str, str]] = defaultdict(dict)
     ok: dict[str, dict[str, bool]] = defaultdict(dict)
-    for r in pq.read_table(table, columns=["question", "model", "response"]).to_pylist():
-        q, wid = by_prompt.get(r["question"]), worker_of.get(r["model"])
-        if q is not None and wid is not None and r["response"] is not None:
+    for r in pq.read_table(table, columns=["question_id", "model", "response"]).to_pylist():
+        q, wid = by_id.get(r["question_id"]), worker_of.get(r["model"])
+        if q is not None and wid is not None and r["response"] is not None and q["query_id"] not in text[wid]:
             text[wid][q["query_id"]] = r["response"]
             ok[wid][q["query_id"]] = grade(task, r["response"], q["reference"]).correct
     return text, ok
