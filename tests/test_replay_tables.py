@@ -247,6 +247,19 @@ def test_policy_rollouts_train_and_eval_on_the_mixed_table(mine, monkeypatch, ca
     assert pq.read_table(run / "results.parquet").num_rows == len(test_ids)
     _check_run(run, mine)
 
+    # Per group of a metadata field: the report names the grouping, each plan records its query's group.
+    assert cli_main(["policy", "train", "--pool", str(mine["pool"]), "--runs", "roll-0", "--data-dir", str(data),
+                     "--out", str(d / "policy-seg"), "--floor", "0", "--learner", "segment",
+                     "--group-by", "dataset"]) == 0
+    seg = next((d / "policy-seg").glob("*/v0001"))
+    assert cli_main(["policy", "eval", "--pool", str(mine["pool"]), "--queries", str(mine["all"]),
+                     "--policies", str(seg), "--out", str(d / "seg-eval"), "--no-planner"]) == 0
+    [row] = [p for p in _policies(d / "seg-eval" / "policies.json")["policies"] if p["kind"] == "learned"]
+    assert row["name"].startswith("learned policy, floor +0") and "(segment by dataset v0001)" in row["name"]
+    run = d / "seg-eval" / "learned-run-0" / "runs" / f"eval-{NAME}-test-learned-0"
+    groups = {orjson.loads(p["info_json"])["group"] for p in pq.read_table(run / "plans.parquet").to_pylist()}
+    assert groups == {NAME}
+
 
 def test_budgets_settle_the_recorded_cost(mine, tmp_path, monkeypatch):
     """Under a budget each call reserves with the pool's (effective) price and settles at its recorded cost."""

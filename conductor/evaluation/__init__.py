@@ -184,9 +184,11 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
     has_fixed = bool(meta.get("fixed")) or meta["learner"]["kind"] == "fixed"
     uses = ["learned", "fixed"] if cfg.fixed and has_fixed else [shipped]
     out_policies = []
+    group_by = (meta.get("features") or {}).get("group_by")
+    learner = meta["learner"]["name"] + (f" by {group_by}" if group_by else "")
     for use in uses:
         how = objective({"lambda": lam, "floor": floor})
-        name = (f"learned policy, {how} ({meta['learner']['name']} v{meta['version']:04d})" if use == "learned"
+        name = (f"learned policy, {how} ({learner} v{meta['version']:04d})" if use == "learned"
                 else f"best fixed action on train, {how}")
         policy, _ = run_planner(pool, queries, out, planner_options={**cfg.planner_options, "policy": str(found),
                                                                      "use": use},
