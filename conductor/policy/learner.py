@@ -389,6 +389,7 @@ class SegmentLearner:
     def fit(self, examples: Sequence[Logged]) -> dict:
         acc, cost = per_query_means(examples, "correct"), per_query_means(examples, "cost")
         groups = {e.query: e.context.group for e in examples}
+        singles = best_singles(examples)
         by_task: dict[str, set[str]] = {}
         for e in examples:
             by_task.setdefault(e.context.task or "none", set()).add(e.query)
@@ -396,9 +397,9 @@ class SegmentLearner:
             actions = sorted(a for (t, a) in acc if t == task)
             table = _SegmentTable(task, sorted(queries), actions, acc, cost, groups, self.folds, self.min_group,
                                   self.seed)
-            reference = self.reference.get(task) or table.best_single()
+            reference = self.reference.get(task) or singles.get(task) or (actions[0], 0.0, 0.0)
             if self.floor is not None:
-                table.need = reference[1] + self.floor
+                table.floor = (self.floor, reference)
             lam, grouped, self.why[task] = self._setting(table, reference)
             self.choice[task] = table.choose(lam, grouped)
             self.scores[task] = table.scores(lam)
@@ -413,7 +414,8 @@ class SegmentLearner:
             reached = None
         else:
             tried = [wide] + [(lam, True, *table.crossfit(lam)) for lam in table.lambdas()]
-            ok = [t for t in tried if t[2] >= table.need - 1e-12]
+            need = reference[1] + self.floor
+            ok = [t for t in tried if t[2] >= need - 1e-12]
             pick = (min(ok, key=lambda t: (t[3], -t[2], t[1], -t[0])) if ok
                     else max(tried, key=lambda t: (t[2], -t[3], not t[1])))
             reached = bool(ok)
@@ -421,7 +423,7 @@ class SegmentLearner:
         why = {"lambda": lam, "grouped": grouped, "crossfit_accuracy": accuracy, "crossfit_usd": usd,
                "task_wide_crossfit": list(wide[2:]), "groups": table.counts()}
         if self.floor is not None:
-            why.update(need_accuracy=table.need, reached=reached, lambdas_tried=len(tried) - 1,
+            why.update(need_accuracy=reference[1] + self.floor, reached=reached, lambdas_tried=len(tried) - 1,
                        best_single=reference[0], best_single_accuracy=reference[1], best_single_usd=reference[2])
         return lam, grouped, why
 
@@ -463,9 +465,9 @@ class _SegmentTable:
     """One task's logs as sums per (action, segment, fold), so each lam is scored in
     O(actions x segments x folds). A segment is a group with at least `min_group` queries;
     the rest of the task's queries form the segment None, which takes the task-wide choice:
-    the best at lam, or with an accuracy `need` the cheapest action reaching it."""
+    the best at lam, or with a `floor` (delta, best single) the cheapest action reaching it."""
 
-    need: float | None = None
+    floor: tuple[float, tuple[str, float, float]] | None = None
 
     def __init__(self, task: str, queries: list[str], actions: list[str],
                  acc: dict[tuple[str, str], dict[str, float]], cost: dict[tuple[str, str], dict[str, float]],
@@ -507,12 +509,12 @@ class _SegmentTable:
         return max(self.actions, key=value)
 
     def _everyone(self, lam: float, without: int | None) -> str:
-        if self.need is None:
+        if self.floor is None:
             return self._pick(lam, None, without)
         sums = {a: self._sum(a, None, without) for a in self.actions}
         acc = {a: c / max(n, 1) for a, (c, _, n) in sums.items()}
         usd = {a: u / max(n, 1) for a, (_, u, n) in sums.items()}
-        return floor_choice(acc, usd, 0.0, ("need", self.need, 0.0))[0]
+        return floor_choice(acc, usd, *self.floor)[0]
 
     def _choices(self, lam: float, without: int | None, grouped: bool = True) -> list[str]:
         everyone = self._everyone(lam, without)
@@ -534,12 +536,6 @@ class _SegmentTable:
 
     def scores(self, lam: float) -> dict[str, float]:
         return {a: (c - lam * u) / self.total for a in self.actions for c, u, _ in [self._sum(a)]}
-
-    def best_single(self) -> tuple[str, float, float]:
-        singles = [a for a in self.actions if a.startswith("single:")] or self.actions
-        means = {a: (c / self.total, u / self.total) for a in singles for c, u, _ in [self._sum(a)]}
-        best = max(means, key=lambda a: (means[a][0], -means[a][1], a))
-        return best, *means[best]
 
     def lambdas(self) -> list[float]:
         """0 and a geometric grid around the price of accuracy of these actions: from a tenth
