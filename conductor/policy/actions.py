@@ -27,6 +27,7 @@ logged plans map back to actions whatever version of this file produced them.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from itertools import combinations
@@ -72,8 +73,8 @@ class Action:
     finisher: str | None = None  # verifier, `vote`, or an aggregating model
     escalation: tuple[str, ...] = ()  # cascade: who runs when the answers so far disagree, in order
 
-    @property
-    def key(self) -> str:
+    @functools.cached_property
+    def key(self) -> str:  # cached: training looks it up millions of times
         tail = "".join(f">{w}" for w in ((self.finisher,) if self.finisher else self.escalation))
         return f"{self.shape}:{'+'.join(self.solvers)}{tail}"
 
