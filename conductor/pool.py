@@ -23,6 +23,7 @@ from conductor.errors import PoolError
 WORKER_KINDS = ("llm", "function", "planner")
 GOVERNOR_SCHEMES = ("memory", "redis", "rediss")  # where limits and budgets are held (conductor.execute.shared)
 FUNCTION_NAMES = ("vote", "extract")
+DEFAULT_MAX_TOKENS = 1024  # a call's completion cap when its worker's params set none
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -77,6 +78,11 @@ class Worker:
     function: str | None = None
     simulate: dict[str, Any] | None = None
     context_tokens: int | None = None  # the model's context window, when litellm does not know it
+
+    def max_tokens(self) -> int:
+        """The completion cap of its calls: the executor counts no more completion tokens."""
+        cap = self.params.get("max_tokens")
+        return cap if isinstance(cap, int) and not isinstance(cap, bool) else DEFAULT_MAX_TOKENS
 
     def skill(self, task: str | None) -> float | None:
         """Expected accuracy on a task tag, None when the pool does not say."""

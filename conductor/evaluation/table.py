@@ -7,8 +7,9 @@ Each row is graded with its own task (a table may mix tasks); a row whose
 question has no reference cannot be graded (`grader` is null) and counts by its
 label only. Tokens are what the replay server reports: recorded counts when the
 table has them, else characters / 4 (rounded up, conductor.tokens) of the question and
-of the response. Cost is the row's recorded `cost_usd` when it has one, else
-those tokens times the pool's prices.
+of the response, the completion at most the worker's max_tokens as the executor
+counts it. Cost is the row's recorded `cost_usd` when it has one, else those tokens
+times the pool's prices.
 """
 
 from __future__ import annotations
@@ -53,11 +54,14 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
                                                "correct"]))
     _check_queries(queries, t, source.table)
     by_model = pl.DataFrame({"worker": list(workers), "model": list(workers.values()),
-                             "p_in": [prices[w].input for w in workers], "p_out": [prices[w].output for w in workers]})
+                             "p_in": [prices[w].input for w in workers], "p_out": [prices[w].output for w in workers],
+                             "cap": [pool.worker(w).max_tokens() for w in workers]})
     t = (t.filter(pl.col("question_id").is_in(list(question_ids)))
          .unique(subset=["question_id", "model"], keep="first", maintain_order=True)
          .join(by_model, on="model", how="inner"))
-    t = with_tokens(t)
+    # Completion tokens as the executor counts them on the same replayed answer: at most max_tokens,
+    # so a single worker here costs what it costs when a plan runs it.
+    t = with_tokens(t).with_columns(pl.min_horizontal("tokens_out", "cap").alias("tokens_out"))
     priced = pl.col("tokens_in") * pl.col("p_in") + pl.col("tokens_out") * pl.col("p_out")
     recorded = pl.col(COST_COLUMN) if COST_COLUMN in t.columns else pl.lit(None, dtype=pl.Float64)
     t = t.with_columns(recorded.alias("recorded_cost"))

@@ -44,7 +44,7 @@ from conductor.execute.failure import Aborted, StepFailed
 from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
 from conductor.plans import Condition, Plan, Step
-from conductor.pool import Pool, Worker
+from conductor.pool import DEFAULT_MAX_TOKENS, Pool, Worker
 from conductor.progress import Progress
 from conductor.execute.shared import GovernorUnavailable, build_governor
 
@@ -69,7 +69,7 @@ class ExecOptions:
     run_id: str
     refresh: bool = False  # ignore cached answers (still store fresh ones)
     run_budget_usd: float | None = None
-    default_max_tokens: int = 1024
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
     max_plans_in_flight: int | None = None
     backoff_base_s: float = 0.25
     backoff_max_s: float = 30.0
