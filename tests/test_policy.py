@@ -225,6 +225,15 @@ def test_a_segment_policy_plans_each_query_by_its_metadata_group(planted, tmp_pa
     r = run_cli(*train_args, "--group-by", "set")
     assert r.returncode != 0 and "--group-by FIELD" in r.stderr
 
+    # Every query held back once, in 3 parts, to choose between the grouped policy and the fixed action.
+    r = run_cli(*train_args, "--learner", "segment", "--group-by", "set", "--folds", "3")
+    assert r.returncode == 0, r.stderr
+    assert "held-back queries, 3-fold cross-fit" in r.stdout
+    r = run_cli(*train_args, "--folds", "3", "--holdout", "0.3")
+    assert r.returncode != 0 and "--holdout 0.3 and --folds 3: give one" in r.stderr
+    r = run_cli(*train_args, "--folds", "0")
+    assert r.returncode != 0 and "--folds must be 1" in r.stderr
+
 
 def test_planning_falls_back_to_the_prior_without_an_artifact(planted, tmp_path, monkeypatch):
     pool = load_pool(planted["pool"])

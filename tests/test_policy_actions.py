@@ -256,3 +256,32 @@ def test_with_a_floor_the_learned_policy_ships_only_when_it_reaches_it_and_costs
     sel = choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.3, floor=0.0), logs)
     assert sel["learned"]["accuracy"] >= 0.9 and sel["learned"]["usd"] < 0.1
     assert sel["shipped"] == "learned"
+
+
+def test_folds_hold_every_query_back_once_from_fits_that_never_saw_it(tmp_path, monkeypatch):
+    """`folds` K: each query is judged once, by a learner and a fixed action fitted on the
+    other K - 1 parts, so the choice between them rests on every train query."""
+    logs = _logs(400, signal=True)
+    query_of = {id(e.context): e.query for e in logs}
+    fits = []
+
+    class Spy:
+        def fit(self, examples):
+            fits.append({e.query for e in examples})
+            return {}
+
+        def greedy(self, ctx, actions):
+            assert query_of[id(ctx)] not in fits[-1], "judged by a fit that saw it"
+            word_alpha = "alpha" in ctx_words[id(ctx)]
+            return [a.solvers[0] for a in actions].index("a" if word_alpha else "b")
+
+    ctx_words = {id(e.context): ("alpha" if int(e.query[1:]) % 2 else "beta") for e in logs}
+    monkeypatch.setattr("conductor.policy.training._learner", lambda cfg, reference=None: Spy())
+    sel = choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], folds=4), logs)
+    assert sel["how"] == "4-fold cross-fit" and sel["held_back_queries"] == 400 and len(sel["folds"]) == 4
+    assert len(fits) == 4 and sum(len(f) for f in fits) == 3 * 400
+    assert set.union(*({f"q{i}" for i in range(400)} - f for f in fits)) == {f"q{i}" for i in range(400)}
+    assert sel["learned"]["accuracy"] == 1.0 and sel["learned"]["matched"] == 400 and sel["shipped"] == "learned"
+    # One held-back share instead: a quarter of the queries decide.
+    one = choose(TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.25), logs)
+    assert 60 < one["held_back_queries"] < 140 and "folds" not in one

@@ -66,9 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--group-by", default=None, metavar="FIELD",
                    help="with --learner segment: the field of the queries' metadata (JSON) naming each "
                         "query's group, such as a subject or a document type")
-    t.add_argument("--holdout", type=float, default=0.25,
+    t.add_argument("--holdout", type=float, default=None,
                    help="share of queries held back to choose between the learned policy and the best fixed "
                         "action (default 0.25)")
+    t.add_argument("--folds", type=int, default=1, metavar="K",
+                   help="instead of --holdout: hold back each of K parts of the queries in turn (K fits), so "
+                        "the choice sees every query (default 1: one held-back share)")
     t.add_argument("--floor", type=float, default=None, metavar="DELTA",
                    help="the fixed action is the cheapest whose train accuracy is at least the best single "
                         "worker's + DELTA (0: match it; -0.01: within a point), instead of the best reward; "
@@ -184,11 +187,15 @@ def train(args: argparse.Namespace) -> int:
     from conductor.pool import load_pool
     from conductor.runner import planning_pool
 
+    if args.folds >= 2 and args.holdout is not None:
+        raise ConductorError(f"--holdout {args.holdout:g} and --folds {args.folds}: give one (--folds holds every "
+                             f"query back once, in {args.folds} parts)")
     vw = {"cb_type": args.cb_type}
     if args.passes is not None:
         vw["passes"] = args.passes
     folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
-                                      out=args.out, learner=args.learner, seed=args.seed, holdout=args.holdout,
+                                      out=args.out, learner=args.learner, seed=args.seed,
+                                      holdout=0.25 if args.holdout is None else args.holdout, folds=args.folds,
                                       floor=args.floor, ship_margin=args.ship_margin,
                                       features=FeatureSettings(group_by=args.group_by),
                                       vw=vw if args.learner.startswith("vw") else {}),

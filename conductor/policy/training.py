@@ -17,9 +17,10 @@ Training then, per task:
    and keeps the accuracy/cost Pareto frontier, plus actions within `band`
    standard errors of it (`actions.pareto`): the candidate set is cut by what
    was measured, never by a rule on the pool's skills;
-2. holds back `holdout` of the queries, fits the per-query learner and the best
-   fixed action (`learner.FixedLearner`) on the rest, and estimates both on the
-   held-back queries (SNIPS, with standard errors);
+2. holds back `holdout` of the queries (or, with `folds` K, each of K parts in
+   turn, so that every query is held back once), fits the per-query learner and
+   the best fixed action (`learner.FixedLearner`) on the rest, and estimates both
+   on the held-back queries (SNIPS, with standard errors);
 3. refits both on every query and ships the learned policy only when it did
    better on the held-back queries by more than `ship_margin` paired standard
    errors, else the fixed action (`selection` in the summary). The artifact holds
@@ -68,6 +69,7 @@ class TrainConfig:
     actions: ActionSettings = field(default_factory=ActionSettings)
     vw: dict[str, Any] = field(default_factory=dict)  # VWSettings overrides (passes, cb_type, ...)
     holdout: float = 0.25  # share of train queries held back to choose between learned and fixed
+    folds: int = 1  # 2 or more: hold back every query once, in this many parts, instead of `holdout`
     # The fixed action: None, the best reward; a number, the cheapest action whose train accuracy is at
     # least the best single worker's + floor (0: match it, -0.01: within a point). See FixedLearner.
     # With a floor, `lam` is replaced by the lambda under which that action is the best (implied_lambda).
@@ -185,6 +187,9 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
         raise ConductorError(f"--lambda must be at least 0 (got {cfg.lam})")
     if not 0 <= cfg.holdout < 1:
         raise ConductorError(f"--holdout must be at least 0 and below 1 (got {cfg.holdout})")
+    if cfg.folds < 1:
+        raise ConductorError(f"--folds must be 1 (hold back --holdout of the queries once) or more (hold back "
+                             f"every query once, in that many parts); got {cfg.folds}")
     if cfg.floor is not None and not -1 < cfg.floor < 1:
         raise ConductorError(f"--floor is an accuracy difference from the best single, between -1 and 1 "
                              f"(got {cfg.floor})")
@@ -203,28 +208,13 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
     if group_by and not any(e.context.group is not None for e in logs.examples):
         raise ConductorError(f"--group-by {group_by}: no query of run(s) {', '.join(cfg.runs)} has the field "
                              f"{group_by!r} in its metadata")
-    measured = measure(logs.examples)
-    kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in measured.items()}
-    everything = logs.examples
-    floor_lambda = None
-    if cfg.floor is not None:
-        # The learner optimizes a reward: give it the lambda under which the floor's action is the
-        # best fixed one (its price of accuracy), so both aim at the same point of the frontier.
-        floor_lambda = implied_lambda(measured, kept, best_singles(everything), cfg.floor)
-        if floor_lambda is not None:
-            cfg = replace(cfg, lam=floor_lambda["lambda"])
-            everything = [replace(e, reward=float(bool(e.correct)) - cfg.lam * e.cost) for e in everything]
-    examples = restrict(everything, {t: {m.action.key for m in ms} for t, ms in kept.items()})
-    selection = choose(cfg, examples, everything)
-    learner = _learner(cfg, best_singles(everything))
-    fixed = FixedLearner(floor=cfg.floor, reference=best_singles(everything))
+    fitted = fit_policy(cfg, logs.examples)
+    cfg, learner, examples, selection = fitted.cfg, fitted.learner, fitted.examples, fitted.selection
     try:
-        fit = learner.fit(examples)
-        fixed.fit(examples)
         summary = {
             "lambda": cfg.lam,
             "floor": cfg.floor,
-            "floor_lambda": floor_lambda,
+            "floor_lambda": fitted.floor_lambda,
             "runs": logs.runs,
             "plans_used": len(examples),
             "queries": logs.queries,
@@ -233,14 +223,14 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
             "estimates": off_policy_estimates(learner, examples),
             "actions_logged": len(logs.by_action),
             "most_logged": dict(logs.by_action.most_common(5)),
-            "measured": {t: [_row(m) for m in ms] for t, ms in measured.items()},
-            "frontier": {t: [m.action.key for m in ms] for t, ms in kept.items()},
+            "measured": {t: [_row(m) for m in ms] for t, ms in fitted.measured.items()},
+            "frontier": {t: [m.action.key for m in ms] for t, ms in fitted.kept.items()},
             "selection": selection,
-            "learner": fit,
+            "learner": fitted.fit,
             "seconds": round(time.monotonic() - t0, 2),
         }
-        actions = {t: [m.action for m in ms] for t, ms in kept.items()}
-        folder = artifacts.save(cfg.out or artifacts.default_root(), pool, learner, fixed=fixed,
+        actions = {t: [m.action for m in ms] for t, ms in fitted.kept.items()}
+        folder = artifacts.save(cfg.out or artifacts.default_root(), pool, learner, fixed=fitted.fixed,
                                 shipped=selection["shipped"], actions=actions, action_settings=cfg.actions,
                                 features=cfg.features, lam=cfg.lam, floor=cfg.floor, training=summary)
     finally:
@@ -248,6 +238,49 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
         if callable(close):
             close()
     return folder, summary
+
+
+@dataclass
+class Fitted:
+    """What `fit_policy` made of the examples; `learner` may hold a native model: close it."""
+
+    cfg: TrainConfig  # with lam replaced by the floor's implied lambda, when a floor is set
+    learner: Any
+    fixed: FixedLearner
+    fit: dict[str, Any]
+    selection: dict[str, Any]
+    examples: list[Logged]  # those inside the Pareto cut, rewarded at cfg.lam
+    measured: dict[str, list[Measured]]
+    kept: dict[str, list[Measured]]
+    floor_lambda: dict[str, Any] | None
+
+
+def fit_policy(cfg: TrainConfig, logged: Sequence[Logged]) -> Fitted:
+    """Steps 1-3 of the module's docstring on examples in memory, whatever logged them."""
+    measured = measure(logged)
+    kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in measured.items()}
+    everything = list(logged)
+    floor_lambda = None
+    if cfg.floor is not None:
+        # The learner optimizes a reward: give it the lambda under which the floor's action is the
+        # best fixed one (its price of accuracy), so both aim at the same point of the frontier.
+        floor_lambda = implied_lambda(measured, kept, best_singles(everything), cfg.floor)
+        if floor_lambda is not None:
+            cfg = replace(cfg, lam=floor_lambda["lambda"])
+    everything = [replace(e, reward=float(bool(e.correct)) - cfg.lam * e.cost) for e in everything]
+    examples = restrict(everything, {t: {m.action.key for m in ms} for t, ms in kept.items()})
+    selection = choose(cfg, examples, everything)
+    learner = _learner(cfg, best_singles(everything))
+    fixed = FixedLearner(floor=cfg.floor, reference=best_singles(everything))
+    try:
+        fit = learner.fit(examples)
+        fixed.fit(examples)
+    except BaseException:
+        close = getattr(learner, "close", None)
+        if callable(close):
+            close()
+        raise
+    return Fitted(cfg, learner, fixed, fit, selection, examples, measured, kept, floor_lambda)
 
 
 def measure(examples: Sequence[Logged]) -> dict[str, list[Measured]]:
@@ -294,6 +327,10 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
     query by query; the learned policy ships only when it is better by more than `ship_margin`
     standard errors of the difference (else the fixed action: a tie, or noise, ships it).
 
+    The rest is `holdout` of the queries, or with `folds` K of 2 or more every query once:
+    each of K parts is held back in turn from fits on the other K - 1, so the comparison
+    sees every train query and no single draw of a quarter decides.
+
     Better means, by default, a higher reward (accuracy - lambda x USD). With a `floor`, the
     question is the floor's: the learned policy must reach the floor on the held-back queries
     (accuracy at least the best single's + floor, the best single chosen on the rest) and
@@ -302,45 +339,68 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
     everything = examples if everything is None else everything
     if cfg.learner == "fixed":
         return {"shipped": "fixed", "why": "--learner fixed"}
-    held = [e for e in examples if _held_back(e.query, cfg.holdout, cfg.seed)]
-    fit_on = [e for e in examples if not _held_back(e.query, cfg.holdout, cfg.seed)]
-    if not held or not fit_on:
+    parts = _parts(cfg, {e.query for e in examples})
+    if not parts:
         return {"shipped": "learned", "why": "too few queries to hold any back"}
-    reference = best_singles([e for e in everything if not _held_back(e.query, cfg.holdout, cfg.seed)])
-    learner = _learner(cfg, reference)
-    fixed = FixedLearner(floor=cfg.floor, reference=reference)
-    try:
-        learner.fit(fit_on)
-        fixed.fit(fit_on)
-        values = {"learned": policy_value(learner, held), "fixed": policy_value(fixed, held)}
-        per_q = {"learned": outcomes(learner, held), "fixed": outcomes(fixed, held)}
-    finally:
-        close = getattr(learner, "close", None)
-        if callable(close):
-            close()
-    values["fixed"]["choice"] = dict(fixed.choice)
-    out: dict[str, Any] = {"held_back_queries": len({e.query for e in held}), "ship_margin": cfg.ship_margin,
-                           **values}
+    per_q: dict[str, dict[str, tuple[float, float, float]]] = {"learned": {}, "fixed": {}, "best_single": {}}
+    fits = []
+    for held_ids in parts:
+        held = [e for e in examples if e.query in held_ids]
+        fit_on = [e for e in examples if e.query not in held_ids]
+        reference = best_singles([e for e in everything if e.query not in held_ids])
+        learner = _learner(cfg, reference)
+        fixed = FixedLearner(floor=cfg.floor, reference=reference)
+        try:
+            learner.fit(fit_on)
+            fixed.fit(fit_on)
+            per_q["learned"].update(outcomes(learner, held))
+            per_q["fixed"].update(outcomes(fixed, held))
+        finally:
+            close = getattr(learner, "close", None)
+            if callable(close):
+                close()
+        singles = {t: w[0] for t, w in reference.items()}
+        if cfg.floor is not None:
+            per_q["best_single"].update(outcomes(_Constant(singles), [e for e in everything if e.query in held_ids]))
+        fits.append({"fixed": dict(fixed.choice), "best_single": singles, "fixed_why": fixed.why})
+    n_held = len(set().union(*parts))
+    values = {k: summarize(per_q[k], n_held) for k in ("learned", "fixed")}
+    values["fixed"]["choice"] = fits[0]["fixed"]
+    out: dict[str, Any] = {"held_back_queries": n_held, "ship_margin": cfg.ship_margin, **values,
+                           "how": (f"{len(parts)}-fold cross-fit" if len(parts) > 1
+                                   else f"{cfg.holdout:g} of the queries held back")}
+    if len(parts) > 1:
+        out["folds"] = [{"fixed": f["fixed"], "best_single": f["best_single"]} for f in fits]
     if cfg.floor is None:
         d = paired_diff(per_q["learned"], per_q["fixed"], 0)
         better = d is not None and d[0] > 0 and d[0] > cfg.ship_margin * d[1]
         out.update(rule=f"learned if its reward beats the fixed action's by more than {cfg.ship_margin:g} "
                         f"paired SE on the held-back queries", learned_minus_fixed_reward=d)
     else:
-        singles = {t: w["best_single"] for t, w in fixed.why.items()}
-        per_q["best_single"] = outcomes(_Constant(singles), [e for e in everything
-                                                             if _held_back(e.query, cfg.holdout, cfg.seed)])
         vs_best = paired_diff(per_q["learned"], per_q["best_single"], 1)
         saves = paired_diff(per_q["fixed"], per_q["learned"], 2)
         reaches = vs_best is not None and vs_best[0] >= cfg.floor - 1e-12
         better = reaches and saves is not None and saves[0] > 0 and saves[0] > cfg.ship_margin * saves[1]
         out.update(rule=f"learned if it reaches the floor ({cfg.floor:+g} of the best single's accuracy) on the "
                         f"held-back queries and costs less than the fixed action by more than "
-                        f"{cfg.ship_margin:g} paired SE", floor=cfg.floor, best_single=singles,
+                        f"{cfg.ship_margin:g} paired SE", floor=cfg.floor, best_single=fits[0]["best_single"],
                    learned_minus_best_single_accuracy=vs_best, fixed_minus_learned_usd=saves,
-                   fixed_why=fixed.why)
+                   fixed_why=fits[0]["fixed_why"])
     out["shipped"] = "learned" if better else "fixed"
     return out
+
+
+def _parts(cfg: TrainConfig, queries: set[str]) -> list[set[str]]:
+    """The query sets held back in turn: one (`holdout`) or `folds` covering every query;
+    none when a fit would have no query left."""
+    if cfg.folds >= 2:
+        parts = [set() for _ in range(cfg.folds)]
+        for q in queries:
+            parts[_fold(q, cfg.folds, cfg.seed)].add(q)
+        parts = [p for p in parts if p]
+        return parts if len(parts) >= 2 else []
+    held = {q for q in queries if _held_back(q, cfg.holdout, cfg.seed)}
+    return [held] if held and held != queries else []
 
 
 def implied_lambda(measured: dict[str, list[Measured]], kept: dict[str, list[Measured]],
@@ -420,22 +480,31 @@ def paired_diff(a: dict[str, tuple[float, ...]], b: dict[str, tuple[float, ...]]
 def policy_value(learner: Any, examples: Sequence[Logged]) -> dict[str, float]:
     """SNIPS estimates of the learner's greedy policy on logged examples: reward, accuracy and
     cost per query, with the reward's standard error."""
-    by_query = _greedy_matches(learner, examples)
-    n = len(by_query)
+    return summarize(outcomes(learner, examples), len({e.query for e in examples}))
+
+
+def summarize(per_q: dict[str, tuple[float, float, float]], queries: int) -> dict[str, float]:
+    """Reward (with its standard error), accuracy and cost per query over per-query outcomes
+    (`outcomes`): queries weigh the same whatever their number of matching examples."""
+    n = len(per_q)
     if not n:
-        return {"reward": -math.inf, "accuracy": 0.0, "usd": 0.0, "reward_se": math.inf, "matched": 0}
-    # Per query, the mean of its matching examples (with sweep logs: exactly one); queries weigh the same.
-    mean = {f: [sum(getattr(e, f) if f != "correct" else float(bool(e.correct)) for e in es) / len(es)
-                for es in by_query.values()] for f in ("reward", "correct", "cost")}
-    v = sum(mean["reward"]) / n
-    se = math.sqrt(sum((x - v) ** 2 for x in mean["reward"]) / max(n - 1, 1) / n)
-    return {"reward": v, "reward_se": se, "accuracy": sum(mean["correct"]) / n, "usd": sum(mean["cost"]) / n,
-            "matched": n, "queries": len({e.query for e in examples})}
+        return {"reward": -math.inf, "accuracy": 0.0, "usd": 0.0, "reward_se": math.inf, "matched": 0,
+                "queries": queries}
+    reward, correct, cost = zip(*per_q.values())
+    v = sum(reward) / n
+    se = math.sqrt(sum((x - v) ** 2 for x in reward) / max(n - 1, 1) / n)
+    return {"reward": v, "reward_se": se, "accuracy": sum(correct) / n, "usd": sum(cost) / n,
+            "matched": n, "queries": queries}
 
 
 def _held_back(query: str, share: float, seed: int) -> bool:
     h = int.from_bytes(hashlib.sha256(f"holdout:{seed}:{query}".encode()).digest()[:8], "big")
     return h / 2 ** 64 < share
+
+
+def _fold(query: str, folds: int, seed: int) -> int:
+    h = int.from_bytes(hashlib.sha256(f"fold:{seed}:{query}".encode()).digest()[:8], "big")
+    return h * folds >> 64
 
 
 def _row(m: Measured) -> dict[str, Any]:
@@ -519,7 +588,8 @@ def _selection_text(sel: dict[str, Any]) -> str:
     if "learned" not in sel:
         return sel.get("why", "")
     f = lambda v: f"{v['reward']:.4f} ± {v['reward_se']:.4f}"  # noqa: E731
-    text = (f"on {sel['held_back_queries']} held-back queries: learned {f(sel['learned'])}, "
+    how = f", {sel['how']}" if sel.get("how") else ""
+    text = (f"on {sel['held_back_queries']} held-back queries{how}: learned {f(sel['learned'])}, "
             f"fixed {f(sel['fixed'])} ({', '.join(sel['fixed']['choice'].values())})")
     return text + (f"; rule: {sel['rule']}" if sel.get("rule") else "")
 
