@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the per-query learner trained beside the best fixed action (default vw)")
     ap.add_argument("--group-by", default=None, metavar="FIELD",
                     help="with --learner segment: the metadata field naming each query's group (mmlu_pro: category)")
+    ap.add_argument("--folds", type=int, default=1, metavar="K",
+                    help="training's choice between learned and fixed: 1, a held-back quarter (default); K, every "
+                         "train query once in K parts (`policy train --folds`)")
     ap.add_argument("--docs", action="store_true", help="copy the charts to docs/img/policy_<dataset>.png")
     ap.add_argument("--sweep-only", action="store_true",
                     help="run (or resume) the sweep on train and stop: the slow part, reused by a later full run")
@@ -168,11 +171,13 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
         rollouts("sweep", {"sweep": True, "policy": "none"}, k, 0)
         if args.sweep_only:
             return {"dataset": ds, "sweep": log["rollouts"][-1]}
-        learner = {"learner": args.learner, "features": FeatureSettings(group_by=args.group_by)}
+        learner = {"learner": args.learner, "features": FeatureSettings(group_by=args.group_by), "folds": args.folds}
         for kind, value in [("lambda", lam) for lam in lambdas] + [("floor", f) for f in floors]:
             tag = f"{value:g}" if kind == "lambda" else f"floor{value:g}"  # a run id: no "+"
             if args.learner != "vw":  # its on-policy round is another run
                 tag = f"{args.learner}-{tag}"
+            if args.folds > 1:
+                tag = f"{tag}-folds{args.folds}"
             how = {"lam": value, **learner} if kind == "lambda" else {"floor": value, **learner}
             r1[tag], s1 = train(TrainConfig(pool=pool, runs=["sweep"], data_dir=data, out=root / f"round1-{tag}",
                                             **how), pool=recorded)
