@@ -184,10 +184,10 @@ class Game:
 def figures(got: dict[str, tuple[bool, float]], base: dict[str, tuple[bool, float]]) -> dict:
     """Accuracy and USD per query, and the paired accuracy difference from the best single
     with its standard error, and the cost as a share of the best single's."""
+    from conductor.policy.training import paired_diff
+
     qs = sorted(got)
-    d = [float(got[q][0]) - float(base[q][0]) for q in qs]
-    m = sum(d) / len(d)
-    se = math.sqrt(sum((x - m) ** 2 for x in d) / max(len(d) - 1, 1) / len(d))
+    m, se = paired_diff(got, base, 0)
     usd, base_usd = (sum(x[q][1] for q in qs) / len(qs) for x in (got, base))
     return {"accuracy": sum(got[q][0] for q in qs) / len(qs), "usd": usd, "diff": m, "se": se,
             "share": usd / base_usd if base_usd else math.inf}
