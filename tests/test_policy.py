@@ -194,6 +194,39 @@ def test_a_floor_ships_the_cheapest_action_at_the_best_singles_train_accuracy(pl
     assert r.returncode != 0 and "--floor" in r.stderr
 
 
+def test_a_budget_ships_the_most_accurate_action_within_that_share_of_the_best_singles_cost(planted, tmp_path):
+    """`policy train --budget 0.98`: per task the fixed action is the most accurate measured one
+    costing at most 98% of the best single's (the planted workers cost within a few percent of
+    each other, so the cap bites), and the artifact names the budget."""
+    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
+                "--out", tmp_path / "p", "--budget", "0.98", "--learner", "table")
+    assert r.returncode == 0, r.stderr
+    folder = artifact.find(load_pool(planted["pool"]), tmp_path / "p")
+    meta = orjson.loads((folder / "policy.json").read_bytes())
+    t = meta["training"]
+    assert meta["budget"] == 0.98 and meta["floor"] is None and "at most 0.98" in meta["objective"]
+    assert "goal     accuracy - lambda * USD per query; fixed action: the most accurate costing at most 0.98" in r.stdout
+    assert meta["lambda"] == t["floor_lambda"]["lambda"] and t["selection"]["budget"] == 0.98
+    for task, rows in t["measured"].items():
+        kept = [x for x in rows if x["action"] in t["frontier"][task]]
+        best = max((x for x in rows if x["action"].startswith("single:")), key=lambda x: (x["accuracy"], -x["usd"]))
+        pick = {x["action"]: x for x in rows}[meta["fixed"]["choice"][task]]
+        fits = [x for x in kept if x["usd"] <= 0.98 * best["usd"] + 1e-12]
+        assert meta["fixed"]["why"][task]["reached"] == bool(fits)
+        if fits:
+            assert pick in fits and pick["accuracy"] == max(x["accuracy"] for x in fits)
+        else:
+            assert pick["usd"] == min(x["usd"] for x in kept)
+    # Math: mathwiz, the only one that solves it, costs more than the cap; the plain worker is taken.
+    assert meta["fixed"]["choice"]["math"] == "single:plain"
+    base = ["policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
+            "--out", tmp_path / "p"]
+    r = run_cli(*base, "--budget", "0")
+    assert r.returncode != 0 and "--budget" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli(*base, "--budget", "0.5", "--floor", "0")
+    assert r.returncode != 0 and "--floor and --budget" in r.stderr
+
+
 def test_a_segment_policy_plans_each_query_by_its_metadata_group(planted, tmp_path):
     """`policy train --learner segment --group-by set`: one action per task and metadata group,
     and planning reads each query's group from its metadata (recorded in the plan's info)."""

@@ -183,6 +183,51 @@ def test_a_floor_picks_the_cheapest_action_reaching_the_best_singles_accuracy():
     assert above.choice == {"math": "cascade:tiny+small>big"} and not above.why["math"]["reached"]
 
 
+def test_a_budget_picks_the_most_accurate_action_within_that_share_of_the_best_singles_cost():
+    """The other side of the same target: spend the allowance on accuracy instead of saving it."""
+    logs = _priced_logs(400)
+    quarter = FixedLearner(budget=0.25)  # both cascades fit: the more accurate one
+    quarter.fit(logs)
+    assert quarter.choice == {"math": "cascade:tiny+small>big"}
+    assert quarter.why["math"]["cap_usd"] == pytest.approx(0.25) and quarter.why["math"]["reached"]
+    tenth = FixedLearner(budget=0.15)  # the dear cascade (20%) is over: the cheap one
+    tenth.fit(logs)
+    assert tenth.choice == {"math": "cascade:tiny+small>mid"}
+    tight = FixedLearner(budget=0.001)  # nothing fits: the cheapest action, flagged
+    tight.fit(logs)
+    assert tight.choice == {"math": "single:tiny"} and not tight.why["math"]["reached"]
+
+
+def test_with_a_budget_the_learned_policy_ships_only_within_it_and_more_accurate(tmp_path, monkeypatch):
+    logs = _priced_logs(400)
+    ctx_ids = {id(e.context): int(e.query[1:]) for e in logs}
+
+    class Routes:
+        """The cheap single where it is right, the dear cascade elsewhere: as accurate as the
+        best single at about 6% of its cost; `dear` routes the rest to the best single itself."""
+
+        def __init__(self, dear=False):
+            self.dear = dear
+
+        def fit(self, examples):
+            return {}
+
+        def greedy(self, ctx, actions):
+            rest = "single:big" if self.dear else "cascade:tiny+small>big"
+            return [a.key for a in actions].index("single:tiny" if ctx_ids[id(ctx)] % 200 < 140 else rest)
+
+    cfg = TrainConfig(pool=tmp_path / "unused.yaml", runs=[], holdout=0.3, budget=0.15)
+    monkeypatch.setattr("conductor.policy.training._learner", lambda cfg, reference=None: Routes())
+    sel = choose(cfg, logs)
+    assert sel["fixed"]["choice"] == {"math": "cascade:tiny+small>mid"}  # 0.885 at 10%
+    assert sel["learned_share_of_best_single_usd"] < 0.15 and sel["learned_minus_fixed_accuracy"][0] > 0
+    assert sel["shipped"] == "learned"
+    # As accurate, but over the budget on the held-back queries: the fixed action ships.
+    monkeypatch.setattr("conductor.policy.training._learner", lambda cfg, reference=None: Routes(dear=True))
+    sel = choose(cfg, logs)
+    assert sel["learned_share_of_best_single_usd"] > 0.15 and sel["shipped"] == "fixed"
+
+
 class _PlaysBOnZebra:
     """A per-query policy whose picks are known: `b` on the zebra queries' contexts, else `a`."""
 

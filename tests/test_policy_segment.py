@@ -84,6 +84,31 @@ def test_without_a_floor_each_group_maximises_accuracy_minus_lambda_cost():
     assert dear.choice["choice"]["groups"] == {"algebra": ALGEBRA.key, "history": HISTORY.key}
 
 
+def test_a_budget_buys_the_most_accurate_grouping_within_the_cap(tmp_path):
+    """The specialists are right on 90% of their group, the dear worker on all of them. Within
+    15% of its cost, one cheap worker for everyone is right on half the queries; one per
+    group, on 90%. Over a cap nothing meets, the cheapest setting is flagged as missing it."""
+    logs = sweep(lambda k, g, i: k == BIG.key or (k == f"single:{g}" and i % 10 != 0),
+                 {"algebra": 60, "history": 60})
+    seg = SegmentLearner(budget=0.15, reference=best_singles(logs))
+    seg.fit(logs)
+    why = seg.why["choice"]
+    assert seg.choice["choice"]["groups"] == {"algebra": ALGEBRA.key, "history": HISTORY.key}
+    assert why["reached"] and why["grouped"] and why["crossfit_usd"] <= why["cap_usd"] == pytest.approx(0.0015)
+    assert why["crossfit_accuracy"] == pytest.approx(0.9) and why["task_wide_crossfit"][0] < 0.6
+    fixed = FixedLearner(budget=0.15, reference=best_singles(logs))
+    fixed.fit(logs)
+    assert fixed.choice["choice"] != BIG.key
+    roomy = SegmentLearner(budget=1.0, reference=best_singles(logs))  # the dear worker fits: it is the best
+    roomy.fit(logs)
+    assert roomy.choice["choice"]["all"] == BIG.key and not roomy.why["choice"]["grouped"]
+    tight = SegmentLearner(budget=0.05, reference=best_singles(logs))
+    tight.fit(logs)
+    assert not tight.why["choice"]["reached"]
+    back = load_learner(tmp_path, {"kind": "segment", "name": "segment", "files": seg.save(tmp_path)})
+    assert back.budget == 0.15 and back.choice == seg.choice
+
+
 def test_groups_below_the_minimum_size_take_the_task_wide_choice():
     logs = sweep(planted, {"algebra": 60, "history": 5})
     seg = SegmentLearner(floor=0.0, min_group=20)

@@ -76,6 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the fixed action is the cheapest whose train accuracy is at least the best single "
                         "worker's + DELTA (0: match it; -0.01: within a point), instead of the best reward; "
                         "the learner's lambda is then the one under which that action is the best")
+    t.add_argument("--budget", type=float, default=None, metavar="SHARE",
+                   help="the fixed action is the most accurate whose train cost per query is at most SHARE "
+                        "of the best single worker's (0.15: 15%%), instead of the best reward; the learned "
+                        "policy ships only within that cost on the held-back queries. Not with --floor")
     t.add_argument("--ship-margin", type=float, default=1.0, metavar="SE",
                    help="ship the learned policy only when it beats the fixed action on the held-back "
                         "queries by more than this many paired standard errors (default 1)")
@@ -196,7 +200,7 @@ def train(args: argparse.Namespace) -> int:
     folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
                                       out=args.out, learner=args.learner, seed=args.seed,
                                       holdout=0.25 if args.holdout is None else args.holdout, folds=args.folds,
-                                      floor=args.floor, ship_margin=args.ship_margin,
+                                      floor=args.floor, budget=args.budget, ship_margin=args.ship_margin,
                                       features=FeatureSettings(group_by=args.group_by),
                                       vw=vw if args.learner.startswith("vw") else {}),
                           pool=planning_pool(load_pool(args.pool)))

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from conductor.errors import ConductorError
 from conductor.evaluation.planner import run_planner, sample_ids
 from conductor.evaluation.policies import Policy, paired, table_policies
-from conductor.evaluation.report import chart, markdown, objective
+from conductor.evaluation.report import chart, markdown, objective, objective_order
 from conductor.evaluation.table import build_matrix
 from conductor.pool import load_pool
 from conductor.queries import load_queries
@@ -142,7 +142,7 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
     learned = [q for i, p in enumerate(cfg.policies) for q in _learned(pool, sub_q, out, Path(p), i, cfg,
                                                                           source.dataset)]
     if learned:
-        learned.sort(key=lambda p: (p.info["floor"] is not None, p.info["floor"] or 0.0, p.info["lambda"], p.kind))
+        learned.sort(key=lambda p: (*objective_order(p.info), p.kind))
         if cfg.fixed:
             cascade = _fixed_cascade(pool, sub_q, out, cfg, source.dataset, policies)
             if cascade is not None:
@@ -179,7 +179,7 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
         raise ConductorError(f"--policy {folder}: no policy artifact there for this pool")
     meta = read_meta(found)
     lam = float(meta["lambda"])
-    floor = meta.get("floor")
+    floor, budget = meta.get("floor"), meta.get("budget")
     shipped = meta.get("shipped", "learned")
     has_fixed = bool(meta.get("fixed")) or meta["learner"]["kind"] == "fixed"
     uses = ["learned", "fixed"] if cfg.fixed and has_fixed else [shipped]
@@ -187,14 +187,14 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
     group_by = (meta.get("features") or {}).get("group_by")
     learner = meta["learner"]["name"] + (f" by {group_by}" if group_by else "")
     for use in uses:
-        how = objective({"lambda": lam, "floor": floor})
+        how = objective({"lambda": lam, "floor": floor, "budget": budget})
         name = (f"learned policy, {how} ({learner} v{meta['version']:04d})" if use == "learned"
                 else f"best fixed action on train, {how}")
         policy, _ = run_planner(pool, queries, out, planner_options={**cfg.planner_options, "policy": str(found),
                                                                      "use": use},
                                 seed=cfg.seed, run_id=f"eval-{dataset}-{cfg.split}-{use}-{i}",
                                 run_dir=f"{use}-run-{i}", kind=use, name=name + (" *shipped*" if use == shipped else ""))
-        policy.info.update({"lambda": lam, "floor": floor, "artifact": str(found),
+        policy.info.update({"lambda": lam, "floor": floor, "budget": budget, "artifact": str(found),
                             "learner": meta["learner"]["name"],
                             "version": meta["version"], "shipped": use == shipped,
                             "selection": meta["training"].get("selection"),
@@ -234,16 +234,17 @@ def _fixed_cascade(pool, queries: pa.Table, out: Path, cfg: EvalConfig, dataset:
 
 
 def comparisons(policies: list[Policy]) -> list[dict[str, Any]]:
-    """Per artifact (lambda, or floor): the shipped policy against the best single (accuracy) and against the best
+    """Per artifact (lambda, floor or budget): the shipped policy against the best single (accuracy) and against the best
     fixed action (the lambda's objective), on the same queries, with paired standard errors."""
     best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
     out = []
-    ids = lambda p: (p.info.get("floor") is not None, p.info.get("floor") or 0.0, p.info["lambda"])  # noqa: E731
+    ids = lambda p: objective_order(p.info)  # noqa: E731
     for key in sorted({ids(p) for p in policies if p.kind in ("learned", "fixed")}):
         rows = {p.kind: p for p in policies if p.kind in ("learned", "fixed") and ids(p) == key}
         shipped = next((p for p in rows.values() if p.info.get("shipped")), rows.get("learned"))
         lam = key[2]
-        row: dict[str, Any] = {"lambda": lam, "floor": shipped.info.get("floor"), "shipped": shipped.kind,
+        row: dict[str, Any] = {"lambda": lam, "floor": shipped.info.get("floor"), "budget": shipped.info.get("budget"),
+                               "shipped": shipped.kind,
                                "accuracy": shipped.accuracy, "se": shipped.se, "usd": shipped.usd_per_query}
         if best is not None and best.usd_per_query:
             row["cost_share"] = shipped.usd_per_query / best.usd_per_query

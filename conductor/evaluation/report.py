@@ -132,11 +132,21 @@ def _cost_lines(meta: dict[str, Any]) -> list[str]:
 
 
 def objective(info: dict[str, Any]) -> str:
-    """How an artifact was trained, in a few characters: `λ 30`, or `floor +0 (λ 137)` for one
-    whose fixed action is the cheapest reaching the best single's train accuracy + floor."""
+    """How an artifact was trained, in a few characters: `λ 30`; `floor +0 (λ 137)` for one
+    whose fixed action is the cheapest reaching the best single's train accuracy + floor;
+    `budget 15% (λ 40)` for the most accurate within that share of the best single's cost."""
     lam = f"λ {info.get('lambda') or 0:.3g}"
-    floor = info.get("floor")
+    floor, budget = info.get("floor"), info.get("budget")
+    if budget is not None:
+        return f"budget {budget:.0%} ({lam})"
     return lam if floor is None else f"floor {floor:+g} ({lam})"
+
+
+def objective_order(info: dict[str, Any]) -> tuple:
+    """Sorts artifacts: lambdas, then floors, then budgets, each by its value."""
+    floor, budget = info.get("floor"), info.get("budget")
+    kind, value = (2, budget) if budget is not None else (1, floor) if floor is not None else (0, 0.0)
+    return kind, value, info.get("lambda") or 0.0
 
 
 def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
@@ -144,7 +154,7 @@ def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
     best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
     lines = ["| objective | accuracy | USD / query | cost vs best single | calls / query | plan shapes | top action |",
              "|---:|---:|---:|---:|---:|---|---|"]
-    for p in sorted(learned, key=lambda p: (p.info.get("floor") is not None, p.info["lambda"])):
+    for p in sorted(learned, key=lambda p: objective_order(p.info)):
         ratio = (f"{p.usd_per_query / best.usd_per_query:.0%}"
                  if best and best.usd_per_query and p.usd_per_query is not None else "—")
         shapes = ", ".join(f"{k} {v}" for k, v in sorted(p.info.get("shapes", {}).items()))
@@ -212,7 +222,7 @@ def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader"
         if ps:
             ax.scatter([p.usd_per_query for p in ps], [p.accuracy for p in ps], marker=marker, c=color, s=size,
                        label=legend, zorder=2 if kind == "single" else 3, edgecolors="none")
-    sweep = sorted((p for p in plotted if p.kind == "learned" and p.info.get("floor") is None),
+    sweep = sorted((p for p in plotted if p.kind == "learned" and objective_order(p.info)[0] == 0),
                    key=lambda p: p.info.get("lambda", 0.0))
     if len(sweep) > 1:
         ax.plot([p.usd_per_query for p in sweep], [p.accuracy for p in sweep], color=_STYLES["learned"][1],

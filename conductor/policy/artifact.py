@@ -74,7 +74,8 @@ class Artifact:
 
 def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: str = "learned",
          actions: dict[str, list[Action]], action_settings: ActionSettings,
-         features: FeatureSettings, lam: float, training: dict[str, Any], floor: float | None = None) -> Path:
+         features: FeatureSettings, lam: float, training: dict[str, Any], floor: float | None = None,
+         budget: float | None = None) -> Path:
     """Write the next version for this pool under `root`; returns its folder. `fixed` (the
     best fixed action per task) is saved beside the learner; `shipped` says which plans."""
     key = pool_key(pool)
@@ -99,7 +100,10 @@ def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: st
             "shipped": shipped,
             "lambda": lam,
             "floor": floor,
+            "budget": budget,
             "objective": "accuracy - lambda * USD per query" + (
+                f"; fixed action: the most accurate costing at most {budget:g} of the best single's USD on train"
+                if budget is not None else
                 "" if floor is None else f"; fixed action: the cheapest reaching the best single's accuracy "
                                          f"{floor:+g} on train"),
             "features": features.to_dict(),

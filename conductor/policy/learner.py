@@ -295,15 +295,18 @@ class FixedLearner:
     whose accuracy in the logs is at least the best single worker's + `floor` (0: match
     the best single; -0.01: within a point of it), the best single being the single-worker
     action most accurate in the same logs. That is the question "the least cost at the
-    best single's accuracy" asked of the train split, with no lambda to guess."""
+    best single's accuracy" asked of the train split, with no lambda to guess. With
+    `budget` set, the same kind of target asked from the other side: the most accurate
+    action costing at most `budget` x the best single's USD, so an allowance is spent on
+    accuracy rather than saved."""
 
     model_file = "fixed.json"
     kind = "fixed"
 
     def __init__(self, name: str = "fixed", floor: float | None = None,
-                 reference: dict[str, tuple[str, float, float]] | None = None):
+                 reference: dict[str, tuple[str, float, float]] | None = None, budget: float | None = None):
         self.name = name
-        self.floor = floor
+        self.floor, self.budget = floor, budget
         # Per task: the best single (key, accuracy, USD) the floor is relative to, when measured on
         # more logs than `fit` sees (training cuts dominated actions, the best single among them).
         self.reference = reference or {}
@@ -314,13 +317,14 @@ class FixedLearner:
     def fit(self, examples: Sequence[Logged]) -> dict:
         values = action_values(examples)
         self.values = {t: {a: v for a, (v, _, _) in by.items()} for t, by in values.items()}
-        if self.floor is None:
+        if self.floor is None and self.budget is None:
             self.choice = {t: max(by, key=lambda a: (by[a], a)) for t, by in self.values.items()}
             return {"choice": dict(self.choice)}
         acc, cost = action_means(examples, "correct"), action_means(examples, "cost")
         for t in self.values:
-            self.choice[t], self.why[t] = floor_choice(acc[t], cost[t], self.floor, self.reference.get(t))
-        return {"choice": dict(self.choice), "floor": self.floor, "why": self.why}
+            self.choice[t], self.why[t] = target_choice(acc[t], cost[t], self.floor, self.budget,
+                                                        self.reference.get(t))
+        return {"choice": dict(self.choice), "floor": self.floor, "budget": self.budget, "why": self.why}
 
     def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
         task = ctx.task or "none"
@@ -332,8 +336,8 @@ class FixedLearner:
 
     def save(self, folder: Path) -> list[str]:
         (Path(folder) / self.model_file).write_bytes(orjson.dumps(
-            {"choice": self.choice, "values": self.values, "floor": self.floor, "why": self.why,
-             "reference": self.reference},
+            {"choice": self.choice, "values": self.values, "floor": self.floor, "budget": self.budget,
+             "why": self.why, "reference": self.reference},
             option=orjson.OPT_INDENT_2))
         return [self.model_file]
 
@@ -342,7 +346,7 @@ class FixedLearner:
         self = cls(meta.get("name", "fixed"))
         data = orjson.loads((Path(folder) / cls.model_file).read_bytes())
         self.choice, self.values = data["choice"], data["values"]
-        self.floor, self.why = data.get("floor"), data.get("why") or {}
+        self.floor, self.budget, self.why = data.get("floor"), data.get("budget"), data.get("why") or {}
         self.reference = {t: tuple(r) for t, r in (data.get("reference") or {}).items()}
         return self
 
@@ -351,8 +355,8 @@ class FixedLearner:
 
     def describe(self) -> dict:
         out = {"name": self.name, "choice": dict(self.choice)}
-        if self.floor is not None:
-            out.update(floor=self.floor, why=self.why)
+        if self.floor is not None or self.budget is not None:
+            out.update(floor=self.floor, budget=self.budget, why=self.why)
         return out
 
 
@@ -370,7 +374,9 @@ class SegmentLearner:
     Without a floor, lam is the training lambda, and the groups are used only if their
     cross-fitted reward beats the task-wide choice's. With a floor, the cheapest by
     cross-fitted cost among the lams (and the task-wide choice) whose cross-fitted accuracy
-    reaches the best single's + floor wins (the most accurate when none does). Queries of
+    reaches the best single's + floor wins (the most accurate when none does). With a budget,
+    the most accurate by cross-fitted accuracy among those whose cross-fitted USD is at most
+    budget x the best single's (the cheapest when none is). Queries of
     groups with fewer than `min_group` queries, of groups never seen, or without a group
     take the task-wide choice."""
 
@@ -379,8 +385,9 @@ class SegmentLearner:
 
     def __init__(self, name: str = "segment", lam: float = 0.0, floor: float | None = None,
                  reference: dict[str, tuple[str, float, float]] | None = None, folds: int = 5,
-                 min_group: int = 20, seed: int = 0):
+                 min_group: int = 20, seed: int = 0, budget: float | None = None):
         self.name, self.lam, self.floor, self.folds, self.min_group, self.seed = name, lam, floor, folds, min_group, seed
+        self.budget = budget
         self.reference = reference or {}
         self.choice: dict[str, dict] = {}  # task -> {"all": key, "groups": {group: key}}
         self.scores: dict[str, dict[str, float]] = {}  # task -> action -> accuracy - lam x USD, task-wide
@@ -398,8 +405,8 @@ class SegmentLearner:
             table = _SegmentTable(task, sorted(queries), actions, acc, cost, groups, self.folds, self.min_group,
                                   self.seed)
             reference = self.reference.get(task) or singles.get(task) or (actions[0], 0.0, 0.0)
-            if self.floor is not None:
-                table.floor = (self.floor, reference)
+            if self.floor is not None or self.budget is not None:
+                table.target = (self.floor, self.budget, reference)
             lam, grouped, self.why[task] = self._setting(table, reference)
             self.choice[task] = table.choose(lam, grouped)
             self.scores[task] = table.scores(lam)
@@ -408,7 +415,14 @@ class SegmentLearner:
     def _setting(self, table: "_SegmentTable", reference: tuple[str, float, float]) -> tuple[float, bool, dict]:
         """(lam, grouped, why): each candidate setting scored by its cross-fitted accuracy and USD."""
         wide = (self.lam, False, *table.crossfit(self.lam, grouped=False))  # no groups: the task-wide choice
-        if self.floor is None:
+        if self.budget is not None:
+            tried = [wide] + [(lam, True, *table.crossfit(lam)) for lam in table.lambdas()]
+            cap = self.budget * reference[2]
+            ok = [t for t in tried if t[3] <= cap + 1e-15]
+            pick = (max(ok, key=lambda t: (t[2], -t[3], not t[1], t[0])) if ok
+                    else min(tried, key=lambda t: (t[3], -t[2], t[1])))
+            reached = bool(ok)
+        elif self.floor is None:
             tried = [wide, (self.lam, True, *table.crossfit(self.lam))]
             pick = max(tried, key=lambda t: (t[2] - self.lam * t[3], not t[1]))  # a tie keeps it simple
             reached = None
@@ -422,9 +436,13 @@ class SegmentLearner:
         lam, grouped, accuracy, usd = pick
         why = {"lambda": lam, "grouped": grouped, "crossfit_accuracy": accuracy, "crossfit_usd": usd,
                "task_wide_crossfit": list(wide[2:]), "groups": table.counts()}
-        if self.floor is not None:
-            why.update(need_accuracy=reference[1] + self.floor, reached=reached, lambdas_tried=len(tried) - 1,
-                       best_single=reference[0], best_single_accuracy=reference[1], best_single_usd=reference[2])
+        if self.floor is not None or self.budget is not None:
+            why.update(reached=reached, lambdas_tried=len(tried) - 1, best_single=reference[0],
+                       best_single_accuracy=reference[1], best_single_usd=reference[2])
+            if self.budget is not None:
+                why.update(budget=self.budget, cap_usd=self.budget * reference[2])
+            else:
+                why.update(need_accuracy=reference[1] + self.floor)
         return lam, grouped, why
 
     def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
@@ -440,7 +458,8 @@ class SegmentLearner:
     def save(self, folder: Path) -> list[str]:
         (Path(folder) / self.model_file).write_bytes(orjson.dumps(
             {"choice": self.choice, "scores": self.scores, "why": self.why, "lam": self.lam, "floor": self.floor,
-             "reference": self.reference, "folds": self.folds, "min_group": self.min_group, "seed": self.seed},
+             "budget": self.budget, "reference": self.reference, "folds": self.folds, "min_group": self.min_group,
+             "seed": self.seed},
             option=orjson.OPT_INDENT_2))
         return [self.model_file]
 
@@ -449,7 +468,7 @@ class SegmentLearner:
         data = orjson.loads((Path(folder) / cls.model_file).read_bytes())
         self = cls(meta.get("name", "segment"), lam=data["lam"], floor=data["floor"],
                    reference={t: tuple(r) for t, r in data["reference"].items()}, folds=data["folds"],
-                   min_group=data["min_group"], seed=data["seed"])
+                   min_group=data["min_group"], seed=data["seed"], budget=data.get("budget"))
         self.choice, self.scores, self.why = data["choice"], data["scores"], data["why"]
         return self
 
@@ -457,17 +476,17 @@ class SegmentLearner:
         pass
 
     def describe(self) -> dict:
-        return {"name": self.name, "floor": self.floor, "folds": self.folds, "min_group": self.min_group,
-                "why": self.why}
+        return {"name": self.name, "floor": self.floor, "budget": self.budget, "folds": self.folds,
+                "min_group": self.min_group, "why": self.why}
 
 
 class _SegmentTable:
     """One task's logs as sums per (action, segment, fold), so each lam is scored in
     O(actions x segments x folds). A segment is a group with at least `min_group` queries;
     the rest of the task's queries form the segment None, which takes the task-wide choice:
-    the best at lam, or with a `floor` (delta, best single) the cheapest action reaching it."""
+    the best at lam, or with a `target` (floor, budget, best single) `target_choice`'s."""
 
-    floor: tuple[float, tuple[str, float, float]] | None = None
+    target: tuple[float | None, float | None, tuple[str, float, float]] | None = None  # floor, budget, best single
 
     def __init__(self, task: str, queries: list[str], actions: list[str],
                  acc: dict[tuple[str, str], dict[str, float]], cost: dict[tuple[str, str], dict[str, float]],
@@ -509,12 +528,12 @@ class _SegmentTable:
         return max(self.actions, key=value)
 
     def _everyone(self, lam: float, without: int | None) -> str:
-        if self.floor is None:
+        if self.target is None:
             return self._pick(lam, None, without)
         sums = {a: self._sum(a, None, without) for a in self.actions}
         acc = {a: c / max(n, 1) for a, (c, _, n) in sums.items()}
         usd = {a: u / max(n, 1) for a, (_, u, n) in sums.items()}
-        return floor_choice(acc, usd, *self.floor)[0]
+        return target_choice(acc, usd, *self.target)[0]
 
     def _choices(self, lam: float, without: int | None, grouped: bool = True) -> list[str]:
         everyone = self._everyone(lam, without)
@@ -590,6 +609,32 @@ def floor_choice(acc: dict[str, float], cost: dict[str, float], floor: float,
             else max(acc, key=lambda a: (acc[a], -cost[a], a)))
     return pick, {"best_single": reference[0], "best_single_accuracy": reference[1], "need_accuracy": need,
                   "accuracy": acc[pick], "usd": cost[pick], "best_single_usd": reference[2], "reached": bool(ok)}
+
+
+def budget_choice(acc: dict[str, float], cost: dict[str, float], budget: float,
+                  reference: tuple[str, float, float] | None = None) -> tuple[str, dict]:
+    """The most accurate action costing at most `budget` x the best single's USD (ties: the
+    cheaper, then the key); the cheapest action when none fits. The best single is
+    `reference` when given, else the most accurate single action among `acc`."""
+    if reference is None:
+        singles = [a for a in acc if a.startswith("single:")] or list(acc)
+        best = max(singles, key=lambda a: (acc[a], -cost[a], a))
+        reference = (best, acc[best], cost[best])
+    cap = budget * reference[2]
+    ok = [a for a in acc if cost[a] <= cap + 1e-15]
+    pick = (max(ok, key=lambda a: (acc[a], -cost[a], a)) if ok
+            else min(acc, key=lambda a: (cost[a], -acc[a], a)))
+    return pick, {"best_single": reference[0], "best_single_accuracy": reference[1], "budget": budget,
+                  "cap_usd": cap, "accuracy": acc[pick], "usd": cost[pick], "best_single_usd": reference[2],
+                  "reached": bool(ok)}
+
+
+def target_choice(acc: dict[str, float], cost: dict[str, float], floor: float | None, budget: float | None,
+                  reference: tuple[str, float, float] | None = None) -> tuple[str, dict]:
+    """The fixed action of a constrained objective: `floor_choice` or `budget_choice`."""
+    if budget is not None:
+        return budget_choice(acc, cost, budget, reference)
+    return floor_choice(acc, cost, floor, reference)
 
 
 def make_learner(name: str, seed: int = 0, **vw_options) -> VWLearner | TableLearner | FixedLearner | SegmentLearner:

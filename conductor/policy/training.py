@@ -27,9 +27,11 @@ Training then, per task:
    both, so evaluation can report each (planner option `use=learned|fixed`).
 
 The fixed action is the one with the best reward, or with `floor` the cheapest
-action whose train accuracy reaches the best single worker's + floor (see
-`learner.FixedLearner`): a target such as "the best single's accuracy at a
-quarter of its cost" asked of the train split directly.
+action whose train accuracy reaches the best single worker's + floor, or with
+`budget` the most accurate action costing at most that share of the best
+single's USD (see `learner.FixedLearner`): a target such as "the best single's
+accuracy at a quarter of its cost" asked of the train split directly, from
+either side.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ from conductor.errors import ConductorError
 from conductor.policy import artifact as artifacts
 from conductor.policy.actions import Action, ActionSettings, Measured, action_set, from_steps, pareto, servable
 from conductor.policy.features import Context, FeatureSettings, context
-from conductor.policy.learner import (LEARNERS, FixedLearner, Logged, SegmentLearner, best_singles, floor_choice,
-                                      make_learner, per_query_means)
+from conductor.policy.learner import (LEARNERS, FixedLearner, Logged, SegmentLearner, best_singles,
+                                      make_learner, per_query_means, target_choice)
 from conductor.pool import Pool, load_pool
 from conductor.queries import load_queries
 from conductor.store import RunDir
@@ -74,6 +76,9 @@ class TrainConfig:
     # least the best single worker's + floor (0: match it, -0.01: within a point). See FixedLearner.
     # With a floor, `lam` is replaced by the lambda under which that action is the best (implied_lambda).
     floor: float | None = None
+    # Or a cost cap: the most accurate action costing at most this share of the best single's USD per
+    # query on train (0.15: 15%). Like a floor, it sets `lam` by implied_lambda. See FixedLearner.
+    budget: float | None = None
     ship_margin: float = 1.0  # the learned policy ships only if better than the fixed by this many paired SEs
     band: float = 1.0  # keep actions within this many standard errors of the Pareto frontier
     max_actions: int = 40  # per task, after the Pareto cut
@@ -193,6 +198,11 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
     if cfg.floor is not None and not -1 < cfg.floor < 1:
         raise ConductorError(f"--floor is an accuracy difference from the best single, between -1 and 1 "
                              f"(got {cfg.floor})")
+    if cfg.budget is not None and not cfg.budget > 0:
+        raise ConductorError(f"--budget is a share of the best single's cost per query, above 0 (got {cfg.budget})")
+    if cfg.budget is not None and cfg.floor is not None:
+        raise ConductorError("--floor and --budget are two objectives: give one (a floor minimizes cost at an "
+                             "accuracy, a budget maximizes accuracy at a cost)")
     if cfg.ship_margin < 0:
         raise ConductorError(f"--ship-margin must be at least 0 (got {cfg.ship_margin})")
     group_by = cfg.features.group_by
@@ -214,6 +224,7 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
         summary = {
             "lambda": cfg.lam,
             "floor": cfg.floor,
+            "budget": cfg.budget,
             "floor_lambda": fitted.floor_lambda,
             "runs": logs.runs,
             "plans_used": len(examples),
@@ -232,7 +243,8 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
         actions = {t: [m.action for m in ms] for t, ms in fitted.kept.items()}
         folder = artifacts.save(cfg.out or artifacts.default_root(), pool, learner, fixed=fitted.fixed,
                                 shipped=selection["shipped"], actions=actions, action_settings=cfg.actions,
-                                features=cfg.features, lam=cfg.lam, floor=cfg.floor, training=summary)
+                                features=cfg.features, lam=cfg.lam, floor=cfg.floor, budget=cfg.budget,
+                                training=summary)
     finally:
         close = getattr(learner, "close", None)
         if callable(close):
@@ -244,7 +256,7 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
 class Fitted:
     """What `fit_policy` made of the examples; `learner` may hold a native model: close it."""
 
-    cfg: TrainConfig  # with lam replaced by the floor's implied lambda, when a floor is set
+    cfg: TrainConfig  # with lam replaced by the floor's (or budget's) implied lambda, when one is set
     learner: Any
     fixed: FixedLearner
     fit: dict[str, Any]
@@ -261,17 +273,17 @@ def fit_policy(cfg: TrainConfig, logged: Sequence[Logged]) -> Fitted:
     kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in measured.items()}
     everything = list(logged)
     floor_lambda = None
-    if cfg.floor is not None:
+    if cfg.floor is not None or cfg.budget is not None:
         # The learner optimizes a reward: give it the lambda under which the floor's action is the
         # best fixed one (its price of accuracy), so both aim at the same point of the frontier.
-        floor_lambda = implied_lambda(measured, kept, best_singles(everything), cfg.floor)
+        floor_lambda = implied_lambda(measured, kept, best_singles(everything), cfg.floor, cfg.budget)
         if floor_lambda is not None:
             cfg = replace(cfg, lam=floor_lambda["lambda"])
     everything = [replace(e, reward=float(bool(e.correct)) - cfg.lam * e.cost) for e in everything]
     examples = restrict(everything, {t: {m.action.key for m in ms} for t, ms in kept.items()})
     selection = choose(cfg, examples, everything)
     learner = _learner(cfg, best_singles(everything))
-    fixed = FixedLearner(floor=cfg.floor, reference=best_singles(everything))
+    fixed = FixedLearner(floor=cfg.floor, reference=best_singles(everything), budget=cfg.budget)
     try:
         fit = learner.fit(examples)
         fixed.fit(examples)
@@ -315,9 +327,9 @@ def restrict(examples: Sequence[Logged], keep: dict[str, set[str]]) -> list[Logg
 
 def _learner(cfg: TrainConfig, reference: dict[str, tuple[str, float, float]] | None = None) -> Any:
     if cfg.learner == "fixed":
-        return FixedLearner(floor=cfg.floor, reference=reference)
+        return FixedLearner(floor=cfg.floor, reference=reference, budget=cfg.budget)
     if cfg.learner == "segment":
-        return SegmentLearner(lam=cfg.lam, floor=cfg.floor, reference=reference, seed=cfg.seed)
+        return SegmentLearner(lam=cfg.lam, floor=cfg.floor, reference=reference, seed=cfg.seed, budget=cfg.budget)
     return make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
 
 
@@ -331,7 +343,9 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
     each of K parts is held back in turn from fits on the other K - 1, so the comparison
     sees every train query and no single draw of a quarter decides.
 
-    Better means, by default, a higher reward (accuracy - lambda x USD). With a `floor`, the
+    Better means, by default, a higher reward (accuracy - lambda x USD). With a `budget`, a
+    higher accuracy, the learned policy costing at most the budget's share of the best single's
+    USD on the held-back queries. With a `floor`, the
     question is the floor's: the learned policy must reach the floor on the held-back queries
     (accuracy at least the best single's + floor, the best single chosen on the rest) and
     cost less than the fixed action by more than the margin. `everything`: the logs before the
@@ -349,7 +363,7 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
         fit_on = [e for e in examples if e.query not in held_ids]
         reference = best_singles([e for e in everything if e.query not in held_ids])
         learner = _learner(cfg, reference)
-        fixed = FixedLearner(floor=cfg.floor, reference=reference)
+        fixed = FixedLearner(floor=cfg.floor, reference=reference, budget=cfg.budget)
         try:
             learner.fit(fit_on)
             fixed.fit(fit_on)
@@ -360,7 +374,7 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
             if callable(close):
                 close()
         singles = {t: w[0] for t, w in reference.items()}
-        if cfg.floor is not None:
+        if cfg.floor is not None or cfg.budget is not None:
             per_q["best_single"].update(outcomes(_Constant(singles), [e for e in everything if e.query in held_ids]))
         fits.append({"fixed": dict(fixed.choice), "best_single": singles, "fixed_why": fixed.why})
     n_held = len(set().union(*parts))
@@ -371,7 +385,19 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
                                    else f"{cfg.holdout:g} of the queries held back")}
     if len(parts) > 1:
         out["folds"] = [{"fixed": f["fixed"], "best_single": f["best_single"]} for f in fits]
-    if cfg.floor is None:
+    if cfg.budget is not None:
+        d = paired_diff(per_q["learned"], per_q["fixed"], 1)
+        held_usd = {k: sum(v[2] for v in per_q[k].values()) / max(len(per_q[k]), 1)
+                    for k in ("learned", "best_single")}
+        share = held_usd["learned"] / held_usd["best_single"] if held_usd["best_single"] > 0 else math.inf
+        within = share <= cfg.budget + 1e-12
+        better = within and d is not None and d[0] > 0 and d[0] > cfg.ship_margin * d[1]
+        out.update(rule=f"learned if it costs at most {cfg.budget:g} of the best single's USD per query on the "
+                        f"held-back queries and is more accurate than the fixed action by more than "
+                        f"{cfg.ship_margin:g} paired SE", budget=cfg.budget, best_single=fits[0]["best_single"],
+                   learned_share_of_best_single_usd=share, learned_minus_fixed_accuracy=d,
+                   fixed_why=fits[0]["fixed_why"])
+    elif cfg.floor is None:
         d = paired_diff(per_q["learned"], per_q["fixed"], 0)
         better = d is not None and d[0] > 0 and d[0] > cfg.ship_margin * d[1]
         out.update(rule=f"learned if its reward beats the fixed action's by more than {cfg.ship_margin:g} "
@@ -404,15 +430,16 @@ def _parts(cfg: TrainConfig, queries: set[str]) -> list[set[str]]:
 
 
 def implied_lambda(measured: dict[str, list[Measured]], kept: dict[str, list[Measured]],
-                   reference: dict[str, tuple[str, float, float]], floor: float) -> dict[str, Any] | None:
-    """The lambda under which the floor's fixed action has the best reward (accuracy - lambda x
+                   reference: dict[str, tuple[str, float, float]], floor: float | None,
+                   budget: float | None = None) -> dict[str, Any] | None:
+    """The lambda under which the floor's (or budget's) fixed action has the best reward (accuracy - lambda x
     USD) among the kept actions, for the task with the most queries: the middle (geometric) of
     the range where it does, or, when it is not on the convex hull, the lambda where it falls
     least short of the best."""
     task = max(measured, key=lambda t: (max((m.n for m in measured[t]), default=0), t))
     ms = kept[task]
-    pick, why = floor_choice({m.action.key: m.accuracy for m in ms}, {m.action.key: m.cost for m in ms}, floor,
-                             reference.get(task))
+    pick, why = target_choice({m.action.key: m.accuracy for m in ms}, {m.action.key: m.cost for m in ms}, floor,
+                              budget, reference.get(task))
     c = next(m for m in ms if m.action.key == pick)
     lo = max([(m.accuracy - c.accuracy) / (m.cost - c.cost) for m in ms
               if m.cost > c.cost and m.accuracy > c.accuracy], default=0.0)
@@ -573,6 +600,7 @@ def describe(folder: Path) -> str:
     lines = [f"policy   {folder}",
              f"version  v{meta['version']:04d} (format {meta['format_version']}), pool {meta['pool']['key']}, "
              f"learner {meta['learner']['name']}, lambda {meta['lambda']:g}",
+             f"goal     {meta.get('objective', 'accuracy - lambda * USD per query')}",
              "actions  " + ", ".join(f"{task}: {len(keys)}" for task, keys in acts.items()),
              f"trained  on {t['plans_used']} plans of {t['queries']} queries from run(s) "
              f"{', '.join(r['run_id'] for r in t['runs'])} in {t['seconds']:.1f} s"]
