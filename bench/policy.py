@@ -5,7 +5,7 @@ chosen on train, graded by the same grader.
 
     python bench/policy.py --docs                            # gsm8k and mmlu_pro, the issue's targets
     python bench/policy.py --datasets gsm8k --lambdas 0 30
-    python bench/policy.py --datasets gsm8k --lambdas --floors 0     # the floor only, no lambda
+    python bench/policy.py --datasets gsm8k --lambdas --floors 0 --budgets   # the floor only, no lambda
     python bench/policy.py --tables my_logs.parquet --lambdas 0 30   # any recorded table (see the README)
     python bench/policy.py --datasets mmlu_pro --learner segment --group-by category --work data/bench-policy-segment
 
@@ -14,12 +14,14 @@ Per dataset (everything under --work, default data/bench-policy/<dataset>):
 2. A sweep on train: every candidate action (singles, cascades, votes) once per
    query, through the pipeline against the replay server (`conductor policy
    rollouts --samples all`).
-3. Per lambda, and per floor: train on the sweep (round 1: Pareto cut on the
+3. Per lambda, per floor and per budget: train on the sweep (round 1: Pareto cut on the
    measured actions, learned vs best fixed action on held-back train queries); one
    on-policy round of --samples epsilon-greedy draws from it; retrain on both (round 2).
    A floor (`--floors`, by default the targets' accuracy deltas) trains the fixed
-   action as the cheapest one whose train accuracy reaches the best single's + floor:
-   each target asked of the train split, never of test.
+   action as the cheapest one whose train accuracy reaches the best single's + floor;
+   a budget (`--budgets`, by default the targets' cost shares) as the most accurate
+   one costing at most that share of the best single's cost: each target asked of
+   the train split from both sides, never of test.
 4. `conductor policy eval` on the test split with the round-1 artifacts: every single
    worker, the best single (chosen on train), the oracle, the prior planner, the
    best fixed cascade on train, per lambda the learned policy and the best fixed
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lambdas", nargs="*", type=float, default=None, help="default: a sweep per dataset")
     ap.add_argument("--floors", nargs="*", type=float, default=None, metavar="DELTA",
                     help="accuracy floors relative to the best single on train (default: the targets' deltas)")
+    ap.add_argument("--budgets", nargs="*", type=float, default=None, metavar="SHARE",
+                    help="cost caps, shares of the best single's cost on train (default: the targets' shares)")
     ap.add_argument("--target", action="append", default=None, metavar="DELTA:SHARE",
                     help="targets to check (default: the issue's for the shared tables)")
     ap.add_argument("--replay-dir", type=Path, default=None)
@@ -107,9 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         targets = args.target if args.target is not None else TARGETS.get(ds, [])
         floors = (args.floors if args.floors is not None
                   else sorted({t.accuracy_delta for t in map(Target.parse, targets)}))
-        if not lambdas and not floors:
-            ap.error("nothing to train: give --lambdas or --floors (or targets)")
-        results[ds] = bench(spec, args.work / ds, lambdas, floors, targets, args)
+        budgets = (args.budgets if args.budgets is not None
+                   else sorted({t.cost_share for t in map(Target.parse, targets)}))
+        if not lambdas and not floors and not budgets:
+            ap.error("nothing to train: give --lambdas, --floors or --budgets (or targets)")
+        objectives = ([("lambda", v) for v in lambdas] + [("floor", v) for v in floors]
+                      + [("budget", v) for v in budgets])
+        results[ds] = bench(spec, args.work / ds, objectives, targets, args)
         if args.sweep_only:
             continue
         (args.work / ds / "result.json").write_text(json.dumps(results[ds], indent=2, default=str))
@@ -128,7 +136,8 @@ def _write_summary(work: Path, results: dict) -> int:
     return 0
 
 
-def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: list[str], args) -> dict:
+def bench(spec, work: Path, objectives: list[tuple[str, float]], targets: list[str], args) -> dict:
+    """`objectives`: ("lambda" | "floor" | "budget", value) pairs, each trained twice (two rounds)."""
     import pyarrow.parquet as pq
 
     from conductor.evaluation import EvalConfig, Target, evaluate
@@ -172,13 +181,13 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
         if args.sweep_only:
             return {"dataset": ds, "sweep": log["rollouts"][-1]}
         learner = {"learner": args.learner, "features": FeatureSettings(group_by=args.group_by), "folds": args.folds}
-        for kind, value in [("lambda", lam) for lam in lambdas] + [("floor", f) for f in floors]:
-            tag = f"{value:g}" if kind == "lambda" else f"floor{value:g}"  # a run id: no "+"
+        for kind, value in objectives:
+            tag = f"{value:g}" if kind == "lambda" else f"{kind}{value:g}"  # a run id: no "+"
             if args.learner != "vw":  # its on-policy round is another run
                 tag = f"{args.learner}-{tag}"
             if args.folds > 1:
                 tag = f"{tag}-folds{args.folds}"
-            how = {"lam": value, **learner} if kind == "lambda" else {"floor": value, **learner}
+            how = {"lam" if kind == "lambda" else kind: value, **learner}
             r1[tag], s1 = train(TrainConfig(pool=pool, runs=["sweep"], data_dir=data, out=root / f"round1-{tag}",
                                             **how), pool=recorded)
             rid = f"onpolicy-{tag}"
@@ -187,10 +196,10 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
             r2[tag], s2 = train(TrainConfig(pool=pool, runs=["sweep", rid], data_dir=data,
                                             out=root / f"round2-{tag}", **how), pool=recorded)
             log["lambdas"][tag] = {"round1": str(r1[tag]), "round2": str(r2[tag]), "lambda": s1["lambda"],
-                                   "floor": s1["floor"], "floor_lambda": s1["floor_lambda"],
+                                   "floor": s1["floor"], "budget": s1["budget"], "floor_lambda": s1["floor_lambda"],
                                    "frontier": s1["frontier"], "selection_round1": s1["selection"],
                                    "selection_round2": s2["selection"], "train_s": s1["seconds"] + s2["seconds"]}
-            print(f"  {objective({'lambda': s1['lambda'], 'floor': s1['floor']})}: frontier "
+            print(f"  {objective(s1)}: frontier "
                   f"{sum(len(v) for v in s1['frontier'].values())} actions, ships "
                   f"{s1['selection']['shipped']} (round 2: {s2['selection']['shipped']})", flush=True)
     rep = evaluate(EvalConfig(pool=pool, queries=files["all"], split="test", out=work / "eval",
@@ -208,7 +217,8 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
              "cost_share": p.usd_per_query / best.usd_per_query, "calls": p.calls_per_query,
              "vs_best_single": paired(p, best)}
         if p.kind in ("learned", "fixed"):
-            d.update({"lambda": p.info.get("lambda"), "floor": p.info.get("floor"), "objective": objective(p.info)})
+            d.update({"lambda": p.info.get("lambda"), "floor": p.info.get("floor"), "budget": p.info.get("budget"),
+                      "objective": objective(p.info)})
         return d
 
     rounds = []
@@ -217,7 +227,7 @@ def bench(spec, work: Path, lambdas: list[float], floors: list[float], targets: 
         two = next(p for p in rep2.policies if p.kind in ("learned", "fixed") and p.info.get("artifact") == str(r2[tag]))
         rounds.append({"tag": tag, "objective": objective(one.info), "round1": row(one), "round2": row(two),
                        "round2_minus_round1": paired(two, one)})
-    out = {"dataset": ds, "lambdas": lambdas, "floors": floors, "log": log, "report": str(rep.report_path),
+    out = {"dataset": ds, "objectives": [f"{k} {v:g}" for k, v in objectives], "log": log, "report": str(rep.report_path),
            "chart": str(rep.chart_path), "best_single": row(best), "oracle": row(oracle), "prior": row(planner),
            "fixed_cascade": row(cascade) if cascade else None, "top_single_on_test": row(top),
            "comparisons": rep.meta.get("comparisons"), "targets": rep.meta.get("targets"), "rounds": rounds,
@@ -254,9 +264,9 @@ def summary_markdown(results: dict) -> str:
                        f"{pm(p['vs_best_single'])} |")
         out += ["", "| objective | shipped vs best fixed (reward, paired) | within one SE | round 2 − round 1 "
                     "(accuracy, paired) | round 2 |", "|---|---:|---|---:|---|"]
-        by_key = {(c["lambda"], c.get("floor")): c for c in r["comparisons"] or []}
+        by_key = {(c["lambda"], c.get("floor"), c.get("budget")): c for c in r["comparisons"] or []}
         for rd in r["rounds"]:
-            c = by_key.get((rd["round1"]["lambda"], rd["round1"]["floor"]), {})
+            c = by_key.get((rd["round1"]["lambda"], rd["round1"]["floor"], rd["round1"].get("budget")), {})
             out.append(f"| {rd['objective']} | {pm(c.get('shipped_vs_fixed'))} | "
                        f"{'yes' if c.get('within_one_se_of_fixed') else 'no'} | {pm(rd['round2_minus_round1'])} | "
                        f"{cell(rd['round2'])} |")

@@ -3,6 +3,7 @@ random halves of a recorded table, in memory, and count how often it meets the t
 
     python bench/resplit.py                                   # mmlu_pro, segment by category, 10 halves
     python bench/resplit.py --splits 20 --folds 1 5 --floors -0.01 0
+    python bench/resplit.py --within train --floors --budgets 0.15 0.5      # the budgets only
 
 Per split (the table's own train/test split first, then --splits random halves, each a
 salted hash of the question id): every candidate action of the pool is played on every
@@ -10,14 +11,15 @@ question of the table's recorded answers by the executor's rules
 (`conductor.replay.offline`), which is what the sweep of `bench/policy.py` logs on train;
 the workers' skills that shape the action set are measured on that split's train half
 only; then per selection rule (`--folds`: 1 holds back a quarter of train once, K >= 2
-holds back every train query once in K parts) and per floor, `conductor.policy.training.fit_policy`
+holds back every train query once in K parts) and per objective (each of --floors, then
+each of --budgets), `conductor.policy.training.fit_policy`
 trains exactly as `conductor policy train` does, and the shipped policy is scored on the
 test half against the best single chosen on the train half, by the same grader.
 
 `--within train` draws the halves from the table's train split alone, so settings can be
 chosen by how often they meet the targets there without reading any test outcome.
 
-The first row should reproduce `bench/policy.py`'s figures for the same learner and floor
+The first row should reproduce `bench/policy.py`'s figures for the same learner and objective
 (the pipeline's are through the replay server); the random halves say how far one
 split's verdict carries.
 """
@@ -51,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-by", default="category", metavar="FIELD")
     ap.add_argument("--folds", nargs="+", type=int, default=[1, 5],
                     help="selection rules to compare: 1 (a held-back quarter) or K parts (default: 1 5)")
-    ap.add_argument("--floors", nargs="+", type=float, default=[-0.01, 0.0])
+    ap.add_argument("--floors", nargs="*", type=float, default=[-0.01, 0.0])
+    ap.add_argument("--budgets", nargs="*", type=float, default=[],
+                    help="cost caps, shares of the best single's cost (objectives besides the floors)")
     ap.add_argument("--within", choices=("train", "test"), default=None,
                     help="draw the halves from one split of the table only: `train` chooses settings without "
                          "ever reading the test split's outcomes")
@@ -76,12 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         name = "the table's split" if s < 0 else f"half {s}"
         train_ids = game.train_ids(None if s < 0 else f"resplit-{s}")
         for folds in args.folds:
-            for floor in args.floors:
-                r = game.score(train_ids, args.learner, floor, folds)
-                r.update(split=name, folds=folds, floor=floor)
+            for objective, target in objectives(args):
+                r = game.score(train_ids, args.learner, target, folds)
+                r.update(split=name, folds=folds, objective=objective)
                 r["met"] = [t for t in targets if meets(r["shipped"], t)]
                 rows.append(r)
-                print(f"  {name}, folds {folds}, floor {floor:+g}: ships {r['ships']} "
+                print(f"  {name}, folds {folds}, {objective}: ships {r['ships']} "
                       f"{cell(r['shipped'])}; learned {cell(r['learned'])}; fixed {cell(r['fixed'])}; "
                       f"meets {', '.join(r['met']) or 'nothing'}", flush=True)
     text = report(rows, args, targets, time.monotonic() - t0)
@@ -89,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(text)
     return 0
+
+
+def objectives(args) -> list[tuple[str, dict]]:
+    """(label, TrainConfig fields) per objective: the floors, then the budgets."""
+    return ([(f"floor {f:+g}", {"floor": f}) for f in args.floors]
+            + [(f"budget {b:.0%}", {"budget": b}) for b in args.budgets])
+
 
 
 class Game:
@@ -148,7 +159,7 @@ class Game:
             workers.append(w)
         return action_set(replace(self.pool, workers=workers), self.task)
 
-    def score(self, train_ids: set[str], learner: str, floor: float, folds: int) -> dict:
+    def score(self, train_ids: set[str], learner: str, target: dict, folds: int) -> dict:
         from conductor.policy.actions import servable
         from conductor.policy.learner import Logged, best_singles
         from conductor.policy.training import TrainConfig, fit_policy
@@ -160,7 +171,7 @@ class Game:
             for i, a in enumerate(cands[q]):
                 correct, usd, _ = self.outcome(a)[q]
                 examples.append(Logged(self.context[q], cands[q], i, 1 / len(cands[q]), 0.0, correct, usd, q))
-        cfg = TrainConfig(pool=Path("-"), runs=[], learner=learner, floor=floor, folds=folds,
+        cfg = TrainConfig(pool=Path("-"), runs=[], learner=learner, folds=folds, **target,
                           features=self.features)
         fitted = fit_policy(cfg, examples)
         best = best_singles(examples)[self.task][0]
@@ -209,31 +220,35 @@ def report(rows: list[dict], args, targets: list[str], seconds: float) -> str:
                 else f", {args.splits} random halves and the table's split") + f" ({seconds:.0f} s)", "",
              "Shipped policy on each test half, against the best single chosen on its train half "
              "(accuracy difference ± paired SE, cost share).", "",
-             "| split | folds | floor | ships | shipped | learned | fixed | meets |",
-             "|---|---:|---:|---|---:|---:|---:|---|"]
+             "| split | folds | objective | ships | shipped | learned | fixed | meets |",
+             "|---|---:|---|---|---:|---:|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['split']} | {r['folds']} | {r['floor']:+g} | {r['ships']} | {cell(r['shipped'])} | "
-                     f"{cell(r['learned'])} | {cell(r['fixed'])} | {', '.join(r['met']) or '—'} |")
-    lines += ["", "Over the random halves only (the table's own split left out):", "",
-              "| folds | floor | ships learned | mean difference | mean share | "
+        lines.append(f"| {r['split']} | {r['folds']} | {r['objective']} | {r['ships']} | "
+                     f"{cell(r['shipped'])} | {cell(r['learned'])} | {cell(r['fixed'])} | {', '.join(r['met']) or '—'} |")
+    lines += ["", "Over the random halves only (the table's own split left out); in brackets, how often the "
+              "learned policy alone would meet it:", "",
+              "| folds | objective | ships learned | mean difference | mean share | "
               + " | ".join(f"meets {t}" for t in targets) + " |",
-              "|---:|---:|---:|---:|---:|" + "---:|" * len(targets)]
+              "|---:|---|---:|---:|---:|" + "---:|" * len(targets)]
+    halves = sorted({r["split"] for r in rows if r["split"] != "the table's split"})
+    any_met = {}
     for folds in args.folds:
-        for floor in args.floors:
-            rs = [r for r in rows if r["folds"] == folds and r["floor"] == floor and r["split"] != "the table's split"]
+        mine = [r for r in rows if r["folds"] == folds and r["split"] != "the table's split"]
+        for objective, _ in objectives(args):
+            rs = [r for r in mine if r["objective"] == objective]
             if not rs:
                 continue
             n = len(rs)
-            lines.append(f"| {folds} | {floor:+g} | {sum(r['ships'] == 'learned' for r in rs)}/{n} | "
+            lines.append(f"| {folds} | {objective} | {sum(r['ships'] == 'learned' for r in rs)}/{n} | "
                          f"{sum(r['shipped']['diff'] for r in rs) / n:+.4f} | "
                          f"{sum(r['shipped']['share'] for r in rs) / n:.1%} | "
-                         + " | ".join(f"{sum(t in r['met'] for r in rs)}/{n}" for t in targets) + " |")
-    for folds in args.folds:
-        halves = sorted({r["split"] for r in rows if r["split"] != "the table's split"})
-        any_met = {t: sum(any(t in r["met"] for r in rows if r["split"] == h and r["folds"] == folds)
-                          for h in halves) for t in targets}
-        lines.append(f"\nfolds {folds}: halves where some floor's shipped policy meets each target: "
-                     + ", ".join(f"{t} {v}/{len(halves)}" for t, v in any_met.items()))
+                         + " | ".join(f"{sum(t in r['met'] for r in rs)}/{n} "
+                                      f"({sum(meets(r['learned'], t) for r in rs)}/{n})" for t in targets) + " |")
+        any_met[folds] = {t: sum(any(t in r["met"] for r in mine if r["split"] == h) for h in halves)
+                          for t in targets}
+    for folds, met in any_met.items():
+        lines.append(f"\nfolds {folds}: halves where some objective's shipped policy meets each target: "
+                     + ", ".join(f"{t} {v}/{len(halves)}" for t, v in met.items()))
     return "\n".join(lines)
 
 
