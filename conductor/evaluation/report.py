@@ -70,7 +70,8 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
                      f"{learned[0].queries} of the {n} queries; the chart joins those of a lambda sweep in "
                      f"order of lambda. Each artifact also holds the best fixed action on its train logs "
                      f"(*best fixed action*: the best reward at its lambda, or with a floor the cheapest action "
-                     f"reaching the best single's train accuracy + floor), run the same way; training ships the "
+                     f"reaching the best single's train accuracy + floor, or with a budget the most accurate action "
+                     f"within that share of the best single's train cost), run the same way; training ships the "
                      f"learned policy only when it beat the fixed action on held-back train queries by more than "
                      f"its margin of paired standard errors (*shipped*). ± SE: the accuracy's standard error; comparisons below are paired (the "
                      f"same queries on both sides).")
