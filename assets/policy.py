@@ -14,6 +14,8 @@ from typing import List, Optional
 from dagster import AssetExecutionContext, AssetKey, Config, MetadataValue, Output, asset
 from pydantic import Field
 
+from conductor.policy.artifact import read_meta
+from conductor.policy.features import FeatureSettings
 from conductor.policy.training import TrainConfig, runs_for_pool, train
 from conductor.pool import load_pool
 from conductor.runner import planning_pool
@@ -24,7 +26,16 @@ class PolicySettings(Config):
     lam: float = Field(default=0.0, description="cost weight: the objective is accuracy - lam x USD per query")
     runs: Optional[List[str]] = Field(default=None, description="runs to learn from (default: every complete "
                                                                 "embedded-planner run over the pool)")
-    learner: str = Field(default="vw", description="vw | vw-task | table | fixed")
+    learner: str = Field(default="vw", description="vw | vw-task | table | fixed | segment (needs group_by)")
+    group_by: Optional[str] = Field(default=None, description="segment learner: the metadata field naming each "
+                                                              "query's group")
+    floor: Optional[float] = Field(default=None, description="instead of lam: the fixed action is the cheapest "
+                                                             "reaching the best single's train accuracy + floor")
+    budget: Optional[float] = Field(default=None, description="instead of lam: the fixed action is the most "
+                                                              "accurate costing at most this share of the best "
+                                                              "single's (0.15: 15%); not with floor")
+    folds: int = Field(default=1, description="1: a held-back quarter chooses learned or fixed; K: every query "
+                                              "held back once, in K parts")
     out: Optional[str] = Field(default=None, description="policy root (default: <data_dir>/policy)")
     seed: int = 0
 
@@ -45,12 +56,15 @@ def policy(context: AssetExecutionContext, config: PolicySettings, pool: PoolRes
         return Output({"skipped": reason}, metadata={"skipped": MetadataValue.text(reason)})
     folder, summary = train(TrainConfig(pool=pool_path, runs=runs, data_dir=data_dir, lam=config.lam,
                                         out=Path(config.out) if config.out else data_dir / "policy",
-                                        learner=config.learner, seed=config.seed),
+                                        learner=config.learner, seed=config.seed, floor=config.floor,
+                                        budget=config.budget, folds=config.folds,
+                                        features=FeatureSettings(group_by=config.group_by)),
                             pool=planning_pool(load_pool(pool_path)))
     est = summary["estimates"]
     return Output({"artifact": str(folder), "runs": runs, "summary": summary}, metadata={
         "artifact": MetadataValue.path(str(folder.resolve())),
-        "lambda": config.lam,
+        "lambda": summary["lambda"],
+        "goal": read_meta(folder)["objective"],
         "learner": config.learner,
         "runs": MetadataValue.json(runs),
         "plans_used": summary["plans_used"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pyarrow.parquet as pq
@@ -334,3 +335,12 @@ def test_the_dagster_policy_asset_trains_from_the_runs_rewards(planted, tmp_path
                                              "storage": StorageResource(data_dir=str(tmp_path / "none"))})
     assert empty.success
     assert "no complete run" in empty.get_asset_materialization_events()[0].materialization.metadata["skipped"].value
+    # The CLI's objectives, from the asset's config: a budget, as `policy train --budget 0.98` above.
+    budgeted = materialize([policy], resources={"pool": PoolResource(path=str(planted["pool"])),
+                                                "storage": StorageResource(data_dir=str(planted["data"]))},
+                           run_config={"ops": {"policy": {"config": {"budget": 0.98, "learner": "table",
+                                                                     "out": str(tmp_path / "b")}}}})
+    md = budgeted.get_asset_materialization_events()[0].materialization.metadata
+    assert "the most accurate costing at most 0.98" in md["goal"].value and md["lambda"].value > 0
+    meta = orjson.loads((Path(md["artifact"].value) / "policy.json").read_bytes())
+    assert meta["budget"] == 0.98 and meta["fixed"]["choice"]["math"] == "single:plain"
