@@ -4,6 +4,8 @@ beats the best fixed action on held-back queries."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 import pytest
 import yaml
@@ -226,6 +228,11 @@ def test_with_a_budget_the_learned_policy_ships_only_within_it_and_more_accurate
     monkeypatch.setattr("conductor.policy.training._learner", lambda cfg, reference=None: Routes(dear=True))
     sel = choose(cfg, logs)
     assert sel["learned_share_of_best_single_usd"] > 0.15 and sel["shipped"] == "fixed"
+    # A pool of free workers: every action fits a share of nothing, so the fixed one is simply the
+    # most accurate, and the routes (no more accurate) stay unshipped; no share is made up.
+    sel = choose(cfg, [replace(e, cost=0.0) for e in logs])
+    assert sel["fixed"]["choice"]["math"] in ("single:big", "cascade:tiny+small>big")  # both 0.90
+    assert sel["learned_share_of_best_single_usd"] is None and sel["shipped"] == "fixed"
 
 
 class _PlaysBOnZebra:

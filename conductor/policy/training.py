@@ -389,8 +389,8 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
         d = paired_diff(per_q["learned"], per_q["fixed"], 1)
         held_usd = {k: sum(v[2] for v in per_q[k].values()) / max(len(per_q[k]), 1)
                     for k in ("learned", "best_single")}
-        share = held_usd["learned"] / held_usd["best_single"] if held_usd["best_single"] > 0 else math.inf
-        within = share <= cfg.budget + 1e-12
+        within = held_usd["learned"] <= cfg.budget * held_usd["best_single"] + 1e-15  # a free pool: free only
+        share = held_usd["learned"] / held_usd["best_single"] if held_usd["best_single"] > 0 else None
         better = within and d is not None and d[0] > 0 and d[0] > cfg.ship_margin * d[1]
         out.update(rule=f"learned if it costs at most {cfg.budget:g} of the best single's USD per query on the "
                         f"held-back queries and is more accurate than the fixed action by more than "
