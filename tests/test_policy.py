@@ -170,15 +170,20 @@ def test_artifacts_are_versioned_and_planning_uses_the_newest(planted):
     assert artifact.find(pool, root) == first
 
 
+def _train(planted, out, *extra) -> tuple:
+    """`policy train` on the planted runs into `out`: (the CLI's result, the artifact's meta or None)."""
+    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
+                "--out", out, *extra)
+    folder = artifact.find(load_pool(planted["pool"]), out) if r.returncode == 0 else None
+    return r, (orjson.loads((folder / "policy.json").read_bytes()) if folder else None)
+
+
 def test_a_floor_ships_the_cheapest_action_at_the_best_singles_train_accuracy(planted, tmp_path):
     """`policy train --floor 0` on the pipeline's rewards: per task the fixed action is the
     cheapest measured one at least as accurate as the best single worker, the learner gets the
     lambda under which that action is the best, and the artifact records both."""
-    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
-                "--out", tmp_path / "p", "--floor", "0", "--learner", "table")
+    r, meta = _train(planted, tmp_path / "p", "--floor", "0", "--learner", "table")
     assert r.returncode == 0, r.stderr
-    folder = artifact.find(load_pool(planted["pool"]), tmp_path / "p")
-    meta = orjson.loads((folder / "policy.json").read_bytes())
     t = meta["training"]
     assert meta["floor"] == 0 and meta["lambda"] == t["floor_lambda"]["lambda"] > 0
     why = meta["fixed"]["why"]
@@ -190,8 +195,7 @@ def test_a_floor_ships_the_cheapest_action_at_the_best_singles_train_accuracy(pl
         assert not [x for x in rows if x["usd"] < pick["usd"] and x["accuracy"] >= best["accuracy"] + 1e-5]
     # Only mathwiz solves math: matching its accuracy means playing it (or a plan ending with it).
     assert "mathwiz" in meta["fixed"]["choice"]["math"]
-    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
-                "--out", tmp_path / "p", "--floor", "2")
+    r, _ = _train(planted, tmp_path / "p", "--floor", "2")
     assert r.returncode != 0 and "--floor" in r.stderr
 
 
@@ -199,11 +203,8 @@ def test_a_budget_ships_the_most_accurate_action_within_that_share_of_the_best_s
     """`policy train --budget 0.98`: per task the fixed action is the most accurate measured one
     costing at most 98% of the best single's (the planted workers cost within a few percent of
     each other, so the cap bites), and the artifact names the budget."""
-    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
-                "--out", tmp_path / "p", "--budget", "0.98", "--learner", "table")
+    r, meta = _train(planted, tmp_path / "p", "--budget", "0.98", "--learner", "table")
     assert r.returncode == 0, r.stderr
-    folder = artifact.find(load_pool(planted["pool"]), tmp_path / "p")
-    meta = orjson.loads((folder / "policy.json").read_bytes())
     t = meta["training"]
     assert meta["budget"] == 0.98 and meta["floor"] is None and "at most 0.98" in meta["objective"]
     assert "goal     accuracy - lambda * USD per query; fixed action: the most accurate costing at most 0.98" in r.stdout
@@ -220,11 +221,9 @@ def test_a_budget_ships_the_most_accurate_action_within_that_share_of_the_best_s
             assert pick["usd"] == min(x["usd"] for x in kept)
     # Math: mathwiz, the only one that solves it, costs more than the cap; the plain worker is taken.
     assert meta["fixed"]["choice"]["math"] == "single:plain"
-    base = ["policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
-            "--out", tmp_path / "p"]
-    r = run_cli(*base, "--budget", "0")
+    r, _ = _train(planted, tmp_path / "p", "--budget", "0")
     assert r.returncode != 0 and "--budget" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli(*base, "--budget", "0.5", "--floor", "0")
+    r, _ = _train(planted, tmp_path / "p", "--budget", "0.5", "--floor", "0")
     assert r.returncode != 0 and "--floor and --budget" in r.stderr
 
 
