@@ -385,35 +385,41 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
                                    else f"{cfg.holdout:g} of the queries held back")}
     if len(parts) > 1:
         out["folds"] = [{"fixed": f["fixed"], "best_single": f["best_single"]} for f in fits]
-    if cfg.budget is not None:
-        d = paired_diff(per_q["learned"], per_q["fixed"], 1)
-        held_usd = {k: sum(v[2] for v in per_q[k].values()) / max(len(per_q[k]), 1)
-                    for k in ("learned", "best_single")}
-        within = held_usd["learned"] <= cfg.budget * held_usd["best_single"] + 1e-15  # a free pool: free only
-        share = held_usd["learned"] / held_usd["best_single"] if held_usd["best_single"] > 0 else None
-        better = within and d is not None and d[0] > 0 and d[0] > cfg.ship_margin * d[1]
-        out.update(rule=f"learned if it costs at most {cfg.budget:g} of the best single's USD per query on the "
-                        f"held-back queries and is more accurate than the fixed action by more than "
-                        f"{cfg.ship_margin:g} paired SE", budget=cfg.budget, best_single=fits[0]["best_single"],
-                   learned_share_of_best_single_usd=share, learned_minus_fixed_accuracy=d,
-                   fixed_why=fits[0]["fixed_why"])
-    elif cfg.floor is None:
+    if cfg.budget is None and cfg.floor is None:
         d = paired_diff(per_q["learned"], per_q["fixed"], 0)
         better = d is not None and d[0] > 0 and d[0] > cfg.ship_margin * d[1]
         out.update(rule=f"learned if its reward beats the fixed action's by more than {cfg.ship_margin:g} "
                         f"paired SE on the held-back queries", learned_minus_fixed_reward=d)
     else:
-        vs_best = paired_diff(per_q["learned"], per_q["best_single"], 1)
-        saves = paired_diff(per_q["fixed"], per_q["learned"], 2)
-        reaches = vs_best is not None and vs_best[0] >= cfg.floor - 1e-12
-        better = reaches and saves is not None and saves[0] > 0 and saves[0] > cfg.ship_margin * saves[1]
-        out.update(rule=f"learned if it reaches the floor ({cfg.floor:+g} of the best single's accuracy) on the "
-                        f"held-back queries and costs less than the fixed action by more than "
-                        f"{cfg.ship_margin:g} paired SE", floor=cfg.floor, best_single=fits[0]["best_single"],
-                   learned_minus_best_single_accuracy=vs_best, fixed_minus_learned_usd=saves,
-                   fixed_why=fits[0]["fixed_why"])
+        better, rule, details = (_within_budget if cfg.budget is not None else _reaches_floor)(cfg, per_q)
+        out.update(rule=rule, **details, best_single=fits[0]["best_single"], fixed_why=fits[0]["fixed_why"])
     out["shipped"] = "learned" if better else "fixed"
     return out
+
+
+def _within_budget(cfg: TrainConfig, per_q: dict[str, dict]) -> tuple[bool, str, dict[str, Any]]:
+    """The budget's ship rule: within the cost on the held-back queries, and more accurate."""
+    d = paired_diff(per_q["learned"], per_q["fixed"], 1)
+    usd = {k: sum(v[2] for v in per_q[k].values()) / max(len(per_q[k]), 1) for k in ("learned", "best_single")}
+    within = usd["learned"] <= cfg.budget * usd["best_single"] + 1e-15  # a free pool: free only
+    better = within and d is not None and d[0] > 0 and d[0] > cfg.ship_margin * d[1]
+    return better, (f"learned if it costs at most {cfg.budget:g} of the best single's USD per query on the "
+                    f"held-back queries and is more accurate than the fixed action by more than "
+                    f"{cfg.ship_margin:g} paired SE"), {
+        "budget": cfg.budget, "learned_minus_fixed_accuracy": d,
+        "learned_share_of_best_single_usd": usd["learned"] / usd["best_single"] if usd["best_single"] > 0 else None}
+
+
+def _reaches_floor(cfg: TrainConfig, per_q: dict[str, dict]) -> tuple[bool, str, dict[str, Any]]:
+    """The floor's ship rule: at the floor on the held-back queries, and cheaper."""
+    vs_best = paired_diff(per_q["learned"], per_q["best_single"], 1)
+    saves = paired_diff(per_q["fixed"], per_q["learned"], 2)
+    reaches = vs_best is not None and vs_best[0] >= cfg.floor - 1e-12
+    better = reaches and saves is not None and saves[0] > 0 and saves[0] > cfg.ship_margin * saves[1]
+    return better, (f"learned if it reaches the floor ({cfg.floor:+g} of the best single's accuracy) on the "
+                    f"held-back queries and costs less than the fixed action by more than "
+                    f"{cfg.ship_margin:g} paired SE"), {
+        "floor": cfg.floor, "learned_minus_best_single_accuracy": vs_best, "fixed_minus_learned_usd": saves}
 
 
 def _parts(cfg: TrainConfig, queries: set[str]) -> list[set[str]]:
