@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if any(k < 1 for k in args.folds) or args.splits < 0:
         ap.error("--folds must be at least 1 and --splits at least 0")
+    if not args.floors and not args.budgets:
+        ap.error("nothing to train: give --floors or --budgets")
 
     from conductor.replay.tables import default_replay_dir
 
@@ -99,7 +101,6 @@ def objectives(args) -> list[tuple[str, dict]]:
     """(label, TrainConfig fields) per objective: the floors, then the budgets."""
     return ([(f"floor {f:+g}", {"floor": f}) for f in args.floors]
             + [(f"budget {b:.0%}", {"budget": b}) for b in args.budgets])
-
 
 
 class Game:
