@@ -594,15 +594,19 @@ def best_singles(examples: Sequence[Logged]) -> dict[str, tuple[str, float, floa
     return out
 
 
+def _best_single(acc: dict[str, float], cost: dict[str, float]) -> tuple[str, float, float]:
+    """The most accurate single action among `acc` (ties: the cheaper), as (key, accuracy, USD)."""
+    singles = [a for a in acc if a.startswith("single:")] or list(acc)
+    best = max(singles, key=lambda a: (acc[a], -cost[a], a))
+    return best, acc[best], cost[best]
+
+
 def floor_choice(acc: dict[str, float], cost: dict[str, float], floor: float,
                  reference: tuple[str, float, float] | None = None) -> tuple[str, dict]:
     """The cheapest action with accuracy >= the best single's + `floor` (ties: the more
     accurate, then the key); the most accurate action when none reaches it. The best single
     is `reference` when given, else the most accurate single action among `acc`."""
-    if reference is None:
-        singles = [a for a in acc if a.startswith("single:")] or list(acc)
-        best = max(singles, key=lambda a: (acc[a], -cost[a], a))
-        reference = (best, acc[best], cost[best])
+    reference = reference or _best_single(acc, cost)
     need = reference[1] + floor
     ok = [a for a in acc if acc[a] >= need - 1e-12]
     pick = (min(ok, key=lambda a: (cost[a], -acc[a], a)) if ok
@@ -616,10 +620,7 @@ def budget_choice(acc: dict[str, float], cost: dict[str, float], budget: float,
     """The most accurate action costing at most `budget` x the best single's USD (ties: the
     cheaper, then the key); the cheapest action when none fits. The best single is
     `reference` when given, else the most accurate single action among `acc`."""
-    if reference is None:
-        singles = [a for a in acc if a.startswith("single:")] or list(acc)
-        best = max(singles, key=lambda a: (acc[a], -cost[a], a))
-        reference = (best, acc[best], cost[best])
+    reference = reference or _best_single(acc, cost)
     cap = budget * reference[2]
     ok = [a for a in acc if cost[a] <= cap + 1e-15]
     pick = (max(ok, key=lambda a: (acc[a], -cost[a], a)) if ok
