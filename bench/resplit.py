@@ -4,6 +4,7 @@ random halves of a recorded table, in memory, and count how often it meets the t
     python bench/resplit.py                                   # mmlu_pro, segment by category, 10 halves
     python bench/resplit.py --splits 20 --folds 1 5 --floors -0.01 0
     python bench/resplit.py --within train --floors --budgets 0.15 0.5      # the budgets only
+    python bench/resplit.py --floors --budgets 0.15 --ship-margins 0 0.5 1  # how sure before shipping
 
 Per split (the table's own train/test split first, then --splits random halves, each a
 salted hash of the question id): every candidate action of the pool is played on every
@@ -56,13 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floors", nargs="*", type=float, default=[-0.01, 0.0])
     ap.add_argument("--budgets", nargs="*", type=float, default=[],
                     help="cost caps, shares of the best single's cost (objectives besides the floors)")
+    ap.add_argument("--ship-margins", nargs="+", type=float, default=[1.0], metavar="SE",
+                    help="ship rules to compare: the learned policy ships only if better than the fixed action "
+                         "by this many paired SEs on the held-back queries (default: 1, as `policy train`)")
     ap.add_argument("--within", choices=("train", "test"), default=None,
                     help="draw the halves from one split of the table only: `train` chooses settings without "
                          "ever reading the test split's outcomes")
     ap.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
     args = ap.parse_args(argv)
-    if any(k < 1 for k in args.folds) or args.splits < 0:
-        ap.error("--folds must be at least 1 and --splits at least 0")
+    if any(k < 1 for k in args.folds) or args.splits < 0 or any(m < 0 for m in args.ship_margins):
+        ap.error("--folds must be at least 1, --splits and --ship-margins at least 0")
     if not args.floors and not args.budgets:
         ap.error("nothing to train: give --floors or --budgets")
 
@@ -98,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def objectives(args) -> list[tuple[str, dict]]:
-    """(label, TrainConfig fields) per objective: the floors, then the budgets."""
-    return ([(f"floor {f:+g}", {"floor": f}) for f in args.floors]
-            + [(f"budget {b:.0%}", {"budget": b}) for b in args.budgets])
+    """(label, TrainConfig fields) per objective: the floors, then the budgets, each under
+    every ship margin (named in the label only when there are several)."""
+    goals = ([(f"floor {f:+g}", {"floor": f}) for f in args.floors]
+             + [(f"budget {b:.0%}", {"budget": b}) for b in args.budgets])
+    several = len(args.ship_margins) > 1
+    return [(label + (f", margin {m:g} SE" if several else ""), {**fields, "ship_margin": m})
+            for label, fields in goals for m in args.ship_margins]
 
 
 class Game:
