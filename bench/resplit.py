@@ -45,6 +45,8 @@ TARGETS = {"mmlu_pro": ["-0.01:0.15", "0:0.5"], "gsm8k": ["0:0.25"]}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from conductor.policy.training import TrainConfig
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--dataset", default="mmlu_pro", choices=sorted(TARGETS))
     ap.add_argument("--replay-dir", type=Path, default=None)
@@ -57,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floors", nargs="*", type=float, default=[-0.01, 0.0])
     ap.add_argument("--budgets", nargs="*", type=float, default=[],
                     help="cost caps, shares of the best single's cost (objectives besides the floors)")
-    ap.add_argument("--ship-margins", nargs="+", type=float, default=[1.0], metavar="SE",
+    ap.add_argument("--ship-margins", nargs="+", type=float, default=[TrainConfig.ship_margin], metavar="SE",
                     help="ship rules to compare: the learned policy ships only if better than the fixed action "
-                         "by this many paired SEs on the held-back queries (default: 1, as `policy train`)")
+                         "by this many paired SEs on the held-back queries (default: `policy train`'s)")
     ap.add_argument("--within", choices=("train", "test"), default=None,
                     help="draw the halves from one split of the table only: `train` chooses settings without "
                          "ever reading the test split's outcomes")

@@ -585,13 +585,7 @@ def best_singles(examples: Sequence[Logged]) -> dict[str, tuple[str, float, floa
     """Per task: the single-worker action most accurate in the logs (ties: the cheaper), as
     (key, accuracy, USD): the best single worker, chosen as the evaluation chooses it."""
     acc, cost = action_means(examples, "correct"), action_means(examples, "cost")
-    out = {}
-    for t, by in acc.items():
-        singles = [a for a in by if a.startswith("single:")]
-        if singles:
-            best = max(singles, key=lambda a: (by[a], -cost[t][a], a))
-            out[t] = (best, by[best], cost[t][best])
-    return out
+    return {t: _best_single(by, cost[t]) for t, by in acc.items() if any(a.startswith("single:") for a in by)}
 
 
 def _best_single(acc: dict[str, float], cost: dict[str, float]) -> tuple[str, float, float]:
