@@ -378,16 +378,29 @@ class SegmentLearner:
     the most accurate by cross-fitted accuracy among those whose cross-fitted USD is at most
     budget x the best single's (the cheapest when none is). Queries of
     groups with fewer than `min_group` queries, of groups never seen, or without a group
-    take the task-wide choice."""
+    take the task-wide choice.
+
+    A group's own logs are few, so its choice also weighs the task-wide logs, counted as
+    `shrink` queries (an action's group mean is pulled toward its task-wide mean: empirical-Bayes
+    shrinkage). Without it, with 100 actions and a hundred queries a group, the choice that
+    looks best on a group is mostly the luckiest. Each of `shrinks` is a setting, cross-fitted
+    with lam; 0 is the group's logs alone."""
 
     model_file = "segment.json"
     kind = "segment"
 
+    shrinks = (0.0, 20.0, 50.0, 100.0, 200.0, 400.0)  # queries' worth of task-wide logs, per group
+
     def __init__(self, name: str = "segment", lam: float = 0.0, floor: float | None = None,
                  reference: dict[str, tuple[str, float, float]] | None = None, folds: int = 5,
-                 min_group: int = 20, seed: int = 0, budget: float | None = None):
+                 min_group: int = 20, seed: int = 0, budget: float | None = None,
+                 shrinks: Sequence[float] | None = None):
         self.name, self.lam, self.floor, self.folds, self.min_group, self.seed = name, lam, floor, folds, min_group, seed
         self.budget = budget
+        if shrinks is not None:
+            if not shrinks or any(k < 0 for k in shrinks):
+                raise ValueError(f"shrinks must be a non-empty list of weights >= 0, not {list(shrinks)}")
+            self.shrinks = tuple(float(k) for k in shrinks)
         self.reference = reference or {}
         self.choice: dict[str, dict] = {}  # task -> {"all": key, "groups": {group: key}}
         self.scores: dict[str, dict[str, float]] = {}  # task -> action -> accuracy - lam x USD, task-wide
@@ -407,43 +420,47 @@ class SegmentLearner:
             reference = self.reference.get(task) or singles.get(task) or (actions[0], 0.0, 0.0)
             if self.floor is not None or self.budget is not None:
                 table.target = (self.floor, self.budget, reference)
-            lam, grouped, self.why[task] = self._setting(table, reference)
-            self.choice[task] = table.choose(lam, grouped)
-            self.scores[task] = table.scores(lam)
+            pick, self.why[task] = self._setting(table, reference)
+            self.choice[task] = table.choose(pick.lam, pick.grouped, pick.shrink)
+            self.scores[task] = table.scores(pick.lam)
         return {"choice": self.choice, "why": self.why}
 
-    def _setting(self, table: "_SegmentTable", reference: tuple[str, float, float]) -> tuple[float, bool, dict]:
-        """(lam, grouped, why): each candidate setting scored by its cross-fitted accuracy and USD."""
-        wide = (self.lam, False, *table.crossfit(self.lam, grouped=False))  # no groups: the task-wide choice
+    def _setting(self, table: "_SegmentTable", reference: tuple[str, float, float]) -> tuple["_Setting", dict]:
+        """The setting (lam, grouped, shrink) to plan with, each candidate scored by its
+        cross-fitted accuracy and USD; ties go to the task-wide choice, then the larger shrink."""
+        def setting(lam: float, grouped: bool = True, shrink: float = 0.0) -> _Setting:
+            return _Setting(lam, grouped, shrink, *table.crossfit(lam, grouped, shrink))
+
+        wide = setting(self.lam, grouped=False)  # no groups: the task-wide choice
+        lams = table.lambdas() if self.floor is not None or self.budget is not None else [self.lam]
+        tried = [wide] + [setting(lam, True, k) for lam in lams for k in self.shrinks]
         if self.budget is not None:
-            tried = [wide] + [(lam, True, *table.crossfit(lam)) for lam in table.lambdas()]
             cap = self.budget * reference[2]
-            ok = [t for t in tried if t[3] <= cap + 1e-15]
-            pick = (max(ok, key=lambda t: (t[2], -t[3], not t[1], t[0])) if ok
-                    else min(tried, key=lambda t: (t[3], -t[2], t[1])))
+            ok = [t for t in tried if t.usd <= cap + 1e-15]
+            pick = (max(ok, key=lambda t: (t.accuracy, -t.usd, not t.grouped, t.lam, t.shrink)) if ok
+                    else min(tried, key=lambda t: (t.usd, -t.accuracy, t.grouped, -t.shrink)))
             reached = bool(ok)
         elif self.floor is None:
-            tried = [wide, (self.lam, True, *table.crossfit(self.lam))]
-            pick = max(tried, key=lambda t: (t[2] - self.lam * t[3], not t[1]))  # a tie keeps it simple
+            pick = max(tried, key=lambda t: (t.accuracy - self.lam * t.usd, not t.grouped, t.shrink))
             reached = None
         else:
-            tried = [wide] + [(lam, True, *table.crossfit(lam)) for lam in table.lambdas()]
             need = reference[1] + self.floor
-            ok = [t for t in tried if t[2] >= need - 1e-12]
-            pick = (min(ok, key=lambda t: (t[3], -t[2], t[1], -t[0])) if ok
-                    else max(tried, key=lambda t: (t[2], -t[3], not t[1])))
+            ok = [t for t in tried if t.accuracy >= need - 1e-12]
+            pick = (min(ok, key=lambda t: (t.usd, -t.accuracy, t.grouped, -t.lam, -t.shrink)) if ok
+                    else max(tried, key=lambda t: (t.accuracy, -t.usd, not t.grouped, t.shrink)))
             reached = bool(ok)
-        lam, grouped, accuracy, usd = pick
-        why = {"lambda": lam, "grouped": grouped, "crossfit_accuracy": accuracy, "crossfit_usd": usd,
-               "task_wide_crossfit": list(wide[2:]), "groups": table.counts()}
+        why = {"lambda": pick.lam, "grouped": pick.grouped, "shrink": pick.shrink if pick.grouped else None,
+               "crossfit_accuracy": pick.accuracy, "crossfit_usd": pick.usd,
+               "task_wide_crossfit": [wide.accuracy, wide.usd], "shrinks_tried": list(self.shrinks),
+               "groups": table.counts()}
         if self.floor is not None or self.budget is not None:
-            why.update(reached=reached, lambdas_tried=len(tried) - 1, best_single=reference[0],
+            why.update(reached=reached, lambdas_tried=len(lams), best_single=reference[0],
                        best_single_accuracy=reference[1], best_single_usd=reference[2])
             if self.budget is not None:
                 why.update(budget=self.budget, cap_usd=self.budget * reference[2])
             else:
                 why.update(need_accuracy=reference[1] + self.floor)
-        return lam, grouped, why
+        return pick, why
 
     def greedy(self, ctx: Context, actions: Sequence[Action]) -> int:
         task = ctx.task or "none"
@@ -459,7 +476,7 @@ class SegmentLearner:
         (Path(folder) / self.model_file).write_bytes(orjson.dumps(
             {"choice": self.choice, "scores": self.scores, "why": self.why, "lam": self.lam, "floor": self.floor,
              "budget": self.budget, "reference": self.reference, "folds": self.folds, "min_group": self.min_group,
-             "seed": self.seed},
+             "seed": self.seed, "shrinks": list(self.shrinks)},
             option=orjson.OPT_INDENT_2))
         return [self.model_file]
 
@@ -468,7 +485,8 @@ class SegmentLearner:
         data = orjson.loads((Path(folder) / cls.model_file).read_bytes())
         self = cls(meta.get("name", "segment"), lam=data["lam"], floor=data["floor"],
                    reference={t: tuple(r) for t, r in data["reference"].items()}, folds=data["folds"],
-                   min_group=data["min_group"], seed=data["seed"], budget=data.get("budget"))
+                   min_group=data["min_group"], seed=data["seed"], budget=data.get("budget"),
+                   shrinks=data.get("shrinks", [0.0]))  # artifacts from before shrinkage chose on the group alone
         self.choice, self.scores, self.why = data["choice"], data["scores"], data["why"]
         return self
 
@@ -477,7 +495,18 @@ class SegmentLearner:
 
     def describe(self) -> dict:
         return {"name": self.name, "floor": self.floor, "budget": self.budget, "folds": self.folds,
-                "min_group": self.min_group, "why": self.why}
+                "min_group": self.min_group, "shrinks": list(self.shrinks), "why": self.why}
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """One way the segment learner may plan, with its cross-fitted figures per query."""
+
+    lam: float
+    grouped: bool
+    shrink: float
+    accuracy: float
+    usd: float
 
 
 class _SegmentTable:
@@ -509,22 +538,31 @@ class _SegmentTable:
                 sums[i][k][0] += c_by.get(q, 0.0)
                 sums[i][k][1] += u_by.get(q, 0.0)
             self.sums[a] = sums
+        self._sums: dict[tuple, tuple[float, float, int]] = {}
 
     def _sum(self, a: str, rows: Sequence[int] | None = None, without: int | None = None) -> tuple[float, float, int]:
         """Correct answers, USD and queries of action `a` over the segments `rows` (all by
-        default), leaving out fold `without`."""
-        c = u = 0.0
-        n = 0
-        for i in range(len(self.segments)) if rows is None else rows:
-            for k, (ci, ui) in enumerate(self.sums[a][i]):
-                if k != without:
-                    c, u, n = c + ci, u + ui, n + self.n[i][k]
-        return c, u, n
+        default), leaving out fold `without`. Memoized: every setting asks for the same sums."""
+        key = (a, None if rows is None else tuple(rows), without)
+        if key not in self._sums:
+            c = u = 0.0
+            n = 0
+            for i in range(len(self.segments)) if rows is None else rows:
+                for k, (ci, ui) in enumerate(self.sums[a][i]):
+                    if k != without:
+                        c, u, n = c + ci, u + ui, n + self.n[i][k]
+            self._sums[key] = (c, u, n)
+        return self._sums[key]
 
-    def _pick(self, lam: float, rows: Sequence[int] | None, without: int | None) -> str:
+    def _pick(self, lam: float, rows: Sequence[int] | None, without: int | None, shrink: float = 0.0) -> str:
+        """The best action at lam on the segments `rows`, their mean pulled toward the
+        task-wide mean as if it were `shrink` more queries."""
         def value(a: str) -> tuple:
-            c, u, _ = self._sum(a, rows, without)
-            return c - lam * u, -u, a
+            c, u, n = self._sum(a, rows, without)
+            if not shrink:
+                return c - lam * u, -u, a
+            wc, wu, wn = self._sum(a, None, without)
+            return (c - lam * u + shrink * (wc - lam * wu) / max(wn, 1)) / (n + shrink), -u, a
         return max(self.actions, key=value)
 
     def _everyone(self, lam: float, without: int | None) -> str:
@@ -535,21 +573,21 @@ class _SegmentTable:
         usd = {a: u / max(n, 1) for a, (_, u, n) in sums.items()}
         return target_choice(acc, usd, *self.target)[0]
 
-    def _choices(self, lam: float, without: int | None, grouped: bool = True) -> list[str]:
+    def _choices(self, lam: float, without: int | None, grouped: bool = True, shrink: float = 0.0) -> list[str]:
         everyone = self._everyone(lam, without)
-        return [everyone if s is None or not grouped else self._pick(lam, [i], without)
+        return [everyone if s is None or not grouped else self._pick(lam, [i], without, shrink)
                 for i, s in enumerate(self.segments)]
 
-    def choose(self, lam: float, grouped: bool = True) -> dict:
-        picks = self._choices(lam, None, grouped)
+    def choose(self, lam: float, grouped: bool = True, shrink: float = 0.0) -> dict:
+        picks = self._choices(lam, None, grouped, shrink)
         return {"all": self._everyone(lam, None),
                 "groups": {s: a for s, a in zip(self.segments, picks) if s is not None and grouped}}
 
-    def crossfit(self, lam: float, grouped: bool = True) -> tuple[float, float]:
+    def crossfit(self, lam: float, grouped: bool = True, shrink: float = 0.0) -> tuple[float, float]:
         """Accuracy and USD per query when every fold is planned with the other folds' choices."""
         c = u = 0.0
         for k in range(self.folds):
-            for i, a in enumerate(self._choices(lam, k, grouped)):
+            for i, a in enumerate(self._choices(lam, k, grouped, shrink)):
                 c, u = c + self.sums[a][i][k][0], u + self.sums[a][i][k][1]
         return c / self.total, u / self.total
 
