@@ -36,6 +36,9 @@ class PolicySettings(Config):
                                                               "single's (0.15: 15%); not with floor")
     folds: int = Field(default=1, description="1: a held-back quarter chooses learned or fixed; K: every query "
                                               "held back once, in K parts")
+    shrinks: Optional[List[float]] = Field(default=None, description="segment learner: the weights (in queries) of "
+                                                                     "the task-wide logs in each group's choice, "
+                                                                     "cross-fitted (default 0 20 50 100 200 400)")
     out: Optional[str] = Field(default=None, description="policy root (default: <data_dir>/policy)")
     seed: int = 0
 
@@ -58,6 +61,7 @@ def policy(context: AssetExecutionContext, config: PolicySettings, pool: PoolRes
                                         out=Path(config.out) if config.out else data_dir / "policy",
                                         learner=config.learner, seed=config.seed, floor=config.floor,
                                         budget=config.budget, folds=config.folds,
+                                        shrinks=None if config.shrinks is None else tuple(config.shrinks),
                                         features=FeatureSettings(group_by=config.group_by)),
                             pool=planning_pool(load_pool(pool_path)))
     est = summary["estimates"]

@@ -5,6 +5,7 @@ random halves of a recorded table, in memory, and count how often it meets the t
     python bench/resplit.py --splits 20 --folds 1 5 --floors -0.01 0
     python bench/resplit.py --within train --floors --budgets 0.15 0.5      # the budgets only
     python bench/resplit.py --floors --budgets 0.15 --ship-margins 0 0.5 1  # how sure before shipping
+    python bench/resplit.py --within train --floors --budgets 0.15 --shrinks 0  # groups without shrinkage
 
 Per split (the table's own train/test split first, then --splits random halves, each a
 salted hash of the question id): every candidate action of the pool is played on every
@@ -62,13 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ship-margins", nargs="+", type=float, default=[TrainConfig.ship_margin], metavar="SE",
                     help="ship rules to compare: the learned policy ships only if better than the fixed action "
                          "by this many paired SEs on the held-back queries (default: `policy train`'s)")
+    ap.add_argument("--shrinks", nargs="+", type=float, default=None, metavar="K",
+                    help="the segment learner's weights of the task-wide logs to cross-fit (default: its own; "
+                         "0 alone: each group chooses on its own logs)")
     ap.add_argument("--within", choices=("train", "test"), default=None,
                     help="draw the halves from one split of the table only: `train` chooses settings without "
                          "ever reading the test split's outcomes")
     ap.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
     args = ap.parse_args(argv)
-    if any(k < 1 for k in args.folds) or args.splits < 0 or any(m < 0 for m in args.ship_margins):
-        ap.error("--folds must be at least 1, --splits and --ship-margins at least 0")
+    if any(k < 1 for k in args.folds) or args.splits < 0 or any(m < 0 for m in args.ship_margins + (args.shrinks or [])):
+        ap.error("--folds must be at least 1, --splits, --ship-margins and --shrinks at least 0")
+    if args.shrinks is not None and args.learner != "segment":
+        ap.error("--shrinks is the segment learner's")
     if not args.floors and not args.budgets:
         ap.error("nothing to train: give --floors or --budgets")
 
@@ -106,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
 def objectives(args) -> list[tuple[str, dict]]:
     """(label, TrainConfig fields) per objective: the floors, then the budgets, each under
     every ship margin (named in the label only when there are several)."""
-    goals = ([(f"floor {f:+g}", {"floor": f}) for f in args.floors]
-             + [(f"budget {b:.0%}", {"budget": b}) for b in args.budgets])
+    shrinks = {} if args.shrinks is None else {"shrinks": tuple(args.shrinks)}
+    goals = ([(f"floor {f:+g}", {"floor": f, **shrinks}) for f in args.floors]
+             + [(f"budget {b:.0%}", {"budget": b, **shrinks}) for b in args.budgets])
     several = len(args.ship_margins) > 1
     return [(label + (f", margin {m:g} SE" if several else ""), {**fields, "ship_margin": m})
             for label, fields in goals for m in args.ship_margins]
@@ -227,6 +234,7 @@ def cell(f: dict) -> str:
 def report(rows: list[dict], args, targets: list[str], seconds: float) -> str:
     lines = [f"### {args.dataset}: learner {args.learner}"
              + (f" by {args.group_by}" if args.learner == "segment" else "")
+             + (f", shrinks {' '.join(f'{k:g}' for k in args.shrinks)}" if args.shrinks is not None else "")
              + (f", {args.splits} random halves of the {args.within} split" if args.within
                 else f", {args.splits} random halves and the table's split") + f" ({seconds:.0f} s)", "",
              "Shipped policy on each test half, against the best single chosen on its train half "

@@ -267,6 +267,15 @@ def test_a_segment_policy_plans_each_query_by_its_metadata_group(planted, tmp_pa
     r = run_cli(*train_args, "--folds", "0")
     assert r.returncode != 0 and "--folds must be 1" in r.stderr
 
+    # The weights of the task-wide logs in each group's choice: saved with the artifact, checked.
+    r = run_cli(*train_args, "--learner", "segment", "--group-by", "set", "--shrinks", "0", "30")
+    assert r.returncode == 0, r.stderr
+    folder = artifact.find(load_pool(planted["pool"]), tmp_path / "p")
+    assert orjson.loads((folder / "segment.json").read_bytes())["shrinks"] == [0.0, 30.0]
+    for bad in (["--learner", "segment", "--group-by", "set", "--shrinks", "-5"], ["--shrinks", "20"]):
+        r = run_cli(*train_args, *bad)
+        assert r.returncode != 0 and "--shrinks" in r.stderr and "Traceback" not in r.stderr, bad
+
 
 def test_planning_falls_back_to_the_prior_without_an_artifact(planted, tmp_path, monkeypatch):
     pool = load_pool(planted["pool"])
@@ -343,3 +352,11 @@ def test_the_dagster_policy_asset_trains_from_the_runs_rewards(planted, tmp_path
     assert "the most accurate costing at most 0.98" in md["goal"].value and md["lambda"].value > 0
     meta = orjson.loads((Path(md["artifact"].value) / "policy.json").read_bytes())
     assert meta["budget"] == 0.98 and meta["fixed"]["choice"]["math"] == "single:plain"
+    # And the segment learner's, as `policy train --learner segment --group-by set --shrinks 0 30`.
+    grouped = materialize([policy], resources={"pool": PoolResource(path=str(planted["pool"])),
+                                               "storage": StorageResource(data_dir=str(planted["data"]))},
+                          run_config={"ops": {"policy": {"config": {"floor": 0.0, "learner": "segment",
+                                                                    "group_by": "set", "shrinks": [0, 30],
+                                                                    "out": str(tmp_path / "s")}}}})
+    folder = Path(grouped.get_asset_materialization_events()[0].materialization.metadata["artifact"].value)
+    assert orjson.loads((folder / "segment.json").read_bytes())["shrinks"] == [0.0, 30.0]

@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--group-by", default=None, metavar="FIELD",
                    help="with --learner segment: the field of the queries' metadata (JSON) naming each "
                         "query's group, such as a subject or a document type")
+    t.add_argument("--shrinks", type=float, nargs="+", default=None, metavar="K",
+                   help="with --learner segment: each group's choice counts the task-wide logs as K more "
+                        "queries; K is cross-fitted among these (default 0 20 50 100 200 400; 0: the group alone)")
     t.add_argument("--holdout", type=float, default=None,
                    help="share of queries held back to choose between the learned policy and the best fixed "
                         "action (default 0.25)")
@@ -202,6 +205,7 @@ def train(args: argparse.Namespace) -> int:
                                       holdout=0.25 if args.holdout is None else args.holdout, folds=args.folds,
                                       floor=args.floor, budget=args.budget, ship_margin=args.ship_margin,
                                       features=FeatureSettings(group_by=args.group_by),
+                                      shrinks=None if args.shrinks is None else tuple(args.shrinks),
                                       vw=vw if args.learner.startswith("vw") else {}),
                           pool=planning_pool(load_pool(args.pool)))
     print(describe(folder))

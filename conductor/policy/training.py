@@ -82,6 +82,7 @@ class TrainConfig:
     ship_margin: float = 1.0  # the learned policy ships only if better than the fixed by this many paired SEs
     band: float = 1.0  # keep actions within this many standard errors of the Pareto frontier
     max_actions: int = 40  # per task, after the Pareto cut
+    shrinks: tuple[float, ...] | None = None  # segment learner: the weights of the task-wide logs to cross-fit
 
 
 @dataclass
@@ -205,6 +206,9 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
                              "accuracy, a budget maximizes accuracy at a cost)")
     if cfg.ship_margin < 0:
         raise ConductorError(f"--ship-margin must be at least 0 (got {cfg.ship_margin})")
+    if cfg.shrinks is not None and (cfg.learner != "segment" or not cfg.shrinks or min(cfg.shrinks) < 0):
+        raise ConductorError(f"--shrinks weighs the task-wide logs into each group's choice of --learner segment: "
+                             f"one or more numbers >= 0 (got {list(cfg.shrinks)} with --learner {cfg.learner})")
     group_by = cfg.features.group_by
     if (cfg.learner == "segment") != bool(group_by):
         raise ConductorError("--learner segment plans per group of queries: give it --group-by FIELD (a field of "
@@ -329,7 +333,8 @@ def _learner(cfg: TrainConfig, reference: dict[str, tuple[str, float, float]] | 
     if cfg.learner == "fixed":
         return FixedLearner(floor=cfg.floor, reference=reference, budget=cfg.budget)
     if cfg.learner == "segment":
-        return SegmentLearner(lam=cfg.lam, floor=cfg.floor, reference=reference, seed=cfg.seed, budget=cfg.budget)
+        return SegmentLearner(lam=cfg.lam, floor=cfg.floor, reference=reference, seed=cfg.seed, budget=cfg.budget,
+                              shrinks=cfg.shrinks)
     return make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
 
 
