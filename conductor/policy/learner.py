@@ -19,7 +19,8 @@ with (the propensity), and the reward the pipeline measured for it
   training logs: by reward, or the cheapest reaching an accuracy floor). Training compares the learned policy with it on held-back
   queries and ships whichever is better (conductor.policy.training).
 - `segment`: per task and group (a field of the query's metadata, `--group-by`), one
-  action for every query of the group, its cost weight set by cross-fitting.
+  action for every query of the group, its cost weight and its pull toward the task-wide
+  choice (shrinkage) set by cross-fitting.
 
 Planning asks for the greedy action and an epsilon-greedy distribution over
 the candidates: (1 - eps) on the greedy action plus eps spread evenly, the
