@@ -241,6 +241,7 @@ def test_a_segment_policy_plans_each_query_by_its_metadata_group(planted, tmp_pa
     assert model["why"]["math"]["groups"] == {"arithmetic": 47, "finance": 34}
     # Only mathwiz solves math, in either set: per-set choices would gain nothing, so there are none.
     assert not model["why"]["math"]["grouped"] and model["choice"]["math"]["groups"] == {}
+    assert "groups   math: one action for every group (grouping gained nothing cross-fitted)" in r.stdout
     assert "mathwiz" in model["choice"]["math"]["all"]
 
     held_out = pq.read_table(planted["dir"] / "held_out.parquet").to_pylist()

@@ -222,3 +222,15 @@ def test_the_group_is_the_named_metadata_field(metadata, group):
     assert group_of(metadata, "category") == group
     assert context("A question?", "choice", FeatureSettings(group_by="category"), metadata).group == group
     assert context("A question?", "choice", FeatureSettings(), metadata).group is None
+
+
+def test_policy_show_says_what_the_groups_chose():
+    from conductor.policy.training import _groups_text
+
+    logs = sweep(planted, {"algebra": 60, "history": 60})
+    seg = SegmentLearner(floor=0.0, shrinks=[0, 30])
+    seg.fit(logs)
+    (line,) = _groups_text(seg.why, "subject")
+    shrink = seg.why["choice"]["shrink"]
+    assert line.startswith(f"groups   choice: 2 groups by subject, shrink {shrink:g} (of 0 30), lambda ")
+    assert "cross-fitted 1.0000 at $0.001000, task-wide 1.0000 at $0.010000" in line

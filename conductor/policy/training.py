@@ -617,10 +617,29 @@ def describe(folder: Path) -> str:
              f"{', '.join(r['run_id'] for r in t['runs'])} in {t['seconds']:.1f} s"]
     if t.get("skipped"):
         lines.append("skipped  " + ", ".join(f"{k}: {v}" for k, v in t["skipped"].items()))
+    if meta["learner"].get("kind") == "segment":
+        lines += _groups_text(meta["learner"].get("why", {}), meta.get("features", {}).get("group_by"))
     sel = t.get("selection") or {}
     if sel:
         lines.append(f"ships    {meta.get('shipped', 'learned')} ({_selection_text(sel)})")
     return "\n".join(lines)
+
+
+def _groups_text(why: dict[str, dict], field: str | None) -> list[str]:
+    """Per task, what the segment learner's cross-fitting chose: groups or not, and with what shrinkage."""
+    out = []
+    for task, w in why.items():
+        wide = w["task_wide_crossfit"]
+        figures = (f"cross-fitted {w['crossfit_accuracy']:.4f} at ${w['crossfit_usd']:.6f}, task-wide "
+                   f"{wide[0]:.4f} at ${wide[1]:.6f}")
+        if w["grouped"]:
+            sized = sum(1 for g in w["groups"] if g != "(task-wide)")
+            out.append(f"groups   {task}: {sized} groups by {field}, shrink {w.get('shrink') or 0:g} "
+                       f"(of {' '.join(f'{k:g}' for k in w.get('shrinks_tried', [0]))}), lambda {w['lambda']:g}; "
+                       f"{figures}")
+        else:
+            out.append(f"groups   {task}: one action for every group (grouping gained nothing cross-fitted); {figures}")
+    return out
 
 
 def _selection_text(sel: dict[str, Any]) -> str:
