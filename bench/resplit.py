@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if any(k < 1 for k in args.folds) or args.splits < 0 or any(m < 0 for m in args.ship_margins + (args.shrinks or [])):
         ap.error("--folds must be at least 1, --splits, --ship-margins and --shrinks at least 0")
-    if args.shrinks is not None and args.learner != "segment":
-        ap.error("--shrinks is the segment learner's")
+    if args.shrinks is not None and (args.learner != "segment" or not all(k < math.inf for k in args.shrinks)):
+        ap.error("--shrinks is the segment learner's, finite numbers")
     if not args.floors and not args.budgets:
         ap.error("nothing to train: give --floors or --budgets")
 

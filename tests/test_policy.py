@@ -273,7 +273,8 @@ def test_a_segment_policy_plans_each_query_by_its_metadata_group(planted, tmp_pa
     assert r.returncode == 0, r.stderr
     folder = artifact.find(load_pool(planted["pool"]), tmp_path / "p")
     assert orjson.loads((folder / "segment.json").read_bytes())["shrinks"] == [0.0, 30.0]
-    for bad in (["--learner", "segment", "--group-by", "set", "--shrinks", "-5"], ["--shrinks", "20"]):
+    for bad in (["--learner", "segment", "--group-by", "set", "--shrinks", "-5"],
+                ["--learner", "segment", "--group-by", "set", "--shrinks", "0", "nan"], ["--shrinks", "20"]):
         r = run_cli(*train_args, *bad)
         assert r.returncode != 0 and "--shrinks" in r.stderr and "Traceback" not in r.stderr, bad
 

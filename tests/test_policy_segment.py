@@ -181,7 +181,7 @@ def test_shrinks_are_saved_and_checked(tmp_path):
     del data["shrinks"]  # an artifact from before shrinkage: its groups chose on their own logs
     (tmp_path / "segment.json").write_bytes(orjson.dumps(data))
     assert load_learner(tmp_path, {"kind": "segment", "name": "segment"}).shrinks == (0.0,)
-    for bad in ([], [-1.0]):
+    for bad in ([], [-1.0], [float("nan")], [float("inf")]):
         with pytest.raises(ValueError, match="shrinks"):
             SegmentLearner(shrinks=bad)
 

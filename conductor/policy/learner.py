@@ -399,8 +399,8 @@ class SegmentLearner:
         self.name, self.lam, self.floor, self.folds, self.min_group, self.seed = name, lam, floor, folds, min_group, seed
         self.budget = budget
         if shrinks is not None:
-            if not shrinks or any(k < 0 for k in shrinks):
-                raise ValueError(f"shrinks must be a non-empty list of weights >= 0, not {list(shrinks)}")
+            if not shrinks or not all(0 <= k < math.inf for k in shrinks):
+                raise ValueError(f"shrinks must be a non-empty list of finite weights >= 0, not {list(shrinks)}")
             self.shrinks = tuple(float(k) for k in shrinks)
         self.reference = reference or {}
         self.choice: dict[str, dict] = {}  # task -> {"all": key, "groups": {group: key}}

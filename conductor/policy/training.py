@@ -206,9 +206,10 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
                              "accuracy, a budget maximizes accuracy at a cost)")
     if cfg.ship_margin < 0:
         raise ConductorError(f"--ship-margin must be at least 0 (got {cfg.ship_margin})")
-    if cfg.shrinks is not None and (cfg.learner != "segment" or not cfg.shrinks or min(cfg.shrinks) < 0):
+    if cfg.shrinks is not None and (cfg.learner != "segment" or not cfg.shrinks
+                                    or not all(0 <= k < math.inf for k in cfg.shrinks)):
         raise ConductorError(f"--shrinks weighs the task-wide logs into each group's choice of --learner segment: "
-                             f"one or more numbers >= 0 (got {list(cfg.shrinks)} with --learner {cfg.learner})")
+                             f"one or more finite numbers >= 0 (got {list(cfg.shrinks)} with --learner {cfg.learner})")
     group_by = cfg.features.group_by
     if (cfg.learner == "segment") != bool(group_by):
         raise ConductorError("--learner segment plans per group of queries: give it --group-by FIELD (a field of "
