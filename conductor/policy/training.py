@@ -189,8 +189,8 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
     (conductor.runner.planning_pool); loaded here when not given."""
     if cfg.learner not in LEARNERS:
         raise ConductorError(f"--learner {cfg.learner!r}: choose from {', '.join(LEARNERS)}")
-    if cfg.lam < 0:
-        raise ConductorError(f"--lambda must be at least 0 (got {cfg.lam})")
+    if not 0 <= cfg.lam < math.inf:
+        raise ConductorError(f"--lambda must be a finite number, at least 0 (got {cfg.lam})")
     if not 0 <= cfg.holdout < 1:
         raise ConductorError(f"--holdout must be at least 0 and below 1 (got {cfg.holdout})")
     if cfg.folds < 1:
@@ -199,13 +199,14 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
     if cfg.floor is not None and not -1 < cfg.floor < 1:
         raise ConductorError(f"--floor is an accuracy difference from the best single, between -1 and 1 "
                              f"(got {cfg.floor})")
-    if cfg.budget is not None and not cfg.budget > 0:
-        raise ConductorError(f"--budget is a share of the best single's cost per query, above 0 (got {cfg.budget})")
+    if cfg.budget is not None and not 0 < cfg.budget < math.inf:
+        raise ConductorError(f"--budget is a share of the best single's cost per query, above 0 and finite "
+                             f"(got {cfg.budget})")
     if cfg.budget is not None and cfg.floor is not None:
         raise ConductorError("--floor and --budget are two objectives: give one (a floor minimizes cost at an "
                              "accuracy, a budget maximizes accuracy at a cost)")
-    if cfg.ship_margin < 0:
-        raise ConductorError(f"--ship-margin must be at least 0 (got {cfg.ship_margin})")
+    if not 0 <= cfg.ship_margin < math.inf:
+        raise ConductorError(f"--ship-margin must be a finite number, at least 0 (got {cfg.ship_margin})")
     if cfg.shrinks is not None and (cfg.learner != "segment" or not cfg.shrinks
                                     or not all(0 <= k < math.inf for k in cfg.shrinks)):
         raise ConductorError(f"--shrinks weighs the task-wide logs into each group's choice of --learner segment: "
