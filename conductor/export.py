@@ -24,6 +24,7 @@ and the advantages with them.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,8 +84,8 @@ def export_run(data_dir: Path, run_id: str, fmt: str, out: Path, *, pool_path: P
                cost_penalty: float | None = None, max_steps: int | None = None) -> Export:
     if fmt not in FORMATS:
         raise ConductorError(f"--format {fmt!r}: choose from {', '.join(FORMATS)}")
-    if cost_penalty is not None and cost_penalty < 0:
-        raise ConductorError(f"--cost-penalty must be at least 0 (got {cost_penalty})")
+    if cost_penalty is not None and not 0 <= cost_penalty < math.inf:
+        raise ConductorError(f"--cost-penalty must be a finite number, at least 0 (got {cost_penalty})")
     run = RunDir(data_dir, run_id)
     if not run.exists():
         raise ConductorError(f"run {run_id}: not found under {run.data_dir / 'runs'}")

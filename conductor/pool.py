@@ -8,6 +8,7 @@ read at call time and never stored in a `Pool`.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -388,6 +389,8 @@ def _num(cfg: dict, key: str, at: str, *, positive: bool = False, minimum: float
     v = cfg[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise PoolError(f"{at}.{key}: must be a number (got {v!r})")
+    if not math.isfinite(v):  # YAML's .nan and .inf: NaN passes every comparison below
+        raise PoolError(f"{at}.{key}: must be a finite number (got {v!r})")
     if positive and v <= 0:
         raise PoolError(f"{at}.{key}: must be greater than 0 (got {v!r})")
     if minimum is not None and v < minimum:

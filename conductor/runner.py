@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -84,6 +85,10 @@ def prepare(cfg: RunConfig) -> Run:
         raise ConductorError(f"--max-steps must be at least 1 (got {cfg.max_steps})")
     if cfg.max_depth < 0:
         raise ConductorError(f"--max-depth must be at least 0 (got {cfg.max_depth})")
+    if cfg.budget_usd is not None and not 0 <= cfg.budget_usd < math.inf:
+        raise ConductorError(f"--budget is this run's USD cap: a finite number, at least 0 (got {cfg.budget_usd})")
+    if not 0 <= cfg.rewards.cost_penalty < math.inf:
+        raise ConductorError(f"--cost-penalty must be a finite number, at least 0 (got {cfg.rewards.cost_penalty})")
     queries = load_queries(cfg.queries)
     pool = load_pool(cfg.pool)
     fingerprint = {

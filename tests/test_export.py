@@ -11,6 +11,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from conductor.errors import ConductorError
 from conductor.export import TRL, VERL
 from conductor.planners import prompt as prompts
 from conductor.planners.base import Query
@@ -130,6 +131,10 @@ def test_a_cost_penalty_rescales_rewards_and_recomputes_advantages(rollout, tmp_
         assert b[pid]["reward"] == pytest.approx(base - lam * x["cost_usd"])
         changed += not math.isclose(b[pid]["advantage"], x["advantage"], abs_tol=1e-9)
     assert changed > 0  # cheaper plans now gain relative to their group
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConductorError, match="--cost-penalty must be a finite number, at least 0"):
+            export_run(d / "data", "roll", "trl", tmp_path / "bad", cost_penalty=bad)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_export_errors_name_what_is_wrong(rollout, tmp_path):

@@ -134,6 +134,19 @@ def test_bad_pool_file_is_refused_and_nothing_is_written(tmp_path, sample_querie
     assert files_under(data) == []
 
 
+@pytest.mark.parametrize("flag, value", [("--budget", "nan"), ("--budget", "-1.0"), ("--cost-penalty", "nan"),
+                                         ("--cost-penalty", "inf")])
+def test_a_budget_or_cost_penalty_that_is_no_number_is_refused_and_nothing_is_written(tmp_path, sample_queries,
+                                                                                       flag, value):
+    """NaN passes every `< 0` check and then makes every budget comparison false: an unlimited budget."""
+    data = tmp_path / "data"
+    pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")  # never reached
+    r = cli("run", sample_queries, "--pool", pool, "--data-dir", data, flag, value)
+    assert r.returncode == 2 and f"{flag} " in r.stderr and f"(got {value})" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert files_under(data) == []
+
+
 @pytest.mark.slow  # whole runs through the CLI
 def test_reusing_a_run_id_for_other_inputs_is_refused(tmp_path, fresh_sim, sample_queries):
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
