@@ -128,6 +128,15 @@ def test_empty_input_is_refused(folder):
         load_rows(load_job(write(folder, GOOD)))
 
 
+@pytest.mark.parametrize("value", [".nan", ".inf", "-1"])
+def test_a_budget_or_tolerance_that_is_no_finite_number_is_refused(folder, value):
+    """YAML's .nan passes `< 0` and then makes every budget comparison false: no budget at all."""
+    text = GOOD + f"budget_usd: {value}\n"
+    assert f"job.yaml:{line_of(text, 'budget_usd')}: budget_usd: must be a finite number >= 0" in refused(folder, text)
+    text = GOOD.replace("score: exact}", f"score: numeric, rel_tol: {value}}}")
+    assert "references.mood.rel_tol: must be a finite number >= 0" in refused(folder, text)
+
+
 def test_unknown_key_and_bad_worker(folder):
     text = GOOD.replace("mode: direct", "mdoe: direct")
     assert f"job.yaml:{line_of(text, 'mdoe')}: mdoe: unknown key" in refused(folder, text)

@@ -11,6 +11,7 @@ before any call.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,8 +193,9 @@ def load_job(path: str | Path) -> Job:
     if structured not in STRUCTURED:
         raise doc.error(("structured",), f"{structured!r}: must be one of {', '.join(STRUCTURED)}")
     budget = raw.get("budget_usd")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
-        raise doc.error(("budget_usd",), f"must be a number >= 0 (got {budget!r})")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not 0 <= budget < math.inf):
+        raise doc.error(("budget_usd",), f"must be a finite number >= 0 (got {budget!r})")
     samples = _int(doc, raw, "samples", 1)
     quality = raw.get("quality") or {}
     if not isinstance(quality, dict):
@@ -320,8 +322,8 @@ def _references(doc: Located, raw: Any, fields: tuple[Field, ...], columns: list
         if score not in SCORES:
             raise doc.error(rat + ("score",), f"unknown score {score!r} (allowed: {', '.join(SCORES)})")
         tol = spec.get("rel_tol", 0.0)
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or tol < 0:
-            raise doc.error(rat + ("rel_tol",), f"must be a number >= 0 (got {tol!r})")
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < math.inf:
+            raise doc.error(rat + ("rel_tol",), f"must be a finite number >= 0 (got {tol!r})")
         sf, sc, tc = spec.get("scale_field"), spec.get("scale_column"), spec.get("type_column")
         if sf is not None and sf not in by_name:
             raise doc.error(rat + ("scale_field",), f"{sf!r} is not a field")
