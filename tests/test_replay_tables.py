@@ -439,6 +439,19 @@ def test_convert_needs_a_threshold_for_fractional_scores(tmp_path, capsys):
     assert t.filter(pl.col("score") == 0.9)["correct"].all() and not t.filter(pl.col("score") == 0.1)["correct"].any()
     assert cli_main(["replay", "convert", "--wide", str(wide_path), "--out", str(long), "--id-column", "id"]) == 2
     assert "no column 'id' (--id-column)" in capsys.readouterr().err
+    assert cli_main(["replay", "convert", "--wide", str(wide_path), "--out", str(long), "--threshold", "nan",
+                     "--task", "math"]) == 2  # every score >= NaN is false: every answer would be wrong
+    assert "--threshold must be a finite number (got nan)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["nan:0.15", "0:nan", "0:inf", "0:0", "0.15"])
+def test_an_eval_target_that_is_no_pair_of_finite_numbers_is_refused(text):
+    from conductor.errors import ConductorError
+    from conductor.evaluation import Target
+
+    with pytest.raises(ConductorError, match=f"--target '{text}'"):
+        Target.parse(text)
+    assert Target.parse("-0.01:0.15").cost_share == 0.15
 
 
 def test_wide_pickles_get_a_recipe_instead_of_a_crash(tmp_path, capsys):

@@ -14,6 +14,7 @@ checks the targets given.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,8 +66,9 @@ class Target:
             delta, share = (float(x) for x in text.split(":"))
         except ValueError:
             raise ConductorError(f"--target {text!r}: expected ACCURACY_DELTA:COST_SHARE, e.g. 0:0.25") from None
-        if not 0 < share:
-            raise ConductorError(f"--target {text!r}: the cost share must be above 0")
+        if not (0 < share < math.inf and math.isfinite(delta)):
+            raise ConductorError(f"--target {text!r}: the accuracy delta must be a finite number and the cost share "
+                                 f"a finite number above 0")
         return cls(f"accuracy >= best single {delta:+.3f} at <= {share:.0%} of its cost", delta, share)
 
 

@@ -15,6 +15,7 @@ evaluation reports their accuracy from the labels only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,8 @@ def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[
     if partial and threshold is None:
         raise ConductorError(f"--wide {path}: scores strictly between 0 and 1 in column(s) {_few(partial)}: "
                              f"pass --threshold T (correct = score >= T)")
+    if threshold is not None and not math.isfinite(threshold):
+        raise ConductorError(f"--threshold must be a finite number (got {threshold}): correct = score >= it")
     cut = 1.0 if threshold is None else float(threshold)
     base = [pl.col("_row"), ids.alias("question_id"), _text(wide, layout.prompt_column).alias("question"),
             (_text(wide, layout.reference_column) if layout.reference_column
