@@ -147,6 +147,25 @@ def test_a_budget_or_cost_penalty_that_is_no_number_is_refused_and_nothing_is_wr
     assert files_under(data) == []
 
 
+@pytest.mark.parametrize("option, message", [
+    ("cost_weight=.nan", "cost_weight must be a finite number, at least 0 (got nan)"),
+    ("cost_weight=abc", "cost_weight must be a finite number, at least 0 (got 'abc')"),
+    ("temperature=-1", "temperature must be a finite number, at least 0 (got -1)"),
+    ("explore=abc", "explore must be between 0 and 1 (got 'abc')"),
+    ("default_skill=2", "default_skill must be between 0 and 1 (got 2)"),
+    ("ensemble_size=0", "ensemble_size must be a whole number, at least 2 (got 0)"),
+    ("expected_output_tokens=1.5", "expected_output_tokens must be a whole number, at least 1 (got 1.5)"),
+])
+def test_a_bad_embedded_planner_option_is_refused_and_nothing_is_written(tmp_path, sample_queries, option, message):
+    """Options arrive as YAML scalars; a NaN weight or a word used to crash planning with a traceback."""
+    data = tmp_path / "data"
+    pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")  # never reached
+    r = cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--planner-option", option)
+    assert r.returncode == 2 and f"planner embedded: {message}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert files_under(data) == []
+
+
 @pytest.mark.slow  # whole runs through the CLI
 def test_reusing_a_run_id_for_other_inputs_is_refused(tmp_path, fresh_sim, sample_queries):
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)

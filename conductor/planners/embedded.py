@@ -88,13 +88,29 @@ class EmbeddedConfig:
     use: str = "auto"  # with a learned policy: auto (what training shipped), learned, or fixed
 
     def __post_init__(self) -> None:
-        if self.explore is not None and not 0.0 <= float(self.explore) <= 1.0:
-            raise ValueError(f"explore must be between 0 and 1 (got {self.explore!r})")
+        # Planner options arrive as YAML scalars: a string, .nan or 0 would otherwise crash or plan
+        # nonsense deep inside planning, after the run folder exists.
+        shares = ("default_skill", "listed_skill") + (("explore",) if self.explore is not None else ())
+        for name in shares:
+            if not _number(getattr(self, name), 0.0, 1.0):
+                raise ValueError(f"{name} must be between 0 and 1 (got {getattr(self, name)!r})")
+        for name in ("cost_weight", "temperature"):
+            if not _number(getattr(self, name), 0.0, math.inf):
+                raise ValueError(f"{name} must be a finite number, at least 0 (got {getattr(self, name)!r})")
+        for name, least in (("expected_output_tokens", 1), ("ensemble_size", 2)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ValueError(f"{name} must be a whole number, at least {least} (got {v!r})")
         if self.candidates not in ("templates", "bandit"):
             raise ValueError(f"candidates must be templates or bandit (got {self.candidates!r})")
         if self.action is not None:
             for key in (self.action.values() if isinstance(self.action, dict) else [self.action]):
                 Action.from_key(key)  # a clear ValueError on a malformed key
+
+
+def _number(v: object, low: float, high: float) -> bool:
+    """A real number in [low, high], and finite: NaN passes no comparison, so it is caught here."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and low <= v <= high
 
 
 class EmbeddedPlanner(PlannerBackEnd):
