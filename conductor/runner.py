@@ -252,6 +252,13 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     RecordSpec, enrichment jobs) makes every llm step answer with a record."""
     cfg = run.config
     plans_path = run.dir.table("plans")
+    if journal_deleted(run):
+        if cfg.retry_failed:
+            raise ConductorError(
+                f"run {run.dir.run_id} is complete and its work folder {run.dir.work} (the journal of what was "
+                f"done) was deleted, so its failed plans cannot be told apart to retry; start a new run with "
+                f"another --run-id (answers in the shared response cache are not paid again)")
+        return run.dir.table("results")
     check_ready(run, plans_path)
     state = load_state(run.dir.work, retry_failed=cfg.retry_failed)
     planning = load_state(planning_dir(run)).spent if planning_dir(run).exists() else {}
@@ -293,6 +300,13 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     carry_columns(run)
     run.dir.set_status("executed", spend=context.spend())
     return run.dir.table("results")
+
+
+def journal_deleted(run: Run) -> bool:
+    """A complete run whose work folder was deleted (the README allows it): its
+    traces and results stand as they are, and nothing is executed again."""
+    return (not (run.dir.work / "steps.jsonl").exists() and run.dir.table("results").exists()
+            and run.dir.table("traces").exists() and run.dir.read_manifest().get("status") == "complete")
 
 
 def carry_columns(run: Run) -> None:
@@ -408,10 +422,16 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     """Summarize the run, store the summary, and refresh the DuckDB catalog."""
     t = run_totals(run.dir.path)
     n_queries = run.queries.num_rows
-    planning = sum(load_state(planning_dir(run)).spent.values())  # LLM planners' own calls
+    manifest = run.dir.read_manifest()
+    before = manifest.get("summary") or {}
+    if planning_dir(run).exists():
+        planning = sum(load_state(planning_dir(run)).spent.values())  # LLM planners' own calls
+    else:  # none, or the work folder was deleted after the run completed
+        planning = before.get("planning_cost_usd") or 0.0
     cost = t.cost_usd + planning
     statuses = t.statuses
-    manifest = run.dir.read_manifest()
+    if wall_time_s is not None and before.get("wall_time_s") is not None:
+        wall_time_s = round(before["wall_time_s"] + wall_time_s, 3)  # every command that worked on the run
     summary = {
         "run_id": run.dir.run_id,
         "queries": n_queries,

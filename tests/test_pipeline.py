@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import duckdb
 import orjson
 import pyarrow as pa
@@ -67,6 +69,26 @@ def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sa
     assert "(resumed)" in again.stdout
     assert fresh_sim.log()["total"] == sent  # nothing was sent twice, even without the cache
     assert len(list((data / "runs").iterdir())) == 1
+
+    # The README: work/ is safe to delete once the run is complete. Rerunning then
+    # sends nothing and keeps what the answers cost; the wall time adds up.
+    (run,) = (data / "runs").iterdir()
+    summary = orjson.loads((run / "summary.json").read_bytes())
+    traces = pq.read_table(run / "traces.parquet")
+    shutil.rmtree(run / "work")
+    for _ in range(2):  # the second rerun finds a work folder holding only the lock
+        after = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache")
+        assert after.returncode == 0, after.stderr
+        assert fresh_sim.log()["total"] == sent
+        assert pq.read_table(run / "traces.parquet").equals(traces)
+    rerun = orjson.loads((run / "summary.json").read_bytes())
+    assert rerun["cost_usd"] == pytest.approx(summary["cost_usd"]) and rerun["cost_usd"] > 0
+    assert rerun["calls"] == summary["calls"] and rerun["cache_hits"] == 0
+    assert rerun["wall_time_s"] >= summary["wall_time_s"]
+    # Failed plans cannot be told apart without the journal: refused, nothing sent.
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--retry-failed")
+    assert r.returncode == 2 and "work folder" in r.stderr and "--run-id" in r.stderr
+    assert fresh_sim.log()["total"] == sent
 
 
 @pytest.mark.slow  # whole runs through the CLI
