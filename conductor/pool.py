@@ -140,6 +140,13 @@ class Pool:
         ]
         return hashlib.sha256(orjson.dumps([ident, self.replay], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
+    def planning_hash(self) -> str:
+        """Hash of what planners read besides the workers themselves (descriptions,
+        skills, prices): a run's plans depend on them, an enrichment job's rows do not."""
+        seen = [[w.id, w.description, w.skills, w.price and [w.price.input, w.price.output]]
+                for w in self.workers]
+        return hashlib.sha256(orjson.dumps(seen, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
 
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ***, for messages and logs."""

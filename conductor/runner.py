@@ -91,14 +91,20 @@ def prepare(cfg: RunConfig) -> Run:
         raise ConductorError(f"--cost-penalty must be a finite number, at least 0 (got {cfg.rewards.cost_penalty})")
     queries = load_queries(cfg.queries)
     pool = load_pool(cfg.pool)
-    fingerprint = {
+    legacy = {
         "queries_sha256": file_digest(cfg.queries),
         "pool_identity": pool.identity_hash(),
         "planner": cfg.planner, "planner_options": cfg.planner_options,
         "samples": cfg.samples, "seed": cfg.seed, "max_steps": cfg.max_steps,
     }
-    digest = hashlib.sha256(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
+    fingerprint = {**legacy, "pool_planning": pool.planning_hash()}
+    digest, old_digest = _digest(fingerprint), _digest(legacy)
     run_id = cfg.run_id or f"{Path(cfg.queries).stem}-{digest[:10]}"
+    if not cfg.run_id and not RunDir(cfg.data_dir, run_id).exists():
+        # A run begun before skills and prices were part of its id resumes under its old id.
+        earlier = RunDir(cfg.data_dir, f"{Path(cfg.queries).stem}-{old_digest[:10]}")
+        if earlier.exists() and _made_before_planning_hash(earlier, old_digest):
+            run_id = earlier.run_id
     if not _valid_run_id(run_id):
         raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
     if any(c in str(Path(cfg.data_dir).resolve()) for c in "[]*?"):
@@ -110,8 +116,7 @@ def prepare(cfg: RunConfig) -> Run:
 
         ObjectStore(cfg.store).pull_run(run)
     if run.exists():
-        old = run.read_manifest()
-        if old.get("fingerprint") != digest:
+        if run.read_manifest().get("fingerprint") != digest and not _made_before_planning_hash(run, old_digest):
             raise ConductorError(
                 f"run {run_id} already exists at {run.path} with other inputs or settings; "
                 f"choose another --run-id (or omit it to get one derived from the inputs)")
@@ -496,6 +501,16 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
         store.push_run(run.dir)
     summary["resumed"] = run.resumed
     return summary
+
+
+def _digest(fingerprint: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
+
+
+def _made_before_planning_hash(run: RunDir, legacy_digest: str) -> bool:
+    """A run whose manifest predates `pool_planning` in the fingerprint, with the same other inputs."""
+    m = run.read_manifest()
+    return m.get("fingerprint") == legacy_digest and "pool_planning" not in m.get("inputs", {})
 
 
 def _valid_run_id(s: str) -> bool:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conductor import schemas
-from tests.conftest import cli, files_under, run_cli, write_pool
+from tests.conftest import cli, files_under, run_cli, worker, write_pool
 
 
 @pytest.mark.slow  # whole runs through the CLI
@@ -89,6 +89,37 @@ def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sa
     r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--retry-failed")
     assert r.returncode == 2 and "work folder" in r.stderr and "--run-id" in r.stderr
     assert fresh_sim.log()["total"] == sent
+
+
+def test_run_id_follows_what_the_planner_reads(tmp_path, sample_queries):
+    """Skills, prices and descriptions decide the plans: changing one starts a new run
+    instead of resuming plans made with the old ones; a budget does not."""
+    from conductor import runner
+
+    def run_id(path, **changes):
+        w = worker("fast", "http://127.0.0.1:9")
+        w.update(changes)
+        pool = write_pool(tmp_path / path, "http://127.0.0.1:9", workers=[w],
+                          providers={"sim": {"budget_usd": 1.0 if "budget" in path else 5.0}})
+        return runner.prepare(runner.RunConfig(queries=sample_queries, pool=pool, data_dir=tmp_path / "data"))
+
+    base = run_id("a.yaml")
+    assert run_id("budget.yaml").dir.run_id == base.dir.run_id
+    for change in ({"skills": {"math": 0.9}}, {"description": "a careful model"},
+                   {"price": {"input_per_mtok": 3.0, "output_per_mtok": 2.0}}):
+        assert run_id("b.yaml", **change).dir.run_id != base.dir.run_id, change
+
+    # A run begun by a version whose ids left them out resumes under its id.
+    m = base.dir.read_manifest()
+    del m["inputs"]["pool_planning"]
+    legacy = {k: v for k, v in m["inputs"].items() if k not in ("queries", "pool")}
+    m["fingerprint"] = runner._digest(legacy)
+    old_id = f"{sample_queries.stem}-{m['fingerprint'][:10]}"
+    m["run_id"] = old_id
+    base.dir.path.rename(base.dir.path.with_name(old_id))
+    runner.RunDir(tmp_path / "data", old_id).write_manifest(m)
+    again = run_id("a.yaml")
+    assert again.resumed and again.dir.run_id == old_id
 
 
 @pytest.mark.slow  # whole runs through the CLI
