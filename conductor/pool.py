@@ -7,6 +7,7 @@ read at call time and never stored in a `Pool`.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import os
@@ -241,13 +242,20 @@ def _provider(pid: Any, cfg: Any) -> Provider:
         id=pid,
         rpm=_num(cfg, "rpm", at, positive=True),
         tpm=_num(cfg, "tpm", at, positive=True),
-        max_concurrency=int(_num(cfg, "max_concurrency", at, positive=True, default=16)),
+        max_concurrency=_whole(cfg, "max_concurrency", at, default=16),
         budget_usd=_num(cfg, "budget_usd", at, minimum=0.0),
         timeout_s=_num(cfg, "timeout_s", at, positive=True, default=120.0),
-        max_attempts=int(_num(cfg, "max_attempts", at, positive=True, default=6)),
+        max_attempts=_whole(cfg, "max_attempts", at, default=6),
         api_key_env=key_env,
         **_batch_options(cfg, at),
     )
+
+
+def _whole(cfg: dict, key: str, at: str, default: int) -> int:
+    n = _num(cfg, key, at, positive=True, default=default)
+    if n != int(n):
+        raise PoolError(f"{at}.{key}: must be a whole number (got {n!r})")
+    return int(n)
 
 
 def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
@@ -269,10 +277,7 @@ def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
                             f"online price, e.g. 0.5; got {factor!r})")
         out["batch_price_factor"] = float(factor)
     if "batch_max_requests" in cfg:
-        n = _num(cfg, "batch_max_requests", at, positive=True)
-        if n != int(n):
-            raise PoolError(f"{at}.batch_max_requests: must be a whole number (got {n!r})")
-        out["batch_max_requests"] = int(n)
+        out["batch_max_requests"] = _whole(cfg, "batch_max_requests", at, default=0)
     if "batch_retry" in cfg:
         if cfg["batch_retry"] not in BATCH_RETRY:
             raise PoolError(f"{at}.batch_retry: must be one of {', '.join(BATCH_RETRY)} "
@@ -312,6 +317,12 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         provider = "local" if kind == "function" else provider_from_model(model)
     if not isinstance(provider, str):
         raise PoolError(f"{at}.provider: must be a provider id")
+    if "provider" in w and providers and provider not in providers:
+        # A typo here would leave the worker with default limits and no budget, silently.
+        near = difflib.get_close_matches(provider, list(providers), n=1)
+        raise PoolError(f"{at}.provider: {provider!r} is not under providers:"
+                        + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(providers)})")
+                        + f"; to give it default limits and no budget, list it as `{provider}: {{}}`")
     api_base = w.get("api_base")
     if api_base is not None:
         if not isinstance(api_base, str):

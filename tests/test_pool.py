@@ -65,6 +65,11 @@ workers:
     (_pool(price={"input_per_mtok": float("nan"), "output_per_mtok": 1}), r"\.price.input_per_mtok: must be a finite number"),
     ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "sk-abc def"}}}, r"providers.p.api_key_env: must be the NAME"),
     ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"budget": 3}}}, r"providers.p.budget: unknown field"),
+    ({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"max_concurrency": 2.5}}},
+     r"providers.p.max_concurrency: must be a whole number \(got 2.5\)"),
+    # A mistyped provider would get default limits and no budget: refused, with the near name.
+    ({"workers": [{"id": "w", "model": "m", "provider": "sim-larg"}], "providers": {"sim-large": {"budget_usd": 5}}},
+     r"workers\[0\] \(w\).provider: 'sim-larg' is not under providers: \(did you mean 'sim-large'\?\)"),
     ([1, 2], "the top level must be a mapping"),
 ])
 def test_bad_pool_names_the_field(raw, field):
