@@ -208,6 +208,8 @@ def test_a_budget_or_cost_penalty_that_is_no_number_is_refused_and_nothing_is_wr
     ("default_skill=2", "default_skill must be between 0 and 1 (got 2)"),
     ("ensemble_size=0", "ensemble_size must be a whole number, at least 2 (got 0)"),
     ("expected_output_tokens=1.5", "expected_output_tokens must be a whole number, at least 1 (got 1.5)"),
+    ("templates=bogus", "templates must name one or more of single, verify, ensemble"),
+    ("templates=[]", "templates must name one or more of single, verify, ensemble"),
 ])
 def test_a_bad_embedded_planner_option_is_refused_and_nothing_is_written(tmp_path, sample_queries, option, message):
     """Options arrive as YAML scalars; a NaN weight or a word used to crash planning with a traceback."""

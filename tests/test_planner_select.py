@@ -130,6 +130,8 @@ def test_dagster_planner_resource_selects_the_vllm_planner(tmp_path, fresh_sim, 
     (["--planner-model", "some/model"], "--planner-model needs --planner vllm or --planner llm"),
     (["--planner", "vllm", "--planner-model", "m", "--planner-option", "colour=blue"],
      "planner vllm: unknown option(s) colour"),
+    (["--planner", "vllm", "--planner-model", "/no/such/Qwen2.5-7B-Instruct"],
+     "model '/no/such/Qwen2.5-7B-Instruct': no such folder"),
 ])
 def test_planner_flags_are_checked_before_anything_runs(tmp_path, small_queries, args, message):
     pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")

@@ -63,6 +63,9 @@ class Candidate:
         return self.action.shape
 
 
+TEMPLATES = ("single", "verify", "ensemble")
+
+
 @dataclass(frozen=True)
 class EmbeddedConfig:
     cost_weight: float = 10.0  # accuracy points traded per USD of expected cost
@@ -71,7 +74,7 @@ class EmbeddedConfig:
     listed_skill: float = 0.7  # when a skill tag is listed without a number
     expected_output_tokens: int = 300
     ensemble_size: int = 3
-    templates: tuple[str, ...] = ("single", "verify", "ensemble")
+    templates: tuple[str, ...] = TEMPLATES
     seed: int = 0
     # Learned policy: "auto" uses the newest artifact for this pool under the default folder
     # ($CONDUCTOR_POLICY_DIR, else data/policy) if there is one; "none" plans with the prior;
@@ -103,6 +106,12 @@ class EmbeddedConfig:
                 raise ValueError(f"{name} must be a whole number, at least {least} (got {v!r})")
         if self.candidates not in ("templates", "bandit"):
             raise ValueError(f"candidates must be templates or bandit (got {self.candidates!r})")
+        given = self.templates.split(",") if isinstance(self.templates, str) else self.templates
+        names = tuple(t.strip() if isinstance(t, str) else t for t in given) if isinstance(given, (list, tuple)) else ()
+        if not names or not all(isinstance(t, str) and t in TEMPLATES for t in names):
+            raise ValueError(f"templates must name one or more of {', '.join(TEMPLATES)}, e.g. "
+                             f"templates=single,ensemble (got {self.templates!r})")
+        object.__setattr__(self, "templates", names)
         if self.action is not None:
             for key in (self.action.values() if isinstance(self.action, dict) else [self.action]):
                 Action.from_key(key)  # a clear ValueError on a malformed key

@@ -17,6 +17,7 @@ once per planner and reused.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -64,6 +65,10 @@ class VLLMPlannerConfig:
             raise ConductorError(f"vLLM planner: max_steps must be at least 1 (got {self.max_steps})")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ConductorError(f"vLLM planner: chunk_size must be at least 1 or None (got {self.chunk_size})")
+        path = Path(self.model).expanduser()
+        if self.model.startswith(("/", ".", "~")) and not path.is_dir():
+            raise ConductorError(f"vLLM planner: model {self.model!r}: no such folder (give the folder of a "
+                                 f"downloaded model, or a model name vLLM can fetch)")
 
 
 class VLLMPlanner(PlannerBackEnd):
@@ -95,7 +100,11 @@ class VLLMPlanner(PlannerBackEnd):
             )
             kwargs.update(c.engine_kwargs)
             start = time.perf_counter()
-            self._llm = LLM(**kwargs)
+            try:
+                self._llm = LLM(**kwargs)
+            except (OSError, ValueError) as e:  # a name the hub does not know, or cannot be reached
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ConductorError(f"vLLM planner: cannot load model {c.model!r}: {first}") from None
             self.load_seconds = time.perf_counter() - start
         return self._llm
 
