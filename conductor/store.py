@@ -189,7 +189,9 @@ def views_signature(data_dir: Path) -> str:
     runs = Path(data_dir).resolve() / "runs"
     have = [n for n in schemas.TABLES if any(runs.glob(f"*/{n}.parquet"))]
     have += ["runs"] if any(runs.glob("*/manifest.json")) else []
-    return orjson.dumps({"views": have, "jobs": job_runs(runs)}, default=str, option=orjson.OPT_SORT_KEYS).decode()
+    # The views name files by absolute path: a data folder copied or moved must rebuild them.
+    return orjson.dumps({"root": str(runs), "views": have, "jobs": job_runs(runs)}, default=str,
+                        option=orjson.OPT_SORT_KEYS).decode()
 
 
 def catalog_is_current(data_dir: Path) -> bool:

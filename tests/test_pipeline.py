@@ -56,6 +56,12 @@ def test_run_writes_all_four_tables_and_sql_reads_them(tmp_path, fresh_sim, samp
                 "--format", "csv")
     assert r.stdout.strip().splitlines()[1:] == ["first,60", "second,60"]
 
+    # A data folder moved elsewhere answers from its own files, not the old folder's.
+    moved = tmp_path / "moved"
+    data.rename(moved)
+    r = cli("sql", "SELECT count(*) FROM results", "--data-dir", moved, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "120", r.stderr
+
 
 @pytest.mark.slow  # whole runs through the CLI
 def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sample_queries):
