@@ -226,7 +226,8 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
         if a < 0:
             raise PlanError(f"step {i}: access entry {a} is negative")
         if a >= i:
-            raise PlanError(f"step {i}: access entry {a} refers to a step that is not earlier (steps may only see steps 0..{i - 1})")
+            seen = "the first step can see no other step" if i == 0 else f"step {i} may only see steps 0..{i - 1}"
+            raise PlanError(f"step {i}: access entry {a} refers to a step that is not earlier ({seen})")
         out.add(a)
     return tuple(sorted(out))
 

@@ -73,7 +73,7 @@ def test_round_trip_json():
     ('{"steps": [{"worker": 7, "instruction": "x", "access": []}]}', "worker number 7 is out of range"),
     ('{"steps": [{"instruction": "x", "access": []}]}', "worker is missing"),
     ('{"steps": [{"worker": "big", "instruction": "  ", "access": []}]}', "instruction must be a non-empty string"),
-    ('{"steps": [{"worker": "big", "instruction": "x", "access": [0]}]}', "refers to a step that is not earlier"),
+    ('{"steps": [{"worker": "big", "instruction": "x", "access": [0]}]}', "not earlier (the first step can see no other step)"),
     ('{"steps": [{"worker": "big", "instruction": "x", "access": []},'
      '{"worker": "big", "instruction": "y", "access": [2]}]}', "step 1: access entry 2 refers to a step that is not earlier"),
     ('{"steps": [{"worker": "big", "instruction": "x", "access": [-1]}]}', "negative"),
