@@ -29,13 +29,16 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
     listed: dict[str, Any] = {}  # api_base -> model ids, None (cannot say) or an error line
     for wid in sorted(set(worker_ids)):
         w = pool.worker(wid) if pool.has(wid) else None
-        if w is None or w.kind != "llm" or not w.model:
+        if w is None or w.kind == "function" or not w.model:
             continue
         name, why = _provider_model(w)
         if why:
             problems.append(f"worker {w.id}: {why}")
             continue
         if not w.api_base:
+            provider = pool.providers.get(w.provider)
+            if not (provider and provider.api_key_env) and (why := _missing_key(w)):
+                problems.append(f"worker {w.id}: {why}")
             continue
         base = w.api_base.rstrip("/")
         if base not in listed:
@@ -70,6 +73,23 @@ def _provider_model(w: Worker) -> tuple[str, str | None]:
         return w.model, (f"model {w.model!r}: litellm does not know the provider {prefix!r}; use a prefix such as "
                          f"openai/, anthropic/, hosted_vllm/ (see https://docs.litellm.ai/docs/providers)")
     return name, None
+
+
+def _missing_key(w: Worker) -> str | None:
+    """Why a hosted model's calls would all fail for want of its API key (litellm reads
+    OPENAI_API_KEY and the like when the provider names no api_key_env); None when
+    they would not, or when the credentials are not an API key (cloud roles, profiles)."""
+    import litellm
+
+    try:
+        env = litellm.validate_environment(model=w.model)
+    except Exception:
+        return None
+    missing = env.get("missing_keys") or []
+    if env.get("keys_in_environment") or not missing or not all(k.endswith("_API_KEY") for k in missing):
+        return None
+    return (f"model {w.model} needs {' or '.join(missing)}, which is not set; set it, or name the variable "
+            f"that holds the key with api_key_env (provider {w.provider})")
 
 
 def _list_models(base: str, api_key: str | None) -> set[str] | str | None:

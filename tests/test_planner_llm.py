@@ -22,7 +22,7 @@ from conductor.plans import parse_plan
 from conductor.pool import load_pool
 from conductor.runner import RunConfig, run_all
 from tests import plannersim
-from tests.conftest import kill_when_journaled, run_cli
+from tests.conftest import cli, kill_when_journaled, run_cli
 from tests.plannersim import psim, queries, sim  # noqa: F401  (shared fixtures)
 
 # slow: the LLM planner over HTTP, through the CLI
@@ -178,6 +178,7 @@ def test_planner_model_string_adds_an_implicit_worker(sim, tmp_path, queries):
             "--planner-model", "openai/sim-planner", "--planner-option", f"api_base={sim.url}"]
     r = run_cli(*args)
     assert r.returncode == 0, r.stderr
+    assert "Unclosed" not in r.stderr  # the planner's HTTP sessions are closed, not left to the collector
     run_dir = next((data / "runs").iterdir())
     rows = journal(run_dir)
     assert len(rows) == 12 and {(r["worker"], r["provider"]) for r in rows} == {("conductor-planner", "openai")}
@@ -189,6 +190,20 @@ def test_planner_model_string_adds_an_implicit_worker(sim, tmp_path, queries):
     r = run_cli(*args[:5], tmp_path / "other", *args[6:], "--budget", "1")
     assert r.returncode == 2 and "no known price for model openai/sim-planner" in r.stderr
     assert sim.log()["total"] == sent
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "model openai/gpt-4o needs OPENAI_API_KEY, which is not set"),
+    (["--planner-option", "api_key_env=MY_PLANNER_KEY"], "environment variable MY_PLANNER_KEY is not set"),
+])
+def test_a_hosted_planner_without_its_key_stops_before_any_call(tmp_path, queries, monkeypatch, extra, message):
+    """Not six retries of 'Missing credentials' after the run folder exists: the variable is named."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("MY_PLANNER_KEY", raising=False)
+    pool = plannersim.pool_file(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")
+    r = cli("run", queries, "--pool", pool, "--data-dir", tmp_path / "data", "--planner", "llm", "--quiet",
+            "--planner-model", "openai/gpt-4o", *extra)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("options, message", [

@@ -163,6 +163,18 @@ class Executor:
         finally:
             gc.unfreeze()
 
+    async def close_connections(self) -> None:
+        """Close the HTTP sessions, batch followers and governor connection opened for calls,
+        in the event loop that opened them (callers of `call_worker` outside `run` too)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+        if self.batches is not None:
+            await self.batches.close()
+        if self._close_governor is not None:
+            close, self._close_governor = self._close_governor, None
+            await close()
+
     async def _run(self, jobs: Iterable[PlanJob], resume: ResumeState) -> None:
         limit = self.opt.max_plans_in_flight or max(
             32, min(4096, 4 * sum(p.max_concurrency for p in self.pool.providers.values())),
@@ -208,12 +220,7 @@ class Executor:
                     self._durably(store.flush)
                 except STORAGE_ERRORS as e:
                     self._abort = self._abort or e
-        for client in self._clients.values():
-            await client.close()
-        if self.batches is not None:
-            await self.batches.close()
-        if self._close_governor is not None:
-            await self._close_governor()
+        await self.close_connections()
         self.progress.close()
         if self._abort is not None:
             raise self._abort

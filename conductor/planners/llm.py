@@ -24,6 +24,7 @@ samples are K distinct requests (and cache entries).
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,6 +219,13 @@ class LLMPlanner(PlannerBackEnd):
         worker, exec_pool = self.resolve(pool)
         b = self.binding
         provider = exec_pool.provider_of(worker)
+        if provider.api_key_env and not os.environ.get(provider.api_key_env):
+            raise ConductorError(f"LLM planner: environment variable {provider.api_key_env} is not set "
+                                 f"(the key of provider {provider.id}, which serves {worker.model})")
+        from conductor.preflight import preflight
+
+        if problems := preflight(exec_pool, [worker.id]):
+            raise ConductorError("LLM planner: cannot plan: " + "; ".join(problems))
         if (b.budget_usd is not None or provider.budget_usd is not None):
             from conductor.execute.prices import resolve_price
 
@@ -274,7 +282,10 @@ class LLMPlanner(PlannerBackEnd):
 
         try:
             with context as ex:
-                drafts = await asyncio.gather(*(one(q, k) for q in queries for k in range(samples)))
+                try:
+                    drafts = await asyncio.gather(*(one(q, k) for q in queries for k in range(samples)))
+                finally:
+                    await ex.close_connections()
         finally:
             progress.close()
             if tmp is not None:
