@@ -398,10 +398,12 @@ def grade_stage(run: Run) -> Path:
     results = pq.read_table(run.dir.table("results"),
                             columns=["plan_id", "query_id", "query_index", "sample", "status",
                                      "final_answer", "cost_usd"]).to_pylist()
+    full = _full_costs(run) if cfg.rewards.cost_penalty else {}
     rows = []
     for r in results:
         q = refs[r["query_index"]]  # results carry the query's row index
-        s = score(r["status"], q["task"], q["reference"], r["final_answer"], r["cost_usd"], cfg.rewards)
+        cost = full.get(r["plan_id"], r["cost_usd"])
+        s = score(r["status"], q["task"], q["reference"], r["final_answer"], cost, cfg.rewards)
         rows.append({"run_id": run.dir.run_id, "plan_id": r["plan_id"], "query_id": r["query_id"],
                      "query_index": r["query_index"], "sample": r["sample"], "task": q["task"],
                      "status": r["status"], "reference": q["reference"], "cost_usd": r["cost_usd"], **s})
@@ -410,6 +412,17 @@ def grade_stage(run: Run) -> Path:
     write_table(out, rows_to_table(rows, schemas.REWARDS))
     run.dir.set_status("graded")
     return out
+
+
+def _full_costs(run: Run) -> dict[str, float]:
+    """What each plan's answers cost when first paid for: the cost penalty prices the
+    workflow, not the cache's luck (a cache hit costs this run $0). Export and policy
+    training price plans the same way."""
+    traces = pq.read_table(run.dir.table("traces"), columns=["plan_id", "cost_usd", "original_cost_usd"])
+    paid = pc.coalesce(traces.column("original_cost_usd"), traces.column("cost_usd"), pa.scalar(0.0))
+    sums = pa.table({"plan_id": traces.column("plan_id"), "paid": paid}).group_by("plan_id").aggregate(
+        [("paid", "sum")])
+    return dict(zip(sums.column("plan_id").to_pylist(), sums.column("paid_sum").to_pylist()))
 
 
 def _add_advantages(rows: list[dict[str, Any]], eps: float) -> None:

@@ -158,7 +158,8 @@ REWARDS_TABLE = Table("rewards", [
     Column('answer', STR, 'the extracted final answer'),
     Column('parsed', BOOL, 'an answer could be extracted'),
     Column('correct', BOOL, 'the answer matches the reference'),
-    Column('reward', F64, '1 correct, 0.5 parsed but wrong, 0 otherwise, minus the cost penalty; null if not graded'),
+    Column('reward', F64, "1 correct, 0.5 parsed but wrong, 0 otherwise, minus the cost penalty x what the plan's "
+                          "answers cost when first paid for (a cache hit is priced, not free); null if not graded"),
     Column('advantage', F64, "(reward - group mean) / (group std + 1e-4) over the query's K plans"),
     Column('cost_usd', F64, "the plan's cost"),
 ])

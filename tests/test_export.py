@@ -115,6 +115,30 @@ def test_verl_layout_has_one_row_per_query_with_its_rollouts(rollout):
                 assert (trl[pid]["reward"], trl[pid]["advantage"]) == (rew, adv)
 
 
+def test_a_cost_penalty_prices_cache_hits_as_first_paid(tmp_path, sim, sample_queries):
+    """A second round answered from the response cache pays $0, but its workflows cost what
+    they cost: its rewards are the first round's, and export recomputes the same figures."""
+    from conductor.export import export_run
+    from conductor.rewards import RewardScheme
+
+    pool = write_pool(tmp_path / "pool.yaml", sim.url)
+    lam = 2000.0
+    runs = {}
+    for run_id in ("first", "cached"):
+        summary = run_all(RunConfig(queries=sample_queries, pool=pool, data_dir=tmp_path / "data", run_id=run_id,
+                                    samples=2, planner_options={"policy": "none"}, progress=False,
+                                    rewards=RewardScheme(cost_penalty=lam)))
+        runs[run_id] = {x["sample"] * 1000 + x["query_index"]: x for x in pq.read_table(
+            tmp_path / "data" / "runs" / run_id / "rewards.parquet").to_pylist()}
+    assert summary["cache_hits"] > 0 and summary["calls"] == 0 and summary["cost_usd"] == 0
+    first, cached = runs["first"], runs["cached"]
+    assert any(x["reward"] < 0.9 for x in first.values() if x["correct"])  # the penalty bites
+    assert {k: x["reward"] for k, x in cached.items()} == pytest.approx({k: x["reward"] for k, x in first.items()})
+    exported = export_run(tmp_path / "data", "cached", "trl", tmp_path / "out", cost_penalty=lam)
+    by_plan = {x["plan_id"]: x["reward"] for x in pq.read_table(exported.parquet).to_pylist()}
+    assert by_plan == pytest.approx({x["plan_id"]: x["reward"] for x in cached.values()})
+
+
 def test_a_cost_penalty_rescales_rewards_and_recomputes_advantages(rollout, tmp_path):
     from conductor.export import export_run
 
