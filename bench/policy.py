@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run (or resume) the sweep on train and stop: the slow part, reused by a later full run")
     ap.add_argument("--summary-only", action="store_true",
                     help="rebuild summary.md from the datasets' result.json files under --work; run nothing")
-    args = ap.parse_args(argv)
+    from conductor.cli.options import join_dash_values
+
+    args = ap.parse_args(join_dash_values(sys.argv[1:] if argv is None else list(argv)))
     if args.summary_only and args.sweep_only:
         ap.error("--summary-only and --sweep-only exclude each other")
     if (args.learner == "segment") != bool(args.group_by):

@@ -234,8 +234,11 @@ def test_policy_rollouts_train_and_eval_on_the_mixed_table(mine, monkeypatch, ca
     capsys.readouterr()
     out = d / "policy-eval"
     assert cli_main(["policy", "eval", "--pool", str(mine["pool"]), "--queries", str(mine["all"]),
-                     "--policies", str(artifact), "--out", str(out), "--no-planner"]) == 0
+                     "--policies", str(artifact), "--out", str(out), "--no-planner",
+                     "--target", "-0.01:0.15"]) == 0  # as the help writes it: a value starting with "-"
     assert f"{NAME}, split test:" in capsys.readouterr().out
+    [target] = _policies(out / "policies.json")["meta"]["targets"]
+    assert target["name"] == "accuracy >= best single -0.010 at <= 15% of its cost" and target["met"] is not None
     rows = _policies(out / "policies.json")["policies"]
     learned = [p for p in rows if p["kind"] == "learned"]
     assert len(learned) == 1 and learned[0]["accuracy"] is not None and learned[0]["se"] is not None

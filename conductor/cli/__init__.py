@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from conductor.cli.options import join_dash_values
+
+    args = build_parser().parse_args(join_dash_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.func(args) or 0)
     except ConductorError as e:

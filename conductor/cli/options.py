@@ -47,6 +47,25 @@ def report_out(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--out", type=Path, default=None, help=help)
 
 
+DASH_VALUED = ("--target",)  # flags whose values may start with "-" (a target of -0.01:0.15)
+
+
+def join_dash_values(argv: list[str]) -> list[str]:
+    """argparse reads `--target -0.01:0.15` as two flags (it takes only plain negative
+    numbers for values); `--target=-0.01:0.15` it reads as meant."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in DASH_VALUED and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and not argv[i + 1].startswith("--"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def parse_options(items: list[str]) -> dict:
     """--planner-option KEY=VALUE pairs; values are read as YAML scalars (20, on, a string)."""
     import yaml
