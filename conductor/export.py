@@ -86,6 +86,9 @@ def export_run(data_dir: Path, run_id: str, fmt: str, out: Path, *, pool_path: P
         raise ConductorError(f"--format {fmt!r}: choose from {', '.join(FORMATS)}")
     if cost_penalty is not None and not 0 <= cost_penalty < math.inf:
         raise ConductorError(f"--cost-penalty must be a finite number, at least 0 (got {cost_penalty})")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConductorError(f"--out {out}: is a file; give a folder (it gets train.parquet, train.jsonl and "
+                             f"export.json)")
     run = RunDir(data_dir, run_id)
     if not run.exists():
         raise ConductorError(f"run {run_id}: not found under {run.data_dir / 'runs'}")

@@ -168,3 +168,8 @@ def test_export_errors_name_what_is_wrong(rollout, tmp_path):
     r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "csv", "--out", tmp_path / "x")
     assert r.returncode == 2 and "invalid choice" in r.stderr
     assert not (tmp_path / "x").exists()
+    taken = tmp_path / "data.parquet"
+    taken.write_bytes(b"not mine")
+    r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "trl", "--out", taken)
+    assert r.returncode == 2 and f"--out {taken}: is a file; give a folder" in r.stderr
+    assert taken.read_bytes() == b"not mine"

@@ -12,6 +12,7 @@ import sys
 
 import orjson
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -232,6 +233,10 @@ def test_policy_rollouts_train_and_eval_on_the_mixed_table(mine, monkeypatch, ca
     meta = orjson.loads((artifact / "policy.json").read_bytes())
     assert set(meta["actions"]["by_task"]) == {"math", "choice"}  # an action set per task
     capsys.readouterr()
+    assert cli_main(["policy", "eval", "--pool", str(mine["pool"]), "--queries", str(mine["all"]),
+                     "--policies", str(d / "nope"), "--out", str(d / "nope-eval")]) == 2
+    assert f"--policies {d / 'nope'}: no policy artifact there" in capsys.readouterr().err
+    assert not (d / "nope-eval").exists()  # refused before the planner's run
     out = d / "policy-eval"
     assert cli_main(["policy", "eval", "--pool", str(mine["pool"]), "--queries", str(mine["all"]),
                      "--policies", str(artifact), "--out", str(out), "--no-planner",
@@ -262,6 +267,19 @@ def test_policy_rollouts_train_and_eval_on_the_mixed_table(mine, monkeypatch, ca
     run = d / "seg-eval" / "learned-run-0" / "runs" / f"eval-{NAME}-test-learned-0"
     groups = {orjson.loads(p["info_json"])["group"] for p in pq.read_table(run / "plans.parquet").to_pylist()}
     assert groups == {NAME}
+
+
+def test_rollouts_of_questions_the_pool_never_recorded_are_refused(mine, tmp_path, capsys):
+    queries = pq.read_table(mine["train"]).slice(0, 3).to_pylist()
+    queries[1]["prompt"] = "What is the capital of France?"
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.Table.from_pylist(queries), other)
+    data = tmp_path / "data"
+    assert cli_main(["policy", "rollouts", str(other), "--pool", str(mine["pool"]), "-k", "2",
+                     "--data-dir", str(data), "--policy", "none", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"1 of 3 queries are not questions the replay pool {mine['pool']} recorded" in err
+    assert queries[1]["query_id"] in err and not data.exists()
 
 
 def test_budgets_settle_the_recorded_cost(mine, tmp_path, monkeypatch):

@@ -134,6 +134,7 @@ def rollouts(args: argparse.Namespace) -> int:
         raise ConductorError(f"--policy {args.policy}: no policy artifact there for this pool")
     explore = args.explore if args.explore is not None else (0.2 if learned else 1.0)
     options = {"candidates": "bandit", "explore": explore, "policy": str(learned) if learned else "none"}
+    _check_recorded(pool, args.queries)
     samples = _samples(args.samples, pool, args.queries)
     if args.samples == "all":
         options = {"sweep": True, "policy": "none"}
@@ -158,6 +159,24 @@ def rollouts(args: argparse.Namespace) -> int:
     print(f"train on it: conductor policy train --pool {args.pool} --runs {summary['run_id']} "
           f"--data-dir {args.data_dir}")
     return 0
+
+
+def _check_recorded(pool, queries: Path) -> None:
+    """Rollouts through a replay pool of questions it never recorded would all be invalid
+    plans, and the run would still end 'ok' and offer itself for training."""
+    if pool.replay is None:
+        return
+    from conductor.queries import load_queries
+    from conductor.replay.tables import servable
+
+    known = servable(pool)
+    table = load_queries(queries)
+    unknown = [q for q, p in zip(table.column("query_id").to_pylist(), table.column("prompt").to_pylist())
+               if p not in known]
+    if unknown:
+        raise ConductorError(f"{queries}: {len(unknown)} of {table.num_rows} queries are not questions the replay "
+                             f"pool {pool.path} recorded (e.g. {', '.join(map(str, unknown[:3]))}); write the "
+                             f"queries with `conductor replay queries` from the pool's table")
 
 
 def _samples(value: str, pool, queries: Path) -> int:

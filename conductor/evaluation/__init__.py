@@ -96,6 +96,11 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
     if cfg.planner_limit is not None and cfg.planner_limit < 1:
         raise ConductorError(f"--planner-limit must be at least 1 (got {cfg.planner_limit})")
     pool = load_pool(cfg.pool)
+    from conductor.policy.artifact import find
+
+    for folder in cfg.policies:  # before the planners' runs, which take minutes
+        if find(pool, Path(folder)) is None:
+            raise ConductorError(f"--policies {folder}: no policy artifact there for this pool ({cfg.pool})")
     source = replay_source(pool)
     queries = load_queries(cfg.queries)
     all_ids = queries.column("query_id").to_pylist()
@@ -178,7 +183,7 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
 
     found = find(pool, folder)
     if found is None:
-        raise ConductorError(f"--policy {folder}: no policy artifact there for this pool")
+        raise ConductorError(f"--policies {folder}: no policy artifact there for this pool")
     meta = read_meta(found)
     lam = float(meta["lambda"])
     floor, budget = meta.get("floor"), meta.get("budget")
