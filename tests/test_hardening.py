@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow.parquet as pq
+import orjson
 import pytest
 
 from conductor.runner import RunConfig, run_all
@@ -405,6 +406,35 @@ def test_three_kills_mid_run_never_bill_above_the_budget(tmp_path, fresh_sim):
     # Never above the budget; well under it, since a killed call's reservation (UTF-8
     # bytes, about three per CJK token) counts as spent in full.
     assert 0.005 < billed <= 0.05, billed
+
+
+def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_sim):
+    """Calls waiting for a slot have sent nothing: only those in flight (at most
+    max_concurrency) may count as spent on resume, not every plan queued behind them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    w = worker("slow", fresh_sim.url)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, workers=[w],
+                      providers={"sim": {"max_concurrency": 2, "budget_usd": 5.0}})
+    queries = _cjk_queries(tmp_path, n=60)
+    data = tmp_path / "data"
+    cmd = [sys.executable, "-m", "conductor", "run", str(queries), "--pool", str(pool), "--data-dir", str(data),
+           "--no-cache", "--quiet"]
+    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(fresh_sim, 4)
+    p.send_signal(signal.SIGKILL)
+    p.communicate()
+    (journal,) = data.glob("runs/*/work/reservations.jsonl")
+    lines = [orjson.loads(x) for x in journal.read_bytes().splitlines() if x.strip()]
+    settled = {x["id"] for x in lines if "settled" in x}
+    unsettled = [x for x in lines if "key" in x and x["id"] not in settled]
+    assert 1 <= len(unsettled) <= 2, len(unsettled)  # 32 plans were in flight, 2 calls were sent
 
 
 # ---- 5. one process per run ---------------------------------------------------

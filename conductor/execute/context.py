@@ -49,9 +49,15 @@ class ExecutionContext:
             spent = dict(self.state.spent)
             for pid, usd in self.spent_before.items():
                 spent[pid] = spent.get(pid, 0.0) + usd
+            claimable: set[str] = set()
             for key, pid, usd in self.state.unsettled.values():
-                if run_cache.get(key) is None:  # sent by a killed process, maybe paid: count it (else claimed)
-                    spent[pid] = spent.get(pid, 0.0) + usd
+                # Sent by a killed process, maybe paid: counted, unless its answer waits in the run
+                # cache with no step row yet (the resume claims and counts it, once per answer). A key
+                # a later process sent again and logged was paid twice: that row counts the other.
+                if key not in self.state.paid and key not in claimable and run_cache.get(key) is not None:
+                    claimable.add(key)
+                    continue
+                spent[pid] = spent.get(pid, 0.0) + usd
             journal = Journal(self.work)
             self._open.append(journal)
             self.executor = Executor(self.pool, journal, self.options, cache=cache, run_cache=run_cache,

@@ -442,7 +442,7 @@ class Executor:
                           self._client(worker, api_key, track_sent=provider.rpm is not None))
         est_in = estimate_tokens(messages)
         est_tokens = est_in + params["max_tokens"]
-        reservation = None
+        reservation = rid = worst = None
         if provider.id in self._budgeted:
             price = self.prices[worker.id]
             if price is None:
@@ -457,11 +457,6 @@ class Executor:
                 raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
             except GovernorUnavailable as e:
                 raise StepFailed("error", f"worker {worker.id}: {e}", kind="connection") from None
-            try:
-                rid = self._durably(self.journal.reservation, key, provider.id, worst)  # before sending
-            except BaseException:
-                await self.ledger.settle(reservation, 0.0)
-                raise
         limiter = self.limiters[provider.id]
         attempt = attempts_before
         try:
@@ -471,6 +466,10 @@ class Executor:
                     raise Aborted()
                 try:
                     async with limiter.slot(est_tokens) as sent:
+                        if reservation is not None and rid is None:
+                            # Journaled when the call is about to leave, not while it waits for a slot:
+                            # a resume counts an unsettled reservation as spent.
+                            rid = self._durably(self.journal.reservation, key, provider.id, worst)
                         t = time.monotonic()
                         resp = await complete(req, api_key, sent)
                 except CallFailure as f:
@@ -502,7 +501,8 @@ class Executor:
             if reservation is not None:
                 await self.ledger.settle(reservation, 0.0)
                 try:
-                    self.journal.settled(rid, 0.0)
+                    if rid is not None:
+                        self.journal.settled(rid, 0.0)
                 except STORAGE_ERRORS:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
 

@@ -148,10 +148,13 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
             if row.get("sub_plan"):
                 state.sub_plans.setdefault(row["plan_id"], {})[row["step_path"]] = row["sub_plan"]
     for row in _read(folder / RESERVATIONS_FILE):
-        if "settled" in row:
-            state.unsettled.pop(row["id"], None)
-        else:
+        if "settled" not in row:
             state.unsettled[row["id"]] = (row["key"], row["provider"], row["usd"])
+            continue
+        key, provider, _ = state.unsettled.pop(row["id"], (None, None, None))
+        if key is not None and row["settled"] and key not in state.paid:
+            # Answered and settled, but killed before its step row was written: paid all the same.
+            state.unsettled[row["id"]] = (key, provider, row["settled"])
     return state
 
 
