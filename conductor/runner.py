@@ -247,14 +247,15 @@ def execute_stage(run: Run, **kw: Any) -> Path:
 
 
 def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
-                   planner: Planner | None = None, record=None) -> Path:
+                   planner: Planner | None = None, record=None, refresh: frozenset[str] = frozenset()) -> Path:
     """Run every plan not yet finished; then write traces.parquet and results.parquet.
 
     Steps assigned to a planner worker re-plan with `replanner`, else with the
     replanner of `planner` (the object that planned, to share a loaded engine),
     else with that of the configured planner. What planning already spent
     counts against the run's and the providers' budgets. `record` (a
-    RecordSpec, enrichment jobs) makes every llm step answer with a record."""
+    RecordSpec, enrichment jobs) makes every llm step answer with a record; the
+    queries in `refresh` are asked again instead of answered by the shared cache."""
     cfg = run.config
     plans_path = run.dir.table("plans")
     if journal_deleted(run):
@@ -291,7 +292,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             reserve=reserve)
         with context as executor:
             run.dir.set_status("executing")
-            asyncio.run(executor.run(_jobs(run, plans_path, record), state))
+            asyncio.run(executor.run(_jobs(run, plans_path, record, refresh), state))
     except STORAGE_ERRORS as e:
         check_work(run)
         raise storage_error(e, run.dir.path) from None
@@ -379,14 +380,15 @@ def check_ready(run: Run, plans_path: Path) -> None:
         raise ConductorError("cannot start executing (plans are saved; fix this and rerun): " + "; ".join(problems))
 
 
-def _jobs(run: Run, plans_path: Path, record=None) -> Iterator[PlanJob]:
+def _jobs(run: Run, plans_path: Path, record=None, refresh: frozenset[str] = frozenset()) -> Iterator[PlanJob]:
     prompts = run.queries.column("prompt")
     cols = ["plan_id", "query_id", "query_index", "sample", "task", "steps_json", "error"]
     for batch in pq.ParquetFile(plans_path).iter_batches(columns=cols, batch_size=4096):
         for r in batch.to_pylist():
             plan = Plan.from_json(r["steps_json"]) if r["steps_json"] else None
             yield PlanJob(r["plan_id"], r["query_id"], r["query_index"], r["sample"], r["task"],
-                          prompts[r["query_index"]].as_py(), plan, r["error"], record)
+                          prompts[r["query_index"]].as_py(), plan, r["error"], record,
+                          refresh=r["query_id"] in refresh)
 
 
 # ---- grade ------------------------------------------------------------------

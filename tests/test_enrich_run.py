@@ -204,6 +204,17 @@ def test_malformed_json_every_row_valid_or_explicit_failure(sim, tmp_path):
     assert pc.sum(rec.column("cost_usd")).as_py() == pytest.approx(sum(t["cost_usd"] for t in traces))
     assert sim.log()["by_kind"].get("repair", 0) == len(repairs)
 
+    # A rerun retries the rows without a valid record by asking again: the response cache
+    # holds the same bad answer. The valid rows are reused, nothing else is sent.
+    sim.set_faults("*", malformed_json=0.0)
+    sim.reset()
+    bad = {r["question_id"] for r in rec.to_pylist() if r["status"] == "invalid"}
+    again = run_job(job, data_dir=tmp_path / "data", progress=False)
+    assert again["computed"] == len(bad) and again["reused"] == 300 - len(bad)
+    assert set(sim.log()["by_query"]) == bad
+    rec = pq.read_table(again["records_path"])
+    assert set(rec.column("status").to_pylist()) == {"ok"}
+
 
 # ---- incremental runs -------------------------------------------------------------
 

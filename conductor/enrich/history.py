@@ -35,10 +35,21 @@ def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> st
     return None
 
 
-def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) -> dict[str, dict[str, Any]]:
-    """Newest valid record per id in the newest earlier run of this job with the same
-    definition. Each run's records hold every row of its input (reused ones copied), so
-    the newest run has every reusable record, and a daily job reads one file, not a year's."""
+def failed_before(data_dir: Path, job: Job, definition: str, exclude: str, hashes: dict[str, str]) -> set[str]:
+    """Ids whose newest earlier record, for the same row, is not a valid one: asked again,
+    not answered from the response cache, which holds the same bad answer."""
+    path = _newest_records(data_dir, job, definition, exclude)
+    if path is None:
+        return set()
+    t = pq.read_table(path)
+    if job.id_column not in t.column_names:
+        return set()
+    t = t.filter(pc.not_equal(t.column("status"), OK))
+    return {rid for r in t.select([job.id_column, "row_hash"]).to_pylist()
+            if hashes.get(rid := str(r[job.id_column])) == r["row_hash"]}
+
+
+def _newest_records(data_dir: Path, job: Job, definition: str, exclude: str) -> Path | None:
     runs = Path(data_dir) / "runs"
     found: list[tuple[str, str, Path]] = []
     for m in runs.glob("*/manifest.json") if runs.exists() else ():
@@ -48,10 +59,17 @@ def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) ->
         info = manifest.get("job") or {}
         if info.get("name") == job.name and info.get("definition") == definition:
             found.append((manifest.get("created_at") or "", m.parent.name, m.parent / "records.parquet"))
-    found = sorted(found)[-1:]
+    return max(found)[2] if found else None
+
+
+def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) -> dict[str, dict[str, Any]]:
+    """Newest valid record per id in the newest earlier run of this job with the same
+    definition. Each run's records hold every row of its input (reused ones copied), so
+    the newest run has every reusable record, and a daily job reads one file, not a year's."""
+    newest = _newest_records(data_dir, job, definition, exclude)
     out: dict[str, dict[str, Any]] = {}
     best: dict[str, Any] = {}
-    for _, _, path in found:
+    for path in [newest] if newest is not None else []:
         t = pq.read_table(path)
         if job.id_column not in t.column_names:
             continue

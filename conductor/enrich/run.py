@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from conductor import schemas
 from conductor.enrich.context import check_context, check_planned_context
-from conductor.enrich.history import OK, interrupted_run, previous_records
+from conductor.enrich.history import OK, failed_before, interrupted_run, previous_records
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.records import RecordChecker, parse_reply, typed_columns
@@ -58,6 +58,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     now = datetime.now(timezone.utc)
 
     previous = {} if full_refresh else previous_records(data_dir, job, definition, exclude=run_id)
+    retry = set() if full_refresh else failed_before(data_dir, job, definition, run_id, dict(zip(ids, hashes)))
     reuse = [i for i, (rid, h) in enumerate(zip(ids, hashes)) if previous.get(rid, {}).get("row_hash") == h]
     reused = set(reuse)
     todo = [i for i in range(len(ids)) if i not in reused]
@@ -70,7 +71,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     computed: dict[str, dict[str, Any]] = {}
     judge_cost = 0.0
     if todo:
-        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info)
+        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info, retry)
         _write_rewards(job, df, ids, run, plans)
         if job.quality.get("judge") and job.fields:
             judge_cost = _judge(job, df, ids, prompts, todo, computed, run, data_dir, progress)
@@ -88,16 +89,21 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
     run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary, job=info)
-    summary["catalog"] = str(refresh_catalog(data_dir))
+    try:
+        summary["catalog"] = str(refresh_catalog(data_dir, attempts=4))
+    except ConductorError:  # another process holds the catalog: the job's records are complete anyway
+        summary["catalog"] = (f"not refreshed (another process holds {Path(data_dir) / 'conductor.duckdb'}); "
+                              f"`conductor sql` refreshes it when it is free")
     return summary
 
 
 # ---- rows to compute --------------------------------------------------------
 
 def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int],
-             run: RunDir, data_dir: Path, progress: bool, info: dict[str, Any]):
+             run: RunDir, data_dir: Path, progress: bool, info: dict[str, Any], retry: set[str] = frozenset()):
     """Plan and execute the rows in `todo`; returns (id -> outcome, per-plan rows for rewards).
-    With --full-refresh (`info`) cached responses are ignored, so every row is asked again."""
+    With --full-refresh (`info`) cached responses are ignored, so every row is asked again;
+    the rows in `retry` (no valid record last time) are asked again in any case."""
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, close_planner, configured_planner, execute_stage, plan_stage, prepare
 
@@ -132,7 +138,8 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
         plan_stage(prepared, planner)
         if job.mode == "planned":
             check_planned_context(job, pool, prepared)
-        execute_stage(prepared, planner=planner if job.mode == "planned" else None, record=spec)
+        execute_stage(prepared, planner=planner if job.mode == "planned" else None, record=spec,
+                      refresh=frozenset(retry))
     finally:
         if job.mode == "planned":
             close_planner(planner)

@@ -76,7 +76,7 @@ def serve_cached(ex: "Executor", jobs: list["PlanJob"], restored: dict[str, Any]
 
 def _servable(ex: "Executor", job: "PlanJob") -> bool:
     """Whether the plan's steps are all plain calls (no condition, function, planner or record)."""
-    if job.plan is None or job.record is not None or ex._abort is not None:
+    if job.plan is None or job.record is not None or job.refresh or ex._abort is not None:
         return False
     for step in job.plan.steps:
         if step.when is not None or not ex.pool.has(step.worker) or ex.pool.worker(step.worker).kind != "llm":

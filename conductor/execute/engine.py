@@ -62,6 +62,9 @@ class PlanJob:
     # Set for an enrichment job with fields (conductor.execute.structured.RecordSpec):
     # every llm step must answer with a record under its schema, repaired at most once.
     record: Any = None
+    # Ask again rather than take the shared cache's answer: an enrichment row whose last
+    # answer was no valid record (the cache would hand back the same one).
+    refresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -356,7 +359,7 @@ class Executor:
         """
         params, key = self.request_key(worker, messages, params)
         t0 = time.time()
-        for cache in (self.run_cache, None if self.opt.refresh else self.cache):
+        for cache in (self.run_cache, None if self.opt.refresh or job.refresh else self.cache):
             hit = cache.get(key) if cache is not None else None
             if hit is None:
                 continue
