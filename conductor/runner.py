@@ -281,7 +281,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     progress.c.usd = sum(state.spent.values())
     from conductor.functions import run_function
 
-    reserve = None
+    reserve = executing = None
     try:
         reserve = SpaceReserve(run.dir.work)
         context = ExecutionContext(
@@ -291,10 +291,12 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             spent_before=planning, functions=run_function, replanner=replanner, max_depth=cfg.max_depth,
             reserve=reserve)
         with context as executor:
+            executing = True  # the journal exists from here on
             run.dir.set_status("executing")
             asyncio.run(executor.run(_jobs(run, plans_path, record, refresh), state))
     except STORAGE_ERRORS as e:
-        check_work(run)
+        if executing:
+            check_work(run)
         raise storage_error(e, run.dir.path) from None
     finally:
         if reserve is not None:

@@ -231,6 +231,14 @@ def test_a_disk_filling_mid_run_stops_it_cleanly_and_the_rerun_pays_nothing_twic
     assert sum(log.values()) == 60 and set(log.values()) == {1}  # every request paid exactly once
 
 
+def test_a_disk_too_full_for_the_space_reserve_is_a_storage_error(tmp_path, fresh_sim, sample_queries, small_disk):
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", small_disk / "data", "--quiet",
+                env={"CONDUCTOR_RESERVE_BYTES": str(8 << 20)})  # 8 MB on a 4 MB disk
+    assert r.returncode == 5 and "Free space" in r.stderr, r.stdout + r.stderr
+    assert "was deleted" not in r.stderr and fresh_sim.log()["total"] == 0
+
+
 # ---- 3. loud failures, resumable errors, preflight --------------------------
 
 @pytest.fixture
