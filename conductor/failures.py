@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from conductor.errors import ConductorError
-from conductor.execute.journal import TRANSIENT_KINDS
+from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, retries_used_up
 from conductor.pool import Pool
 
 DEFAULT_MAX_FAILED_SHARE = 0.05
@@ -46,6 +46,7 @@ def too_many_failed(statuses: dict[str, int], threshold: float) -> bool:
 def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str, Any]]:
     """Failed steps grouped by worker and kind: plans, whether a rerun retries them, the URL, an example."""
     t = pq.read_table(traces, columns=["plan_id", "worker", "status", "failure", "error"])
+    used_up = retries_used_up(Path(traces).parent / "work")
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for r in t.to_pylist():
         if r["status"] in ("ok", "skipped"):
@@ -59,14 +60,24 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
                 "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS,
                 "plans": set(), "example": " ".join((r["error"] or "").split())[:300]}
         g["plans"].add(r["plan_id"])
-    out = [{**g, "plans": len(g["plans"])} for g in groups.values()]
+    out = [{**g, "plans": len(g["plans"]), "retries_used_up": len(g["plans"] & used_up) if g["retried_on_rerun"] else 0}
+           for g in groups.values()]
     return sorted(out, key=lambda g: -g["plans"])
 
 
 def format_failures(groups: list[dict[str, Any]]) -> str:
     lines = []
     for g in groups:
-        again = "a rerun retries these" if g["retried_on_rerun"] else "final (rerun with --retry-failed)"
+        used_up = g.get("retries_used_up", 0)
+        if not g["retried_on_rerun"]:
+            again = "final (rerun with --retry-failed)"
+        elif not used_up:
+            again = "a rerun retries these"
+        elif used_up == g["plans"]:
+            again = f"final: retried on {RETRY_TRANSIENT} reruns already (rerun with --retry-failed)"
+        else:
+            again = (f"a rerun retries {g['plans'] - used_up}; {used_up} were retried on {RETRY_TRANSIENT} reruns "
+                     f"already (--retry-failed retries them)")
         lines.append(f"  worker {g['worker']} at {g['url']}: {g['failure']}, {g['plans']} plan(s); {again}\n"
                      f"    e.g. {g['example']}")
     return "\n".join(lines)

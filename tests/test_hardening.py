@@ -316,6 +316,26 @@ def test_permanent_failures_stay_final_unless_retry_failed(tmp_path, fresh_sim, 
     assert "plan statuses     ok 10" in r.stdout and fresh_sim.log()["total"] == 10
 
 
+def test_transient_failures_say_when_reruns_stop_retrying_them(tmp_path, fresh_sim, sample_queries):
+    """A 503 is retried by the next rerun, on up to three reruns; after that the
+    summary says so, instead of promising a retry that no longer comes."""
+    fresh_sim.set_faults("fast", fail_status=503)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",),
+                      providers={"sim": {"max_attempts": 1}})
+    cmd = ("run", _queries(tmp_path, sample_queries, 4), "--pool", pool, "--data-dir", tmp_path / "data",
+           "--quiet", "--no-cache")
+    sent = []
+    for _ in range(5):
+        r = run_cli(*cmd)
+        assert r.returncode == 4, r.stdout + r.stderr
+        sent.append(fresh_sim.log()["total"])
+    assert sent == [4, 8, 12, 16, 16]  # the first run and three reruns send, the fifth does not
+    assert "server, 4 plan(s); final: retried on 3 reruns already (rerun with --retry-failed)" in r.stdout
+    fresh_sim.clear_faults()
+    r = run_cli(*cmd, "--retry-failed")
+    assert r.returncode == 0 and fresh_sim.log()["total"] == 20, r.stdout + r.stderr
+
+
 def _wait_for(sim, n):
     import time
 

@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
         failed, total = failed_plans(summary["statuses"])
         print(f"\nconductor: {failed} of {total} plans failed ({failed / total:.1%}, more than "
               f"{threshold:.1%}). Fix the cause above and rerun the same command: finished steps are kept, and "
-              f"transient failures are retried.", file=sys.stderr)
+              f"transient failures are retried (each plan on up to 3 reruns; then --retry-failed).", file=sys.stderr)
         return 4
     blocked = summary["statuses"].get("budget_exhausted", 0)
     if blocked:

@@ -123,6 +123,17 @@ class Journal:
         self._reservations.close()
 
 
+def retries_used_up(folder: Path) -> set[str]:
+    """Plans whose transient failures a rerun no longer retries (RETRY_TRANSIENT reruns tried)."""
+    transient: dict[str, int] = {}
+    for row in _read(folder / PLANS_FILE) if (folder / PLANS_FILE).exists() else ():
+        if row["status"] == "error" and row.get("failure") in TRANSIENT_KINDS:
+            transient[row["plan_id"]] = transient.get(row["plan_id"], 0) + 1
+        else:
+            transient.pop(row["plan_id"], None)
+    return {pid for pid, n in transient.items() if n > RETRY_TRANSIENT}
+
+
 def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
     state = ResumeState()
     transient: dict[str, int] = {}  # plan id -> transient failures logged
