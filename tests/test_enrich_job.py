@@ -87,6 +87,13 @@ def test_unknown_column_in_template_names_line(folder):
     assert f"job.yaml:{line_of(text, 'bodyy')}: prompt:" in msg and "'bodyy'" in msg
 
 
+def test_unknown_filter_in_template_names_line(folder):
+    text = GOOD.replace("Note: {{ body }}", "Note: {{ body | nosuchfilter }}")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'nosuchfilter')}: prompt: template syntax error:" in msg
+    assert "nosuchfilter" in msg
+
+
 def test_unknown_field_type(folder):
     text = GOOD.replace("{type: number}", "{type: decimal}")
     msg = refused(folder, text)

@@ -224,6 +224,7 @@ def _template_names(doc: Located, prompt: str, columns: list[str]) -> set[str]:
     first = _prompt_line(doc)
     try:
         ast = env.parse(prompt)
+        env.compile(ast)  # an unknown filter or test is found here, not by the parser
     except jinja2.TemplateSyntaxError as e:
         line = first + (e.lineno or 1) - 1
         raise InputError(f"job file {doc.path}:{line}: prompt: template syntax error: {e.message}") from None
