@@ -194,6 +194,16 @@ def test_json_lines_and_a_folder_of_parquet_files(folder):
                        parts / f"part-{i}.parquet")
     job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: parts")))
     assert render_queries(job).column("query_id").to_pylist() == ["p0", "p1", "p2"]
+    # A .json file holding one array of objects, as many exports write it.
+    (folder / "in.json").write_text('[{"note_id": "j1", "kind": "memo", "body": "b1", "gold_mood": "good"}]')
+    job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: in.json")))
+    assert render_queries(job).column("prompt").to_pylist() == ["Kind: memo\nNote: b1"]
+    # A CSV saved as Latin-1: the file and the line, not polars' "invalid utf-8 sequence".
+    (folder / "latin.csv").write_bytes("note_id,kind,body,gold_mood\nn1,memo,ok,good\nn2,memo,caf\xe9,bad\n"
+                                       .encode("latin-1"))
+    job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: latin.csv")))
+    with pytest.raises(InputError, match=f"input {folder / 'latin.csv'}: line 3 is not valid UTF-8"):
+        render_queries(job)
     text = GOOD.replace("path: in.parquet", "path: in.xlsx")
     (folder / "in.xlsx").write_text("x")
     assert f"job.yaml:{line_of(text, 'in.xlsx')}: input.path:" in refused(folder, text)

@@ -1,5 +1,6 @@
-"""A job's input table: Parquet, CSV or JSON Lines (by extension), one file or a
-folder of them, left-joined with lookup tables. Read with polars."""
+"""A job's input table: Parquet, CSV or JSON Lines (by extension; a .json file may
+also hold one JSON array of objects), one file or a folder of them, left-joined
+with lookup tables. Read with polars."""
 
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ def scan(path: Path) -> pl.LazyFrame:
             return pl.scan_parquet(files)
         if kind == "csv":
             return pl.concat([pl.scan_csv(f, infer_schema_length=10_000) for f in files], how="diagonal_relaxed")
-        return pl.concat([pl.scan_ndjson(f) for f in files], how="diagonal_relaxed")
+        return pl.concat([pl.read_json(f).lazy() if _json_array(f) else pl.scan_ndjson(f) for f in files],
+                         how="diagonal_relaxed")
     except Exception as e:  # polars raises several types for unreadable files
-        raise InputError(f"input {path}: cannot read ({type(e).__name__}: {e})") from None
+        raise _unreadable(path, files, e) from None
 
 
 def columns(path: Path) -> list[str]:
@@ -49,7 +51,7 @@ def columns(path: Path) -> list[str]:
     except InputError:
         raise
     except Exception as e:
-        raise InputError(f"input {path}: cannot read its columns ({type(e).__name__}: {e})") from None
+        raise _unreadable(path, input_files(path), e, "cannot read its columns") from None
 
 
 def read(path: Path) -> pl.DataFrame:
@@ -58,4 +60,27 @@ def read(path: Path) -> pl.DataFrame:
     except InputError:
         raise
     except Exception as e:
-        raise InputError(f"input {path}: cannot read ({type(e).__name__}: {e})") from None
+        raise _unreadable(path, input_files(path), e) from None
+
+
+def _json_array(f: Path) -> bool:
+    """A .json file holding one array of objects, not JSON Lines."""
+    if f.suffix.lower() != ".json":
+        return False
+    with open(f, "rb") as fh:
+        return fh.read(4096).lstrip().startswith(b"[")
+
+
+def _unreadable(path: Path, files: list[Path], e: Exception, what: str = "cannot read") -> InputError:
+    """The error for a file polars cannot read; for text that is not UTF-8, the file and line."""
+    for f in files:
+        if FORMATS[f.suffix.lower()] == "parquet":
+            continue
+        with open(f, "rb") as fh:
+            for n, line in enumerate(fh, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    return InputError(f"input {f}: line {n} is not valid UTF-8; save the file as UTF-8 (for "
+                                      f"example `iconv -f latin1 -t utf-8`)")
+    return InputError(f"input {path}: {what} ({type(e).__name__}: {e})")
