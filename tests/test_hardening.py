@@ -465,6 +465,29 @@ def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_s
     assert 1 <= len(unsettled) <= 2, len(unsettled)  # 32 plans were in flight, 2 calls were sent
 
 
+def test_ctrl_c_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_sim, sample_queries):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 4}})
+    cmd = [sys.executable, "-m", "conductor", "run", str(sample_queries), "--pool", str(pool), "--data-dir",
+           str(tmp_path / "data"), "--quiet", "--no-cache"]
+    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(fresh_sim, 8)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted; rerun the same command to resume" in err, err
+    assert "Unclosed" not in err and "Traceback" not in err, err  # the HTTP sessions were closed
+    r = run_cli(*cmd[3:])
+    assert r.returncode == 0 and "(resumed)" in r.stdout, r.stdout + r.stderr
+
+
 # ---- 5. one process per run ---------------------------------------------------
 
 def test_a_second_process_on_the_same_run_refuses_naming_the_first(tmp_path, fresh_sim, sample_queries):

@@ -144,6 +144,7 @@ class Executor:
         self._dead: dict[str, tuple[str, str]] = {}  # worker or provider id -> why every call to it fails, kind
         self._abort: BaseException | None = None  # the storage error that stops the run
         self._clients: dict[tuple[str, str | None], Any] = {}  # (api_base, key) -> client, for this run
+        self._plan_tasks: set[asyncio.Task] = set()
         self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
         self._sub_plans: dict[str, dict[str, str]] = {}  # from the journal: plan id -> step path -> sub-plan
         self._rng = random.Random(options.seed)
@@ -165,6 +166,12 @@ class Executor:
             await self._run(jobs, resume)
         finally:
             gc.unfreeze()
+            # Interrupted (Ctrl-C): stop the plans still running before closing their sessions,
+            # or one of them opens a new session that nobody closes.
+            for task in self._plan_tasks:
+                task.cancel()
+            await asyncio.gather(*self._plan_tasks, return_exceptions=True)
+            await self.close_connections()
 
     async def close_connections(self) -> None:
         """Close the HTTP sessions, batch followers and governor connection opened for calls,
@@ -172,8 +179,9 @@ class Executor:
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.close()
-        if self.batches is not None:
-            await self.batches.close()
+        batches, self.batches = self.batches, None
+        if batches is not None:
+            await batches.close()
         if self._close_governor is not None:
             close, self._close_governor = self._close_governor, None
             await close()
@@ -184,7 +192,7 @@ class Executor:
             # a batch holds as many steps as are ready at once: let that many plans be in flight
             sum(p.batch_max_requests for p in self.pool.providers.values() if p.mode == "batch"))
         slots = asyncio.Semaphore(limit)
-        tasks: set[asyncio.Task] = set()
+        tasks: set[asyncio.Task] = self._plan_tasks
         failure: list[BaseException] = []
 
         def done(t: asyncio.Task) -> None:
@@ -485,6 +493,9 @@ class Executor:
                     self.progress.c.retries += 1
                     await asyncio.sleep(self._backoff(attempt, f, limiter))
                     continue
+                except asyncio.CancelledError:
+                    rid = None  # interrupted, the call maybe sent and paid: left unsettled, a resume counts it
+                    raise
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
                 if resp.rate is not None and hasattr(limiter, "observe"):
                     limiter.observe(resp.rate)
