@@ -209,7 +209,7 @@ class SimServer(LocalServer):
             log.status("499", spec.name)
             return web.Response(status=499)
         log.status("200", spec.name, received)
-        self.count_answer(answer)
+        self.count_answer(answer, log)
         if (request_key := request.headers.get("x-conductor-request")) is not None:
             log.by_request_key[request_key] += 1
         payload = answer.payload(spec.name, int(received), f.usage_factor)
@@ -273,16 +273,20 @@ class SimServer(LocalServer):
                       kinds=kinds, prompt_tokens=sum(map(tokenizer_tokens, texts)),
                       completion_tokens=tokenizer_tokens(content), request_hash=request_hash)
 
-    def count_answer(self, answer: Answer) -> None:
-        """Counts a delivered answer by known query and structured kind."""
+    def count_answer(self, answer: Answer, log: SimLog | None = None) -> None:
+        """Counts a delivered answer by known query and structured kind (in `log`: the log
+        its request arrived under)."""
+        log = log or self.log
         if answer.query_id is not None:
-            self.log.by_query[answer.query_id] += 1
+            log.by_query[answer.query_id] += 1
         for kind in answer.kinds:
-            self.log.by_kind[kind] += 1
+            log.by_kind[kind] += 1
 
     def reset(self) -> None:
-        """Clears the request log and the rpm windows (not the fault overrides, files or batches)."""
-        self.log.reset()
+        """Starts a new request log and clears the rpm windows (not the fault overrides, files or
+        batches). A request still in flight from before logs into the old log: a test's log never
+        counts what an earlier test left running."""
+        self.log = SimLog()
         for w in self._windows.values():
             w.clear()
 
