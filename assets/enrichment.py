@@ -16,6 +16,7 @@ stands, and the incremental run pays only for rows that changed since.
 """
 
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -147,6 +148,8 @@ def all_job_assets(folder: Path | None = None) -> tuple[list[AssetsDefinition], 
     for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
         name = job_name(path)
         if name in seen:  # two files, one asset key: keep the first, the run of the second would clash anyway
+            logging.getLogger(__name__).warning("job file %s is left out: job %r is already defined by %s",
+                                                path, name, seen[name])
             continue
         seen[name] = path
         a, c = job_assets(path)
