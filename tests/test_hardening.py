@@ -624,6 +624,7 @@ def test_sql_is_read_only_and_answers_while_another_process_holds_the_catalog(tm
               "CREATE TABLE t AS SELECT 1"):
         r = run_cli("sql", q, "--data-dir", data)
         assert r.returncode == 2 and "runs queries only" in r.stderr, (q, r.stderr)
+        assert f"refused: {q.split()[0]} " in r.stderr, (q, r.stderr)  # named as written, not INSTALL as LOAD
     assert not out.exists() and not (tmp_path / "x.db").exists()
 
     holder = duckdb.connect(str(db))  # another process (here, this one) holds the catalog

@@ -49,10 +49,12 @@ def main(args: argparse.Namespace) -> int:
         con.execute("SET autoinstall_known_extensions = false")
         con.execute("SET autoload_known_extensions = false")
         try:
-            kinds = {st.type for st in con.extract_statements(args.query)}
+            statements = con.extract_statements(args.query)
         except duckdb.Error as e:
             raise ConductorError(f"SQL error: {e}") from None
-        refused = sorted(k.name for k in kinds if k.name not in ALLOWED)
+        # Named by their first word as written (DuckDB files INSTALL under LOAD).
+        refused = sorted({(st.query.split() or [st.type.name])[0].upper() for st in statements
+                          if st.type.name not in ALLOWED})
         if refused:
             raise ConductorError(f"conductor sql runs queries only (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN); "
                                  f"refused: {', '.join(refused)} (the run files under DATA_DIR/runs are "
