@@ -27,6 +27,7 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
     """Problems that would fail every call of a worker, one line each (empty: go)."""
     problems: list[str] = []
     listed: dict[str, Any] = {}  # api_base -> model ids, None (cannot say) or an error line
+    unreachable: dict[str, list[str]] = {}  # api_base -> its workers: one line per endpoint, not per worker
     for wid in sorted(set(worker_ids)):
         w = pool.worker(wid) if pool.has(wid) else None
         if w is None or w.kind == "function" or not w.model:
@@ -47,11 +48,15 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
             listed[base] = _list_models(base, os.environ.get(env) if env else None)
         models = listed[base]
         if isinstance(models, str):
-            problems.append(f"worker {w.id}: {models}")
+            unreachable.setdefault(base, []).append(w.id)
         elif models is not None and name not in models:
             shown = ", ".join(sorted(models)[:10]) + (" ..." if len(models) > 10 else "")
             problems.append(f"worker {w.id}: {base} does not serve model {name!r} (model {w.model}); "
                             f"it serves: {shown or 'nothing'}")
+    for base, ids in unreachable.items():
+        hint = (f" (a replay pool's server: `conductor replay serve --pool {pool.path}`, or `--serve` "
+                f"where the command has it)" if pool.replay is not None else "")
+        problems.append(f"worker{'s' if len(ids) > 1 else ''} {', '.join(ids)}: {listed[base]}{hint}")
     return problems
 
 

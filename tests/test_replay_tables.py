@@ -282,6 +282,15 @@ def test_rollouts_of_questions_the_pool_never_recorded_are_refused(mine, tmp_pat
     assert queries[1]["query_id"] in err and not data.exists()
 
 
+def test_rollouts_with_no_server_say_so_once_and_how_to_start_it(mine, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CONDUCTOR_REPLAY_URL", "http://127.0.0.1:9/v1")  # nothing listens there
+    assert cli_main(["policy", "rollouts", str(mine["train"]), "--pool", str(mine["pool"]), "-k", "2",
+                     "--data-dir", str(tmp_path / "data"), "--policy", "none", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("cannot reach http://127.0.0.1:9/v1") == 1, err  # one line for the endpoint, not per worker
+    assert f"conductor replay serve --pool {mine['pool']}" in err and "--serve" in err
+
+
 def test_budgets_settle_the_recorded_cost(mine, tmp_path, monkeypatch):
     """Under a budget each call reserves with the pool's (effective) price and settles at its recorded cost."""
     monkeypatch.setenv("CONDUCTOR_REPLAY_URL", mine["server"].url)
