@@ -195,6 +195,13 @@ def test_a_floor_ships_the_cheapest_action_at_the_best_singles_train_accuracy(pl
         assert not [x for x in rows if x["usd"] < pick["usd"] and x["accuracy"] >= best["accuracy"] + 1e-5]
     # Only mathwiz solves math: matching its accuracy means playing it (or a plan ending with it).
     assert "mathwiz" in meta["fixed"]["choice"]["math"]
+    assert "NOT REACHED" not in r.stdout
+    # A floor no action reaches is said on the screen, not only in policy.json.
+    r, meta = _train(planted, tmp_path / "p", "--floor", "0.5", "--learner", "table")
+    assert r.returncode == 0, r.stderr
+    for task, w in meta["fixed"]["why"].items():
+        assert w["reached"] is False
+        assert f"floor    {task}: NOT REACHED on train: no action reaches {w['need_accuracy']:.4f}" in r.stdout
     r, _ = _train(planted, tmp_path / "p", "--floor", "2")
     assert r.returncode != 0 and "--floor" in r.stderr
 

@@ -149,11 +149,11 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
     by_action: Counter = Counter()
     examples = []
     for r in rows:
+        if not r["valid"]:  # also a sweep's unused slots (the query has fewer candidates than slots)
+            skipped["invalid plan (or an unused sweep slot)"] += 1
+            continue
         if r["propensity"] is None:
             skipped["no propensity (not the embedded planner)"] += 1
-            continue
-        if not r["valid"]:
-            skipped["invalid plan"] += 1
             continue
         if r["correct"] is None:
             skipped["not graded (no reference, or stopped by a budget)"] += 1
@@ -179,7 +179,7 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
         examples.append(Logged(contexts[key], cands, cands.index(action), float(r["propensity"]), reward,
                                correct=bool(r["correct"]), cost=cost, query=r["query_id"]))
         by_action[action.key] += 1
-    return Logs(examples, len({(r["run_id"], r["query_id"]) for r in rows}), skipped, runs, by_action)
+    return Logs(examples, len({r["query_id"] for r in rows}), skipped, runs, by_action)  # distinct queries
 
 
 def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, Any]]:
@@ -619,12 +619,29 @@ def describe(folder: Path) -> str:
              f"{', '.join(r['run_id'] for r in t['runs'])} in {t['seconds']:.1f} s"]
     if t.get("skipped"):
         lines.append("skipped  " + ", ".join(f"{k}: {v}" for k, v in t["skipped"].items()))
+    lines += _target_text(meta.get("fixed") or {})
     if meta["learner"].get("kind") == "segment":
         lines += _groups_text(meta["learner"].get("why", {}), meta.get("features", {}).get("group_by"))
     sel = t.get("selection") or {}
     if sel:
         lines.append(f"ships    {meta.get('shipped', 'learned')} ({_selection_text(sel)})")
     return "\n".join(lines)
+
+
+def _target_text(fixed: dict[str, Any]) -> list[str]:
+    """Per task, a floor no action reached or a budget no action fits: said, not only in policy.json."""
+    out = []
+    for task, w in ((fixed.get("why") or {}).items()):
+        if not isinstance(w, dict) or w.get("reached") is not False:
+            continue
+        if "need_accuracy" in w:
+            out.append(f"floor    {task}: NOT REACHED on train: no action reaches {w['need_accuracy']:.4f} (the best "
+                       f"single's {w['best_single_accuracy']:.4f} {fixed.get('floor'):+g}); the fixed action is the "
+                       f"most accurate, {w['accuracy']:.4f}")
+        else:
+            out.append(f"budget   {task}: NOT MET on train: no action costs at most ${w['cap_usd']:.6f}; the fixed "
+                       f"action is the cheapest, ${w['usd']:.6f}")
+    return out
 
 
 def _groups_text(why: dict[str, dict], field: str | None) -> list[str]:
