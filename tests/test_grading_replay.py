@@ -55,5 +55,8 @@ def test_check_command_lists_disagreements_and_writes_csv(tmp_path, capsys):
 
 
 def test_check_command_names_a_missing_folder(tmp_path, capsys):
-    assert cli_main(["graders", "check", "--replay", str(tmp_path / "nowhere")]) == 2
+    assert cli_main(["graders", "check", "--replay-dir", str(tmp_path / "nowhere")]) == 2
     assert f"replay folder {tmp_path / 'nowhere'} not found" in capsys.readouterr().err
+    # --dataset chooses among the shared tables: with --table it would be ignored, so it is refused.
+    assert cli_main(["graders", "check", "--table", str(tmp_path / "t.parquet"), "--dataset", "gsm8k"]) == 2
+    assert "--table checks that one table: leave out --dataset" in capsys.readouterr().err

@@ -31,10 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--response-col", default="response")
     c.add_argument("--reference-col", default="reference")
     c.add_argument("--label-col", default="correct")
-    c.add_argument("--replay", type=Path, default=None,
+    c.add_argument("--replay-dir", "--replay", dest="replay", type=Path, default=None,
                    help=f"folder with gsm8k.parquet and mmlu_pro.parquet (default: ${REPLAY_ENV}, "
-                        "else ../shared/replay beside the repository)")
-    c.add_argument("--dataset", choices=(*DATASETS, "all"), default="all")
+                        "else ../shared/replay beside the repository); as the replay commands name it")
+    c.add_argument("--dataset", choices=(*DATASETS, "all"), default=None,
+                   help="which shared table (default: all); not with --table")
     c.add_argument("--limit", type=int, default=None, help="grade only the first N rows of each table")
     c.add_argument("--examples", type=int, default=3, help="examples printed per kind of disagreement (default 3)")
     c.add_argument("--out", type=Path, default=None, help="write every disagreement to this CSV file")
@@ -46,6 +47,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise ConductorError(f"--limit must be at least 1 (got {args.limit})")
+    if args.table is not None and (args.dataset is not None or args.replay is not None):
+        raise ConductorError("--table checks that one table: leave out --dataset and --replay-dir")
     if args.table is not None:
         results = [check_table(args.table, task=args.task, limit=args.limit, response_col=args.response_col,
                                reference_col=args.reference_col, label_col=args.label_col)]
@@ -54,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
         if not replay.is_dir():
             raise ConductorError(f"replay folder {replay} not found: pass --replay DIR or --table PATH, "
                                  f"or set ${REPLAY_ENV}")
-        names = list(DATASETS) if args.dataset == "all" else [args.dataset]
+        names = list(DATASETS) if args.dataset in (None, "all") else [args.dataset]
         results = [check(replay, name, args.limit) for name in names]
     for r in results:
         tasks = ", ".join(f"{t} {n}" for t, n in sorted(r.tasks.items()))

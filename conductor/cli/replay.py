@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                                  "response column beside it)")
     c.add_argument("--threshold", type=float, default=None,
                    help="correct = score >= THRESHOLD; required when scores lie strictly between 0 and 1")
-    c.add_argument("--task", choices=TASKS, default=None, help="the task of every row (else --task-map, else none)")
+    c.add_argument("--task", choices=TASKS, default=None, help="the task of the rows --task-map leaves (all rows without --task-map)")
     c.add_argument("--task-map", action="append", default=[], metavar="PREFIX=TASK",
                    help="rows whose category starts with PREFIX get TASK (repeatable; the longest prefix wins), "
                         "e.g. --task-map grade-school-math=math --task-map mmlu=choice")
