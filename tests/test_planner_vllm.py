@@ -152,7 +152,7 @@ def test_chunk_size_splits_the_batch_and_keeps_order(engine, monkeypatch):
 
 def test_pool_without_usable_workers_gives_invalid_drafts_without_loading_an_engine():
     only_vote = parse_pool({"workers": [{"id": "vote", "kind": "function", "function": "vote"}]})
-    planner = VLLMPlanner(VLLMPlannerConfig(model="/nonexistent", kinds=("llm",)))
+    planner = VLLMPlanner(VLLMPlannerConfig(model="never/loaded", kinds=("llm",)))  # a name: nothing is fetched
 
     drafts = planner.plan(queries(2), only_vote, samples=3)
 
