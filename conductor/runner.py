@@ -32,7 +32,7 @@ from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
 from conductor.failures import failure_groups
 from conductor.planners import make_planner
-from conductor.planners.base import Planner, PlannerBackEnd, Query
+from conductor.planners.base import UNUSED_SLOT, Planner, PlannerBackEnd, Query
 from conductor.planners.replan import BaseReplanner, make_replanner
 from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
@@ -401,13 +401,16 @@ def grade_stage(run: Run) -> Path:
     refs = run.queries.select(["query_id", "task", "reference"]).to_pylist()
     results = pq.read_table(run.dir.table("results"),
                             columns=["plan_id", "query_id", "query_index", "sample", "status",
-                                     "final_answer", "cost_usd"]).to_pylist()
+                                     "final_answer", "cost_usd", "error"]).to_pylist()
     full = _full_costs(run) if cfg.rewards.cost_penalty else {}
     rows = []
     for r in results:
         q = refs[r["query_index"]]  # results carry the query's row index
         cost = full.get(r["plan_id"], r["cost_usd"])
-        s = score(r["status"], q["task"], q["reference"], r["final_answer"], cost, cfg.rewards)
+        if r["status"] == "invalid_plan" and (r["error"] or "").startswith(UNUSED_SLOT):
+            s = {"answer": None, "parsed": None, "correct": None, "reward": None}
+        else:
+            s = score(r["status"], q["task"], q["reference"], r["final_answer"], cost, cfg.rewards)
         rows.append({"run_id": run.dir.run_id, "plan_id": r["plan_id"], "query_id": r["query_id"],
                      "query_index": r["query_index"], "sample": r["sample"], "task": q["task"],
                      "status": r["status"], "reference": q["reference"], "cost_usd": r["cost_usd"], **s})

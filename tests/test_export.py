@@ -18,7 +18,7 @@ from conductor.planners.base import Query
 from conductor.pool import load_pool
 from conductor.queries import load_queries
 from conductor.runner import RunConfig, run_all
-from tests.conftest import cli, run_cli, write_pool
+from tests.conftest import cli, run_cli, worker, write_pool
 
 K = 4
 
@@ -173,3 +173,33 @@ def test_export_errors_name_what_is_wrong(rollout, tmp_path):
     r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "trl", "--out", taken)
     assert r.returncode == 2 and f"--out {taken}: is a file; give a folder" in r.stderr
     assert taken.read_bytes() == b"not mine"
+
+
+def test_a_sweeps_unused_slots_are_not_graded(tmp_path, sim, sample_queries):
+    """A sweep gives each query as many slots as the largest candidate set among the tasks;
+    a query of a task with fewer candidates leaves slots unused. They are no wrong answers:
+    ungraded, out of the accuracy and of the group advantages."""
+    from conductor.policy.actions import action_set
+
+    def w(name, price, skills):
+        return {**worker(name, sim.url), "price": {"input_per_mtok": price, "output_per_mtok": 2 * price},
+                "skills": skills}
+
+    pool_path = write_pool(tmp_path / "pool.yaml", sim.url, workers=[
+        w("fast", 0.1, {"math": 0.9, "choice": 0.5}), w("weak", 0.1, {"math": 0.3}),
+        w("flaky", 5.0, {"math": 0.95, "choice": 0.9}), {"id": "vote", "kind": "function"}])
+    pool = load_pool(pool_path)
+    tasks = set(load_queries(sample_queries).column("task").to_pylist())
+    sizes = {t: len(action_set(pool, t)) for t in tasks}
+    assert len(set(sizes.values())) > 1, sizes  # some task has fewer candidates than another
+    summary = run_all(RunConfig(queries=sample_queries, pool=pool_path, data_dir=tmp_path / "data", run_id="sweep",
+                                samples=max(sizes.values()), planner_options={"sweep": True, "policy": "none"},
+                                progress=False))
+    run = tmp_path / "data" / "runs" / "sweep"
+    results = {r["plan_id"]: r for r in pq.read_table(run / "results.parquet").to_pylist()}
+    rewards = pq.read_table(run / "rewards.parquet").to_pylist()
+    unused = [r for r in rewards if (results[r["plan_id"]]["error"] or "").startswith("sweep slot not used")]
+    assert unused and all(r["correct"] is None and r["reward"] is None and r["advantage"] is None for r in unused)
+    graded = [r for r in rewards if r["correct"] is not None]
+    assert summary["graded"] == len(graded) == len(rewards) - len(unused)
+    assert summary["accuracy"] == pytest.approx(sum(r["correct"] for r in graded) / len(graded))

@@ -76,8 +76,8 @@ def test_a_sweep_plans_every_candidate_once_with_equal_propensities(pool):
     valid = [d for d in drafts if d.text]
     assert len(valid) == n and len({d.info["action"] for d in valid}) == n
     assert all(d.propensity == pytest.approx(1 / n) for d in valid)
-    assert [d.info["error"] for d in drafts if not d.text] == [f"sweep: this query has {n} candidate actions; "
-                                                               f"slot not used"] * 3
+    assert [d.info["error"] for d in drafts if not d.text] == [f"sweep slot not used: this query has {n} "
+                                                               f"candidate actions"] * 3
     cascade = next(d for d in valid if d.info["action"] == "cascade:mid+small>huge")
     plan = parse_plan(cascade.text, pool)
     assert from_steps(plan.to_json()) == Action.from_key("cascade:mid+small>huge")

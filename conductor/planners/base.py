@@ -14,6 +14,11 @@ from conductor.plans import Query  # noqa: F401  (re-exported: the planner seam'
 from conductor.pool import Pool
 
 
+# A sweep gives every query as many slots as the largest candidate set; the slots a query
+# cannot use are plans with this error, left ungraded (not a wrong answer of the planner's).
+UNUSED_SLOT = "sweep slot not used"
+
+
 @dataclass
 class PlanDraft:
     """One sampled plan, as the planner wrote it."""

@@ -30,7 +30,7 @@ from typing import Sequence
 import orjson
 
 from conductor.errors import ConductorError
-from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
+from conductor.planners.base import UNUSED_SLOT, PlanDraft, PlannerBackEnd, Query
 from conductor.policy.actions import Action
 from conductor.pool import Pool, Worker
 
@@ -227,7 +227,7 @@ class EmbeddedPlanner(PlannerBackEnd):
             d = self._draft(q, self._estimate(q, pool, a), 1.0 / len(acts), replay)
             d.info.update(policy="sweep", candidates=len(acts))
             drafts.append(d)
-        drafts += [_invalid(f"sweep: this query has {len(acts)} candidate actions; slot not used")
+        drafts += [_invalid(f"{UNUSED_SLOT}: this query has {len(acts)} candidate actions")
                    for _ in range(samples - len(acts))]
         return drafts
 
