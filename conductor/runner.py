@@ -26,7 +26,7 @@ from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.context import ExecutionContext
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
-from conductor.execute.journal import load_state
+from conductor.execute.journal import STEPS_FILE, load_state
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
@@ -313,7 +313,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
 def journal_deleted(run: Run) -> bool:
     """A complete run whose work folder was deleted (the README allows it): its
     traces and results stand as they are, and nothing is executed again."""
-    return (not (run.dir.work / "steps.jsonl").exists() and run.dir.table("results").exists()
+    return (not (run.dir.work / STEPS_FILE).exists() and run.dir.table("results").exists()
             and run.dir.table("traces").exists() and run.dir.read_manifest().get("status") == "complete")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -124,13 +125,11 @@ class Journal:
 
 
 def retries_used_up(folder: Path) -> set[str]:
-    """Plans whose transient failures a rerun no longer retries (RETRY_TRANSIENT reruns tried)."""
-    transient: dict[str, int] = {}
+    """Plans whose transient failures a rerun no longer retries: counted as load_state counts them."""
+    transient: Counter[str] = Counter()
     for row in _read(folder / PLANS_FILE) if (folder / PLANS_FILE).exists() else ():
         if row["status"] == "error" and row.get("failure") in TRANSIENT_KINDS:
-            transient[row["plan_id"]] = transient.get(row["plan_id"], 0) + 1
-        else:
-            transient.pop(row["plan_id"], None)
+            transient[row["plan_id"]] += 1
     return {pid for pid, n in transient.items() if n > RETRY_TRANSIENT}
 
 
