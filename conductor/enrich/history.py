@@ -41,9 +41,9 @@ def failed_before(data_dir: Path, job: Job, definition: str, exclude: str, hashe
     path = _newest_records(data_dir, job, definition, exclude)
     if path is None:
         return set()
-    t = pq.read_table(path)
-    if job.id_column not in t.column_names:
+    if job.id_column not in pq.read_schema(path).names:
         return set()
+    t = pq.read_table(path, columns=[job.id_column, "status", "row_hash"])  # three columns, not the records
     t = t.filter(pc.not_equal(t.column("status"), OK))
     return {rid for r in t.select([job.id_column, "row_hash"]).to_pylist()
             if hashes.get(rid := str(r[job.id_column])) == r["row_hash"]}
