@@ -261,6 +261,26 @@ def test_rerun_sends_only_new_rows_template_change_and_full_refresh_send_all(sim
     assert sim.log()["total"] == 300
 
 
+def test_a_run_id_given_again_for_a_changed_job_is_refused(sim, tmp_path):
+    """Resuming a run replays its journal: under a changed template those answers are not
+    this job's, so the run id is refused instead of reused at $0."""
+    data = tmp_path / "data"
+    path = variant(QA_JOB, tmp_path, "qa_named", rows=questions(5))
+    r = run_cli("job", "run", path, "--data-dir", data, "--run-id", "daily", "--quiet",
+                env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(path.read_text())
+    doc["prompt"] = doc["prompt"].replace("You are a financial analyst.", "You are a careful financial analyst.")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    sim.reset()
+    r = run_cli("job", "run", path, "--data-dir", data, "--run-id", "daily", "--quiet",
+                env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 2 and "run daily already exists" in r.stderr and "another definition" in r.stderr
+    assert sim.log()["total"] == 0
+    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 0 and sim.log()["total"] == 5, r.stdout + r.stderr  # a new run asks again
+
+
 # ---- modes and checks ------------------------------------------------------------
 
 def test_planned_documents_job_gives_confidence_from_agreement(sim, tmp_path):

@@ -108,11 +108,17 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     from conductor.runner import RunConfig, close_planner, configured_planner, execute_stage, plan_stage, prepare
 
     queries = run.path / "queries.parquet"
-    if queries.exists():  # resuming: it must be the same rows
+    if queries.exists():  # resuming: it must be the same job, definition and rows
+        had = run.read_manifest().get("job") or {}
+        same = not had or {k: had.get(k) for k in ("name", "definition", "full_refresh")} == \
+            {k: info[k] for k in ("name", "definition", "full_refresh")}  # not had: killed before it was written
         have = pq.read_table(queries, columns=["query_id"]).column(0).to_pylist()
-        if have != [ids[i] for i in todo]:
-            raise ConductorError(f"run {run.run_id} already exists at {run.path} for other rows; choose another "
-                                 f"--run-id (or omit it)")
+        if not same or have != [ids[i] for i in todo]:
+            what = "other rows" if same else (f"job {had.get('name')!r}" + (
+                " with another definition (template, fields, worker or settings)" if had.get("name") == job.name
+                else "") + (" (--full-refresh differs)" if had.get("full_refresh") != info["full_refresh"] else ""))
+            raise ConductorError(f"run {run.run_id} already exists at {run.path} for {what}; its answers are "
+                                 f"not this job's: choose another --run-id (or omit it)")
     else:
         sub = df[todo]
         write_table(queries, pa.table({
