@@ -96,6 +96,11 @@ def test_tatqa_number_counts_only_with_the_right_scale():
     assert tatqa(["1,496.5"], ["$1,496.5"], "million", "million", "span") == (1.0, 1.0)
     assert tatqa(["1496.5"], ["$1,496.5"], "thousand", "million", "span") == (0.0, 0.0)
     assert tatqa(["-0.25"], ["-0.25"], "percent", "percent", "arithmetic") == (1.0, 1.0)
+    # percent is a scale of 0.01, as TAT-QA's scale_to_num: 12 is not 12 percent, "12%" is
+    assert tatqa(["12"], ["12"], "", "percent", "arithmetic") == (0.0, 0.0)
+    assert tatqa(["12%"], ["12"], "", "percent", "arithmetic") == (1.0, 1.0)
+    assert tatqa(["0.2342"], ["23.42"], "", "percent", "arithmetic") == (1.0, 1.0)  # a share for a percent
+    assert tatqa(["2019"], ["2019"], "percent", "", "span") == (0.0, 0.0)
     # spans: exact match after normalization, token F1 for partial answers
     em, f1 = tatqa(["fixed-price type"], ["fixed-price type contracts"], "", "", "span")
     assert em == 0.0 and 0 < f1 < 1

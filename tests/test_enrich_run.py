@@ -145,11 +145,12 @@ def test_finance_qa_all_rows_typed_joined_and_scored(sim, tmp_path):
 
 def tatqa_em(rec: dict, gold: dict) -> float:
     """TAT-QA exact match, written out again here: answers sorted and joined, numbers rounded
-    to 2 decimals and multiplied by their scale, words followed by the scale, compared
-    after lower-casing and removing punctuation, articles and extra spaces."""
+    to 2 decimals and multiplied by their scale (percent: 0.01, and "12%" is 0.12), words
+    followed by the scale, compared after lower-casing and removing punctuation, articles
+    and extra spaces."""
     if rec["status"] != "ok" or not rec["answer"]:
         return 0.0
-    mult = {"": 1, "thousand": 1e3, "million": 1e6, "billion": 1e9, "percent": 1}
+    mult = {"": 1, "thousand": 1e3, "million": 1e6, "billion": 1e9, "percent": 0.01}
 
     def num(x):
         s = str(x).strip().replace(",", "").replace("$", "").replace("%", "").replace(" ", "")
@@ -165,7 +166,7 @@ def tatqa_em(rec: dict, gold: dict) -> float:
         for a in sorted(map(str, items)):
             v = num(a)
             out.append(f"{a} {scale}".strip() if v is None else
-                       "%.4f" % v if "%" in a else "%.4f" % (round(v, 2) * mult[scale]))
+                       "%.4f" % round(v / 100, 4) if "%" in a else "%.4f" % (round(v, 2) * mult[scale]))
         return " ".join(out)
 
     def norm(s):

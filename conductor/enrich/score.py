@@ -5,7 +5,8 @@ numeric  equal within `rel_tol` of the reference
 f1       token F1 of the normalized texts (spans)
 set      the normalized items, as sets, are equal (lists); `jaccard` reported too
 tatqa    TAT-QA's own metric: answers (a list of spans or one number) are written out
-         with their scale, numbers rounded to 2 decimals and multiplied by the scale,
+         with their scale, numbers rounded to 2 decimals and multiplied by the scale
+         (percent: 0.01, as TAT-QA's scale_to_num; "12%" is 0.12),
          then compared by exact match and bag-of-tokens F1 after normalization; so a
          number counts only with the right scale. For arithmetic and count answers F1
          equals exact match. The field's score is the exact match; F1 is reported.
@@ -25,7 +26,7 @@ import orjson
 
 from conductor.fields import Field
 
-SCALES = {"": 1.0, "thousand": 1e3, "million": 1e6, "billion": 1e9, "percent": 1.0}
+SCALES = {"": 1.0, "thousand": 1e3, "million": 1e6, "billion": 1e9, "percent": 0.01}  # TAT-QA's scale_to_num
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 
@@ -143,8 +144,8 @@ def _answer_string(answers: list[Any], scale: str) -> str:
         n = to_number(a)
         if n is None:
             out.append(f"{a} {scale}" if scale else a)
-        elif "%" in a:
-            out.append("%.4f" % n)
+        elif "%" in a:  # "12%" is 0.12, as 12 with the scale percent
+            out.append("%.4f" % round(n / 100, 4))
         else:
             out.append("%.4f" % (round(n, 2) * SCALES.get(scale, 1.0)))
     return " ".join(out)
