@@ -21,6 +21,7 @@ import orjson
 import yaml
 
 from conductor.errors import PoolError
+from conductor.yamlkeys import duplicate_key, message
 
 WORKER_KINDS = ("llm", "function", "planner")
 GOVERNOR_SCHEMES = ("memory", "redis", "rediss")  # where limits and budgets are held (conductor.execute.shared)
@@ -174,10 +175,14 @@ def load_pool(path: str | os.PathLike) -> Pool:
     p = Path(path)
     if not p.exists():
         raise PoolError(f"pool file {p}: not found")
+    text = p.read_text()
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.safe_load(text)
+        twice = duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError as e:
         raise PoolError(f"pool file {p}: not valid YAML: {e}") from None
+    if twice is not None:
+        raise PoolError(f"pool file {p}:{twice[2]}: {message(twice)}")
     try:
         return parse_pool(raw, where=str(p))
     except PoolError as e:

@@ -94,6 +94,30 @@ def test_unknown_filter_in_template_names_line(folder):
     assert "nosuchfilter" in msg
 
 
+def test_a_name_that_clashes_with_a_fields_confidence_column_is_refused(folder):
+    text = GOOD.replace("  amount: {type: number}", "  amount: {type: number}\n  amount_confidence: {type: string}")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'amount_confidence:')}: fields.amount_confidence:" in msg
+    assert "confidence column of field 'amount'" in msg
+    pq.write_table(pa.table({"note_id": ["n1"], "kind": ["memo"], "body": ["x"], "gold_mood": ["good"],
+                             "amount_confidence": ["high"]}), folder / "in.parquet")
+    msg = refused(folder, GOOD.replace("carry: [kind]", "carry: [kind, amount_confidence]"))
+    assert "input.carry" in msg and "confidence column of field 'amount'" in msg
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(folder, tmp_path):
+    text = GOOD.replace("worker: fast\n", "worker: fast\nworker: slow\n")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'worker: slow')}: worker: given twice (lines {line_of(text, 'worker: fast')}" in msg
+    from conductor.errors import PoolError
+    from conductor.pool import load_pool
+
+    pool = tmp_path / "twice.yaml"
+    pool.write_text("providers:\n  sim: {budget_usd: 1}\n  sim: {budget_usd: 100}\nworkers:\n  - {id: a, model: openai/a}\n")
+    with pytest.raises(PoolError, match=r"twice.yaml:3: providers.sim: given twice \(lines 2 and 3\)"):
+        load_pool(pool)
+
+
 def test_unknown_field_type(folder):
     text = GOOD.replace("{type: number}", "{type: decimal}")
     msg = refused(folder, text)

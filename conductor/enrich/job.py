@@ -169,11 +169,19 @@ def load_job(path: str | Path) -> Job:
         raise doc.error(("input", "carry", carry.index("text")), "a job without fields writes its output as column "
                                                                  "'text', which this carried column would clash with")
     taken = {id_column, *carry}
+    confidence = {f"{f.name}_confidence": f.name for f in fields}  # a column per field, in the records
     for f in fields:
         if f.name in RESERVED or f.name in taken:
             raise doc.error(("fields", f.name), f"field name {f.name!r} clashes with "
                                                 f"{'a record column' if f.name in RESERVED else 'an input column'}"
                                                 f"; rename it")
+        if f.name in confidence:
+            raise doc.error(("fields", f.name), f"field name {f.name!r} clashes with the confidence column of "
+                                                f"field {confidence[f.name]!r}; rename it")
+    for i, c in enumerate(carry):
+        if c in confidence:
+            raise doc.error(("input", "carry", i), f"column {c!r} clashes with the confidence column of field "
+                                                   f"{confidence[c]!r}; rename it")
     references = _references(doc, raw.get("references"), fields, all_cols)
 
     pool_path = base / _req(doc, raw, ("pool",), str)

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from conductor.errors import InputError
+from conductor.yamlkeys import duplicate_key, message
 
 
 class Located:
@@ -44,6 +45,8 @@ def load_located(path: Path) -> Located:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         raise InputError(f"job file {path}: not valid YAML: {e}") from None
+    if (twice := duplicate_key(node)) is not None:
+        raise InputError(f"job file {path}:{twice[2]}: {message(twice)}")
     lines: dict[tuple, int] = {}
     styles: dict[tuple, str | None] = {}
     if node is not None:

@@ -1,0 +1,31 @@
+"""YAML mappings that give a key twice: PyYAML keeps the last one silently, so a job
+or pool file whose `worker:` or `budget_usd:` appears twice would run with whichever
+came last. Both file loaders refuse them, naming the key and its two lines."""
+
+from __future__ import annotations
+
+import yaml
+
+
+def duplicate_key(node: yaml.Node | None, key: tuple = ()) -> tuple[tuple, int, int] | None:
+    """The first key given twice in one mapping: (key path, first line, second line), 1-based."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[object, int] = {}
+        for k_node, v_node in node.value:
+            k = k_node.value if isinstance(k_node, yaml.ScalarNode) else str(k_node.value)
+            line = k_node.start_mark.line + 1
+            if k in seen:
+                return key + (k,), seen[k], line
+            seen[k] = line
+            if (found := duplicate_key(v_node, key + (k,))) is not None:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            if (found := duplicate_key(v, key + (i,))) is not None:
+                return found
+    return None
+
+
+def message(found: tuple[tuple, int, int]) -> str:
+    key, first, second = found
+    return f"{'.'.join(map(str, key))}: given twice (lines {first} and {second}); keep one"
