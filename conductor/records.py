@@ -24,6 +24,7 @@ class RecordChecker:
     """Parses and validates replies against one job's schema."""
 
     def __init__(self, check_schema: dict[str, Any]):
+        check_schema = _int64(check_schema)
         cls = jsonschema.validators.validator_for(check_schema)
         cls.check_schema(check_schema)
         self.validator = cls(check_schema, format_checker=jsonschema.FormatChecker())
@@ -40,6 +41,21 @@ class RecordChecker:
             more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
             return None, f"{where}: {first.message}{more}"
         return obj, None
+
+
+def _int64(schema: Any) -> Any:
+    """The schema with every integer bounded to int64, the records' column type: 1e30 is an
+    integer to JSON Schema, and an invalid reply (repaired once) rather than a crash here."""
+    if isinstance(schema, list):
+        return [_int64(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _int64(v) for k, v in schema.items()}
+    types = schema.get("type")
+    if types == "integer" or (isinstance(types, list) and "integer" in types):
+        out.setdefault("minimum", -(2 ** 63))
+        out.setdefault("maximum", 2 ** 63 - 1)
+    return out
 
 
 def parse_reply(text: str | None) -> tuple[Any, str | None]:

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import orjson
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -118,6 +119,13 @@ def test_a_key_given_twice_is_refused_with_both_lines(folder, tmp_path):
         load_pool(pool)
 
 
+def test_enum_values_that_yaml_reads_as_booleans_are_refused(folder):
+    text = GOOD.replace("values: [good, bad]", "values: [yes, no]")
+    msg = refused(folder, text)
+    assert f"job.yaml:{line_of(text, 'values: [yes, no]')}: fields.mood.values: values must be text" in msg
+    assert "True as a bool" in msg
+
+
 def test_unknown_field_type(folder):
     text = GOOD.replace("{type: number}", "{type: decimal}")
     msg = refused(folder, text)
@@ -187,6 +195,19 @@ def test_join_and_csv_input(folder):
     (folder / "in.csv").write_text("note_id,doc\nn1,d1\nn2,d9\n")
     with pytest.raises(InputError, match=r"no match on 'doc' \(keys 'd9'; ids 'n2'\)"):
         load_rows(job)
+    # Keys of two types (CSV numbers against JSON text) are named, not a polars SchemaError.
+    (folder / "in.csv").write_text("note_id,doc\nn1,1\nn2,2\n")
+    pq.write_table(pa.table({"doc": ["1", "2"], "body": ["b1", "b2"]}), folder / "docs.parquet")
+    with pytest.raises(InputError, match=r"join .*docs.parquet: key 'doc' is Int64 in the input and String there"):
+        load_rows(job)
+
+
+def test_ids_past_64_bits_are_read_as_text(folder):
+    (folder / "in.jsonl").write_text('{"note_id": 12345678901234567890, "kind": "k", "body": "b", "gold_mood": null}\n'
+                                     '{"note_id": 1, "kind": "k", "body": "c", "gold_mood": null}\n')
+    job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: in.jsonl")))
+    assert render_queries(job).column("query_id").to_pylist() == ["12345678901234567890", "1"]
+    assert load_rows(job).schema["note_id"] == pl.String
 
 
 def test_cli_check_refuses_with_exit_code(folder):

@@ -285,6 +285,10 @@ def _fields(doc: Located, raw: Any, at: tuple) -> tuple[Field, ...]:
                                 "an enum needs values: a non-empty list, e.g. values: [low, high]")
             if len(set(map(str, v))) != len(v):
                 raise doc.error(fat + ("values",), "values repeat")
+            if not all(isinstance(x, str) for x in v):  # records hold an enum as text
+                odd = next(x for x in v if not isinstance(x, str))
+                raise doc.error(fat + ("values",), f"values must be text, and YAML reads {odd!r} as a "
+                                                   f"{type(odd).__name__}: quote them, e.g. values: [\"yes\", \"no\"]")
             values = tuple(v)
         elif "values" in spec:
             raise doc.error(fat + ("values",), f"only an enum takes values (this field is {t})")

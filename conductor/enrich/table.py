@@ -21,7 +21,7 @@ _SHOW = 5
 
 def load_rows(job: Job) -> pl.DataFrame:
     """The input after joins, in input order; every problem named with the ids involved."""
-    df = inputs.read(job.input_path)
+    df = _storable(inputs.read(job.input_path))
     where = f"job {job.path}: input {job.input_path}"
     if df.height == 0:
         raise InputError(f"{where}: has no rows")
@@ -34,7 +34,10 @@ def load_rows(job: Job) -> pl.DataFrame:
     if df.get_column(job.id_column).dtype.is_float():
         raise InputError(f"{where}: id column {job.id_column!r} holds floats; use strings or integers")
     for j in job.joins:
-        right = inputs.read(j.path)
+        right = _storable(inputs.read(j.path))
+        if (lt := df.get_column(j.on).dtype) != (rt := right.get_column(j.on).dtype):
+            raise InputError(f"job {job.path}: join {j.path}: key {j.on!r} is {lt} in the input and {rt} there; "
+                             f"give both the same type (e.g. text on both sides)")
         rdup = right.group_by(j.on).len().filter(pl.col("len") > 1).get_column(j.on).to_list()
         if rdup:
             raise InputError(f"job {job.path}: join {j.path}: key {j.on!r} repeats: {_list(rdup)}")
@@ -47,6 +50,12 @@ def load_rows(job: Job) -> pl.DataFrame:
                              f"(keys {_list(keys)}; ids {_list(rows)})")
         df = df.join(right, on=j.on, how="left", maintain_order="left")
     return df
+
+
+def _storable(df: pl.DataFrame) -> pl.DataFrame:
+    """128-bit integers (JSON ids past 2**63) as text: Arrow and Parquet have no such type."""
+    wide = [c for c, t in df.schema.items() if t in (pl.Int128, pl.UInt128)]
+    return df.with_columns(pl.col(wide).cast(pl.String)) if wide else df
 
 
 def ids_of(job: Job, df: pl.DataFrame) -> list[str]:
