@@ -220,7 +220,9 @@ def create_views(con: duckdb.DuckDBPyConnection, runs: Path) -> None:
 
 
 def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
-    """Enrichment jobs found in run manifests: name -> {id_column, files (records.parquet, oldest first)}."""
+    """Enrichment jobs found in run manifests: name -> {id_column, files (records.parquet, oldest first)},
+    the files of the runs under the job's newest definition only: a changed template, field type
+    or id column recomputes every row, and older records would not fit the new columns."""
     jobs: dict[str, dict[str, Any]] = {}
     manifests = sorted(runs.glob("*/manifest.json")) if runs.exists() else []
     for m in manifests:
@@ -233,11 +235,13 @@ def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
         job = manifest.get("job")
         if not isinstance(job, dict) or not job.get("name"):
             continue
-        entry = jobs.setdefault(job["name"], {"id_column": job.get("id_column"), "files": []})
-        entry["files"].append((manifest.get("created_at") or "", str(m.parent / "records.parquet")))
-        entry["id_column"] = job.get("id_column") or entry["id_column"]
+        entry = jobs.setdefault(job["name"], {"id_column": None, "files": []})
+        entry["files"].append((manifest.get("created_at") or "", str(m.parent / "records.parquet"),
+                               job.get("definition"), job.get("id_column")))
     for entry in jobs.values():
-        entry["files"] = [f for _, f in sorted(entry["files"])]
+        newest = max(entry["files"])
+        entry["id_column"] = newest[3]
+        entry["files"] = [f for _, f, definition, _ in sorted(entry["files"]) if definition == newest[2]]
     return jobs
 
 

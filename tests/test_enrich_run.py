@@ -262,6 +262,23 @@ def test_rerun_sends_only_new_rows_template_change_and_full_refresh_send_all(sim
     assert sim.log()["total"] == 300
 
 
+def test_the_catalog_view_follows_a_changed_field_type(sim, tmp_path):
+    """A field whose type changes (a list of spans becoming one string) recomputes every
+    row; the job's view then reads only the runs of the new definition, not a column that
+    is a list in one file and text in the next."""
+    data = tmp_path / "data"
+    path = variant(QA_JOB, tmp_path, "qa_typed", rows=questions(5))
+    assert run_job(load_job(path), data_dir=data, progress=False)["computed"] == 5
+    doc = yaml.safe_load(path.read_text())
+    doc["fields"]["answer"]["type"] = "string"
+    doc["references"]["answer"] = {"column": "answer_json", "score": "f1"}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert run_job(load_job(path), data_dir=data, progress=False)["computed"] == 5
+    r = run_cli("sql", "SELECT typeof(answer) AS t, count(*) AS n FROM qa_typed GROUP BY ALL", "--data-dir", data,
+                "--format", "csv")
+    assert r.returncode == 0 and r.stdout.split() == ["t,n", "VARCHAR,5"], r.stdout + r.stderr
+
+
 def test_a_run_id_given_again_for_a_changed_job_is_refused(sim, tmp_path):
     """Resuming a run replays its journal: under a changed template those answers are not
     this job's, so the run id is refused instead of reused at $0."""
