@@ -262,6 +262,28 @@ def test_rerun_sends_only_new_rows_template_change_and_full_refresh_send_all(sim
     assert sim.log()["total"] == 300
 
 
+def test_a_second_run_of_the_same_job_is_refused_while_the_first_runs(sim, tmp_path):
+    """Two runs of one job on one data folder would both compute, and pay for, the same rows."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    sim.set_faults(latency_ms=1000, latency_sd_ms=0)
+    path = variant(QA_JOB, tmp_path, "qa_twice", rows=questions(120))
+    data = tmp_path / "data"
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "CONDUCTOR_SIM_URL": sim.url}
+    first = subprocess.Popen([sys.executable, "-m", "conductor", "job", "run", str(path), "--data-dir", str(data),
+                              "--quiet"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while sim.log()["total"] < 4 and first.poll() is None:
+        time.sleep(0.05)
+    second = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out + err
+    assert second.returncode == 2 and f"already running in process {first.pid}" in second.stderr, second.stderr
+    assert sim.log()["total"] == 120  # each row asked once
+
+
 def test_the_catalog_view_follows_a_changed_field_type(sim, tmp_path):
     """A field whose type changes (a list of spans becoming one string) recomputes every
     row; the job's view then reads only the runs of the new definition, not a column that

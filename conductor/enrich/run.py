@@ -45,7 +45,16 @@ __all__ = ["OK", "run_job"]
 
 def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = None, full_refresh: bool = False,
             progress: bool = True) -> dict[str, Any]:
-    """Run a job and return its summary (also written to the run's summary.json)."""
+    """Run a job and return its summary (also written to the run's summary.json). One process
+    per job and data folder: a second one would compute, and pay for, the same rows."""
+    from conductor.execute.lock import run_lock
+
+    with run_lock(Path(data_dir) / ".locks" / f"job-{job.name}", f"of job {job.name}"):
+        return _run_job(job, data_dir=data_dir, run_id=run_id, full_refresh=full_refresh, progress=progress)
+
+
+def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh: bool,
+             progress: bool) -> dict[str, Any]:
     t0 = time.monotonic()
     data_dir = Path(data_dir)
     pool = load_pool(job.pool_path)
