@@ -348,6 +348,42 @@ def test_planned_documents_job_gives_confidence_from_agreement(sim, tmp_path):
     assert rec.schema.field("n_questions").type == pa.int64()  # a carried column keeps its type
 
 
+def test_a_budget_that_stops_the_judge_exits_3_and_a_rerun_judges_the_rest(sim, tmp_path):
+    """budget_usd caps the job, judge included (the judge spends what extraction left);
+    records the budget left unjudged are judged by the next run, which reuses them."""
+    docs = pq.read_table(FINANCE / "documents.parquet").slice(0, 12)
+    # Extraction by a free worker, one call at a time; the judge (mid) is paid.
+    pool = yaml.safe_load((REPO / "data" / "pools" / "sim.yaml").read_text())
+    for provider in pool["providers"].values():
+        provider["max_concurrency"] = 1
+    for w in pool["workers"]:
+        if w["id"] == "small":
+            w["price"] = {"input_per_mtok": 0, "output_per_mtok": 0}
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    job = {"pool": str(tmp_path / "pool.yaml"), "mode": "direct", "worker": "small", "planner": None}
+    (tmp_path / "free").mkdir()
+    free = run_job(load_job(variant(DOCS_JOB, tmp_path / "free", "docs_judged", rows=docs, **job)),
+                   data_dir=tmp_path / "free" / "data", progress=False)
+    assert free["cost_usd"] == 0 and free["judge_cost_usd"] > 0
+    budget = free["judge_cost_usd"] / 2
+    path = variant(DOCS_JOB, tmp_path, "docs_judged", rows=docs, budget_usd=budget, **job)
+    data = tmp_path / "data"
+    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 3 and "left unjudged by the budget" in r.stdout, r.stdout + r.stderr
+    first = orjson.loads(next(data.glob("runs/docs_judged-*/summary.json")).read_bytes())
+    assert first["judge_budget_exhausted"] > 0 and first["cost_usd"] + first["judge_cost_usd"] <= budget + 1e-12
+    doc = yaml.safe_load(path.read_text())
+    doc["budget_usd"] = 1.0
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    sim.reset()
+    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = pq.read_table(max(data.glob("runs/docs_judged-*/records.parquet"), key=lambda p: p.parent.name))
+    ok = pc.filter(rec, pc.equal(rec.column("status"), "ok"))
+    assert ok.num_rows and all(j is not None for j in ok.column("judge_score").to_pylist())
+    assert sim.log()["by_model"] == {"sim-mid": first["judge_budget_exhausted"]}  # only the unjudged asked
+
+
 def test_prompt_mode_asks_for_json_in_the_prompt(sim, tmp_path):
     job = load_job(variant(QA_JOB, tmp_path, "qa_prompt", rows=questions(40), structured="prompt"))
     s = run_job(job, data_dir=tmp_path / "data", progress=False)

@@ -34,8 +34,10 @@ def judge_prompt(rubric: str, prompt: str, record: dict[str, Any]) -> str:
 
 
 def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dict[str, Any]]],
-          progress: bool) -> tuple[dict[str, tuple[float | None, str | None]], float]:
-    """Score (id, prompt, record) items; returns (id -> (score, reason), what the judge cost)."""
+          progress: bool, budget_usd: float | None = None
+          ) -> tuple[dict[str, tuple[float | None, str | None]], float, int]:
+    """Score (id, prompt, record) items within `budget_usd`; returns (id -> (score, reason),
+    what the judge cost, items a budget stopped)."""
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, execute_stage, plan_stage, prepare
 
@@ -51,7 +53,7 @@ def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dic
             "metadata": pa.nulls(len(items), pa.string()),
         }))
     cfg = RunConfig(queries=queries, pool=job.pool_path, data_dir=data_dir, run_id=jrun.run_id, seed=job.seed,
-                    budget_usd=job.budget_usd, progress=progress)
+                    budget_usd=budget_usd, progress=progress)
     prepared = prepare(cfg)
     plan_stage(prepared, DirectPlanner(spec["worker"]))
     schema = object_schema(FIELDS, strict=True)
@@ -62,5 +64,6 @@ def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dic
     for r in results.to_pylist():
         rec, _ = checker.check(r["final_answer"]) if r["status"] == "ok" else (None, None)
         out[r["query_id"]] = ((min(1.0, max(0.0, float(rec["score"]))), rec["reason"]) if rec else (None, None))
-    jrun.set_status("complete", judge_of=run.run_id)
-    return out, pc.sum(results.column("cost_usd")).as_py() or 0.0
+    stopped = sum(s == "budget_exhausted" for s in results.column("status").to_pylist())
+    jrun.set_status("incomplete" if stopped else "complete", judge_of=run.run_id)
+    return out, pc.sum(results.column("cost_usd")).as_py() or 0.0, stopped

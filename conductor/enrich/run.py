@@ -78,14 +78,15 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     run = RunDir(data_dir, run_id)
 
     computed: dict[str, dict[str, Any]] = {}
-    judge_cost = 0.0
+    judge_cost, judge_stopped = 0.0, 0
     if todo:
         computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info, retry)
         _write_rewards(job, df, ids, run, plans)
-        if job.quality.get("judge") and job.fields:
-            judge_cost = _judge(job, df, ids, prompts, todo, computed, run, data_dir, progress)
     elif not run.exists():
         run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
+    if job.quality.get("judge") and job.fields:
+        judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run, data_dir,
+                                           progress)
 
     rows = _row_outcomes(ids, computed, previous, reused, run_id)
     records = [r["record"] for r in rows]
@@ -94,10 +95,12 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     summary = _summary(job, table, run, len(todo), len(reuse), time.monotonic() - t0,
                        compute_metrics(job, df, records, table))
     summary["judge_cost_usd"] = judge_cost
+    summary["judge_budget_exhausted"] = judge_stopped
     summary["failures"] = _failures(table)
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
-    run.set_status("incomplete" if statuses.get("budget_exhausted") else "complete", summary=summary, job=info)
+    run.set_status("incomplete" if statuses.get("budget_exhausted") or judge_stopped else "complete",
+                   summary=summary, job=info)
     try:
         summary["catalog"] = str(refresh_catalog(data_dir, attempts=4))
     except ConductorError:  # another process holds the catalog: the job's records are complete anyway
@@ -162,8 +165,10 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
 
 
 def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int], computed: dict,
-           run: RunDir, data_dir: Path, progress: bool) -> float:
-    """Have the judge score this run's valid records of rows without any reference value."""
+           reuse: list[int], previous: dict, run: RunDir, data_dir: Path, progress: bool) -> tuple[float, int]:
+    """Have the judge score the valid records of rows without any reference value: this run's,
+    and reused ones a budget kept from being judged before. The judge spends what the job's
+    budget_usd leaves after extraction. Returns (its cost, records a budget left unjudged)."""
     from conductor.enrich.judge import judge
 
     gold = [df.get_column(r.column).to_list() for r in job.references.values()]
@@ -172,12 +177,21 @@ def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo:
         c = computed.get(ids[i])
         if c and c["status"] == OK and all(g[i] is None for g in gold):
             items.append((ids[i], prompts[i], c["record"]))
+    for i in reuse:
+        p = previous.get(ids[i])
+        if p and p["status"] == OK and p.get("judge_score") is None and all(g[i] is None for g in gold):
+            items.append((ids[i], prompts[i], p["record"]))
     if not items:
-        return 0.0
-    scores, cost = judge(job, run, data_dir, items, progress)
+        return 0.0, 0
+    budget = None
+    if job.budget_usd is not None:
+        spent = pq.read_table(run.table("results"), columns=["cost_usd"]).column(0) if todo else None
+        budget = max(0.0, job.budget_usd - ((pc.sum(spent).as_py() or 0.0) if spent is not None else 0.0))
+    scores, cost, stopped = judge(job, run, data_dir, items, progress, budget)
     for rid, (score, reason) in scores.items():
-        computed[rid]["judge_score"], computed[rid]["judge_reason"] = score, reason
-    return cost
+        target = computed.get(rid) or previous[rid]
+        target["judge_score"], target["judge_reason"] = score, reason
+    return cost, stopped
 
 
 def _outcomes(job: Job, pool: Pool, run: RunDir):
