@@ -375,6 +375,20 @@ def test_a_model_without_price_is_named_unless_its_rows_record_cost(tmp_path, ca
     assert pool.worker("my-own-finetune").price.input > 0
 
 
+def test_rows_the_server_would_drop_are_refused(tmp_path, capsys):
+    """A repeated (question_id, model) pair or an id naming two texts: one row of them would be
+    served and evaluated, while the pool's skills counted all."""
+    path, t = _small(tmp_path)
+    qid = t["question_id"][0]
+    pl.concat([t, t.head(1)]).write_parquet(path)
+    assert (f"2 rows repeat a (question_id, model) pair, e.g. question id(s) {qid}; keep one answer per model "
+            f"and question") in _pool_error(path, capsys, "--task", "math")
+    t.with_columns(pl.when((pl.col("question_id") == qid) & (pl.col("model") == t["model"][0]))
+                   .then(pl.lit("Another question?")).otherwise(pl.col("question")).alias("question")
+                   ).write_parquet(path)
+    assert f"question id(s) {qid} name more than one question text" in _pool_error(path, capsys, "--task", "math")
+
+
 @pytest.mark.parametrize("value, words", [
     (pl.when(pl.col("correct")).then(pl.lit("yes")).otherwise(pl.lit("no")),
      "column 'correct' must hold booleans or 0/1 numbers, not String"),
@@ -472,6 +486,13 @@ def test_convert_needs_a_threshold_for_fractional_scores(tmp_path, capsys):
     assert cli_main(["replay", "convert", "--wide", str(wide_path), "--out", str(long), "--threshold", "nan",
                      "--task", "math"]) == 2  # every score >= NaN is false: every answer would be wrong
     assert "--threshold must be a finite number (got nan)" in capsys.readouterr().err
+    # A NaN score (polars counts NaN as above any cut: 'correct') or one out of 0..1 is named.
+    name = next(iter(ROUTERBENCH_MODELS))
+    for bad in (float("nan"), 2.0, -1.0):
+        pl.read_parquet(wide_path).with_columns(pl.lit(bad).alias(name)).write_parquet(tmp_path / "bad.parquet")
+        assert cli_main(["replay", "convert", "--wide", str(tmp_path / "bad.parquet"), "--out", str(long),
+                         "--threshold", "0.5"]) == 2
+        assert f"column {name!r} must hold a score from 0 to 1; found {bad}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text", ["nan:0.15", "0:nan", "0:inf", "0:0", "0.15"])

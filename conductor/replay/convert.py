@@ -96,8 +96,10 @@ def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[
         found = list(dict.fromkeys(models))
     for m in found:
         _numeric(wide, m, path, "a score (0/1, or 0..1)")
+        _within(wide, m, path, "a score from 0 to 1", 0.0, 1.0)
         if layout.cost_suffix and f"{m}{layout.cost_suffix}" in cols:
             _numeric(wide, f"{m}{layout.cost_suffix}", path, "USD")
+            _within(wide, f"{m}{layout.cost_suffix}", path, "USD, at least 0", 0.0, math.inf)
     ids = _text(wide, layout.id_column)
     dup = wide.select(ids.is_duplicated().alias("d")).get_column("d")
     if dup.any():
@@ -158,6 +160,14 @@ def _numeric(wide: pl.DataFrame, col: str, path: Path, what: str) -> None:
     dtype = wide.schema[col]
     if not (dtype.is_numeric() or dtype in (pl.Boolean, pl.Null)):
         raise ConductorError(f"--wide {path}: column {col!r} must hold numbers ({what}), not {dtype}")
+
+
+def _within(wide: pl.DataFrame, col: str, path: Path, what: str, low: float, high: float) -> None:
+    """NaN (which polars counts as above any cut, so as correct) and values out of range are named."""
+    v = pl.col(col).cast(pl.Float64)
+    bad = wide.filter(v.is_not_null() & (v.is_nan() | (v < low) | (v > high))).get_column(col).to_list()
+    if bad:
+        raise ConductorError(f"--wide {path}: column {col!r} must hold {what}; found {_few(sorted(set(map(str, bad))))}")
 
 
 def _few(values: list) -> str:

@@ -189,6 +189,20 @@ def _normalize(path: Path, t: pl.DataFrame) -> pl.DataFrame:
             where = (f"at row(s) {_show([str(i) for i in t.with_row_index().filter(pl.col(c).is_null())['index']])}"
                      if c == "question_id" else f"for question id(s) {_ids(t, pl.col(c).is_null())}")
             raise ConductorError(f"replay table {path}: column '{c}' is empty {where}")
+    # One answer per model and question, one text per question: else rows would be dropped (the
+    # server and the evaluation keep one) while the pool's skills counted them all.
+    if {"question_id", "model"} <= set(t.columns):
+        twice = t.filter(pl.struct("question_id", "model").is_duplicated())
+        if twice.height:
+            raise ConductorError(f"replay table {path}: {twice.height} rows repeat a (question_id, model) pair, "
+                                 f"e.g. question id(s) {_show(twice.get_column('question_id').unique(maintain_order=True).to_list())}"
+                                 f"; keep one answer per model and question")
+    if {"question_id", "question"} <= set(t.columns):
+        texts = t.group_by("question_id", maintain_order=True).agg(pl.col("question").n_unique().alias("n"))
+        split = texts.filter(pl.col("n") > 1).get_column("question_id").to_list()
+        if split:
+            raise ConductorError(f"replay table {path}: question id(s) {_show(split)} name more than one question "
+                                 f"text; give each text its own id")
     if "correct" in t.columns and t.schema["correct"] != pl.Boolean:
         c = pl.col("correct").cast(pl.Float64)
         off = c.is_not_null() & ~c.is_in([0.0, 1.0])
@@ -204,7 +218,7 @@ def _normalize(path: Path, t: pl.DataFrame) -> pl.DataFrame:
         if c in TOKEN_COLUMNS:
             off = off | (v.is_not_null() & (v != v.round(0)))
         if t.select(off.any()).item():
-            what = "whole numbers of tokens, not negative" if c in TOKEN_COLUMNS else "USD amounts, not negative"
+            what = "whole numbers of tokens, not negative" if c in TOKEN_COLUMNS else "USD amounts: finite numbers, not negative"
             raise ConductorError(f"replay table {path}: column '{c}' must hold {what}; other values for "
                                  f"question id(s) {_ids(t, off)}")
         t = t.with_columns(v.cast(pl.Int64) if c in TOKEN_COLUMNS else v)
