@@ -375,6 +375,22 @@ def test_a_model_without_price_is_named_unless_its_rows_record_cost(tmp_path, ca
     assert pool.worker("my-own-finetune").price.input > 0
 
 
+def test_eval_on_test_with_no_train_questions_says_so(tmp_path, capsys):
+    """The best single is chosen on train: with no train question it cannot be, and is not
+    chosen on nothing."""
+    path, t = _small(tmp_path)
+    t.filter(pl.col("question_id").map_elements(split_of, return_dtype=pl.String) == "test").write_parquet(path)
+    pool, queries = tmp_path / "pool.yaml", tmp_path / "q.parquet"
+    assert cli_main(["replay", "pool", "--table", str(path), "--out", str(pool), "--replay-dir", str(REPLAY),
+                     "--task", "math"]) == 0
+    assert cli_main(["replay", "queries", "--table", str(path), "--out", str(queries), "--replay-dir", str(REPLAY),
+                     "--task", "math"]) == 0
+    capsys.readouterr()
+    assert cli_main(["eval", "--pool", str(pool), "--queries", str(queries), "--split", "test",
+                     "--out", str(tmp_path / "eval")]) == 2
+    assert "has no train questions, so the best single cannot be chosen on train" in capsys.readouterr().err
+
+
 def test_rows_the_server_would_drop_are_refused(tmp_path, capsys):
     """A repeated (question_id, model) pair or an id naming two texts: one row of them would be
     served and evaluated, while the pool's skills counted all."""

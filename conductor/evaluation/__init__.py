@@ -111,6 +111,10 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
     if cfg.split == "test":  # choose the best single worker without looking at the test split
         table_ids = read_table(source.table, ["question_id"]).filter(pl.col("split") == "train")
         select_ids = table_ids.get_column("question_id").unique(maintain_order=True).to_list()
+        if not select_ids:
+            raise ConductorError(f"--split test: the table {source.table} has no train questions, so the best "
+                                 f"single cannot be chosen on train; use --split all (chosen on the evaluated "
+                                 f"questions themselves)")
         selection = f"the train split ({len(select_ids)} questions of the table), never on test"
     else:
         select_ids, selection = ids, "the evaluated queries themselves"
