@@ -202,6 +202,16 @@ def test_join_and_csv_input(folder):
         load_rows(job)
 
 
+def test_csv_ids_written_with_leading_zeros_stay_text(folder):
+    (folder / "in.csv").write_text("note_id,kind,body,gold_mood\n007,k,b,good\n008,k,c,bad\n")
+    job = load_job(write(folder, GOOD.replace("path: in.parquet", "path: in.csv")))
+    assert load_rows(job).get_column("note_id").to_list() == ["007", "008"]  # not 7 and 8
+    (folder / "in.csv").write_text("note_id,kind,body,gold_mood\n7,k,b,good\n8,k,c,bad\n")
+    assert load_rows(job).get_column("note_id").to_list() == [7, 8]  # integer ids stay integers
+    (folder / "in.csv").write_text("nid,kind,body,gold_mood\n7,k,b,good\n")
+    assert "input.id" in refused(folder, GOOD.replace("path: in.parquet", "path: in.csv"))
+
+
 def test_ids_past_64_bits_are_read_as_text(folder):
     (folder / "in.jsonl").write_text('{"note_id": 12345678901234567890, "kind": "k", "body": "b", "gold_mood": null}\n'
                                      '{"note_id": 1, "kind": "k", "body": "c", "gold_mood": null}\n')

@@ -31,14 +31,16 @@ def input_files(path: Path) -> list[Path]:
     return [path]
 
 
-def scan(path: Path) -> pl.LazyFrame:
+def scan(path: Path, text: tuple[str, ...] = ()) -> pl.LazyFrame:
+    """`text`: CSV columns read as text whatever they look like (an id such as 007)."""
     files = input_files(path)
     kind = FORMATS[files[0].suffix.lower()]
     try:
         if kind == "parquet":
             return pl.scan_parquet(files)
         if kind == "csv":
-            return pl.concat([pl.scan_csv(f, infer_schema_length=10_000) for f in files], how="diagonal_relaxed")
+            return pl.concat([pl.scan_csv(f, infer_schema_length=10_000, schema_overrides={c: pl.String for c in text})
+                              for f in files], how="diagonal_relaxed")
         return pl.concat([pl.read_json(f).lazy() if _json_array(f) else pl.scan_ndjson(f) for f in files],
                          how="diagonal_relaxed")
     except Exception as e:  # polars raises several types for unreadable files
@@ -54,9 +56,9 @@ def columns(path: Path) -> list[str]:
         raise _unreadable(path, input_files(path), e, "cannot read its columns") from None
 
 
-def read(path: Path) -> pl.DataFrame:
+def read(path: Path, text: tuple[str, ...] = ()) -> pl.DataFrame:
     try:
-        return scan(path).collect()
+        return scan(path, text).collect()
     except InputError:
         raise
     except Exception as e:

@@ -21,7 +21,7 @@ _SHOW = 5
 
 def load_rows(job: Job) -> pl.DataFrame:
     """The input after joins, in input order; every problem named with the ids involved."""
-    df = _storable(inputs.read(job.input_path))
+    df = _storable(_csv_ids(job, inputs.read(job.input_path, text=(job.id_column,))))
     where = f"job {job.path}: input {job.input_path}"
     if df.height == 0:
         raise InputError(f"{where}: has no rows")
@@ -49,6 +49,18 @@ def load_rows(job: Job) -> pl.DataFrame:
             raise InputError(f"job {job.path}: join {j.path}: {missing.height} row(s) have no match on {j.on!r} "
                              f"(keys {_list(keys)}; ids {_list(rows)})")
         df = df.join(right, on=j.on, how="left", maintain_order="left")
+    return df
+
+
+def _csv_ids(job: Job, df: pl.DataFrame) -> pl.DataFrame:
+    """A CSV id column is read as text, then made integers only when every id is written as
+    one (no 007: that id would become 7 and join back to nothing)."""
+    ids = df.get_column(job.id_column)
+    if ids.dtype != pl.String:
+        return df
+    as_int = ids.cast(pl.Int64, strict=False)
+    if as_int.null_count() == ids.null_count() and (as_int.cast(pl.String) == ids).fill_null(True).all():
+        return df.with_columns(as_int.alias(job.id_column))
     return df
 
 
