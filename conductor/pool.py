@@ -341,6 +341,9 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     params = w.get("params") or {}
     if not isinstance(params, dict):
         raise PoolError(f"{at}.params: must be a mapping of sampling parameters")
+    cap = params.get("max_tokens")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise PoolError(f"{at}.params.max_tokens: must be a whole number of tokens, at least 1 (got {cap!r})")
     for bad in ("api_key", "api_base", "messages", "model"):
         if bad in params:
             raise PoolError(f"{at}.params.{bad}: not allowed here" + (" (use the provider's api_key_env)" if bad == "api_key" else ""))

@@ -105,7 +105,7 @@ def prepare(cfg: RunConfig) -> Run:
         earlier = RunDir(cfg.data_dir, f"{Path(cfg.queries).stem}-{old_digest[:10]}")
         if earlier.exists() and _made_before_planning_hash(earlier, old_digest):
             run_id = earlier.run_id
-    if not _valid_run_id(run_id):
+    if not valid_run_id(run_id):
         raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
     if any(c in str(Path(cfg.data_dir).resolve()) for c in "[]*?"):
         raise ConductorError(f"--data-dir {cfg.data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
@@ -533,7 +533,7 @@ def _made_before_planning_hash(run: RunDir, legacy_digest: str) -> bool:
     return m.get("fingerprint") == legacy_digest and "pool_planning" not in m.get("inputs", {})
 
 
-def _valid_run_id(s: str) -> bool:
+def valid_run_id(s: str) -> bool:
     return bool(s) and len(s) <= 128 and all(c.isalnum() or c in "-_." for c in s) and not s.startswith(".")
 
 

@@ -301,6 +301,14 @@ def test_the_catalog_view_follows_a_changed_field_type(sim, tmp_path):
     assert r.returncode == 0 and r.stdout.split() == ["t,n", "VARCHAR,5"], r.stdout + r.stderr
 
 
+def test_a_run_id_that_is_a_path_is_refused_before_anything_is_written(sim, tmp_path):
+    path = variant(QA_JOB, tmp_path, "qa_path", rows=questions(3))
+    r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--run-id", "../x", "--quiet",
+                env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 2 and "--run-id '../x': use letters, digits" in r.stderr
+    assert not (tmp_path / "data" / "x").exists() and sim.log()["total"] == 0
+
+
 def test_a_run_id_given_again_for_a_changed_job_is_refused(sim, tmp_path):
     """Resuming a run replays its journal: under a changed template those answers are not
     this job's, so the run id is refused instead of reused at $0."""

@@ -206,6 +206,16 @@ def test_a_budget_or_cost_penalty_that_is_no_number_is_refused_and_nothing_is_wr
     assert files_under(data) == []
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--seed", "99999999999999999999999"], "argument --seed: 99999999999999999999999 is out of range"),
+    (["--seed", "x"], "argument --seed: 'x' is not a whole number"),
+])
+def test_a_seed_out_of_range_is_refused_by_argparse(tmp_path, sample_queries, args, message):
+    r = cli("run", sample_queries, "--pool", write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1"),
+            "--data-dir", tmp_path / "data", *args)
+    assert r.returncode == 2 and message in r.stderr and files_under(tmp_path / "data") == []
+
+
 @pytest.mark.parametrize("option, message", [
     ("cost_weight=.nan", "cost_weight must be a finite number, at least 0 (got nan)"),
     ("cost_weight=abc", "cost_weight must be a finite number, at least 0 (got 'abc')"),

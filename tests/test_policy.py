@@ -371,3 +371,13 @@ def test_the_dagster_policy_asset_trains_from_the_runs_rewards(planted, tmp_path
                                                                     "out": str(tmp_path / "s")}}}})
     folder = Path(grouped.get_asset_materialization_events()[0].materialization.metadata["artifact"].value)
     assert orjson.loads((folder / "segment.json").read_bytes())["shrinks"] == [0.0, 30.0]
+
+
+def test_a_selection_without_a_standard_error_is_shown_not_crashed_on():
+    """A tiny held-back set has no SE: `policy train` and `show` used to die formatting None
+    after the artifact was saved, leaving a version that planning then used."""
+    from conductor.policy.training import _selection_text
+
+    sel = {"learned": {"reward": 0.5, "reward_se": None}, "held_back_queries": 1,
+           "fixed": {"reward": None, "reward_se": None, "choice": {"math": "single:a"}}}
+    assert _selection_text(sel) == "on 1 held-back queries: learned 0.5000 ± n/a, fixed n/a ± n/a (single:a)"

@@ -70,6 +70,8 @@ workers:
     # A mistyped provider would get default limits and no budget: refused, with the near name.
     ({"workers": [{"id": "w", "model": "m", "provider": "sim-larg"}], "providers": {"sim-large": {"budget_usd": 5}}},
      r"workers\[0\] \(w\).provider: 'sim-larg' is not under providers: \(did you mean 'sim-large'\?\)"),
+    (_pool(params={"max_tokens": "512"}), r"\.params.max_tokens: must be a whole number of tokens, at least 1 \(got '512'\)"),
+    (_pool(params={"max_tokens": -5}), r"\.params.max_tokens: must be a whole number of tokens, at least 1 \(got -5\)"),
     ([1, 2], "the top level must be a mapping"),
 ])
 def test_bad_pool_names_the_field(raw, field):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conductor.argtypes import SEED, int_in  # noqa: F401  (int_in: for the commands' own ranges)
 from conductor.errors import ConductorError
 
 
@@ -24,7 +25,7 @@ def run_id(p: argparse.ArgumentParser, help: str | None = None) -> None:
 
 
 def seed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
 
 
 def quiet(p: argparse.ArgumentParser) -> None:

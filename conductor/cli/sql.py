@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", metavar="s3://BUCKET/PREFIX",
                    help="query the runs kept on object storage instead (default: $CONDUCTOR_STORE)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    p.add_argument("--max-rows", type=int, default=100, help="rows shown in table format")
+    p.add_argument("--max-rows", type=options.int_in(1, 10 ** 9), default=100, help="rows shown in table format")
     p.set_defaults(func=main)
 
 

@@ -48,7 +48,10 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     """Run a job and return its summary (also written to the run's summary.json). One process
     per job and data folder: a second one would compute, and pay for, the same rows."""
     from conductor.execute.lock import run_lock
+    from conductor.runner import valid_run_id
 
+    if run_id is not None and not valid_run_id(run_id):  # before anything is written under it
+        raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
     with run_lock(Path(data_dir) / ".locks" / f"job-{job.name}", f"of job {job.name}"):
         return _run_job(job, data_dir=data_dir, run_id=run_id, full_refresh=full_refresh, progress=progress)
 

@@ -664,7 +664,11 @@ def _groups_text(why: dict[str, dict], field: str | None) -> list[str]:
 def _selection_text(sel: dict[str, Any]) -> str:
     if "learned" not in sel:
         return sel.get("why", "")
-    f = lambda v: f"{v['reward']:.4f} ± {v['reward_se']:.4f}"  # noqa: E731
+
+    def f(v: dict[str, Any]) -> str:  # no SE (or no estimate) with one or two held-back queries
+        num = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
+        return f"{num(v.get('reward'))} ± {num(v.get('reward_se'))}"
+
     how = f", {sel['how']}" if sel.get("how") else ""
     text = (f"on {sel['held_back_queries']} held-back queries{how}: learned {f(sel['learned'])}, "
             f"fixed {f(sel['fixed'])} ({', '.join(sel['fixed']['choice'].values())})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from conductor.argtypes import PORT
 from conductor.errors import ConductorError
 
 READY = "conductor replay: listening on "
@@ -15,7 +16,7 @@ DEFAULT_PORT = 8912
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pool", required=True, help="replay pool file (written by `conductor replay pool`)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 picks a free port")
+    p.add_argument("--port", type=PORT, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 picks a free port")
     p.add_argument("--allow-remote", action="store_true", help="allow a host other than loopback")
 
 

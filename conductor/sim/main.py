@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from conductor.argtypes import PORT, SEED
 from conductor.errors import ConductorError
 from conductor.sim.config import FAULT_KEYS, SimConfigError, check_fault, read_keys, served_models
 
@@ -37,8 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queries", required=True, nargs="+", metavar="PATH",
                    help="query-set Parquet files or folders of them (the questions the sim can answer)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8911, help="0 picks a free port")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", type=PORT, default=8911, help="0 picks a free port")
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--allow-remote", action="store_true", help="allow a host other than loopback")
     p.add_argument("--require-key-env", metavar="NAME",
                    help="demand the key held by env var NAME for every model without its own")
