@@ -39,7 +39,7 @@ from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
 from conductor.queries import file_digest, input_columns, load_queries
 from conductor.rewards import RewardScheme, group_advantages, score
-from conductor.store import RunDir, finalize_journal, refresh_catalog, rows_to_table, write_atomic, write_table
+from conductor.store import CatalogHeld, RunDir, finalize_journal, refresh_catalog, rows_to_table, write_atomic, write_table
 from conductor.stats import run_totals
 
 
@@ -481,12 +481,20 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     complete = "budget_exhausted" not in statuses
     run.dir.set_status("complete" if complete else "incomplete", summary=summary)
-    try:
-        summary["catalog"] = str(refresh_catalog(run.config.data_dir, attempts=4))
-    except ConductorError:  # another process holds the catalog: the run's outputs are complete anyway
-        summary["catalog"] = (f"not refreshed (another process holds {Path(run.config.data_dir) / 'conductor.duckdb'}); "
-                              f"`conductor sql` refreshes it when it is free")
+    summary["catalog"] = catalog_line(run.config.data_dir)
     return summary
+
+
+def catalog_line(data_dir: str | Path) -> str:
+    """Refresh the catalog for the summary's line; a catalog that cannot be refreshed does not
+    fail a run whose outputs are complete: the line says why."""
+    try:
+        return str(refresh_catalog(data_dir, attempts=4))
+    except CatalogHeld:
+        return (f"not refreshed (another process holds {Path(data_dir) / 'conductor.duckdb'}); "
+                f"`conductor sql` refreshes it when it is free")
+    except ConductorError as e:
+        return f"not refreshed: {e}"
 
 
 def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> dict[str, Any]:

@@ -166,12 +166,18 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
             con = duckdb.connect(str(db))
             break
         except duckdb.IOException as e:  # another process holds the file
+            if "lock" not in str(e).lower():  # not held: damaged, or not a database at all
+                raise ConductorError(f"cannot open {db} ({e}); it holds no data, only views over the runs' "
+                                     f"files: delete it, and the next run or `conductor sql` rebuilds it") from None
             last = e
             time.sleep(0.25 * (i + 1))
     else:
-        raise ConductorError(f"cannot open {db}: {last}")
+        raise CatalogHeld(f"cannot open {db}: {last}")
     try:
         create_views(con, runs)
+    except duckdb.Error as e:  # a damaged file under runs/: name it, the runs' own outputs are fine
+        raise ConductorError(f"the catalog {db} cannot read the runs' files ({e}); move the damaged file "
+                             f"away and rerun `conductor sql`") from None
     finally:
         con.close()
     try:
@@ -179,6 +185,10 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
     except OSError:
         pass  # only an optimization: `conductor sql` refreshes again next time
     return db
+
+
+class CatalogHeld(ConductorError):
+    """Another process holds the catalog file: a run's outputs are complete all the same."""
 
 
 VIEWS_STAMP = ".conductor.duckdb.views"  # which views the catalog holds, so `conductor sql` refreshes only on change

@@ -680,3 +680,23 @@ def test_dagster_endpoint_down_mid_run_fails_the_check_and_rematerializing_finis
         again = materialize(assets + checks.ALL, partition_key="small", instance=inst, resources=res)
         assert again.success
     assert sim.log()["total"] == 60 - ok  # 0 finished steps re-sent
+
+
+def test_a_damaged_run_file_or_catalog_is_named_and_runs_still_finish(tmp_path, fresh_sim, sample_queries):
+    """A truncated Parquet under runs/ broke every later run at the catalog refresh (after its
+    work was done) and every `conductor sql`; a garbage catalog file was called 'held'."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    data = tmp_path / "data"
+    broken = data / "runs" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "plans.parquet").write_bytes(b"PAR1x")
+    r = run_cli("run", _queries(tmp_path, sample_queries, 4), "--pool", pool, "--data-dir", data, "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr  # the run's own outputs are complete
+    assert "not refreshed: the catalog" in r.stdout and "move the damaged file away" in r.stdout
+    r = run_cli("sql", "SELECT 1", "--data-dir", data)
+    assert r.returncode == 2 and "broken/plans.parquet" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    (broken / "plans.parquet").unlink()
+    broken.rmdir()
+    (data / "conductor.duckdb").write_bytes(b"not a database at all" * 100)
+    r = run_cli("sql", "SELECT count(*) FROM results", "--data-dir", data, "--format", "csv")
+    assert r.returncode == 2 and "delete it" in r.stderr and "held" not in r.stderr, r.stderr

@@ -84,18 +84,22 @@ def _open(data_dir: Path):
     process holds it, the same views in memory."""
     import duckdb
 
-    from conductor.store import CATALOG, catalog_is_current, create_views, refresh_catalog
+    from conductor.store import CATALOG, CatalogHeld, catalog_is_current, create_views, refresh_catalog
 
     db = Path(data_dir).resolve() / CATALOG
     if not catalog_is_current(data_dir):
         try:
             refresh_catalog(data_dir, attempts=2)
-        except ConductorError:
+        except CatalogHeld:
             pass  # held by another process: answered from memory below
     try:
         return duckdb.connect(str(db), read_only=True)
-    except duckdb.Error:
+    except duckdb.Error as e:
         import sys
+
+        if "lock" not in str(e).lower():
+            raise ConductorError(f"cannot open {db} ({e}); it holds no data, only views over the runs' files: "
+                                 f"delete it and rerun") from None
 
         print(f"conductor: {db} is held by another process; answering from the run files directly",
               file=sys.stderr)

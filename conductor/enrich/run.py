@@ -35,7 +35,7 @@ from conductor.errors import ConductorError
 from conductor.execute.structured import RecordSpec
 from conductor.pool import Pool, load_pool
 from conductor.rewards import group_advantages
-from conductor.store import RunDir, refresh_catalog, rows_to_table, write_atomic, write_table
+from conductor.store import RunDir, rows_to_table, write_atomic, write_table
 
 TS = pa.timestamp("us", tz="UTC")
 # A row's status: OK ("ok", a valid record), invalid (no valid record after one repair), error,
@@ -104,11 +104,9 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     statuses = summary["statuses"]
     run.set_status("incomplete" if statuses.get("budget_exhausted") or judge_stopped else "complete",
                    summary=summary, job=info)
-    try:
-        summary["catalog"] = str(refresh_catalog(data_dir, attempts=4))
-    except ConductorError:  # another process holds the catalog: the job's records are complete anyway
-        summary["catalog"] = (f"not refreshed (another process holds {Path(data_dir) / 'conductor.duckdb'}); "
-                              f"`conductor sql` refreshes it when it is free")
+    from conductor.runner import catalog_line
+
+    summary["catalog"] = catalog_line(data_dir)
     return summary
 
 
