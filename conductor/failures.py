@@ -65,6 +65,20 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
     return sorted(out, key=lambda g: -g["plans"])
 
 
+def invalid_plan_groups(plans: Path, examples: int = 3) -> list[dict[str, Any]]:
+    """The most common reasons plans were invalid (no step ran, so no trace says why), with counts;
+    a sweep's unused slots are not failures."""
+    from collections import Counter
+
+    from conductor.planners.base import UNUSED_SLOT
+
+    t = pq.read_table(plans, columns=["valid", "error"])
+    why = Counter(" ".join((e or "no reason recorded").split())[:300] for v, e in
+                  zip(t.column("valid").to_pylist(), t.column("error").to_pylist())
+                  if not v and not (e or "").startswith(UNUSED_SLOT))
+    return [{"error": e, "plans": n} for e, n in why.most_common(examples)]
+
+
 def format_failures(groups: list[dict[str, Any]]) -> str:
     lines = []
     for g in groups:

@@ -30,7 +30,7 @@ from conductor.execute.journal import STEPS_FILE, load_state
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
-from conductor.failures import failure_groups
+from conductor.failures import failure_groups, invalid_plan_groups
 from conductor.planners import make_planner
 from conductor.planners.base import UNUSED_SLOT, Planner, PlannerBackEnd, Query
 from conductor.planners.replan import BaseReplanner, make_replanner
@@ -477,6 +477,7 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "spend": manifest.get("spend", []),
         "outputs": str(run.dir.path),
         "failures": failure_groups(run.dir.table("traces"), run.pool),
+        "invalid_plans": invalid_plan_groups(run.dir.table("plans")),
     }
     write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     complete = "budget_exhausted" not in statuses

@@ -128,6 +128,18 @@ def test_run_id_follows_what_the_planner_reads(tmp_path, sample_queries):
     assert again.resumed and again.dir.run_id == old_id
 
 
+@pytest.mark.slow  # a whole run through the CLI
+def test_invalid_plans_say_why(tmp_path, fresh_sim, sample_queries):
+    """Plans that never ran leave no trace to explain them: the summary gives their errors."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    queries = tmp_path / "q3.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, 3), queries)
+    r = run_cli("run", queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet", "--planner", "llm",
+                "--planner-model", "openai/fast", "--planner-option", f"api_base={fresh_sim.url}")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "invalid plans (no step ran), most common reasons:\n  3 plan(s): no plan found" in r.stdout, r.stdout
+
+
 @pytest.mark.slow  # whole runs through the CLI
 def test_sql_errors_are_clear(tmp_path, fresh_sim, sample_queries):
     r = cli("sql", "SELECT 1", "--data-dir", tmp_path / "empty")

@@ -81,6 +81,9 @@ def main(args: argparse.Namespace) -> int:
     print(run_summary(summary))
     if summary.get("failures"):
         print("\nfailures by worker and kind:\n" + format_failures(summary["failures"]))
+    if summary.get("invalid_plans"):
+        print("\ninvalid plans (no step ran), most common reasons:\n" + "\n".join(
+            f"  {g['plans']} plan(s): {g['error']}" for g in summary["invalid_plans"]))
     if too_many_failed(summary["statuses"], threshold):
         failed, total = failed_plans(summary["statuses"])
         print(f"\nconductor: {failed} of {total} plans failed ({failed / total:.1%}, more than "
