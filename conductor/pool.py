@@ -175,7 +175,11 @@ def load_pool(path: str | os.PathLike) -> Pool:
     p = Path(path)
     if not p.exists():
         raise PoolError(f"pool file {p}: not found")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else (e.strerror or type(e).__name__)
+        raise PoolError(f"pool file {p}: cannot read it ({why})") from None
     try:
         raw = yaml.safe_load(text)
         twice = duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))

@@ -107,6 +107,8 @@ def prepare(cfg: RunConfig) -> Run:
             run_id = earlier.run_id
     if not valid_run_id(run_id):
         raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
+    if Path(cfg.data_dir).exists() and not Path(cfg.data_dir).is_dir():
+        raise ConductorError(f"--data-dir {cfg.data_dir}: is a file; give a folder (created if missing)")
     if any(c in str(Path(cfg.data_dir).resolve()) for c in "[]*?"):
         raise ConductorError(f"--data-dir {cfg.data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
                              f"a file pattern, so the run's files could not be read back; use a folder without them")

@@ -218,6 +218,14 @@ def test_a_budget_or_cost_penalty_that_is_no_number_is_refused_and_nothing_is_wr
     assert files_under(data) == []
 
 
+def test_a_data_dir_that_is_a_file_is_refused(tmp_path, sample_queries):
+    f = tmp_path / "data"
+    f.write_text("not a folder")
+    r = cli("run", sample_queries, "--pool", write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1"),
+            "--data-dir", f)
+    assert r.returncode == 2 and f"--data-dir {f}: is a file; give a folder" in r.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--seed", "99999999999999999999999"], "argument --seed: 99999999999999999999999 is out of range"),
     (["--seed", "x"], "argument --seed: 'x' is not a whole number"),

@@ -79,6 +79,15 @@ def test_bad_pool_names_the_field(raw, field):
         parse_pool(raw)
 
 
+def test_a_pool_file_that_is_a_folder_or_not_text_is_named(tmp_path):
+    with pytest.raises(PoolError, match=r"pool file .*folder: cannot read it \(Is a directory\)"):
+        load_pool(tmp_path / "folder" if (tmp_path / "folder").mkdir() is None else None)
+    f = tmp_path / "latin.yaml"
+    f.write_bytes("workers: [{id: caf\xe9, model: openai/x}]".encode("latin-1"))
+    with pytest.raises(PoolError, match=r"latin.yaml: cannot read it \(not UTF-8 text\)"):
+        load_pool(f)
+
+
 def test_bad_yaml_and_missing_file_name_the_file(tmp_path):
     with pytest.raises(PoolError, match="not found"):
         load_pool(tmp_path / "nope.yaml")

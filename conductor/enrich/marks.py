@@ -39,7 +39,11 @@ class Located:
 def load_located(path: Path) -> Located:
     if not path.exists():
         raise InputError(f"job file {path}: not found")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else (e.strerror or type(e).__name__)
+        raise InputError(f"job file {path}: cannot read it ({why})") from None
     try:
         data = yaml.safe_load(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
