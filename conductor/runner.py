@@ -26,7 +26,7 @@ from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.context import ExecutionContext
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
-from conductor.execute.journal import STEPS_FILE, load_state
+from conductor.execute.journal import STEPS_FILE, load_state, unpriced_calls
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
@@ -453,8 +453,10 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     before = manifest.get("summary") or {}
     if planning_dir(run).exists():
         planning = sum(load_state(planning_dir(run)).spent.values())  # LLM planners' own calls
+        planning_unpriced = unpriced_calls(planning_dir(run))
     else:  # none, or the work folder was deleted after the run completed
         planning = before.get("planning_cost_usd") or 0.0
+        planning_unpriced = before.get("planning_calls_without_price") or 0
     cost = t.cost_usd + planning
     statuses = t.statuses
     if wall_time_s is not None and before.get("wall_time_s") is not None:
@@ -472,6 +474,7 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "mean_reward": t.mean_reward,
         "cost_usd": cost,
         "planning_cost_usd": planning,
+        "planning_calls_without_price": planning_unpriced,
         "cost_per_query_usd": cost / n_queries if n_queries else None,
         "plans_without_price": t.plans_without_price,
         "tokens_per_query": t.tokens / n_queries if n_queries else None,

@@ -183,6 +183,7 @@ def test_planner_model_string_adds_an_implicit_worker(sim, tmp_path, queries):
     rows = journal(run_dir)
     assert len(rows) == 12 and {(r["worker"], r["provider"]) for r in rows} == {("conductor-planner", "openai")}
     assert all(r["cost_usd"] is None for r in rows)  # no price known for this model: unknown, not $0
+    assert "12 planning call(s) with unknown price" in r.stdout  # and the summary says so
     assert all(p["valid"] for p in pq.read_table(run_dir / "plans.parquet").to_pylist())
 
     # Under a budget, a planner without a price is refused before any call.

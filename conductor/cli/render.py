@@ -30,7 +30,9 @@ def run_summary(s: dict) -> str:
         ("accuracy", "n/a (nothing graded)" if s["accuracy"] is None else f"{s['accuracy']:.3f} over {s['graded']} graded plans"),
         ("cost", f"{money(s['cost_usd'])} total, {money(s['cost_per_query_usd'])} per query"
                  + (f" (planning {money(s['planning_cost_usd'])})" if s.get("planning_cost_usd") else "")
-                 + (f"  ({s['plans_without_price']} plan(s) with unknown price)" if s["plans_without_price"] else "")),
+                 + (f"  ({s['plans_without_price']} plan(s) with unknown price)" if s["plans_without_price"] else "")
+                 + (f"  ({s['planning_calls_without_price']} planning call(s) with unknown price: give the "
+                    f"planner's model a price)" if s.get("planning_calls_without_price") else "")),
         ("tokens per query", num(s["tokens_per_query"])),
         ("wall time", num(s["wall_time_s"], "{:.1f} s")),
     ]

@@ -124,6 +124,12 @@ class Journal:
         self._reservations.close()
 
 
+def unpriced_calls(folder: Path) -> int:
+    """Calls sent with no known price (their cost is unknown, not $0), e.g. an LLM planner's."""
+    return sum(1 for row in (_read(folder / STEPS_FILE) if (folder / STEPS_FILE).exists() else ())
+               if row.get("attempts") and row.get("cost_usd") is None and not row.get("cache_hit"))
+
+
 def retries_used_up(folder: Path) -> set[str]:
     """Plans whose transient failures a rerun no longer retries: counted as load_state counts them."""
     transient: Counter[str] = Counter()
