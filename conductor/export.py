@@ -98,6 +98,8 @@ def export_run(data_dir: Path, run_id: str, fmt: str, out: Path, *, pool_path: P
                                  f"finish the run first")
     inputs = run.read_manifest()["inputs"]
     pool_file = Path(pool_path or inputs["pool"])
+    if pool_path is not None and not pool_file.exists():
+        raise ConductorError(f"--pool {pool_file}: not found")
     if not pool_file.exists():
         raise ConductorError(f"run {run_id}: its pool file {pool_file} is gone; pass --pool (the prompt lists "
                              f"the pool's workers)")

@@ -168,6 +168,9 @@ def test_export_errors_name_what_is_wrong(rollout, tmp_path):
     r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "csv", "--out", tmp_path / "x")
     assert r.returncode == 2 and "invalid choice" in r.stderr
     assert not (tmp_path / "x").exists()
+    r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "trl", "--out", tmp_path / "y",
+            "--pool", tmp_path / "missing.yaml")
+    assert r.returncode == 2 and f"--pool {tmp_path / 'missing.yaml'}: not found" in r.stderr
     taken = tmp_path / "data.parquet"
     taken.write_bytes(b"not mine")
     r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "trl", "--out", taken)

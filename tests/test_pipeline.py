@@ -149,6 +149,9 @@ def test_sql_errors_are_clear(tmp_path, fresh_sim, sample_queries):
     assert run_cli("run", sample_queries, "--pool", pool, "--data-dir", data).returncode == 0
     r = cli("sql", "SELECT nope FROM results", "--data-dir", data)
     assert r.returncode == 2 and "SQL error" in r.stderr and "nope" in r.stderr
+    for nothing in ("", "-- just a comment"):
+        r = cli("sql", nothing, "--data-dir", data)
+        assert r.returncode == 2 and "no SQL statement given" in r.stderr
 
 
 # ---- bad input: exit status, message, and nothing written ------------------

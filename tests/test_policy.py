@@ -381,3 +381,13 @@ def test_a_selection_without_a_standard_error_is_shown_not_crashed_on():
     sel = {"learned": {"reward": 0.5, "reward_se": None}, "held_back_queries": 1,
            "fixed": {"reward": None, "reward_se": None, "choice": {"math": "single:a"}}}
     assert _selection_text(sel) == "on 1 held-back queries: learned 0.5000 ± n/a, fixed n/a ± n/a (single:a)"
+
+
+def test_show_and_train_name_a_missing_folder_and_a_run_given_twice(tmp_path):
+    from tests.conftest import cli, write_pool
+
+    pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")
+    r = cli("policy", "show", "--pool", pool, "--policy", tmp_path / "nowhere")
+    assert r.returncode == 2 and "no such folder" in r.stderr  # not 'plans with its prior', exit 0
+    r = cli("policy", "train", "--pool", pool, "--runs", "a", "a", "--data-dir", tmp_path / "data")
+    assert r.returncode == 2 and "--runs names a more than once" in r.stderr

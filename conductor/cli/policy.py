@@ -219,6 +219,9 @@ def train(args: argparse.Namespace) -> int:
     vw = {"cb_type": args.cb_type}
     if args.passes is not None:
         vw["passes"] = args.passes
+    twice = sorted({r for r in args.runs if args.runs.count(r) > 1})
+    if twice:  # its logs would count twice in training
+        raise ConductorError(f"--runs names {', '.join(twice)} more than once")
     folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
                                       out=args.out, learner=args.learner, seed=args.seed,
                                       holdout=0.25 if args.holdout is None else args.holdout, folds=args.folds,
@@ -253,6 +256,8 @@ def show(args: argparse.Namespace) -> int:
     from conductor.pool import load_pool
 
     pool = load_pool(args.pool)
+    if args.policy is not None and not Path(args.policy).exists():
+        raise ConductorError(f"--policy {args.policy}: no such folder")
     folder = find(pool, args.policy)
     if folder is None:
         where = args.policy or default_root()

@@ -52,6 +52,8 @@ def main(args: argparse.Namespace) -> int:
             statements = con.extract_statements(args.query)
         except duckdb.Error as e:
             raise ConductorError(f"SQL error: {e}") from None
+        if not statements:
+            raise ConductorError("no SQL statement given (an empty string or only a comment)")
         # Named by their first word as written (DuckDB files INSTALL under LOAD).
         refused = sorted({(st.query.split() or [st.type.name])[0].upper() for st in statements
                           if st.type.name not in ALLOWED})
