@@ -391,6 +391,17 @@ def test_eval_on_test_with_no_train_questions_says_so(tmp_path, capsys):
     assert "has no train questions, so the best single cannot be chosen on train" in capsys.readouterr().err
 
 
+def test_a_pool_that_would_not_load_is_not_written_over_a_good_one(tmp_path, capsys):
+    path, _ = _small(tmp_path)
+    out = tmp_path / "pool.yaml"
+    assert cli_main(["replay", "pool", "--table", str(path), "--out", str(out), "--replay-dir", str(REPLAY),
+                     "--task", "math"]) == 0
+    good = out.read_text()
+    assert cli_main(["replay", "pool", "--table", str(path), "--out", str(out), "--replay-dir", str(REPLAY),
+                     "--task", "math", "--api-base", "notaurl"]) == 2
+    assert "not written, the pool would not load" in capsys.readouterr().err and out.read_text() == good
+
+
 def test_rows_the_server_would_drop_are_refused(tmp_path, capsys):
     """A repeated (question_id, model) pair or an id naming two texts: one row of them would be
     served and evaluated, while the pool's skills counted all."""

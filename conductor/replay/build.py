@@ -185,6 +185,14 @@ HEADER = """\
 
 
 def write_pool(path: Path, doc: dict[str, Any]) -> Path:
+    """Written only when the pool file would load: a bad --api-base must not replace a good file."""
+    from conductor.errors import ConductorError, PoolError
+    from conductor.pool import parse_pool
+
+    try:
+        parse_pool(yaml.safe_load(yaml.safe_dump(doc)), where=str(path))
+    except PoolError as e:
+        raise ConductorError(f"--out {path}: not written, the pool would not load: {e}") from None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = HEADER.format(dataset=doc["replay"]["dataset"]) + "\n" + yaml.safe_dump(
