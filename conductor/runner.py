@@ -77,10 +77,15 @@ class Run:
     resumed: bool
 
 
+# Every plan of a query is held in memory while it is planned and run: past this a typo
+# (an extra zero or three) exhausts memory instead of being named.
+MAX_SAMPLES = 4096
+
+
 def prepare(cfg: RunConfig) -> Run:
     """Validate every input before anything is written; create or reopen the run."""
-    if cfg.samples < 1:
-        raise ConductorError(f"--samples must be at least 1 (got {cfg.samples})")
+    if not 1 <= cfg.samples <= MAX_SAMPLES:
+        raise ConductorError(f"--samples is plans per query: 1 to {MAX_SAMPLES} (got {cfg.samples})")
     if cfg.max_steps < 1:
         raise ConductorError(f"--max-steps must be at least 1 (got {cfg.max_steps})")
     if cfg.max_depth < 0:

@@ -269,3 +269,14 @@ def test_reusing_a_run_id_for_other_inputs_is_refused(tmp_path, fresh_sim, sampl
     r = cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--run-id", "x", "--samples", "2")
     assert r.returncode == 2 and "run x already exists" in r.stderr
     assert {p: p.stat().st_mtime_ns for p in files_under(data / "runs")} == before
+
+
+@pytest.mark.parametrize("value", ["0", "100000000"])
+def test_samples_outside_one_to_the_cap_are_refused_before_anything_is_written(tmp_path, sample_queries, value):
+    """100,000,000 plans a query used to fill memory before any message."""
+    data = tmp_path / "data"
+    r = cli("run", sample_queries, "--pool", write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1"),
+            "--data-dir", data, "--samples", value)
+    assert r.returncode == 2 and f"--samples is plans per query: 1 to 4096 (got {value})" in r.stderr, r.stderr
+    assert files_under(data) == []
+
