@@ -1,10 +1,11 @@
-"""argparse types for whole numbers in a range, shared by every command line (the
-`conductor` commands and the servers' own): 2**64 as a seed or 70000 as a port is
-argparse's message naming the flag, not a traceback or a port wrapped around."""
+"""argparse types shared by every command line (the `conductor` commands and the
+servers' own): 2**64 as a seed, 70000 as a port or '' as a path is argparse's message
+naming the flag, not a traceback, a port wrapped around or files in the current folder."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def int_in(low: int, high: int):
@@ -22,3 +23,10 @@ def int_in(low: int, high: int):
 
 SEED = int_in(0, 2 ** 63 - 1)
 PORT = int_in(0, 65535)
+
+
+def path(text: str) -> Path:
+    """A path that is not empty: `Path('')` is the current folder, never what was meant."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a file or folder name")
+    return Path(text)

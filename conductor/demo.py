@@ -9,15 +9,16 @@ import os
 import sys
 from pathlib import Path
 
+from conductor import argtypes
 from conductor.cli.render import run_summary
 from conductor.runner import RunConfig, run_all
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conductor.demo")
-    ap.add_argument("--queries", type=Path, default=Path("data/queries/sample.parquet"))
-    ap.add_argument("--pool", type=Path, default=Path("data/pools/sim.yaml"))
-    ap.add_argument("--data-dir", type=Path, default=Path("data"))
+    ap.add_argument("--queries", type=argtypes.path, default=Path("data/queries/sample.parquet"))
+    ap.add_argument("--pool", type=argtypes.path, default=Path("data/pools/sim.yaml"))
+    ap.add_argument("--data-dir", type=argtypes.path, default=Path("data"))
     ap.add_argument("--port", type=int, default=8911,
                     help="simulated server port; a fixed port keeps the pool, hence the run id and cache keys, "
                          "the same from one demo to the next (0: any free port)")

@@ -229,7 +229,7 @@ def test_a_budget_ships_the_most_accurate_action_within_that_share_of_the_best_s
     # Math: mathwiz, the only one that solves it, costs more than the cap; the plain worker is taken.
     assert meta["fixed"]["choice"]["math"] == "single:plain"
     for flag, bad in (("--budget", "0"), ("--budget", "inf"), ("--lambda", "nan"), ("--ship-margin", "nan"),
-                      ("--ship-margin", "-1")):
+                      ("--ship-margin", "-1"), ("--passes", "-1")):
         r, _ = _train(planted, tmp_path / "p", flag, bad)
         assert r.returncode != 0 and flag in r.stderr and "Traceback" not in r.stderr, (flag, bad)
     r, _ = _train(planted, tmp_path / "p", "--budget", "0.5", "--floor", "0")

@@ -4,8 +4,8 @@ single worker, the oracle and uniform random on a replay pool; write the report.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from conductor import argtypes
 from conductor.cli import options
 from conductor.replay.datasets import SPLITS
 
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "a replay server): accuracy, mean USD, calls and tokens per query. Writes "
                                    "report.md, chart.png and policies.json.")
     options.pool(p, "replay pool file (`conductor replay pool`)")
-    p.add_argument("--queries", type=Path, required=True, help="query set (`conductor replay queries`)")
+    p.add_argument("--queries", type=argtypes.path, required=True, help="query set (`conductor replay queries`)")
     p.add_argument("--split", choices=SPLITS, default="all",
                    help="evaluate on this split; with test, the best single worker is chosen on train")
     options.report_out(p, "report folder (default: data/eval/<name>-<split>, the name the pool's replay: block gives)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conductor import argtypes
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a run's rollouts for RL trainers (TRL GRPO, verl)",
@@ -14,10 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "per plan (prompt, completion, reward); verl: one row per query (data_source, "
                                    "prompt, ability, reward_model, extra_info) with the K rollouts as lists.")
     p.add_argument("--run", required=True, metavar="RUN_ID", help="the run to export")
-    p.add_argument("--data-dir", type=Path, default=Path("data"), help="where the runs live (default data)")
+    p.add_argument("--data-dir", type=argtypes.path, default=Path("data"), help="where the runs live (default data)")
     p.add_argument("--format", choices=("trl", "verl"), required=True)
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write")
-    p.add_argument("--pool", type=Path, default=None,
+    p.add_argument("--out", type=argtypes.path, required=True, metavar="DIR", help="folder to write")
+    p.add_argument("--pool", type=argtypes.path, default=None,
                    help="pool file whose workers the prompt lists (default: the run's own pool file)")
     p.add_argument("--cost-penalty", type=float, default=None, metavar="LAMBDA",
                    help="recompute rewards as 1 / 0.5 / 0 minus LAMBDA x USD, and the advantages with them "

@@ -10,6 +10,7 @@ import csv
 from collections import Counter
 from pathlib import Path
 
+from conductor import argtypes
 from conductor.errors import ConductorError
 from conductor.grading import TASKS
 from conductor.replay.datasets import DATASETS, REPLAY_ENV, default_replay_dir
@@ -25,28 +26,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description="Grade every recorded response and compare with the table's own "
                                        "correctness label: the shared replay tables (default), or any table "
                                        "with a label column (--table).")
-    c.add_argument("--table", type=Path, default=None,
+    c.add_argument("--table", type=argtypes.path, default=None,
                    help="any Parquet or CSV table with response, reference and label columns")
     c.add_argument("--task", default=None, help=f"task of rows without a 'task' column value ({', '.join(TASKS)})")
     c.add_argument("--response-col", default="response")
     c.add_argument("--reference-col", default="reference")
     c.add_argument("--label-col", default="correct")
-    c.add_argument("--replay-dir", "--replay", dest="replay", type=Path, default=None,
+    c.add_argument("--replay-dir", "--replay", dest="replay", type=argtypes.path, default=None,
                    help=f"folder with gsm8k.parquet and mmlu_pro.parquet (default: ${REPLAY_ENV}, "
                         "else ../shared/replay beside the repository); as the replay commands name it")
     c.add_argument("--dataset", choices=(*DATASETS, "all"), default=None,
                    help="which shared table (default: all); not with --table")
-    c.add_argument("--limit", type=int, default=None, help="grade only the first N rows of each table")
-    c.add_argument("--examples", type=int, default=3, help="examples printed per kind of disagreement (default 3)")
-    c.add_argument("--out", type=Path, default=None, help="write every disagreement to this CSV file")
+    c.add_argument("--limit", type=argtypes.int_in(1, 2 ** 63 - 1), default=None, help="grade only the first N rows of each table")
+    c.add_argument("--examples", type=argtypes.int_in(0, 10 ** 9), default=3, help="examples printed per kind of disagreement (default 3)")
+    c.add_argument("--out", type=argtypes.path, default=None, help="write every disagreement to this CSV file")
     c.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     from conductor.agreement import check, check_table
 
-    if args.limit is not None and args.limit < 1:
-        raise ConductorError(f"--limit must be at least 1 (got {args.limit})")
     if args.table is not None and (args.dataset is not None or args.replay is not None):
         raise ConductorError("--table checks that one table: leave out --dataset and --replay-dir")
     if args.table is not None:

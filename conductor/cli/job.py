@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from conductor import argtypes
 from conductor.cli import options
 
 
@@ -17,18 +17,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = jsub.add_parser("run", help="run a job: only new or changed rows call a provider",
                         description="Exit status: 0 done, 2 bad input, 3 stopped by a budget (rerun to finish), "
                                     "4 valid share below the job's quality.min_valid_share.")
-    r.add_argument("job", type=Path, help="job file (YAML)")
+    r.add_argument("job", type=argtypes.path, help="job file (YAML)")
     options.data_dir(r)
     r.add_argument("--run-id", help="name of the run (default: <job>-<UTC time>)")
     r.add_argument("--full-refresh", action="store_true", help="recompute every row, reusing no record")
     options.quiet(r)
     r.set_defaults(func=run)
     c = jsub.add_parser("check", help="validate a job file, its input and the prompts' lengths; makes no call")
-    c.add_argument("job", type=Path)
+    c.add_argument("job", type=argtypes.path)
     c.set_defaults(func=check)
     q = jsub.add_parser("queries", help="write the query set the job sends (query_id, prompt, task, reference)")
-    q.add_argument("job", type=Path)
-    q.add_argument("--out", type=Path, required=True, help="Parquet file to write")
+    q.add_argument("job", type=argtypes.path)
+    q.add_argument("--out", type=argtypes.path, required=True, help="Parquet file to write")
     q.set_defaults(func=queries)
 
 

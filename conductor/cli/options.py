@@ -8,16 +8,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conductor import argtypes
 from conductor.argtypes import SEED, int_in  # noqa: F401  (int_in: for the commands' own ranges)
 from conductor.errors import ConductorError
 
 
 def data_dir(p: argparse.ArgumentParser, help: str = "where runs, cache and catalog live (default data)") -> None:
-    p.add_argument("--data-dir", type=Path, default=Path("data"), help=help)
+    p.add_argument("--data-dir", type=argtypes.path, default=Path("data"), help=help)
 
 
 def pool(p: argparse.ArgumentParser, help: str = "pool file (YAML)") -> None:
-    p.add_argument("--pool", type=Path, required=True, help=help)
+    p.add_argument("--pool", type=argtypes.path, required=True, help=help)
 
 
 def run_id(p: argparse.ArgumentParser, help: str | None = None) -> None:
@@ -45,7 +46,7 @@ def planner_limit(p: argparse.ArgumentParser, help: str) -> None:
 
 
 def report_out(p: argparse.ArgumentParser, help: str) -> None:
-    p.add_argument("--out", type=Path, default=None, help=help)
+    p.add_argument("--out", type=argtypes.path, default=None, help=help)
 
 
 DASH_VALUED = ("--target",)  # flags whose values may start with "-" (a target of -0.01:0.15)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conductor import argtypes
 from conductor.cli import options
 from conductor.errors import ConductorError
 from conductor.replay.datasets import SPLITS
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "action set (uniform draws before any policy is trained, epsilon-greedy "
                                        "draws from the learned policy after), execute, grade. Each plan's "
                                        "propensity is logged; `conductor export` writes the run for TRL or verl.")
-    r.add_argument("queries", type=Path, help="query set (Parquet)")
+    r.add_argument("queries", type=argtypes.path, help="query set (Parquet)")
     options.pool(r)
     r.add_argument("--samples", "-k", default="8",
                    help="plans per query (default 8), or `all`: every candidate action once per query (a sweep, "
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--lambda", dest="lam", type=float, default=0.0, metavar="LAMBDA",
                    help="cost weight: accuracy points given up per USD per query (default 0)")
     options.data_dir(t)
-    t.add_argument("--out", type=Path, default=None,
+    t.add_argument("--out", type=argtypes.path, default=None,
                    help="policy root (default: $CONDUCTOR_POLICY_DIR, else data/policy)")
     t.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table", "fixed", "segment"),
                    help="vw: Vowpal Wabbit cb_explore_adf over text n-grams (default); vw-task: without the "
@@ -88,7 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "queries by more than this many paired standard errors (default 1)")
     t.add_argument("--cb-type", default="mtr", choices=("mtr", "dr", "ips"),
                    help="VW's estimator: mtr (importance-weighted regression, default), dr, ips")
-    t.add_argument("--passes", type=int, default=None, help="VW passes over the data")
+    t.add_argument("--passes", type=options.int_in(1, 10_000), default=None,
+                   help="VW passes over the data (1 to 10000)")
     options.seed(t)
     t.set_defaults(func=train)
 
@@ -98,9 +100,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "planned greedily through the pipeline against the replay server; several "
                                        "policies (a lambda sweep) are drawn as one curve.")
     options.pool(e, "replay pool file")
-    e.add_argument("--queries", type=Path, required=True, help="query set (`conductor replay queries`)")
+    e.add_argument("--queries", type=argtypes.path, required=True, help="query set (`conductor replay queries`)")
     e.add_argument("--split", choices=SPLITS, default="test")
-    e.add_argument("--policies", type=Path, nargs="+", required=True, metavar="DIR",
+    e.add_argument("--policies", type=argtypes.path, nargs="+", required=True, metavar="DIR",
                    help="policy artifact folders (a version folder, or a pool's folder for its newest)")
     options.report_out(e, "report folder (default: data/eval/<dataset>-<split>)")
     e.add_argument("--no-planner", action="store_true", help="leave out the prior planner's run")

@@ -7,6 +7,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
+from conductor import argtypes
 from conductor.errors import ConductorError
 from conductor.grading import TASKS  # the tasks a replay table may name: the graders'
 from conductor.replay.datasets import DATASETS, REPLAY_ENV, SPLITS, TRAIN_FRACTION
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        f"id ({TRAIN_FRACTION:.0%} train); learn on train, report on test.")
     _common(q)
     q.add_argument("--split", choices=SPLITS, default="all")
-    q.add_argument("--out", type=Path, required=True, help="Parquet file to write (e.g. data/replay/gsm8k.parquet)")
+    q.add_argument("--out", type=argtypes.path, required=True, help="Parquet file to write (e.g. data/replay/gsm8k.parquet)")
     q.set_defaults(func=queries)
 
     pp = actions.add_parser("pool", help="write a pool file whose workers are the recorded models",
@@ -35,9 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "plus the function workers vote and extract, and a replay: block naming "
                                         "the table. Written under data/; never commit it.")
     _common(pp)
-    pp.add_argument("--out", type=Path, required=True, help="pool file to write (e.g. data/pools/replay-gsm8k.yaml)")
+    pp.add_argument("--out", type=argtypes.path, required=True, help="pool file to write (e.g. data/pools/replay-gsm8k.yaml)")
     pp.add_argument("--models", nargs="+", metavar="MODEL", help="only these recorded models (default: all)")
-    pp.add_argument("--prices", type=Path, default=None,
+    pp.add_argument("--prices", type=argtypes.path, default=None,
                     help="price table, CSV with model,input_usd_per_mtok,output_usd_per_mtok (default: prices.csv "
                          "in the replay folder). Models whose rows record cost_usd need no list price")
     pp.add_argument("--api-base", default=None,
@@ -60,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "per prompt and model: question_id, question, reference, model, response, "
                                        "correct, score, cost_usd, and task/category when given). The defaults "
                                        "follow RouterBench.")
-    c.add_argument("--wide", type=Path, required=True, help="the wide table")
-    c.add_argument("--out", type=Path, required=True, help="Parquet file to write (the replay table)")
+    c.add_argument("--wide", type=argtypes.path, required=True, help="the wide table")
+    c.add_argument("--out", type=argtypes.path, required=True, help="Parquet file to write (the replay table)")
     c.add_argument("--id-column", default="sample_id", help="question id column (default: sample_id)")
     c.add_argument("--prompt-column", default="prompt", help="question column (default: prompt)")
     c.add_argument("--reference-column", default=None,
@@ -84,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--table", type=Path, default=None,
+    which.add_argument("--table", type=argtypes.path, default=None,
                        help="the recorded table: a Parquet file at any path, one row per (question, model)")
     which.add_argument("--dataset", choices=tuple(DATASETS), default=None,
                        help="a shared table of the replay folder (gsm8k, mmlu_pro): a shortcut for --table")
@@ -92,7 +93,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the dataset's name in pool descriptions, run ids and reports (default: the file stem)")
     p.add_argument("--task", choices=TASKS, default=None,
                    help="task of rows that name none in a 'task' column (default for gsm8k: math, mmlu_pro: choice)")
-    p.add_argument("--replay-dir", type=Path, default=None,
+    p.add_argument("--replay-dir", type=argtypes.path, default=None,
                    help=f"folder of the shared tables and prices.csv (default: ${REPLAY_ENV}, else ../shared/replay)")
 
 

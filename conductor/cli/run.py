@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from conductor import argtypes
 from conductor.cli import options
 from conductor.errors import ConductorError
 from conductor.planners import PLANNERS
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Plan every query, run the plans against the pool, grade, and store "
                                    "plans, traces, results and rewards under DATA_DIR/runs/RUN_ID. "
                                    "Rerunning the same command resumes an interrupted run.")
-    p.add_argument("queries", type=Path, help="Parquet query set (query_id, prompt, [task, reference, metadata])")
+    p.add_argument("queries", type=argtypes.path, help="Parquet query set (query_id, prompt, [task, reference, metadata])")
     options.pool(p)
     p.add_argument("--samples", "-k", type=int, default=1, help="plans per query (K>1 for RL rollouts)")
     options.run_id(p, "name of the run (default: derived from the inputs, so a rerun resumes)")

@@ -7,6 +7,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
+from conductor import argtypes
 from conductor.errors import ConductorError
 
 
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("samples", help="write the seeded sample query sets",
                               description="Write the sample query sets (arithmetic, choice, factual, finance "
                                           "and the mixed demo set) as Parquet files.")
-    p.add_argument("--out", type=Path, default=Path("data/queries"), help="folder to write into (default: data/queries)")
+    p.add_argument("--out", type=argtypes.path, default=Path("data/queries"), help="folder to write into (default: data/queries)")
     p.add_argument("--seed", type=int, default=7, help="generator seed; the same seed gives the same files (default: 7)")
     p.set_defaults(func=run)
 
