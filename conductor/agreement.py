@@ -51,6 +51,7 @@ class Agreement:
     seconds: float
     disagreements: list[Disagreement]
     tasks: dict[str, int] = field(default_factory=dict)
+    unlabelled: int = 0  # rows with no label: left out of `rows` and the rate
 
     @property
     def rate(self) -> float:
@@ -102,27 +103,35 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
     models = table.get_column("model").cast(pl.Utf8) if "model" in table.columns else pl.Series([""] * table.height)
     responses = table.get_column(response_col).cast(pl.Utf8).to_list()
     references = table.get_column(reference_col).cast(pl.Utf8).to_list()
+    unlabelled = sum(label is None for label in labels)
+    if unlabelled == table.height:
+        raise ConductorError(f"table {path}: no row has a label in column {label_col!r} "
+                             f"({table.height} row(s)); nothing to compare the grader with")
     start = time.perf_counter()
-    agreeing, bad = 0, []
+    agreeing, bad, counted = 0, [], Counter()
     for qid, model, t, resp, ref, label in zip(ids.to_list(), models.to_list(), tasks.to_list(), responses,
                                                references, labels):
+        if label is None:
+            continue
+        counted[str(t)] += 1
         g = grade(t, resp, ref)
         if g.correct is not None and bool(g.correct) == label:
             agreeing += 1
             continue
         bad.append(Disagreement(name or path.stem, str(qid), str(model or ""), str(ref), g.answer, label,
                                 g.correct, resp or "", t, g.detail))
-    return Agreement(name or path.stem, table.height, agreeing, time.perf_counter() - start, bad,
-                     dict(Counter(str(t) for t in tasks.to_list())))
+    return Agreement(name or path.stem, table.height - unlabelled, agreeing, time.perf_counter() - start, bad,
+                     dict(counted), unlabelled)
 
 
-def _labels(col: pl.Series, path: Path, name: str) -> list[bool]:
-    """A boolean label column, or 0/1 numbers, or true/false strings; anything else is named."""
+def _labels(col: pl.Series, path: Path, name: str) -> list[bool | None]:
+    """A boolean label column, or 0/1 numbers, or true/false strings; anything else is
+    named. A missing label is None: no evidence either way, so not a disagreement."""
     if col.dtype == pl.Boolean:
-        return [bool(v) for v in col.fill_null(False).to_list()]
+        return col.to_list()
     values = col.cast(pl.Utf8).str.to_lowercase().str.strip_chars().to_list()
     truth = {"1": True, "1.0": True, "true": True, "t": True, "yes": True,
-             "0": False, "0.0": False, "false": False, "f": False, "no": False, None: False}
+             "0": False, "0.0": False, "false": False, "f": False, "no": False, None: None, "": None}
     odd = sorted({v for v in values if v not in truth})
     if odd:
         raise ConductorError(f"table {path}: column {name!r} must hold correctness labels (true/false or 1/0); "

@@ -580,3 +580,21 @@ def test_unusual_answers_and_text_run_to_the_end(tmp_path):
     raw = csv_path.read_bytes().replace(b"Answer: 8", b"Answer: 8").replace(b"Decode", b"Decode \xff\xfe\xc3(")
     csv_path.write_bytes(raw)
     assert cli_main(["graders", "check", "--table", str(csv_path)]) == 0
+
+
+def test_graders_check_leaves_out_unlabelled_rows_and_refuses_a_table_with_none(tmp_path, capsys):
+    """A missing label is no evidence: it used to count as `wrong` and fill the report with
+    'grader correct, label wrong'; a table with no labelled row used to report 0.00% and exit 0."""
+    rows = {"response": ["Answer: 4", "Answer: 5", "Answer: 6"], "reference": ["4", "5", "7"],
+            "correct": [True, None, False]}
+    table = tmp_path / "some.parquet"
+    pl.DataFrame(rows).write_parquet(table)
+    assert cli_main(["graders", "check", "--table", str(table), "--task", "math"]) == 0
+    out = capsys.readouterr().out
+    assert "2 rows (1 unlabelled row(s) left out), agreement 100.00%, 0 disagreement(s)" in out, out
+    for height in (0, 3):
+        pl.DataFrame({**{k: v[:height] for k, v in rows.items()}, "correct": [None] * height},
+                     schema={"response": pl.String, "reference": pl.String, "correct": pl.Boolean}
+                     ).write_parquet(table)
+        assert cli_main(["graders", "check", "--table", str(table), "--task", "math"]) == 2
+        assert f"no row has a label in column 'correct' ({height} row(s))" in capsys.readouterr().err

@@ -60,7 +60,8 @@ def main(args: argparse.Namespace) -> int:
         results = [check(replay, name, args.limit) for name in names]
     for r in results:
         tasks = ", ".join(f"{t} {n}" for t, n in sorted(r.tasks.items()))
-        print(f"{r.dataset} ({tasks}): {r.rows} rows, agreement {r.rate:.2%}, "
+        skipped = f" ({r.unlabelled} unlabelled row(s) left out)" if r.unlabelled else ""
+        print(f"{r.dataset} ({tasks}): {r.rows} rows{skipped}, agreement {r.rate:.2%}, "
               f"{len(r.disagreements)} disagreement(s), graded in {r.seconds:.1f} s")
         for kind, n in r.kinds().most_common():
             print(f"  {n:6d}  {kind}")
