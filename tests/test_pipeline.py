@@ -154,6 +154,20 @@ def test_sql_errors_are_clear(tmp_path, fresh_sim, sample_queries):
         assert r.returncode == 2 and "no SQL statement given" in r.stderr
 
 
+def test_sql_writes_nested_values_as_json_and_runs_one_query_at_a_time(tmp_path):
+    """CSV cells held Python reprs ({'a': 1}), a MAP with integer keys crashed --format json,
+    and of `SELECT 1; SELECT 2` only the last result was shown."""
+    (tmp_path / "runs").mkdir()
+    q = "SELECT {'a': 1, 'b': [1, 2]} AS s, MAP {1: 'x'} AS m, 1.5::DECIMAL(10, 2) AS d, NULL AS n"
+    r = cli("sql", q, "--data-dir", tmp_path, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["s,m,d,n", '"{""a"":1,""b"":[1,2]}","{""1"":""x""}",1.50,'], r
+    r = cli("sql", q, "--data-dir", tmp_path, "--format", "json")
+    assert r.returncode == 0 and orjson.loads(r.stdout) == {"s": {"a": 1, "b": [1, 2]}, "m": {"1": "x"}, "d": "1.50",
+                                                            "n": None}, r
+    r = cli("sql", "SELECT 1; SELECT 2", "--data-dir", tmp_path)
+    assert r.returncode == 2 and "runs one query at a time; got 2 statements" in r.stderr and r.stdout == ""
+
+
 # ---- bad input: exit status, message, and nothing written ------------------
 
 def _write(path, **cols):

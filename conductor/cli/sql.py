@@ -61,17 +61,18 @@ def main(args: argparse.Namespace) -> int:
             raise ConductorError(f"conductor sql runs queries only (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN); "
                                  f"refused: {', '.join(refused)} (the run files under DATA_DIR/runs are "
                                  f"Parquet: read or copy them directly)")
+        if len(statements) > 1:
+            raise ConductorError(f"conductor sql runs one query at a time; got {len(statements)} statements "
+                                 f"(only the last one's rows would be shown)")
         rel = con.sql(args.query)
         if rel is None:
             return 0
         if args.format == "csv":
             print(_csv(rel))
         elif args.format == "json":
-            import orjson
-
             cols = rel.columns
             for row in rel.fetchall():
-                print(orjson.dumps(dict(zip(cols, row)), default=str).decode())
+                print(_json(dict(zip(cols, row))))
         else:
             rel.show(max_rows=args.max_rows, max_width=200)
     except duckdb.Error as e:
@@ -117,5 +118,13 @@ def _csv(rel) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(rel.columns)
-    w.writerows(rel.fetchall())
+    w.writerows([_json(v) if isinstance(v, (list, dict, tuple)) else v for v in row] for row in rel.fetchall())
     return buf.getvalue().rstrip("\n")
+
+
+def _json(value) -> str:
+    """JSON for a row or a nested value: MAP keys need not be strings, and DECIMAL,
+    UUID and INTERVAL values are written as their text."""
+    import orjson
+
+    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
