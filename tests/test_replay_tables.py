@@ -598,3 +598,29 @@ def test_graders_check_leaves_out_unlabelled_rows_and_refuses_a_table_with_none(
                      ).write_parquet(table)
         assert cli_main(["graders", "check", "--table", str(table), "--task", "math"]) == 2
         assert f"no row has a label in column 'correct' ({height} row(s))" in capsys.readouterr().err
+
+
+def test_a_second_eval_into_the_same_folder_is_refused_while_the_first_runs(tmp_path, capsys):
+    """Both would run their planners into one folder and overwrite each other's report."""
+    import fcntl
+    import os
+
+    path, _ = _small(tmp_path)
+    pool, queries, out = tmp_path / "pool.yaml", tmp_path / "q.parquet", tmp_path / "eval"
+    for what, dest in (("pool", pool), ("queries", queries)):
+        assert cli_main(["replay", what, "--table", str(path), "--out", str(dest), "--replay-dir", str(REPLAY),
+                         "--task", "math"]) == 0
+    out.mkdir()
+    fd = os.open(out / "lock", os.O_RDWR | os.O_CREAT)  # the first evaluation's hold on the folder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"4242")
+        capsys.readouterr()
+        assert cli_main(["eval", "--pool", str(pool), "--queries", str(queries), "--no-planner",
+                         "--out", str(out)]) == 2
+        assert f"run of eval into {out} is already running in process 4242" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == ["lock"]
+    finally:
+        os.close(fd)
+    assert cli_main(["eval", "--pool", str(pool), "--queries", str(queries), "--no-planner", "--out", str(out)]) == 0
+    assert (out / "report.md").is_file()

@@ -30,6 +30,7 @@ from conductor.evaluation.planner import run_planner, sample_ids
 from conductor.evaluation.policies import Policy, paired, table_policies
 from conductor.evaluation.report import chart, markdown, objective, objective_order
 from conductor.evaluation.table import build_matrix
+from conductor.execute.lock import run_lock
 from conductor.pool import load_pool
 from conductor.queries import load_queries
 from conductor.replay.tables import SPLITS, read_table, replay_source, split_of
@@ -138,45 +139,46 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
                                   .group_by("task").len().sort("task").iter_rows()},
     }
     out = Path(cfg.out) if cfg.out else Path("data") / "eval" / f"{source.dataset}-{cfg.split}"
-    out.mkdir(parents=True, exist_ok=True)
-    subset = sample_ids(ids, cfg.planner_limit, cfg.seed)
-    sub_q = queries.filter(pc.is_in(queries.column("query_id"), pa.array(subset)))
-    if cfg.planner:
-        # The prior, unless the options name a policy: the learned ones are rows of their own.
-        options = {"policy": "none", **cfg.planner_options}
-        planned, facts = run_planner(pool, sub_q, out, planner_options=options, seed=cfg.seed,
-                                     run_id=f"eval-{source.dataset}-{cfg.split}")
-        if len(subset) < len(ids):
-            facts["subset_reference"] = _subset_reference(table_policies(matrix, subset, select_ids))
-        policies.insert(0, planned)
-        meta["planner"] = facts
-    learned = [q for i, p in enumerate(cfg.policies) for q in _learned(pool, sub_q, out, Path(p), i, cfg,
-                                                                          source.dataset)]
-    if learned:
-        learned.sort(key=lambda p: (*objective_order(p.info), p.kind))
-        if cfg.fixed:
-            cascade = _fixed_cascade(pool, sub_q, out, cfg, source.dataset, policies)
-            if cascade is not None:
-                learned.append(cascade)
-        policies[:0] = learned
-        meta["learned"] = [p.info for p in learned]
-        meta["comparisons"] = comparisons(policies)
-        meta["targets"] = [check_target(t, policies) for t in cfg.targets]
-        if len(subset) < len(ids) and "subset_reference" not in meta.get("planner", {}):
-            meta["learned_subset_reference"] = _subset_reference(table_policies(matrix, subset, select_ids))
-    meta["wall_time_s"] = round(time.monotonic() - t0, 2)
-    title = (f"{source.dataset} ({cfg.split}, {len(ids)} queries): accuracy against cost per query")
-    # Our grader's accuracy where anything has a reference; else (a table without any) the labels'.
-    meta["chart_accuracy"] = "grader" if meta["graded_queries"] else "labels"
-    chart_path = chart(policies, out / "chart.png", title, by=meta["chart_accuracy"],
-                       cost_basis=_cost_basis(meta))
-    text = markdown(meta, policies, chart_path.name)
-    report_path = out / "report.md"
-    report_path.write_text(text, encoding="utf-8")
-    json_path = out / "policies.json"
-    json_path.write_bytes(orjson.dumps({"meta": meta, "policies": [p.to_dict() for p in policies]},
-                                       option=orjson.OPT_INDENT_2, default=str))
-    return EvalReport(policies, meta, text, report_path, chart_path, json_path)
+    # Two evaluations into one folder would share its planner runs and overwrite each other's report.
+    with run_lock(out, f"of eval into {out}"):
+        subset = sample_ids(ids, cfg.planner_limit, cfg.seed)
+        sub_q = queries.filter(pc.is_in(queries.column("query_id"), pa.array(subset)))
+        if cfg.planner:
+            # The prior, unless the options name a policy: the learned ones are rows of their own.
+            options = {"policy": "none", **cfg.planner_options}
+            planned, facts = run_planner(pool, sub_q, out, planner_options=options, seed=cfg.seed,
+                                         run_id=f"eval-{source.dataset}-{cfg.split}")
+            if len(subset) < len(ids):
+                facts["subset_reference"] = _subset_reference(table_policies(matrix, subset, select_ids))
+            policies.insert(0, planned)
+            meta["planner"] = facts
+        learned = [q for i, p in enumerate(cfg.policies) for q in _learned(pool, sub_q, out, Path(p), i, cfg,
+                                                                              source.dataset)]
+        if learned:
+            learned.sort(key=lambda p: (*objective_order(p.info), p.kind))
+            if cfg.fixed:
+                cascade = _fixed_cascade(pool, sub_q, out, cfg, source.dataset, policies)
+                if cascade is not None:
+                    learned.append(cascade)
+            policies[:0] = learned
+            meta["learned"] = [p.info for p in learned]
+            meta["comparisons"] = comparisons(policies)
+            meta["targets"] = [check_target(t, policies) for t in cfg.targets]
+            if len(subset) < len(ids) and "subset_reference" not in meta.get("planner", {}):
+                meta["learned_subset_reference"] = _subset_reference(table_policies(matrix, subset, select_ids))
+        meta["wall_time_s"] = round(time.monotonic() - t0, 2)
+        title = (f"{source.dataset} ({cfg.split}, {len(ids)} queries): accuracy against cost per query")
+        # Our grader's accuracy where anything has a reference; else (a table without any) the labels'.
+        meta["chart_accuracy"] = "grader" if meta["graded_queries"] else "labels"
+        chart_path = chart(policies, out / "chart.png", title, by=meta["chart_accuracy"],
+                           cost_basis=_cost_basis(meta))
+        text = markdown(meta, policies, chart_path.name)
+        report_path = out / "report.md"
+        report_path.write_text(text, encoding="utf-8")
+        json_path = out / "policies.json"
+        json_path.write_bytes(orjson.dumps({"meta": meta, "policies": [p.to_dict() for p in policies]},
+                                           option=orjson.OPT_INDENT_2, default=str))
+        return EvalReport(policies, meta, text, report_path, chart_path, json_path)
 
 
 def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: EvalConfig,
