@@ -6,6 +6,9 @@ sim cannot produce."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -237,6 +240,17 @@ def test_a_disk_too_full_for_the_space_reserve_is_a_storage_error(tmp_path, fres
                 env={"CONDUCTOR_RESERVE_BYTES": str(8 << 20)})  # 8 MB on a 4 MB disk
     assert r.returncode == 5 and "Free space" in r.stderr, r.stdout + r.stderr
     assert "was deleted" not in r.stderr and fresh_sim.log()["total"] == 0
+
+
+def test_standard_output_on_a_full_device_is_named(tmp_path):
+    """`conductor sql ... > /dev/full` said "cannot write : No space left on device"."""
+    (tmp_path / "runs").mkdir()
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "conductor", "sql", "SELECT 1", "--data-dir", str(tmp_path)],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                           env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert r.returncode == 5 and "cannot write standard output: No space left on device" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
 
 
 # ---- 3. loud failures, resumable errors, preflight --------------------------

@@ -52,12 +52,28 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
             raise
-        print(f"conductor: error: cannot write {e.filename or ''}: {e.strerror}. Free space (or fix the disk) "
+        what = e.filename or _failing_stdout() or "an open file or standard output (not named by the system)"
+        print(f"conductor: error: cannot write {what}: {e.strerror}. Free space (or fix the disk) "
               f"and rerun the same command: finished work is kept", file=sys.stderr)
         return 5
     except KeyboardInterrupt:
         print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+
+
+def _failing_stdout() -> str | None:
+    """'standard output' when it is what failed (`> /dev/full`), which errors do not name."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # not a file (tests capture it)
+        return None
+    try:
+        sys.stdout.flush()
+        os.write(fd, b"")  # a full device refuses even an empty write
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)  # so the exit-time flush is quiet
+        return "standard output"
+    return None
 
 
 if __name__ == "__main__":
