@@ -242,6 +242,22 @@ def test_a_disk_too_full_for_the_space_reserve_is_a_storage_error(tmp_path, fres
     assert "was deleted" not in r.stderr and fresh_sim.log()["total"] == 0
 
 
+def test_a_cache_that_cannot_open_on_a_full_disk_is_a_storage_error_not_a_bad_file(small_disk):
+    """It used to say the cache was unreadable and to move it away: no help on a full disk."""
+    import errno
+
+    from conductor.execute.cache import Cache
+
+    with open(small_disk / "filler", "wb") as f:
+        with pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    with pytest.raises(OSError) as caught:
+        Cache(small_disk / "cache.sqlite")
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(small_disk / "cache.sqlite")
+
+
 def test_standard_output_on_a_full_device_is_named(tmp_path):
     """`conductor sql ... > /dev/full` said "cannot write : No space left on device"."""
     (tmp_path / "runs").mkdir()

@@ -13,6 +13,7 @@ the next `put` (or `flush`), after which every put commits at once.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import sqlite3
 import time
@@ -66,6 +67,11 @@ def _entry(value: bytes) -> Entry:
     return entry
 
 
+# SQLite's result codes for a disk that is full or failing, as the errno the CLI reports
+# as a storage error ("free space and rerun"): moving the cache away would not help.
+_DISK_ERRORS = {13: errno.ENOSPC, 10: errno.EIO}  # SQLITE_FULL, SQLITE_IOERR (and its extended codes)
+
+
 class Cache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -83,6 +89,8 @@ class Cache:
             self._db.close()
             if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
                 raise
+            if getattr(e, "sqlite_errorcode", 0) & 0xFF in _DISK_ERRORS:  # the disk, not the file: exit 5
+                raise OSError(_DISK_ERRORS[e.sqlite_errorcode & 0xFF], str(e), str(self.path)) from None
             raise ConductorError(
                 f"{self.path} is not a readable response cache ({e}). It holds cached answers only: move it "
                 f"away (mv '{self.path}' '{self.path}.bad') and rerun; its answers will be asked for again") from None
