@@ -44,6 +44,7 @@ from dagster import (
 from pydantic import Field
 
 from conductor.enrich.run import OK as VALID_STATUS  # the status of a record that parsed and validated
+from conductor import yamlkeys
 from conductor.errors import ConductorError
 from conductor.pool import load_pool
 from conductor.report import markdown_table
@@ -72,7 +73,7 @@ def job_name(path: Path) -> str:
     """The job's `name`, read without checking the rest of the file; the file's
     stem when the name cannot be read (the full check reports why at run time)."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlkeys.load(path.read_text())
         name = raw.get("name") if isinstance(raw, dict) else None
     except (OSError, yaml.YAMLError):
         name = None

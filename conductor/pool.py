@@ -21,6 +21,7 @@ import orjson
 import yaml
 
 from conductor.errors import PoolError
+from conductor import yamlkeys
 from conductor.yamlkeys import duplicate_key, message
 
 WORKER_KINDS = ("llm", "function", "planner")
@@ -181,8 +182,8 @@ def load_pool(path: str | os.PathLike) -> Pool:
         why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else (e.strerror or type(e).__name__)
         raise PoolError(f"pool file {p}: cannot read it ({why})") from None
     try:
-        raw = yaml.safe_load(text)
-        twice = duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
+        raw = yamlkeys.load(text)
+        twice = duplicate_key(yaml.compose(text, Loader=yamlkeys.Loader))
     except yaml.YAMLError as e:
         raise PoolError(f"pool file {p}: not valid YAML: {e}") from None
     if twice is not None:

@@ -1,10 +1,29 @@
-"""YAML mappings that give a key twice: PyYAML keeps the last one silently, so a job
-or pool file whose `worker:` or `budget_usd:` appears twice would run with whichever
-came last. Both file loaders refuse them, naming the key and its two lines."""
+"""YAML as people write our files, where PyYAML reads it otherwise.
+
+- A key given twice: PyYAML keeps the last one silently, so a job or pool file whose
+  `worker:` or `budget_usd:` appears twice would run with whichever came last. Both file
+  loaders refuse them, naming the key and its two lines.
+- `1e-3` is a number (YAML 1.2, JSON and Python agree); PyYAML follows YAML 1.1, where
+  a float needs a dot (`1.0e-3`), and reads it as the string '1e-3'."""
 
 from __future__ import annotations
 
+import re
+
 import yaml
+
+
+class Loader(yaml.SafeLoader):
+    """SafeLoader that also reads 1e-3 and 2E6 as floats."""
+
+
+Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                             list("-+0123456789"))
+
+
+def load(text: str):
+    """The document, as SafeLoader would read it but with `1e-3` a number."""
+    return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
 
 
 def duplicate_key(node: yaml.Node | None, key: tuple = ()) -> tuple[tuple, int, int] | None:

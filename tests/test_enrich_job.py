@@ -119,6 +119,24 @@ def test_a_key_given_twice_is_refused_with_both_lines(folder, tmp_path):
         load_pool(pool)
 
 
+def test_numbers_in_exponent_form_are_numbers_in_job_and_pool_files_and_planner_options(folder):
+    """PyYAML reads `1e-3` as the string '1e-3' (YAML 1.1 wants `1.0e-3`): a job with
+    `budget_usd: 5e-1` and a pool price of `1.5e-1` were refused as "must be a number"."""
+    from conductor.cli.options import parse_options
+    from conductor.pool import load_pool
+
+    job = load_job(write(folder, GOOD + "budget_usd: 5e-1\n"))
+    assert job.budget_usd == 0.5
+    pool = folder / "pool.yaml"
+    pool.write_text(pool.read_text().replace('api_base: "http://127.0.0.1:1/v1"',
+                                             'api_base: "http://127.0.0.1:1/v1", '
+                                             'price: {input_per_mtok: 1.5e-1, output_per_mtok: 6E-1}'))
+    price = load_pool(pool).workers[0].price
+    assert (price.input * 1e6, price.output * 1e6) == pytest.approx((0.15, 0.6))
+    assert parse_options(["cost_weight=1e3", "name=1e3x", "quoted='1e3'"]) == {"cost_weight": 1000.0, "name": "1e3x",
+                                                                          "quoted": "1e3"}
+
+
 def test_enum_values_that_yaml_reads_as_booleans_are_refused(folder):
     text = GOOD.replace("values: [good, bad]", "values: [yes, no]")
     msg = refused(folder, text)

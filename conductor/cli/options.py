@@ -70,12 +70,12 @@ def join_dash_values(argv: list[str]) -> list[str]:
 
 def parse_options(items: list[str]) -> dict:
     """--planner-option KEY=VALUE pairs; values are read as YAML scalars (20, on, a string)."""
-    import yaml
+    from conductor import yamlkeys
 
     out = {}
     for item in items:
         if "=" not in item:
             raise ConductorError(f"--planner-option {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        out[k.strip()] = yamlkeys.load(v)
     return out

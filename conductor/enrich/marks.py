@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from conductor.errors import InputError
+from conductor import yamlkeys
 from conductor.yamlkeys import duplicate_key, message
 
 
@@ -45,8 +46,8 @@ def load_located(path: Path) -> Located:
         why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else (e.strerror or type(e).__name__)
         raise InputError(f"job file {path}: cannot read it ({why})") from None
     try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yamlkeys.load(text)
+        node = yaml.compose(text, Loader=yamlkeys.Loader)
     except yaml.YAMLError as e:
         raise InputError(f"job file {path}: not valid YAML: {e}") from None
     if (twice := duplicate_key(node)) is not None:

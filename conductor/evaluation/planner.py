@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from conductor import yamlkeys
 from conductor.errors import ConductorError
 from conductor.evaluation.policies import Policy
 from conductor.pool import Pool
@@ -101,7 +102,7 @@ def run_planner(pool: Pool, queries: pa.Table, out: Path, *, planner_options: di
 
 def _pool_at(pool: Pool, url: str, path: Path) -> Path:
     """A copy of the pool file whose replay workers point at `url`, with the table path made absolute."""
-    raw = yaml.safe_load(Path(pool.path).read_text())
+    raw = yamlkeys.load(Path(pool.path).read_text())
     replayed = set(replay_workers(pool))
     for w in raw["workers"]:
         if w.get("id") in replayed:
