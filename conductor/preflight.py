@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from typing import Any, Iterable
@@ -97,12 +98,30 @@ def _missing_key(w: Worker) -> str | None:
             f"that holds the key with api_key_env (provider {w.provider})")
 
 
+def _read_by(resp, deadline: float, limit: int) -> bytes | None:
+    """Up to `limit` bytes of the body, or None past the deadline: the socket timeout is
+    per read, so a server sending a byte a second would otherwise hold the run for ever."""
+    parts, size = [], 0
+    while size < limit:
+        if time.monotonic() > deadline:
+            return None
+        chunk = resp.read1(min(1 << 16, limit - size))
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
 def _list_models(base: str, api_key: str | None) -> set[str] | str | None:
     """The endpoint's model ids; None when it does not say; a message when it cannot be reached."""
     req = urllib.request.Request(f"{base}/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-            doc = json.loads(resp.read(1 << 22))
+            body = _read_by(resp, time.monotonic() + TIMEOUT_S, 1 << 22)
+            if body is None:
+                return None  # too slow to say: the calls themselves will tell
+            doc = json.loads(body)
     except urllib.error.HTTPError:
         return None  # it answers, but not this question (no /models, or a key is needed)
     except (urllib.error.URLError, OSError) as e:

@@ -30,6 +30,9 @@ from conductor import schemas
 from conductor.errors import ConductorError
 
 CATALOG = "conductor.duckdb"
+# A journal line holds a step's whole answer (call.MAX_ANSWER_CHARS, JSON-escaped);
+# DuckDB's default of 16 MB per line refused a long one and stopped the run for good.
+MAX_LINE_BYTES = 256 << 20
 
 
 class RunDir:
@@ -97,11 +100,13 @@ def finalize_journal(run: RunDir) -> None:
         con.execute(f"""
             CREATE TEMP VIEW steps AS
             SELECT * EXCLUDE (_seq) FROM read_json({_q(run.work / STEPS_FILE)}, format='newline_delimited',
+                maximum_object_size={MAX_LINE_BYTES},
                 columns={_struct(steps_cols)}, ignore_errors=true)
             QUALIFY row_number() OVER (PARTITION BY plan_id, step_path ORDER BY _seq DESC) = 1""")
         con.execute(f"""
             CREATE TEMP VIEW plan_rows AS
             SELECT * EXCLUDE (_seq) FROM read_json({_q(run.work / PLANS_FILE)}, format='newline_delimited',
+                maximum_object_size={MAX_LINE_BYTES},
                 columns={_struct(plan_cols)}, ignore_errors=true)
             QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY _seq DESC) = 1""")
         _copy(con, "SELECT * FROM steps ORDER BY query_index, sample, step_path", run.table("traces"))

@@ -191,8 +191,11 @@ def test_client_errors_are_not_retried_and_name_the_worker(tmp_path, fresh_sim, 
     assert fresh_sim.log()["total"] == sum(t["attempts"] for t in traces)
     for r in results:
         assert "worker fast" in r["error"]
-        if status in (401, 403):
-            assert "environment variable CONDUCTOR_TEST_SIM_KEY" in r["error"]
+        if status == 401:
+            assert "rejected the API key from environment variable CONDUCTOR_TEST_SIM_KEY" in r["error"]
+        if status == 403:  # this worker refused, in the provider's words; not the key for the whole provider
+            assert ("refused this worker's requests (does the key in CONDUCTOR_TEST_SIM_KEY have access to this "
+                    "model?): HTTP 403: Simulated failure") in r["error"], r["error"]
         assert "not-a-real-key-0001" not in r["error"]
 
 
@@ -203,6 +206,10 @@ def test_retry_after_headers_are_read_in_every_form():
 
     assert 8 <= _retry_after({"retry-after": formatdate(time.time() + 10, usegmt=True)}) <= 10
     assert _retry_after({}) is None
+    # Nonsense is no instruction (the executor backs off as usual), never "retry now" or "wait for ever".
+    for nonsense in ({"retry-after": "-5"}, {"retry-after": "inf"}, {"retry-after-ms": "NaN"},
+                     {"retry-after": "abc"}):
+        assert _retry_after(nonsense) is None, nonsense
 
 
 # ---- cache ------------------------------------------------------------------

@@ -39,10 +39,12 @@ SHAPES = {
     "listcontent": lambda m: (200, _ok(m, content=[{"type": "text", "text": "hi"}])),
     "notjson": lambda m: (200, "this is not json"),
     "nullchoices": lambda m: (200, {**_ok(m), "choices": None}),
+    "nullcontent": lambda m: (200, _ok(m, content=None)),  # a refusal or a content filter's answer
+    "huge": lambda m: (200, _ok(m, content="x" * 4_000_001)),
 }
 
 
-EXTRA_MODELS = ["trickle", "hugeerror"]
+EXTRA_MODELS = ["trickle", "hugeerror", "echokey"]
 
 
 class FaultServer:
@@ -68,8 +70,10 @@ class FaultServer:
                     return self._trickle(_ok(model))
                 if model == "hugeerror":
                     return self._send(400, {"error": {"message": "bad request " + "x" * 300_000}})
-                status, doc = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
-                self._send(status, doc)
+                if model == "echokey":  # a gateway's error page that repeats the request's headers
+                    return self._send(200, f"<html>Bad gateway; you sent {self.headers.get('Authorization')}</html>")
+                status, doc, *headers = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
+                self._send(status, doc, *headers)
 
             def _trickle(self, doc):  # a valid answer, one byte every 0.2 s
                 data = json.dumps(doc).encode()
@@ -85,9 +89,11 @@ class FaultServer:
                 except OSError:
                     pass
 
-            def _send(self, status, doc):
+            def _send(self, status, doc, headers=None):
                 data = doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
                 self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
@@ -136,7 +142,7 @@ def test_malformed_200_answers_fail_their_plan_not_the_batch(tmp_path, fault_ser
     names = list(SHAPES)
     planner = FixedPlanner(lambda q: solve(names[q.index % len(names)])(q))
     queries = _queries(tmp_path, sample_queries, 2 * len(names))
-    summary, traces, results = _run(tmp_path, pool, queries, planner, cache=False)
+    summary, traces, results = _run(tmp_path, pool, queries, planner)
     by_worker = {}
     for t in traces:
         by_worker.setdefault(t["worker"], []).append(t)
@@ -146,6 +152,91 @@ def test_malformed_200_answers_fail_their_plan_not_the_batch(tmp_path, fault_ser
         assert {t["status"] for t in rows} == {"error"}, name
         assert all(t["failure"] == "malformed" and f"worker {name}" in t["error"] for t in rows), rows
     assert summary["statuses"] == {"ok": 2, "error": 2 * len(bad)}
+    assert "no text content (stop)" in by_worker["nullcontent"][0]["error"]
+    assert "an answer of 4,000,001 characters" in by_worker["huge"][0]["error"]
+    # Nothing malformed was cached: the rerun asks again for exactly those calls.
+    sent = len(fault_server.requests)
+    _run(tmp_path, pool, queries, planner, run_id="again")
+    assert len(fault_server.requests) - sent == 2 * len(bad)
+
+
+def _http_date(seconds_from_now: float) -> str:
+    from email.utils import formatdate
+
+    return formatdate(time.time() + seconds_from_now, usegmt=True)
+
+
+# What the provider asks for, by the model a request names: waits no run should make.
+WAITS = {
+    "good": lambda m: (200, _ok(m)),
+    "wait1e9": lambda m: (429, {"error": {"message": "slow down"}}, {"Retry-After": "1e9"}),
+    "waitnextyear": lambda m: (503, {"error": {"message": "busy"}}, {"Retry-After": _http_date(365 * 86400)}),
+    "waitnonsense": lambda m: (503, {"error": {"message": "busy"}}, {"Retry-After": "-5", "retry-after-ms": "inf"}),
+    "resetforever": lambda m: (200, _ok(m), {"x-ratelimit-remaining-requests": "0",
+                                             "x-ratelimit-reset-requests": "1e9"}),
+}
+
+
+@pytest.mark.timeout(120)  # before the cap, the first two hung the run for ever
+def test_a_provider_asking_to_wait_for_ever_fails_those_calls_and_the_run_ends(tmp_path, sample_queries):
+    with FaultServer(WAITS) as server:
+        workers = [worker(name, server.url) for name in WAITS]
+        for w in workers:
+            w["model"] = f"openai/{w['id']}"
+            w["provider"] = "out" if w["id"] == "resetforever" else "sim"
+        pool = write_pool(tmp_path / "pool.yaml", server.url, workers=workers,
+                          providers={"sim": {"max_attempts": 3, "max_concurrency": 1},
+                                     "out": {"max_attempts": 3, "max_concurrency": 1}})
+        names = list(WAITS)
+        planner = FixedPlanner(lambda q: solve(names[q.index % len(names)])(q))
+        queries = _queries(tmp_path, sample_queries, 4 * len(names))
+        summary, traces, _ = _run(tmp_path, pool, queries, planner, cache=False)
+    by_worker = {}
+    for t in traces:
+        by_worker.setdefault(t["worker"], []).append(t)
+    assert {t["status"] for t in by_worker["good"]} == {"ok"}
+    for name in ("wait1e9", "waitnextyear"):
+        rows = by_worker[name]
+        assert all(t["attempts"] == 1 and t["failure"] in ("rate_limit", "server") for t in rows), rows
+        assert "longer than the 600 s a run waits; rerun later" in rows[0]["error"], rows[0]["error"]
+    # -5 s and inf ms are no waits at all: the call backs off and retries as if they were absent
+    assert all(t["attempts"] == 3 and t["failure"] == "server" for t in by_worker["waitnonsense"])
+    # The first answer says no request is left for 1e9 s: the provider's later calls fail unsent.
+    rows = sorted(by_worker["resetforever"], key=lambda t: t["query_index"])
+    assert rows[0]["status"] == "ok" and {t["status"] for t in rows[1:]} == {"error"}
+    assert all(t["attempts"] == 0 and t["failure"] == "rate_limit" for t in rows[1:])
+    assert "said its request limit resets in 1,000,000,000 s" in rows[1]["error"], rows[1]["error"]
+    assert sum(r["model"] == "resetforever" for r in server.requests) == 1
+
+
+def test_one_model_refused_with_403_leaves_the_providers_other_workers_running(tmp_path, sample_queries):
+    shapes = {"good": lambda m: (200, _ok(m)),
+              "nope": lambda m: (403, {"error": {"message": f"Your organization does not have access to {m}"}})}
+    with FaultServer(shapes) as server:
+        workers = [worker(name, server.url) for name in shapes]
+        for w in workers:
+            w["model"] = f"openai/{w['id']}"
+        pool = write_pool(tmp_path / "pool.yaml", server.url, workers=workers,
+                          providers={"sim": {"max_concurrency": 2}})
+        planner = FixedPlanner(lambda q: solve("nope" if q.index % 2 else "good")(q))
+        summary, traces, _ = _run(tmp_path, pool, _queries(tmp_path, sample_queries, 20), planner, cache=False)
+    assert summary["statuses"] == {"ok": 10, "error": 10}, summary["statuses"]
+    refused = [t for t in traces if t["worker"] == "nope"]
+    assert "does not have access to nope" in refused[0]["error"]
+    assert sum(t["attempts"] for t in refused) <= 2  # once known refused, calls waiting for a slot are not sent
+
+
+def test_a_key_echoed_in_a_malformed_answer_is_written_nowhere(tmp_path, sample_queries, fault_server, monkeypatch):
+    secret = "sk-conductor-test-ECHOED-0123456789"
+    monkeypatch.setenv("CONDUCTOR_TEST_ECHO_KEY", secret)
+    w = worker("echokey", fault_server.url)
+    w["model"] = "openai/echokey"
+    pool = write_pool(tmp_path / "pool.yaml", fault_server.url, workers=[w],
+                      providers={"sim": {"api_key_env": "CONDUCTOR_TEST_ECHO_KEY"}})
+    summary, traces, _ = _run(tmp_path, pool, _queries(tmp_path, sample_queries, 3), FixedPlanner(solve("echokey")))
+    assert summary["statuses"] == {"error": 3} and "Bearer ***" in traces[0]["error"], traces[0]["error"]
+    leaked = [p for p in (tmp_path / "data").rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leaked == []
 
 
 # ---- 2. shared requests, storage errors ------------------------------------
@@ -389,6 +480,34 @@ def test_preflight_reports_a_typo_d_provider_and_an_unknown_model_before_any_cal
     assert fresh_sim.log()["total"] == 0
 
 
+
+@pytest.mark.timeout(60)  # before the deadline covered the whole body, this read took 250 s
+def test_preflight_gives_up_on_a_models_list_sent_a_byte_at_a_time():
+    from conductor.preflight import _list_models
+
+    class Trickle(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-length", "500")
+            self.end_headers()
+            try:
+                for _ in range(500):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.5)
+            except OSError:
+                pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        assert _list_models(f"http://127.0.0.1:{httpd.server_address[1]}/v1", None) is None  # inconclusive
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 # ---- 4. budgets hold under any script and any reported usage ----------------
 

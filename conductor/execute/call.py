@@ -41,6 +41,10 @@ def __getattr__(name: str) -> Any:  # `from conductor.execute.call import litell
 # Error messages kept in traces and journals are cut to this many characters (a provider
 # may answer a 400 with megabytes of body).
 MAX_ERROR_CHARS = 2000
+# No model writes an answer near this long (about a million tokens): a longer one is a
+# broken server, failed as malformed before it is cached, journaled and paid for again.
+MAX_ANSWER_CHARS = 4_000_000
+MAX_ANSWER_BYTES = 64 << 20  # the whole JSON body of a 200, logprobs included
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529}
 
@@ -123,6 +127,16 @@ async def complete(req: CallRequest, api_key: str | None, sent: Callable[[], Non
         raise CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}") from None
 
 
+def answer_text(content: Any) -> str:
+    """The message's content if it is text of a sane length; else a malformed answer."""
+    if not isinstance(content, str):
+        raise CallFailure("malformed", f"malformed response: content is {type(content).__name__}, not text")
+    if len(content) > MAX_ANSWER_CHARS:
+        raise CallFailure("malformed", f"malformed response: an answer of {len(content):,} characters, more than "
+                                       f"any model writes (the limit is {MAX_ANSWER_CHARS:,})")
+    return content
+
+
 def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     """The response's text and usage, after checking its shape: a provider answering
     200 with no choices, no message or non-text content is a classified failure."""
@@ -134,9 +148,10 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     if message is None:
         raise CallFailure("malformed", "malformed response: choice 0 has no message")
     content = getattr(message, "content", None)
-    if content is not None and not isinstance(content, str):
-        raise CallFailure("malformed", f"malformed response: content is {type(content).__name__}, not text")
-    text = content or ""
+    if content is None:  # a refusal, a content filter or tool calls only: no answer to keep or cache
+        why = getattr(message, "refusal", None) or getattr(choice, "finish_reason", None)
+        raise CallFailure("malformed", "malformed response: no text content" + (f" ({str(why)[:200]})" if why else ""))
+    text = answer_text(content)
     usage = getattr(resp, "usage", None)
     pt = _tokens(getattr(usage, "prompt_tokens", None)) if usage else None
     ct = _tokens(getattr(usage, "completion_tokens", None)) if usage else None
@@ -289,13 +304,15 @@ def _retry_after(headers: Any) -> float | None:
     ms = get("retry-after-ms") or get("Retry-After-Ms")
     if ms:
         try:
-            return max(0.0, float(ms) / 1000.0)
+            if 0 <= (wait := float(ms) / 1000.0) < math.inf:  # not NaN, -5 or inf: backoff instead
+                return wait
         except ValueError:
             pass
     ra = get("retry-after") or get("Retry-After")
     if ra:
         try:
-            return max(0.0, float(ra))
+            wait = float(ra)
+            return wait if 0 <= wait < math.inf else None
         except ValueError:
             from email.utils import parsedate_to_datetime
             try:

@@ -76,6 +76,9 @@ class ExecOptions:
     max_plans_in_flight: int | None = None
     backoff_base_s: float = 0.25
     backoff_max_s: float = 30.0
+    # The longest a provider may ask us to wait (Retry-After, a rate-limit reset): asked for
+    # longer, the calls fail as rate-limited and a rerun sends them, instead of a run that hangs.
+    max_wait_s: float = 600.0
     seed: int = 0
 
 
@@ -142,6 +145,7 @@ class Executor:
                           if p.budget_usd is not None or options.run_budget_usd is not None}
         self._inflight: dict[str, asyncio.Future] = {}
         self._dead: dict[str, tuple[str, str]] = {}  # worker or provider id -> why every call to it fails, kind
+        self._held: dict[str, tuple[float, str]] = {}  # provider id -> (monotonic time its limit resets, why)
         self._abort: BaseException | None = None  # the storage error that stops the run
         self._clients: dict[tuple[str, str | None], Any] = {}  # (api_base, key) -> client, for this run
         self._plan_tasks: set[asyncio.Task] = set()
@@ -443,9 +447,7 @@ class Executor:
                                  key: str, attempts_before: int = 0) -> tuple[CallResponse, int, float]:
         """Online attempts until an answer; `attempts_before`: those a batch already made."""
         provider = self.pool.provider_of(worker)
-        for dead in (worker.id, provider.id):
-            if dead in self._dead:
-                raise StepFailed("error", self._dead[dead][0], kind=self._dead[dead][1])
+        self._check_alive(worker, provider, attempts_before)
         api_key = os.environ.get(provider.api_key_env) if provider.api_key_env else None
         if api_key is None and worker.api_base:
             api_key = "no-key"  # OpenAI-compatible local servers need some value
@@ -477,6 +479,9 @@ class Executor:
                     raise Aborted()
                 try:
                     async with limiter.slot(est_tokens) as sent:
+                        # Checked again once a slot is free: while this call waited, another
+                        # may have found the key rejected or the limit spent for hours.
+                        self._check_alive(worker, provider, attempt - 1)
                         if reservation is not None and rid is None:
                             # Journaled when the call is about to leave, not while it waits for a slot:
                             # a resume counts an unsettled reservation as spent.
@@ -485,9 +490,11 @@ class Executor:
                         resp = await complete(req, api_key, sent)
                 except CallFailure as f:
                     limiter.settle_tokens(est_tokens, 0)
-                    if f.rate is not None and hasattr(limiter, "observe"):
-                        limiter.observe(f.rate)
-                    if not f.retryable or attempt >= provider.max_attempts:
+                    self._observe(limiter, provider, f.rate)
+                    too_long = f.retry_after is not None and f.retry_after > self.opt.max_wait_s
+                    if too_long and f.kind == "rate_limit" and not f.headers_seen:
+                        self._hold(provider, f.retry_after, "asked to retry in")  # the whole provider is out
+                    if not f.retryable or attempt >= provider.max_attempts or too_long:
                         raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
                                          attempt, kind="not_found" if f.status == 404 else f.kind) from None
                     self.progress.c.retries += 1
@@ -497,8 +504,7 @@ class Executor:
                     rid = None  # interrupted, the call maybe sent and paid: left unsettled, a resume counts it
                     raise
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
-                if resp.rate is not None and hasattr(limiter, "observe"):
-                    limiter.observe(resp.rate)
+                self._observe(limiter, provider, resp.rate)
                 resp = self._clamped(resp, messages, params)
                 if reservation is not None:
                     await self.ledger.settle(reservation, self._cost(worker, resp) or 0.0)
@@ -560,6 +566,36 @@ class Executor:
             return resp.cost_usd
         return call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens)
 
+    def _check_alive(self, worker: Worker, provider, attempts: int) -> None:
+        """Fail now a call that cannot succeed: its key was rejected, its model is unknown,
+        or its provider's limit is spent for longer than a run waits."""
+        for dead in (worker.id, provider.id):
+            if dead in self._dead:
+                raise StepFailed("error", self._dead[dead][0], attempts, kind=self._dead[dead][1])
+        held = self._held.get(provider.id)
+        if held is not None:
+            left = held[0] - time.monotonic()
+            if left > 0:
+                raise StepFailed("error", f"worker {worker.id} ({worker.model}): provider {provider.id} {held[1]} "
+                                          f"{left:,.0f} s more: rerun after that", attempts, kind="rate_limit")
+            del self._held[provider.id]
+
+    def _hold(self, provider, seconds: float, said: str) -> None:
+        """The provider's limit is spent for longer than a run waits: its calls fail until then."""
+        why = (f"{said} {seconds:,.0f} s, longer than the {self.opt.max_wait_s:g} s a run waits; "
+               f"its limit is spent for")
+        self._held[provider.id] = (time.monotonic() + min(seconds, 1e9), why)
+
+    def _observe(self, limiter, provider, rate) -> None:
+        """x-ratelimit headers: paced by the limiter, unless the reset is past what a run waits."""
+        if rate is None or not hasattr(limiter, "observe"):
+            return
+        if rate.reset_s is not None and rate.reset_s > self.opt.max_wait_s:
+            if rate.remaining < 1:
+                self._hold(provider, rate.reset_s, "said its request limit resets in")
+            return
+        limiter.observe(rate)
+
     def _backoff(self, attempt: int, f: CallFailure, limiter: ProviderLimiter) -> float:
         """How long this call waits before its next attempt: what the server asked
         (Retry-After, retry-after-ms) plus up to 5%, else exponential backoff with full
@@ -576,6 +612,14 @@ class Executor:
 
     def _failure_message(self, worker: Worker, provider, f: CallFailure, attempts: int) -> str:
         where = f"worker {worker.id} ({worker.model})"
+        if f.kind == "auth" and (f.status == 403 or str(f).startswith("PermissionDeniedError")):
+            # A key that works, without access to this model (or a refusal by policy): this
+            # worker only, in the provider's words; the provider's other workers go on.
+            env = provider.api_key_env
+            key = f" (does the key in {env} have access to this model?)" if env else ""
+            msg = f"{where}: the provider refused this worker's requests{key}: {f}"
+            self._dead[worker.id] = (msg, "auth")
+            return msg
         if f.kind == "auth":
             env = provider.api_key_env
             why = (f"the provider rejected the API key from environment variable {env}" if env else
@@ -588,6 +632,9 @@ class Executor:
             msg = f"{where}: the provider does not know this model (HTTP 404): {f}"
             self._dead[worker.id] = (msg, "not_found")
             return msg
+        if f.retry_after is not None and f.retry_after > self.opt.max_wait_s:
+            return (f"{where}: the provider asked to retry in {f.retry_after:,.0f} s, longer than the "
+                    f"{self.opt.max_wait_s:g} s a run waits; rerun later: {f}")
         if f.retryable:
             return f"{where}: gave up after {attempts} attempts: {f}"
         return f"{where}: {f}"

@@ -19,9 +19,9 @@ from typing import Any, Callable
 import aiohttp
 import orjson
 
-from conductor.execute.call import (MAX_ERROR_BODY_BYTES, MAX_ERROR_CHARS, CallFailure, CallRequest,
-                                    CallResponse, RETRYABLE_STATUS, _cut, _retry_after, _tokens, _usd,
-                                    completion_logprob, estimate_tokens, redact)
+from conductor.execute.call import (MAX_ANSWER_BYTES, MAX_ERROR_BODY_BYTES, MAX_ERROR_CHARS, CallFailure,
+                                    CallRequest, CallResponse, RETRYABLE_STATUS, _cut, _retry_after, _tokens, _usd,
+                                    answer_text, completion_logprob, estimate_tokens, redact)
 
 
 def direct_model(api_base: str | None, model: str | None) -> str | None:
@@ -92,7 +92,7 @@ class OpenAIEndpoint:
                                         trace_request_ctx=sent) as resp:  # type: ignore[arg-type]
                     if resp.status >= 400:
                         raise await self._failure(resp)
-                    raw = await resp.read()
+                    raw = await _read_capped(resp)
                     resp_headers = resp.headers
         except CallFailure:
             raise
@@ -106,13 +106,16 @@ class OpenAIEndpoint:
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
-            raise CallFailure("malformed", f"malformed response: not JSON ({e}): {raw[:200]!r}") from None
+            # A gateway's error page may echo the request's Authorization header.
+            raise CallFailure("malformed", redact(f"malformed response: not JSON ({e}): {raw[:200]!r}",
+                                                  self._api_key)) from None
         try:
             return read_answer(req, doc, resp_headers)
         except CallFailure:
             raise
         except Exception as e:  # whatever else a malformed answer raises fails this call only
-            raise CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}") from None
+            raise CallFailure("malformed", redact(f"malformed response: {type(e).__name__}: {str(e)[:200]}",
+                                                  self._api_key)) from None
 
     async def _failure(self, resp: aiohttp.ClientResponse) -> CallFailure:
         """The error response as a classified failure; its body is read up to the cap only."""
@@ -137,6 +140,22 @@ class OpenAIEndpoint:
         failure.rate = rate_headers(resp.headers)
         failure.headers_seen = True
         return failure
+
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
+    """The 200's body, up to MAX_ANSWER_BYTES: a server streaming without end would
+    otherwise fill memory, then the cache and the journal."""
+    if (resp.content_length or 0) > MAX_ANSWER_BYTES:
+        raise CallFailure("malformed", f"malformed response: a body of {resp.content_length:,} bytes, over the "
+                                       f"{MAX_ANSWER_BYTES >> 20} MiB a chat answer may be")
+    parts, size = [], 0
+    while chunk := await resp.content.read(1 << 20):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise CallFailure("malformed", f"malformed response: the body is over the {MAX_ANSWER_BYTES >> 20} MiB "
+                                           f"a chat answer may be")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 async def _headers_sent(session: Any, ctx: Any, params: Any) -> None:
@@ -189,7 +208,8 @@ def parse_duration(text: str | None) -> float | None:
     if not text:
         return None
     try:
-        return max(0.0, float(text))
+        seconds = float(text)
+        return seconds if 0 <= seconds < math.inf else None
     except ValueError:
         pass
     total, num = 0.0, ""
@@ -226,9 +246,10 @@ def read_answer(req: CallRequest, doc: Any, headers: Any) -> CallResponse:
     if not isinstance(message, dict):
         raise CallFailure("malformed", "malformed response: choice 0 has no message")
     content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        raise CallFailure("malformed", f"malformed response: content is {type(content).__name__}, not text")
-    text = content or ""
+    if content is None:  # a refusal, a content filter or tool calls only: no answer to keep or cache
+        why = message.get("refusal") or choice.get("finish_reason")
+        raise CallFailure("malformed", "malformed response: no text content" + (f" ({str(why)[:200]})" if why else ""))
+    text = answer_text(content)
     usage = doc.get("usage")
     pt = _tokens(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
     ct = _tokens(usage.get("completion_tokens")) if isinstance(usage, dict) else None
