@@ -770,7 +770,7 @@ def test_sql_is_read_only_and_answers_while_another_process_holds_the_catalog(tm
 
     out = tmp_path / "leak.csv"
     for q in (f"COPY (SELECT * FROM results) TO '{out}'", "INSTALL httpfs", f"ATTACH '{tmp_path / 'x.db'}'",
-              "CREATE TABLE t AS SELECT 1"):
+              "CREATE TABLE t AS SELECT 1", "PRAGMA threads=1"):
         r = run_cli("sql", q, "--data-dir", data)
         assert r.returncode == 2 and "runs queries only" in r.stderr, (q, r.stderr)
         assert f"refused: {q.split()[0]} " in r.stderr, (q, r.stderr)  # named as written, not INSTALL as LOAD

@@ -16,10 +16,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="plan and run a query set against a worker pool",
                        description="Plan every query, run the plans against the pool, grade, and store "
                                    "plans, traces, results and rewards under DATA_DIR/runs/RUN_ID. "
-                                   "Rerunning the same command resumes an interrupted run.")
+                                   "Rerunning the same command resumes an interrupted run. Exit status: 0 done, "
+                                   "2 bad input or configuration (nothing called), 3 some plans stopped by a "
+                                   "budget, 4 more than --max-failed-share of plans failed, 5 a storage error "
+                                   "(free space and rerun), 130 interrupted (rerun to resume).")
     p.add_argument("queries", type=argtypes.path, help="Parquet query set (query_id, prompt, [task, reference, metadata])")
     options.pool(p)
-    p.add_argument("--samples", "-k", type=int, default=1, help="plans per query (K>1 for RL rollouts)")
+    p.add_argument("--samples", "-k", type=int, default=1, help="plans per query, 1 to 4096 (K>1 for RL rollouts)")
     options.run_id(p, "name of the run (default: derived from the inputs, so a rerun resumes)")
     options.data_dir(p)
     p.add_argument("--store", metavar="s3://BUCKET/PREFIX",
