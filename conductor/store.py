@@ -165,6 +165,7 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
     data_dir = Path(data_dir).resolve()
     db = data_dir / CATALOG
     runs = data_dir / "runs"
+    data_dir.mkdir(parents=True, exist_ok=True)  # a new data folder has an empty catalog, not an error
     last: Exception | None = None
     for i in range(attempts):
         try:

@@ -294,3 +294,15 @@ def test_samples_outside_one_to_the_cap_are_refused_before_anything_is_written(t
     assert r.returncode == 2 and f"--samples is plans per query: 1 to 4096 (got {value})" in r.stderr, r.stderr
     assert files_under(data) == []
 
+
+
+def test_the_catalog_of_a_data_folder_not_made_yet_is_created_empty(tmp_path):
+    """The daily enrichment's catalog refresh on a new data folder said to delete a file that
+    did not exist."""
+    import duckdb
+
+    from conductor.store import refresh_catalog
+
+    db = refresh_catalog(tmp_path / "new" / "data")
+    with duckdb.connect(str(db), read_only=True) as con:  # no run yet: no view yet
+        assert con.sql("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone() == (0,)
