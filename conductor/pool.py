@@ -18,11 +18,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
-import yaml
 
 from conductor.errors import PoolError
 from conductor import yamlkeys
-from conductor.yamlkeys import duplicate_key, message
 
 WORKER_KINDS = ("llm", "function", "planner")
 GOVERNOR_SCHEMES = ("memory", "redis", "rediss")  # where limits and budgets are held (conductor.execute.shared)
@@ -174,20 +172,7 @@ def provider_from_model(model: str) -> str:
 
 def load_pool(path: str | os.PathLike) -> Pool:
     p = Path(path)
-    if not p.exists():
-        raise PoolError(f"pool file {p}: not found")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else (e.strerror or type(e).__name__)
-        raise PoolError(f"pool file {p}: cannot read it ({why})") from None
-    try:
-        raw = yamlkeys.load(text)
-        twice = duplicate_key(yaml.compose(text, Loader=yamlkeys.Loader))
-    except yaml.YAMLError as e:
-        raise PoolError(f"pool file {p}: not valid YAML: {e}") from None
-    if twice is not None:
-        raise PoolError(f"pool file {p}:{twice[2]}: {message(twice)}")
+    raw, _ = yamlkeys.read_file(p, "pool file", PoolError)
     try:
         return parse_pool(raw, where=str(p))
     except PoolError as e:

@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -48,3 +50,23 @@ def duplicate_key(node: yaml.Node | None, key: tuple = ()) -> tuple[tuple, int, 
 def message(found: tuple[tuple, int, int]) -> str:
     key, first, second = found
     return f"{'.'.join(map(str, key))}: given twice (lines {first} and {second}); keep one"
+
+
+def read_file(path: Path, what: str, error: type[Exception]) -> tuple[Any, yaml.Node | None]:
+    """A pool or job file's document and node tree (for line numbers); a missing, unreadable
+    or invalid file, or a key given twice, is an `error` naming `what` and the file."""
+    if not path.exists():
+        raise error(f"{what} {path}: not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else (e.strerror or type(e).__name__)
+        raise error(f"{what} {path}: cannot read it ({why})") from None
+    try:
+        data = load(text)
+        node = yaml.compose(text, Loader=Loader)
+    except yaml.YAMLError as e:
+        raise error(f"{what} {path}: not valid YAML: {e}") from None
+    if (twice := duplicate_key(node)) is not None:
+        raise error(f"{what} {path}:{twice[2]}: {message(twice)}")
+    return data, node

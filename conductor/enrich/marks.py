@@ -10,7 +10,6 @@ import yaml
 
 from conductor.errors import InputError
 from conductor import yamlkeys
-from conductor.yamlkeys import duplicate_key, message
 
 
 class Located:
@@ -38,20 +37,7 @@ class Located:
 
 
 def load_located(path: Path) -> Located:
-    if not path.exists():
-        raise InputError(f"job file {path}: not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else (e.strerror or type(e).__name__)
-        raise InputError(f"job file {path}: cannot read it ({why})") from None
-    try:
-        data = yamlkeys.load(text)
-        node = yaml.compose(text, Loader=yamlkeys.Loader)
-    except yaml.YAMLError as e:
-        raise InputError(f"job file {path}: not valid YAML: {e}") from None
-    if (twice := duplicate_key(node)) is not None:
-        raise InputError(f"job file {path}:{twice[2]}: {message(twice)}")
+    data, node = yamlkeys.read_file(path, "job file", InputError)
     lines: dict[tuple, int] = {}
     styles: dict[tuple, str | None] = {}
     if node is not None:
