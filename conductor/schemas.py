@@ -106,12 +106,14 @@ TRACES_TABLE = Table("traces", [
     Column('error', STR, 'what went wrong; for a skipped step, why (`condition disagree(0, 1) is false: steps 0, 1 '
                          'agree`)'),
     Column('attempts', I32, 'requests sent for this step (0: cache hit, restored, or not sent)'),
-    Column('cache_hit', BOOL, 'answered from the cache'),
+    Column('cache_hit', BOOL, 'answered from the cache, or (also with `--no-cache`) by the same request sent '
+                              'earlier in this run'),
     Column('prompt_tokens', I64, 'as reported by the provider'),
     Column('completion_tokens', I64, 'as reported by the provider'),
     Column('usage_estimated', BOOL, 'tokens estimated (chars/4)'),
-    Column('cost_usd', F64, 'paid for this step (0 for a cache hit or a step skipped by its condition, null when the '
-                            'price is unknown)'),
+    Column('cost_usd', F64, 'paid for this step (0 for a cache hit or a step skipped by its condition; null when '
+                            'the price is unknown or no answer came: an error, `budget_exhausted`, or skipped after '
+                            'a failed step)'),
     Column('original_cost_usd', F64, 'what the answer cost when it was first paid for'),
     Column('latency_s', F64, 'duration of the successful request'),
     Column('started_at', TS, 'step start (UTC)'),
