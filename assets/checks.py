@@ -11,12 +11,15 @@ output must not flow on):
 - rewards: plan ids are unique.
 Not blocking, severity ERROR: spend <= budget. The money is spent by then; the
 report must still be written so that the overspend is visible.
+Not blocking, severity WARN: no plan was stopped by a budget (the CLI exits 3
+there); the run is graded as it stands and can be finished with a higher budget.
 
 The checks are partitioned like their assets: each evaluates one query set's
 run, and the UI shows their result per partition. Each is a plain function of
 the run's files (`evaluate_*`), wrapped as a Dagster check; the tests call both.
 """
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,7 +28,9 @@ import pyarrow.parquet as pq
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
 from conductor import runner
-from conductor.failures import failed_plans, failure_groups, max_failed_share
+from conductor.errors import ConductorError
+from conductor.execute.journal import RETRY_TRANSIENT
+from conductor.failures import ENV_MAX_FAILED_SHARE, failed_plans, failure_groups, max_failed_share
 from conductor.pool import load_pool
 from conductor.report import markdown_table
 from conductor.stats import run_totals
@@ -104,6 +109,30 @@ def evaluate_results_complete(plans_path: Path, results_path: Path) -> AssetChec
                   "statuses": MetadataValue.json(statuses)})
 
 
+def failed_share_threshold() -> float:
+    """$CONDUCTOR_MAX_FAILED_SHARE, or an error naming it. The assets that call
+    providers read it first, so that a bad value fails before money is spent."""
+    try:
+        return max_failed_share()
+    except ConductorError:
+        raise ConductorError(f"{ENV_MAX_FAILED_SHARE}={os.environ.get(ENV_MAX_FAILED_SHARE)!r}: expected a share "
+                             f"of failed plans between 0 and 1, e.g. 0.05") from None
+
+
+def _again(group: dict) -> str:
+    """What a rematerialization does with a failure group (the CLI says --retry-failed where this says
+    retry_failed, the run config setting of query_set)."""
+    used_up, plans = group.get("retries_used_up", 0), group["plans"]
+    if not group["retried_on_rerun"]:
+        return "final: rematerialize with retry_failed: true"
+    if not used_up:
+        return "a rematerialization retries these"
+    if used_up == plans:
+        return f"final: retried on {RETRY_TRANSIENT} rematerializations already; rematerialize with retry_failed: true"
+    return (f"a rematerialization retries {plans - used_up}; {used_up} were retried on {RETRY_TRANSIENT} "
+            f"already (retry_failed: true retries them)")
+
+
 def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> AssetCheckResult:
     """Failed plans (every status but ok and budget_exhausted) against the threshold,
     with the failures grouped by worker and kind, and the URL each worker calls."""
@@ -114,7 +143,7 @@ def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> Ass
     groups = failure_groups(run.table("traces"), load_pool(pool_path))
     desc = f"{failed} of {total} plans failed ({share:.1%}); threshold {threshold:.1%}"
     if groups:
-        desc += "; " + "; ".join(f"worker {g['worker']} at {g['url']}: {g['failure']} x{g['plans']}"
+        desc += "; " + "; ".join(f"worker {g['worker']} at {g['url']}: {g['failure']} x{g['plans']} ({_again(g)})"
                                  for g in groups[:_SHOW])
     return AssetCheckResult(
         passed=total > 0 and share <= threshold, description=desc,
@@ -122,6 +151,18 @@ def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> Ass
                   "failures": MetadataValue.md(markdown_table(groups, ["worker", "url", "failure", "plans",
                                                                       "retried_on_rerun", "example"])
                                                if groups else "_none_")})
+
+
+def evaluate_budget_stop(results_path: Path) -> AssetCheckResult:
+    """Plans a budget stopped (budget_exhausted): the run is unfinished, as the CLI's exit 3 says."""
+    status = pq.read_table(results_path, columns=["status"]).column("status")
+    stopped = pc.sum(pc.fill_null(pc.equal(status, "budget_exhausted"), False).cast("int64")).as_py() or 0
+    desc = (f"{stopped} of {len(status)} plans stopped by a budget (budget_exhausted); to finish them, raise the "
+            f"run's budget_usd (query_set run config) or the provider's budget_usd in the pool file and "
+            f"rematerialize the partition: finished plans are not paid again" if stopped
+            else f"no plan of {len(status)} stopped by a budget")
+    return AssetCheckResult(passed=not stopped, severity=AssetCheckSeverity.WARN, description=desc,
+                            metadata={"budget_exhausted": stopped, "plans": len(status)})
 
 
 def evaluate_spend(run: RunDir, pool_path: Path, run_budget: float | None,
@@ -184,10 +225,18 @@ def executions_unique_ids(executions: runner.RunConfig) -> AssetCheckResult:
 
 @asset_check(partitions_def=query_sets, asset="executions", name="failed_share", blocking=True,
              description="Share of failed plans <= $CONDUCTOR_MAX_FAILED_SHARE (default 5%); blocks grading a run "
-                         "whose provider was down. Re-materializing retries transient failures.")
+                         "whose provider was down. Re-materializing retries transient failures; with the "
+                         "query_set config retry_failed: true, every failure.")
 def executions_failed_share(executions: runner.RunConfig) -> AssetCheckResult:
     run = _run_dir(executions)
-    return evaluate_failed_share(run, Path(executions.pool), max_failed_share())
+    return evaluate_failed_share(run, Path(executions.pool), failed_share_threshold())
+
+
+@asset_check(partitions_def=query_sets, asset="executions", name="no_budget_stop", blocking=False,
+             description="No plan stopped by a budget (budget_exhausted); warns that the run is unfinished: raise "
+                         "the budget and rematerialize.")
+def executions_budget_stop(executions: runner.RunConfig) -> AssetCheckResult:
+    return evaluate_budget_stop(_run_dir(executions).table("results"))
 
 
 @asset_check(partitions_def=query_sets, asset="executions", name="spend_within_budget", blocking=False,
@@ -203,4 +252,4 @@ def rewards_unique_ids(rewards: runner.RunConfig) -> AssetCheckResult:
 
 
 ALL = [plans_valid_share, plans_unique_ids, executions_complete, executions_unique_ids, executions_failed_share,
-       executions_spend, rewards_unique_ids]
+       executions_budget_stop, executions_spend, rewards_unique_ids]

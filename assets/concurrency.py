@@ -15,7 +15,11 @@ A run calls every provider of its pool file from one step, and Dagster's
 pools themselves, through the instance's concurrency storage (the same calls
 Dagster's executor makes for `pool=`): one slot in each pool, in name order so
 that two runs never wait on each other in a cycle, all freed when the step
-ends (and by the daemon's run monitoring if the run worker dies). The pools,
+ends (and by the daemon's run monitoring a minute after a run ends). A run
+worker killed outright (kill -9) stays STARTED under the default run launcher,
+so nothing would free its slots: a step waiting for a pool frees the slots of
+a holder whose run has ended, or whose step's process is gone (SQLite
+instance: one machine, so its process ids can be checked). The pools,
 their limits and the steps holding them show on the UI's concurrency page; the
 assets that claim pools carry the tag `conductor/pools: provider`.
 """
@@ -23,6 +27,7 @@ assets that claim pools carry the tag `conductor/pools: provider`.
 from __future__ import annotations
 
 import fcntl
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,9 +102,14 @@ def hold_pools(context, pools: Iterable[str], poll_s: float = 1.0, log_every_s: 
                     break
                 if last_log is None or time.monotonic() - last_log >= log_every_s:
                     last_log = time.monotonic()
+                    if _free_dead_holders(context, name, run_id):
+                        continue
                     holders = sorted({s.run_id for s in storage.get_concurrency_info(name).claimed_slots})
-                    context.log.info(f"waiting for a slot in pool {name}, held by run(s) {', '.join(holders) or '?'} "
-                                     f"({last_log - start:.0f} s so far)")
+                    context.log.info(
+                        f"waiting for a slot in pool {name}, held by run(s) {', '.join(holders) or '?'} "
+                        f"({last_log - start:.0f} s so far). If such a run is no longer running, free its slots in "
+                        f"the UI (the run's page: Terminate > Force termination immediately, or Deployment > "
+                        f"Concurrency > {name}: Free all concurrency slots for run)")
                 time.sleep(poll_s)
             held.append(name)
             context.log.info(f"holding a slot in pool {name}")
@@ -108,6 +118,51 @@ def hold_pools(context, pools: Iterable[str], poll_s: float = 1.0, log_every_s: 
         # Frees this step's slots and any claim still waiting in a queue.
         with _claims_serialized(instance):
             storage.free_concurrency_slot_for_step(run_id, step_key)
+
+
+def _free_dead_holders(context, name: str, own_run_id: str) -> list[str]:
+    """Free the slots of the runs holding `name` that are no longer running; returns their ids.
+    A holder that is not a run of this instance is left alone."""
+    instance = context.instance
+    dead = []
+    for slot in instance.event_log_storage.get_concurrency_info(name).claimed_slots:
+        run = instance.get_run_by_id(slot.run_id) if slot.run_id != own_run_id else None
+        if run is not None and slot.run_id not in dead and (
+                run.is_finished or (_is_sqlite(instance) and _step_process_gone(instance, slot.run_id, slot.step_key))):
+            dead.append(slot.run_id)
+    for holder in dead:
+        with _claims_serialized(instance):
+            instance.event_log_storage.free_concurrency_slots_for_run(holder)
+        context.log.warning(f"freed the slots of run {holder} in pool {name} and its other pools: the run "
+                            f"is no longer running (its worker process ended without freeing them)")
+    return dead
+
+
+def _step_process_gone(instance, run_id: str, step_key: str) -> bool:
+    """Whether the process that started the step (its last STEP_START event's pid) has exited."""
+    from dagster import DagsterEventType
+
+    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_START, ascending=False).records
+    pids = [r.event_log_entry.dagster_event.pid for r in records
+            if r.event_log_entry.dagster_event and r.event_log_entry.dagster_event.step_key == step_key]
+    if not pids or not pids[0]:
+        return False
+    try:
+        os.kill(pids[0], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # killed but not yet reaped by its parent: a zombie
+        return Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _is_sqlite(instance) -> bool:
+    from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage, SqliteEventLogStorage
+
+    return isinstance(instance.event_log_storage, (SqliteEventLogStorage, ConsolidatedSqliteEventLogStorage))
 
 
 @contextmanager
@@ -121,9 +176,7 @@ def _claims_serialized(instance) -> Iterator[None]:
     for one claim attempt, never while waiting. A SQLite instance lives on one
     machine, so a file lock beside its storage covers every process using it.
     """
-    from dagster._core.storage.event_log import ConsolidatedSqliteEventLogStorage, SqliteEventLogStorage
-
-    if not isinstance(instance.event_log_storage, (SqliteEventLogStorage, ConsolidatedSqliteEventLogStorage)):
+    if not _is_sqlite(instance):
         yield
         return
     with open(Path(instance.root_directory) / ".conductor-pool-claims.lock", "a") as lock:

@@ -141,8 +141,19 @@ def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChec
     return [records, published], [valid_share_check, unique_ids_check]
 
 
-def all_job_assets(folder: Path | None = None) -> tuple[list[AssetsDefinition], list[AssetChecksDefinition]]:
-    folder = jobs_dir() if folder is None else folder
+def all_job_assets(folder: Path | None = None, env=os.environ) -> tuple[list[AssetsDefinition],
+                                                                         list[AssetChecksDefinition]]:
+    """The assets of every job file. A CONDUCTOR_JOBS_DIR naming a missing or empty folder is logged:
+    without it the enrichment group, its job and schedule would vanish without a word (the default
+    folder may be absent: then there are simply no jobs)."""
+    if folder is None:
+        folder = jobs_dir(env)
+        if env.get("CONDUCTOR_JOBS_DIR") and not (folder.is_dir() and any(folder.glob("*.yaml"))):
+            logging.getLogger(__name__).warning(
+                "CONDUCTOR_JOBS_DIR=%s: %s, so there are no enrichment job assets, no enrich_jobs job and no "
+                "daily_enrich_jobs schedule", env["CONDUCTOR_JOBS_DIR"],
+                f"no job files (*.yaml) in {folder.resolve()}" if folder.is_dir()
+                else f"no folder {folder.resolve()}")
     assets: list[AssetsDefinition] = []
     checks: list[AssetChecksDefinition] = []
     seen: dict[str, Path] = {}

@@ -13,16 +13,18 @@ from pydantic import Field
 
 from conductor.evaluation import EvalConfig, evaluate
 from conductor.replay.tables import REPLAY_ENV, default_replay_dir
+from assets.resources import StorageResource
 
 
 class EvalReportConfig(Config):
     dataset: str = Field(default="gsm8k", description="gsm8k | mmlu_pro")
     replay_dir: Optional[str] = Field(
         default=None, description=f"shared replay folder (default: ${REPLAY_ENV}, else ../shared/replay)")
-    pool: Optional[str] = Field(default=None, description="replay pool file (default: data/pools/replay-<dataset>.yaml)")
-    queries: Optional[str] = Field(default=None, description="query set (default: data/replay/<dataset>.parquet)")
+    pool: Optional[str] = Field(default=None,
+                                description="replay pool file (default: <data_dir>/pools/replay-<dataset>.yaml)")
+    queries: Optional[str] = Field(default=None, description="query set (default: <data_dir>/replay/<dataset>.parquet)")
     split: str = Field(default="all", description="all | train | test (test: best single chosen on train)")
-    out: Optional[str] = Field(default=None, description="report folder (default: data/eval/<dataset>-<split>)")
+    out: Optional[str] = Field(default=None, description="report folder (default: <data_dir>/eval/<dataset>-<split>)")
     create_missing: bool = Field(
         default=False, description="write the pool file and the query set from the replay folder when missing")
     run_planner: bool = Field(default=True, description="run the embedded planner through the pipeline")
@@ -33,10 +35,12 @@ class EvalReportConfig(Config):
 
 @asset(description="Every single worker, the best single worker, the oracle, uniform random and the embedded "
                    "planner on a replay pool: accuracy, USD, calls and tokens per query, and a chart.")
-def eval_report(context: AssetExecutionContext, config: EvalReportConfig) -> Output[dict]:
+def eval_report(context: AssetExecutionContext, config: EvalReportConfig, storage: StorageResource) -> Output[dict]:
     replay_dir = Path(config.replay_dir) if config.replay_dir else default_replay_dir()
-    pool = Path(config.pool or f"data/pools/replay-{config.dataset}.yaml")
-    queries = Path(config.queries or f"data/replay/{config.dataset}.parquet")
+    data = Path(storage.data_dir)  # CONDUCTOR_DATA_DIR: the defaults live there, not under the working directory
+    pool = Path(config.pool) if config.pool else data / "pools" / f"replay-{config.dataset}.yaml"
+    queries = Path(config.queries) if config.queries else data / "replay" / f"{config.dataset}.parquet"
+    out = Path(config.out) if config.out else data / "eval" / f"{config.dataset}-{config.split}"
     if not replay_dir.is_dir():
         return _skip(context, f"the shared replay folder {replay_dir} is absent (set {REPLAY_ENV} or the "
                               f"replay_dir config); nothing to evaluate")
@@ -48,7 +52,7 @@ def eval_report(context: AssetExecutionContext, config: EvalReportConfig) -> Out
     if missing:
         _create(replay_dir, config.dataset, pool, queries)
     report = evaluate(EvalConfig(
-        pool=pool, queries=queries, split=config.split, out=Path(config.out) if config.out else None,
+        pool=pool, queries=queries, split=config.split, out=out,
         planner=config.run_planner, planner_limit=config.planner_limit,
         planner_options=orjson.loads(config.planner_options_json or "{}"), seed=config.seed))
     png = base64.b64encode(report.chart_path.read_bytes()).decode()

@@ -34,6 +34,7 @@ from conductor.errors import ConductorError
 from conductor.report import summary_markdown
 from conductor.store import refresh_catalog, write_table
 from assets.charts import accuracy_cost_chart
+from assets.checks import failed_share_threshold
 from assets.concurrency import POOLS_TAG, hold_pools, planner_pools, provider_pools
 from assets.metadata import png_markdown, rows_metadata, table_metadata
 from assets.partitions import query_sets
@@ -46,6 +47,7 @@ class RunSettings(Config):
     samples: int = Field(default=1, description="plans per query")
     seed: int = 0
     budget_usd: Optional[float] = Field(default=None, description="USD limit for the run (on top of provider budgets)")
+    retry_failed: bool = Field(default=False, description="rerun every failed plan, not only transient failures")
 
 
 def run_config(path: Path, config: RunSettings, pool: PoolResource, planner: PlannerResource,
@@ -54,7 +56,7 @@ def run_config(path: Path, config: RunSettings, pool: PoolResource, planner: Pla
         queries=Path(path).resolve(), pool=Path(pool.path).resolve(), data_dir=Path(storage.data_dir),
         samples=config.samples, planner=planner.kind, planner_options=planner.options(),
         seed=config.seed, max_steps=planner.max_steps, cache=storage.use_cache,
-        budget_usd=config.budget_usd, progress=False)
+        budget_usd=config.budget_usd, retry_failed=config.retry_failed, progress=False)
 
 
 def _counts(column: pa.ChunkedArray) -> dict:
@@ -84,6 +86,7 @@ def query_set(context: AssetExecutionContext, config: RunSettings, pool: PoolRes
        description="K sampled workflows per query, parsed and validated. An LLM planner holds a slot in its "
                    "provider's concurrency pool, a vLLM planner one in planner-vllm.")
 def plans(context: AssetExecutionContext, query_set: runner.RunConfig) -> Output[runner.RunConfig]:
+    failed_share_threshold()  # a typo in it must fail before an LLM planner is paid, not in the check after
     run = runner.prepare(query_set)
     with hold_pools(context, planner_pools(query_set.planner, query_set.planner_options, run.pool)) as held:
         path = runner.plan_stage(run)
@@ -105,12 +108,13 @@ def plans(context: AssetExecutionContext, query_set: runner.RunConfig) -> Output
        description="Every plan run against the pool: per-step traces and per-plan results. Holds one slot in "
                    "the concurrency pool of each provider of the pool file while it runs.")
 def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Output[runner.RunConfig]:
-    run = runner.prepare(plans)
-    with hold_pools(context, provider_pools(run.pool)) as held:
-        try:
+    try:  # a configuration error (the pool file, the run id, a threshold) fails at once, not after three retries
+        failed_share_threshold()
+        run = runner.prepare(plans)
+        with hold_pools(context, provider_pools(run.pool)) as held:
             results = runner.execute_stage(run)
-        except ConductorError as e:
-            raise Failure(str(e), allow_retries=False) from None
+    except ConductorError as e:
+        raise Failure(str(e), allow_retries=False) from None
     t = pq.read_table(results, columns=["status", "cost_usd", "calls"])
     return Output(plans, metadata={
         **table_metadata(results, ["plan_id", "status", "cost_usd", "calls", "final_answer"]),

@@ -8,14 +8,17 @@ it (the browser test points them all at a temporary folder)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import orjson
-from dagster import ConfigurableResource, FilesystemIOManager
+from dagster import ConfigurableResource, FilesystemIOManager, ResourceDefinition, resource
 from pydantic import Field
+
+from conductor.errors import ConductorError
 
 # A partition key is the query-set file's name without ".parquet"; keys travel in
 # URLs, CLI selections and run tags, so they keep to a plain alphabet.
@@ -37,7 +40,15 @@ class PlannerResource(ConfigurableResource):
     max_steps: int = 5
 
     def options(self) -> dict:
-        opts = orjson.loads(self.options_json or "{}")
+        try:
+            opts = orjson.loads(self.options_json or "{}")
+            why = "" if isinstance(opts, dict) else f"got {type(opts).__name__}"
+        except orjson.JSONDecodeError as e:
+            why = str(e)
+        if why:
+            raise ConductorError(f"planner options {self.options_json!r} (CONDUCTOR_PLANNER_OPTIONS, or the planner "
+                                 f"resource's options_json): expected a JSON object such as "
+                                 f"{{\"templates\": [\"verify\"]}} ({why})")
         if self.model:
             opts["model"] = self.model
         return opts
@@ -76,12 +87,48 @@ class ChecksResource(ConfigurableResource):
         description="spend limit per run, on top of the run's budget_usd and the pool's provider budgets")
 
 
+def env_number(env: Mapping[str, str], name: str, default, allowed: str, ok: Callable[[float], bool],
+               kind: type = float):
+    """env[name] as a number (`default` when unset or empty); a bad value is an error naming the
+    variable, its value and what is `allowed`, not a bare ValueError from deep in the loader."""
+    raw = env.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise ConductorError(f"{name}={raw!r}: expected {allowed}")
+    return value
+
+
+def unusable(key: str, message: str) -> ResourceDefinition:
+    """Stands in for a resource whose settings are wrong: the code location still loads, and only
+    the runs that use the resource fail, at their start, with the message."""
+    @resource(description=f"not usable: {message}")
+    def _unusable(_):
+        raise ConductorError(f"resource {key}: {message}")
+    return _unusable
+
+
+def checks_from_env(env: Mapping[str, str]) -> ChecksResource:
+    return ChecksResource(
+        min_valid_share=env_number(env, "CONDUCTOR_MIN_VALID_SHARE", 0.9, "a share between 0 and 1, e.g. 0.9",
+                                   lambda v: 0 <= v <= 1),
+        max_run_usd=env_number(env, "CONDUCTOR_MAX_RUN_USD", None, "a finite USD amount, at least 0 (unset: no limit)",
+                               lambda v: 0 <= v < math.inf))
+
+
 def from_env(env: Mapping[str, str] = os.environ) -> dict:
     """The code location's resources; CONDUCTOR_* variables override the defaults.
     CONDUCTOR_IO_DIR moves the values passed between assets (small run
     configurations) off DAGSTER_HOME, to a folder every step's pod mounts."""
     data = env.get("CONDUCTOR_DATA_DIR", "data")
-    max_usd = env.get("CONDUCTOR_MAX_RUN_USD")
+    try:
+        checks: ChecksResource | ResourceDefinition = checks_from_env(env)
+    except ConductorError as e:
+        checks = unusable("checks", str(e))
     res: dict = {
         "pool": PoolResource(path=env.get("CONDUCTOR_POOL", "data/pools/sim.yaml")),
         "planner": PlannerResource(kind=env.get("CONDUCTOR_PLANNER", "embedded"),
@@ -92,8 +139,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> dict:
             inbox=env.get("CONDUCTOR_INBOX", str(Path(data) / "inbox")),
             store=env.get("CONDUCTOR_QUERY_SETS", str(Path(data) / "query_sets")),
             rejected=env.get("CONDUCTOR_REJECTED", str(Path(data) / "rejected"))),
-        "checks": ChecksResource(min_valid_share=float(env.get("CONDUCTOR_MIN_VALID_SHARE", "0.9")),
-                                 max_run_usd=float(max_usd) if max_usd else None),
+        "checks": checks,
     }
     if env.get("CONDUCTOR_IO_DIR"):
         res["io_manager"] = FilesystemIOManager(base_dir=env["CONDUCTOR_IO_DIR"])

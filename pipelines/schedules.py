@@ -1,28 +1,50 @@
 """The daily schedules: the catalog enrichment at a configured time, with its run
-config, and every enrichment job file once a day for the day just ended."""
+config, and every enrichment job file once a day for the day just ended.
+
+A bad CONDUCTOR_ENRICH_* value is an error naming the variable: the times are
+needed to define the schedules, so a bad cron or hour stops the code location
+from loading; a bad CONDUCTOR_ENRICH_MIN_PLANS fails only the schedule's ticks."""
 
 import os
 
-from dagster import DefaultScheduleStatus, RunConfig, ScheduleDefinition, build_schedule_from_partitioned_job
+from dagster import (
+    DagsterInvalidDefinitionError,
+    DefaultScheduleStatus,
+    RunConfig,
+    ScheduleDefinition,
+    build_schedule_from_partitioned_job,
+)
 
+from conductor.errors import ConductorError
 from assets.pipeline import EnrichSettings
+from assets.resources import env_number
 from pipelines.jobs import enrich_catalog, enrich_jobs
 
 
 def daily_enrichment(env=os.environ) -> ScheduleDefinition:
     """CONDUCTOR_ENRICH_CRON (default 03:00 UTC daily) and CONDUCTOR_ENRICH_MIN_PLANS configure it."""
-    return ScheduleDefinition(
-        name="daily_enrichment", job=enrich_catalog,
-        cron_schedule=env.get("CONDUCTOR_ENRICH_CRON", "0 3 * * *"), execution_timezone="UTC",
-        run_config=RunConfig(ops={"worker_stats": EnrichSettings(
-            min_plans=int(env.get("CONDUCTOR_ENRICH_MIN_PLANS", "1")))}),
-        default_status=DefaultScheduleStatus.RUNNING,
-        description="Daily: refresh the catalog and the per-worker statistics over every run.")
+    cron = env.get("CONDUCTOR_ENRICH_CRON", "0 3 * * *")
+
+    def run_config(_context) -> RunConfig:
+        min_plans = env_number(env, "CONDUCTOR_ENRICH_MIN_PLANS", 1, "a whole number of plans, at least 1",
+                               lambda v: v >= 1, kind=int)
+        return RunConfig(ops={"worker_stats": EnrichSettings(min_plans=min_plans)})
+
+    try:
+        return ScheduleDefinition(
+            name="daily_enrichment", job=enrich_catalog, cron_schedule=cron, execution_timezone="UTC",
+            run_config_fn=run_config, default_status=DefaultScheduleStatus.RUNNING,
+            description="Daily: refresh the catalog and the per-worker statistics over every run.")
+    except DagsterInvalidDefinitionError as e:
+        raise ConductorError(f"CONDUCTOR_ENRICH_CRON={cron!r}: expected a cron schedule such as '0 3 * * *' "
+                             f"({e})") from None
 
 
 def daily_enrich_jobs(env=os.environ) -> ScheduleDefinition:
     """CONDUCTOR_ENRICH_JOBS_HOUR (UTC, default 4) sets when the day's partition runs."""
+    hour = env_number(env, "CONDUCTOR_ENRICH_JOBS_HOUR", 4, "an hour of the day (UTC), a whole number 0 to 23",
+                      lambda v: 0 <= v <= 23, kind=int)
     return build_schedule_from_partitioned_job(
-        enrich_jobs, name="daily_enrich_jobs", hour_of_day=int(env.get("CONDUCTOR_ENRICH_JOBS_HOUR", "4")),
+        enrich_jobs, name="daily_enrich_jobs", hour_of_day=hour,
         default_status=DefaultScheduleStatus.RUNNING,
         description="Daily: every enrichment job file on its input as it stands; only new or changed rows are paid for.")

@@ -12,14 +12,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance, build_schedule_context, materialize
+from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, Definitions, build_schedule_context, materialize
 
 from assets.pipeline import executions, plans, query_set, rewards, run_report
 from assets import checks, resources
 from pipelines.definitions import defs
 from pipelines.jobs import PIPELINE
-from assets.resources import PlannerResource
-from tests.conftest import REPO, worker, write_pool
+from assets.resources import PlannerResource, StorageResource
+from conductor.errors import ConductorError
+from tests.conftest import REPLAY, REPO, worker, write_pool
 
 # slow: real Dagster materializations and the workspace loaded in a subprocess
 pytestmark = pytest.mark.slow
@@ -301,3 +302,171 @@ def test_with_a_shared_governor_a_backfills_partitions_run_at_once_on_one_provid
     assert len(spans) == len(partitions)
     assert max(s for s, _ in spans) < min(e for _, e in spans), spans
     assert "provider-sim" not in {p.name for p in instance.event_log_storage.get_pool_limits()}
+
+
+def small_queries(tmp_path: Path, sample_queries: Path, n: int) -> Path:
+    out = tmp_path / f"q{n}.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, n), out)
+    return out
+
+
+def step_events(result, step: str) -> list[str]:
+    return [e.event_type_value for e in result.all_events if e.step_key == step]
+
+
+def test_retry_failed_reruns_plans_that_failed_for_good(tmp_path, fresh_sim, sample_queries):
+    """A 404 is final: rematerializing sends nothing again, and the failed_share check says to
+    rematerialize with retry_failed: true, which finishes the plans."""
+    fresh_sim.set_faults("fast", fail_status=404)  # listed by the server, so past the preflight
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "ten", small_queries(tmp_path, sample_queries, 10))
+        first = materialize(ASSETS + checks.ALL, partition_key="ten", instance=inst, resources=res,
+                            raise_on_error=False)
+        [check] = [e for e in first.get_asset_check_evaluations() if e.check_name == "failed_share"]
+        assert not check.passed and "not_found x10 (final: rematerialize with retry_failed: true)" in check.description
+        fresh_sim.clear_faults()
+        fresh_sim.reset()
+        again = materialize(ASSETS + checks.ALL, partition_key="ten", instance=inst, resources=res,
+                            raise_on_error=False)
+        assert not again.success and fresh_sim.log()["total"] == 0  # final: nothing sent again
+        retried = materialize(ASSETS + checks.ALL, partition_key="ten", instance=inst, resources=res,
+                              run_config={"ops": {"query_set": {"config": {"retry_failed": True}}}})
+        assert retried.success and fresh_sim.log()["total"] == 10
+        md = {e.asset_key.to_user_string(): e.materialization.metadata
+              for e in retried.get_asset_materialization_events()}["executions"]
+        assert md["statuses"].value == {"ok": 10}
+        assert retried.output_for_node("query_set").run_id == first.output_for_node("query_set").run_id
+
+
+def test_a_pool_made_invalid_after_planning_fails_executions_at_once(tmp_path, sample_queries):
+    pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "small", small_queries(tmp_path, sample_queries, 6))
+        assert materialize(ASSETS, selection=["query_set", "plans"], partition_key="small", instance=inst,
+                           resources=res).success
+        doc = yaml.safe_load(pool.read_text())
+        doc["providers"]["sim"]["max_concurrency"] = "lots"
+        pool.write_text(yaml.safe_dump(doc))
+        result = materialize(ASSETS, selection=["executions"], partition_key="small", instance=inst, resources=res,
+                             raise_on_error=False)
+    assert not result.success
+    assert "STEP_UP_FOR_RETRY" not in step_events(result, "executions")
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = str(failure.event_specific_data.error.message)
+    assert str(pool) in message and "max_concurrency" in message, message
+
+
+def test_a_bad_max_failed_share_fails_before_any_call(tmp_path, fresh_sim, sample_queries, monkeypatch):
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "small", small_queries(tmp_path, sample_queries, 6))
+        assert materialize(ASSETS, selection=["query_set", "plans"], partition_key="small", instance=inst,
+                           resources=res).success
+        for bad in ("2", "five percent"):
+            monkeypatch.setenv("CONDUCTOR_MAX_FAILED_SHARE", bad)
+            for selection in (["plans", "executions"], ["executions"]):
+                result = materialize(ASSETS + checks.ALL, selection=selection, partition_key="small", instance=inst,
+                                     resources=res, raise_on_error=False)
+                assert not result.success
+                [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+                assert failure.step_key == selection[0]
+                assert f"CONDUCTOR_MAX_FAILED_SHARE={bad!r}: expected a share" in \
+                    failure.event_specific_data.error.to_string()
+                assert "STEP_UP_FOR_RETRY" not in step_events(result, "executions")
+    assert fresh_sim.log()["total"] == 0
+
+
+def test_a_budget_stopped_run_warns_how_to_finish_it(tmp_path, fresh_sim, sample_queries):
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "small", small_queries(tmp_path, sample_queries, 20))
+        result = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res,
+                             run_config={"ops": {"query_set": {"config": {"budget_usd": 0.0002}}}})
+        assert result.success  # a warning: the run is graded and reported as it stands
+        stopped = {e.asset_key.to_user_string(): e.materialization.metadata for e in
+                   result.get_asset_materialization_events()}["executions"]["statuses"].value["budget_exhausted"]
+        [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "no_budget_stop"]
+        assert not check.passed and check.severity == AssetCheckSeverity.WARN
+        assert f"{stopped} of 20 plans stopped by a budget" in check.description
+        assert "budget_usd" in check.description and "finished plans are not paid again" in check.description
+        finished = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res,
+                               run_config={"ops": {"query_set": {"config": {"budget_usd": 1.0}}}})
+        [check] = [e for e in finished.get_asset_check_evaluations() if e.check_name == "no_budget_stop"]
+        assert check.passed
+
+
+def test_bad_numeric_settings_name_the_variable_and_fail_only_what_uses_them(tmp_path, sample_queries):
+    pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")
+    for name, value in [("CONDUCTOR_MIN_VALID_SHARE", "high"), ("CONDUCTOR_MIN_VALID_SHARE", "1.5"),
+                        ("CONDUCTOR_MAX_RUN_USD", "-1"), ("CONDUCTOR_MAX_RUN_USD", "nan"),
+                        ("CONDUCTOR_MAX_RUN_USD", "ten")]:
+        res = resources.from_env(conductor_env(tmp_path, pool, **{name: value}))  # the location still loads
+        Definitions(assets=ASSETS, asset_checks=checks.ALL, resources=res).resolve_all_job_defs()
+        with DagsterInstance.ephemeral() as inst:
+            add_partition(inst, res, "small", small_queries(tmp_path, sample_queries, 6))
+            result = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res,
+                                 raise_on_error=False)
+        assert not result.success and not result.get_asset_materialization_events()  # failed at the run's start
+        [failure] = [e for e in result.all_events if e.event_type_value == "RESOURCE_INIT_FAILURE"]
+        assert f"{name}={value!r}: expected" in failure.event_specific_data.error.to_string()
+    ok = resources.from_env({"CONDUCTOR_MIN_VALID_SHARE": "0.5", "CONDUCTOR_MAX_RUN_USD": "2.5"})["checks"]
+    assert (ok.min_valid_share, ok.max_run_usd) == (0.5, 2.5)
+    assert resources.from_env({"CONDUCTOR_MAX_RUN_USD": ""})["checks"].max_run_usd is None
+
+    bad_json = resources.from_env({"CONDUCTOR_PLANNER_OPTIONS": "{bad"})["planner"]
+    with pytest.raises(ConductorError, match="CONDUCTOR_PLANNER_OPTIONS"):
+        bad_json.options()
+    with pytest.raises(ConductorError, match="CONDUCTOR_PLANNER_OPTIONS"):
+        resources.from_env({"CONDUCTOR_PLANNER_OPTIONS": "[1]"})["planner"].options()
+
+
+def test_bad_schedule_settings_name_the_variable():
+    from pipelines import schedules
+
+    for env, message in [({"CONDUCTOR_ENRICH_JOBS_HOUR": "25"}, "CONDUCTOR_ENRICH_JOBS_HOUR='25': expected an hour"),
+                         ({"CONDUCTOR_ENRICH_JOBS_HOUR": "four"}, "CONDUCTOR_ENRICH_JOBS_HOUR='four'")]:
+        with pytest.raises(ConductorError, match=message):
+            schedules.daily_enrich_jobs(env)
+    with pytest.raises(ConductorError, match="CONDUCTOR_ENRICH_CRON='0 3 \\* \\*'"):
+        schedules.daily_enrichment({"CONDUCTOR_ENRICH_CRON": "0 3 * *"})
+    schedules.daily_enrich_jobs({"CONDUCTOR_ENRICH_JOBS_HOUR": "0"})
+    # The minimum is used by the schedule's ticks only: the location loads, each tick says what is wrong.
+    for value in ("0", "2.5", "x"):
+        schedule = schedules.daily_enrichment({"CONDUCTOR_ENRICH_MIN_PLANS": value})
+        with DagsterInstance.ephemeral() as inst, pytest.raises(Exception) as e:
+            schedule.evaluate_tick(build_schedule_context(instance=inst))
+        assert f"CONDUCTOR_ENRICH_MIN_PLANS={value!r}: expected a whole number" in str(e.value.__cause__)
+    with DagsterInstance.ephemeral() as inst:
+        tick = schedules.daily_enrichment({"CONDUCTOR_ENRICH_MIN_PLANS": "3"}).evaluate_tick(
+            build_schedule_context(instance=inst))
+    assert tick.run_requests[0].run_config["ops"]["worker_stats"]["config"] == {"min_plans": 3}
+
+
+def test_eval_report_defaults_live_under_the_data_dir(tmp_path, monkeypatch):
+    """Pool, query set and report default to CONDUCTOR_DATA_DIR (the storage resource), not ./data."""
+    from assets.evaluation import eval_report
+
+    cwd, data = tmp_path / "cwd", tmp_path / "data"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    with DagsterInstance.ephemeral() as inst:
+        result = materialize([eval_report], instance=inst, resources={"storage": StorageResource(data_dir=str(data))},
+                             run_config={"ops": {"eval_report": {"config": {"replay_dir": str(replay)}}}})
+    skipped = result.output_for_node("eval_report")["skipped"]
+    assert f"{data / 'pools' / 'replay-gsm8k.yaml'} and {data / 'replay' / 'gsm8k.parquet'} not found" in skipped
+    if not (REPLAY / "gsm8k.parquet").exists():
+        return
+    config = {"replay_dir": str(REPLAY), "create_missing": True, "run_planner": False}
+    with DagsterInstance.ephemeral() as inst:
+        result = materialize([eval_report], instance=inst, resources={"storage": StorageResource(data_dir=str(data))},
+                             run_config={"ops": {"eval_report": {"config": config}}})
+    assert result.success
+    assert (data / "eval" / "gsm8k-all" / "report.md").exists() and (data / "replay" / "gsm8k.parquet").exists()
+    assert list(cwd.iterdir()) == []

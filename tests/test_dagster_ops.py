@@ -9,8 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -18,13 +20,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import build_sensor_context
+from dagster import asset, build_sensor_context, materialize
 
 from conductor import runner
 from conductor.pool import parse_pool
 from conductor.queries import file_digest
 from assets import checks
-from assets.concurrency import planner_pools, provider_pools
+from assets.concurrency import hold_pools, planner_pools, provider_pools
 from pipelines.definitions import defs
 from assets.resources import ChecksResource, QueryFilesResource
 from pipelines.sensors import query_set_inbox
@@ -234,13 +236,30 @@ def test_spend_within_budget_check(run_copy):
     assert not capped.passed and "checks max_run_usd" in capped.description
 
 
+def test_budget_stop_check_warns_with_the_count_and_how_to_finish(run_copy):
+    cfg, run = run_copy
+    ok = checks.executions_budget_stop(cfg)
+    assert ok.passed and ok.description == "no plan of 120 stopped by a budget"
+
+    def stop_three(t):
+        status = t.column("status").to_pylist()
+        return t.set_column(t.schema.get_field_index("status"), "status",
+                            pa.array(["budget_exhausted"] * 3 + status[3:], pa.string()))
+    alter(run / "results.parquet", stop_three)
+    stopped = checks.executions_budget_stop(cfg)
+    assert not stopped.passed and stopped.severity.value == "WARN" and stopped.metadata["budget_exhausted"].value == 3
+    assert stopped.description.startswith("3 of 120 plans stopped by a budget (budget_exhausted); to finish them, "
+                                          "raise the run's budget_usd")
+    assert checks.executions_failed_share(cfg).passed  # a budget stop is not a failure
+
+
 def test_checks_are_attached_and_blocking_where_bad_output_must_not_flow():
     specs = {(k.asset_key.to_user_string(), k.name): d for d in checks.ALL for k in d.check_keys}
     blocking = {key for key, d in specs.items() if all(s.blocking for s in d.check_specs)}
     assert blocking == {("plans", "valid_plan_share"), ("plans", "unique_ids"), ("executions", "unique_ids"),
                         ("executions", "every_plan_has_result"), ("executions", "failed_share"),
                         ("rewards", "unique_ids")}
-    assert ("executions", "spend_within_budget") in specs
+    assert {("executions", "spend_within_budget"), ("executions", "no_budget_stop")} <= set(specs)
     graph_checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
     assert set(specs) <= graph_checks
 
@@ -346,6 +365,74 @@ def test_a_step_waits_while_its_provider_pool_is_full_and_other_providers_go_on(
     storage.free_concurrency_slots_for_run("other-run")
     [(start, _, held)] = finish(procs[:1], outs[:1])
     assert held == ["provider-x"] and start >= freed
+
+
+# A run in its own process that takes provider-x and holds it until killed.
+HOLDING_RUN = """
+import sys, time
+from pathlib import Path
+from dagster import DagsterInstance, asset, materialize
+from assets.concurrency import hold_pools
+
+@asset
+def holder(context):
+    with hold_pools(context, ["provider-x"], poll_s=0.1):
+        Path(sys.argv[1]).write_text(context.run.run_id)
+        time.sleep(600)
+
+with DagsterInstance.get() as instance:
+    materialize([holder], instance=instance)
+"""
+
+
+def test_a_slot_held_by_a_killed_run_is_freed_by_the_next_run(instance, tmp_path):
+    """kill -9 leaves the run STARTED and its slot claimed; the next run to wait for
+    the pool sees the holder's process is gone, frees the slot and goes on."""
+    script, held = tmp_path / "holding_run.py", tmp_path / "held.txt"
+    script.write_text(HOLDING_RUN)
+    proc = subprocess.Popen([sys.executable, str(script), str(held)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 60
+    while not held.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the holding run did not start"
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(30)
+    dead = held.read_text()
+    assert instance.get_run_by_id(dead).status.value == "STARTED"
+    assert [s.run_id for s in instance.event_log_storage.get_concurrency_info("provider-x").claimed_slots] == [dead]
+
+    @asset
+    def next_run(context):
+        with hold_pools(context, ["provider-x"], poll_s=0.1) as pools:
+            return pools
+
+    result = materialize([next_run], instance=instance)
+    assert result.success and result.output_for_node("next_run") == ["provider-x"]
+    logs = [e.user_message for e in instance.all_logs(result.run_id) if not e.is_dagster_event]
+    assert any(f"freed the slots of run {dead} in pool provider-x" in m for m in logs), logs
+    assert not instance.event_log_storage.get_concurrency_info("provider-x").claimed_slots
+
+
+def test_a_waiting_step_says_how_to_free_a_slot_held_by_a_live_run(instance):
+    """A holder that is not a run of this instance is left alone; the message says how to free it."""
+    storage = instance.event_log_storage
+    storage.set_concurrency_slots("provider-x", 1)
+    assert storage.claim_concurrency_slot("provider-x", "other-run", "executions").is_claimed
+    lines = []
+    ctx = SimpleNamespace(instance=instance, run=SimpleNamespace(run_id="mine"),
+                          log=SimpleNamespace(info=lines.append, warning=lines.append),
+                          get_step_execution_context=lambda: SimpleNamespace(step=SimpleNamespace(key="executions")))
+
+    def free_later():
+        while not lines:
+            time.sleep(0.05)
+        storage.free_concurrency_slots_for_run("other-run")
+    threading.Thread(target=free_later, daemon=True).start()
+    with hold_pools(ctx, ["provider-x"], poll_s=0.05) as pools:
+        assert pools == ["provider-x"]
+    assert lines[0].startswith("waiting for a slot in pool provider-x, held by run(s) other-run")
+    assert "Force termination immediately" in lines[0] and "Free all concurrency slots for run" in lines[0]
 
 
 # A step in its own process claiming a new pool in each round, every process

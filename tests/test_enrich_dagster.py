@@ -185,3 +185,22 @@ def test_code_location_has_a_group_per_job_file_and_a_daily_schedule(tmp_path):
     repo_jobs = {job_name(p) for p in Path(__file__).parents[1].joinpath("jobs").glob("*.yaml")}
     repo_keys = {k.to_user_string() for k in repo_defs.resolve_asset_graph().get_all_asset_keys()}
     assert {f"enrich/{n}/records" for n in repo_jobs} <= repo_keys
+
+
+def test_a_mistyped_jobs_dir_is_logged_not_silent(tmp_path, caplog, monkeypatch):
+    typo = tmp_path / "jbos"
+    with caplog.at_level("WARNING", logger="assets.enrichment"):
+        assert all_job_assets(env={"CONDUCTOR_JOBS_DIR": str(typo)}) == ([], [])
+    [record] = caplog.records
+    assert f"CONDUCTOR_JOBS_DIR={typo}: no folder {typo}" in record.getMessage()
+    assert "no enrich_jobs job" in record.getMessage()
+    caplog.clear()
+    typo.mkdir()
+    with caplog.at_level("WARNING", logger="assets.enrichment"):
+        all_job_assets(env={"CONDUCTOR_JOBS_DIR": str(typo)})
+    assert f"no job files (*.yaml) in {typo}" in caplog.records[0].getMessage()
+    caplog.clear()
+    monkeypatch.chdir(tmp_path)  # no jobs/ here: the default folder may be absent without a word
+    with caplog.at_level("WARNING", logger="assets.enrichment"):
+        assert all_job_assets(env={}) == ([], [])
+    assert not caplog.records

@@ -147,12 +147,14 @@ def test_eval_refuses_queries_that_are_not_the_recorded_questions(gsm_report, tm
 @needs_replay
 def test_eval_report_asset_carries_the_report_and_chart(gsm_report, tmp_path):
     from assets.evaluation import eval_report
+    from assets.resources import StorageResource
 
     _, d = gsm_report
     config = {"dataset": "gsm8k", "pool": str(d / "replay-gsm8k.yaml"), "queries": str(d / "gsm8k.parquet"),
               "out": str(tmp_path / "dg"), "run_planner": False, "replay_dir": str(REPLAY)}
     with DagsterInstance.ephemeral() as instance:
         result = materialize([eval_report], instance=instance,
+                             resources={"storage": StorageResource(data_dir=str(tmp_path / "data"))},
                              run_config={"ops": {"eval_report": {"config": config}}})
         meta = next(e.materialization.metadata for e in result.get_asset_materialization_events())
     assert result.success
@@ -163,10 +165,12 @@ def test_eval_report_asset_carries_the_report_and_chart(gsm_report, tmp_path):
 
 def test_eval_report_asset_skips_without_the_replay_folder(tmp_path):
     from assets.evaluation import eval_report
+    from assets.resources import StorageResource
 
     with DagsterInstance.ephemeral() as instance:
-        result = materialize([eval_report], instance=instance, run_config={"ops": {"eval_report": {"config": {
-            "replay_dir": str(tmp_path / "absent")}}}})
+        result = materialize([eval_report], instance=instance,
+                             resources={"storage": StorageResource(data_dir=str(tmp_path / "data"))},
+                             run_config={"ops": {"eval_report": {"config": {"replay_dir": str(tmp_path / "absent")}}}})
         meta = next(e.materialization.metadata for e in result.get_asset_materialization_events())
     assert result.success
     assert f"the shared replay folder {tmp_path / 'absent'} is absent" in meta["skipped"].value
