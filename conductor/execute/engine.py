@@ -481,7 +481,11 @@ class Executor:
                     async with limiter.slot(est_tokens) as sent:
                         # Checked again once a slot is free: while this call waited, another
                         # may have found the key rejected or the limit spent for hours.
-                        self._check_alive(worker, provider, attempt - 1)
+                        try:
+                            self._check_alive(worker, provider, attempt - 1)
+                        except StepFailed:
+                            limiter.settle_tokens(est_tokens, 0)  # never sent: its tokens go back
+                            raise
                         if reservation is not None and rid is None:
                             # Journaled when the call is about to leave, not while it waits for a slot:
                             # a resume counts an unsettled reservation as spent.
