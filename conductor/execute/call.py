@@ -127,8 +127,13 @@ async def complete(req: CallRequest, api_key: str | None, sent: Callable[[], Non
         raise CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}") from None
 
 
-def answer_text(content: Any) -> str:
-    """The message's content if it is text of a sane length; else a malformed answer."""
+def answer_text(content: Any, why_none: Any = None) -> str:
+    """The message's content if it is text of a sane length; else a malformed answer.
+    No content (a refusal, a content filter, tool calls only) is no answer to keep or
+    cache; `why_none` (the refusal or finish reason) says why."""
+    if content is None:
+        raise CallFailure("malformed", "malformed response: no text content"
+                          + (f" ({str(why_none)[:200]})" if why_none else ""))
     if not isinstance(content, str):
         raise CallFailure("malformed", f"malformed response: content is {type(content).__name__}, not text")
     if len(content) > MAX_ANSWER_CHARS:
@@ -148,10 +153,7 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     if message is None:
         raise CallFailure("malformed", "malformed response: choice 0 has no message")
     content = getattr(message, "content", None)
-    if content is None:  # a refusal, a content filter or tool calls only: no answer to keep or cache
-        why = getattr(message, "refusal", None) or getattr(choice, "finish_reason", None)
-        raise CallFailure("malformed", "malformed response: no text content" + (f" ({str(why)[:200]})" if why else ""))
-    text = answer_text(content)
+    text = answer_text(content, getattr(message, "refusal", None) or getattr(choice, "finish_reason", None))
     usage = getattr(resp, "usage", None)
     pt = _tokens(getattr(usage, "prompt_tokens", None)) if usage else None
     ct = _tokens(getattr(usage, "completion_tokens", None)) if usage else None

@@ -246,10 +246,7 @@ def read_answer(req: CallRequest, doc: Any, headers: Any) -> CallResponse:
     if not isinstance(message, dict):
         raise CallFailure("malformed", "malformed response: choice 0 has no message")
     content = message.get("content")
-    if content is None:  # a refusal, a content filter or tool calls only: no answer to keep or cache
-        why = message.get("refusal") or choice.get("finish_reason")
-        raise CallFailure("malformed", "malformed response: no text content" + (f" ({str(why)[:200]})" if why else ""))
-    text = answer_text(content)
+    text = answer_text(content, message.get("refusal") or choice.get("finish_reason"))
     usage = doc.get("usage")
     pt = _tokens(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
     ct = _tokens(usage.get("completion_tokens")) if isinstance(usage, dict) else None
