@@ -29,8 +29,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_c
 
 from conductor import runner
 from conductor.errors import ConductorError
-from conductor.execute.journal import RETRY_TRANSIENT
-from conductor.failures import ENV_MAX_FAILED_SHARE, failed_plans, failure_groups, max_failed_share
+from conductor.failures import ENV_MAX_FAILED_SHARE, failed_plans, failure_groups, max_failed_share, rerun_advice
 from conductor.pool import load_pool
 from conductor.report import markdown_table
 from conductor.stats import run_totals
@@ -109,6 +108,12 @@ def evaluate_results_complete(plans_path: Path, results_path: Path) -> AssetChec
                   "statuses": MetadataValue.json(statuses)})
 
 
+def _rematerialize(group: dict) -> str:
+    """The CLI's rerun advice in Dagster's words: retry_failed is query_set's run config setting."""
+    return rerun_advice(group, rerun="rematerialization", redo="rematerialize with retry_failed: true",
+                        flag="retry_failed: true")
+
+
 def failed_share_threshold() -> float:
     """$CONDUCTOR_MAX_FAILED_SHARE, or an error naming it. The assets that call
     providers read it first, so that a bad value fails before money is spent."""
@@ -117,20 +122,6 @@ def failed_share_threshold() -> float:
     except ConductorError:
         raise ConductorError(f"{ENV_MAX_FAILED_SHARE}={os.environ.get(ENV_MAX_FAILED_SHARE)!r}: expected a share "
                              f"of failed plans between 0 and 1, e.g. 0.05") from None
-
-
-def _again(group: dict) -> str:
-    """What a rematerialization does with a failure group (the CLI says --retry-failed where this says
-    retry_failed, the run config setting of query_set)."""
-    used_up, plans = group.get("retries_used_up", 0), group["plans"]
-    if not group["retried_on_rerun"]:
-        return "final: rematerialize with retry_failed: true"
-    if not used_up:
-        return "a rematerialization retries these"
-    if used_up == plans:
-        return f"final: retried on {RETRY_TRANSIENT} rematerializations already; rematerialize with retry_failed: true"
-    return (f"a rematerialization retries {plans - used_up}; {used_up} were retried on {RETRY_TRANSIENT} "
-            f"already (retry_failed: true retries them)")
 
 
 def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> AssetCheckResult:
@@ -143,7 +134,8 @@ def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> Ass
     groups = failure_groups(run.table("traces"), load_pool(pool_path))
     desc = f"{failed} of {total} plans failed ({share:.1%}); threshold {threshold:.1%}"
     if groups:
-        desc += "; " + "; ".join(f"worker {g['worker']} at {g['url']}: {g['failure']} x{g['plans']} ({_again(g)})"
+        desc += "; " + "; ".join(f"worker {g['worker']} at {g['url']}: {g['failure']} x{g['plans']}: "
+                                 f"{_rematerialize(g)}"
                                  for g in groups[:_SHOW])
     return AssetCheckResult(
         passed=total > 0 and share <= threshold, description=desc,

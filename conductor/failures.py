@@ -79,19 +79,24 @@ def invalid_plan_groups(plans: Path, examples: int = 3) -> list[dict[str, Any]]:
     return [{"error": e, "plans": n} for e, n in why.most_common(examples)]
 
 
+def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun with --retry-failed",
+                 flag: str = "--retry-failed") -> str:
+    """What the next rerun does with a failure group, in the front end's words (the CLI's by
+    default; Dagster says rematerialization and its run config setting)."""
+    used_up = g.get("retries_used_up", 0)
+    if not g["retried_on_rerun"]:
+        return f"final ({redo})"
+    if not used_up:
+        return f"a {rerun} retries these"
+    if used_up == g["plans"]:
+        return f"final: retried on {RETRY_TRANSIENT} {rerun}s already ({redo})"
+    return (f"a {rerun} retries {g['plans'] - used_up}; {used_up} were retried on {RETRY_TRANSIENT} {rerun}s "
+            f"already ({flag} retries them)")
+
+
 def format_failures(groups: list[dict[str, Any]]) -> str:
     lines = []
     for g in groups:
-        used_up = g.get("retries_used_up", 0)
-        if not g["retried_on_rerun"]:
-            again = "final (rerun with --retry-failed)"
-        elif not used_up:
-            again = "a rerun retries these"
-        elif used_up == g["plans"]:
-            again = f"final: retried on {RETRY_TRANSIENT} reruns already (rerun with --retry-failed)"
-        else:
-            again = (f"a rerun retries {g['plans'] - used_up}; {used_up} were retried on {RETRY_TRANSIENT} reruns "
-                     f"already (--retry-failed retries them)")
-        lines.append(f"  worker {g['worker']} at {g['url']}: {g['failure']}, {g['plans']} plan(s); {again}\n"
-                     f"    e.g. {g['example']}")
+        lines.append(f"  worker {g['worker']} at {g['url']}: {g['failure']}, {g['plans']} plan(s); "
+                     f"{rerun_advice(g)}\n    e.g. {g['example']}")
     return "\n".join(lines)

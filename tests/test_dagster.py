@@ -325,7 +325,7 @@ def test_retry_failed_reruns_plans_that_failed_for_good(tmp_path, fresh_sim, sam
         first = materialize(ASSETS + checks.ALL, partition_key="ten", instance=inst, resources=res,
                             raise_on_error=False)
         [check] = [e for e in first.get_asset_check_evaluations() if e.check_name == "failed_share"]
-        assert not check.passed and "not_found x10 (final: rematerialize with retry_failed: true)" in check.description
+        assert not check.passed and "not_found x10: final (rematerialize with retry_failed: true)" in check.description
         fresh_sim.clear_faults()
         fresh_sim.reset()
         again = materialize(ASSETS + checks.ALL, partition_key="ten", instance=inst, resources=res,
