@@ -360,6 +360,14 @@ def test_standard_output_on_a_full_device_is_named(tmp_path):
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
 
 
+def test_help_to_a_full_device_is_an_error():
+    """argparse swallows a failed write of the help, so `conductor --help > /dev/full` exited 0."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "conductor", "run", "--help"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 5 and "cannot write standard output" in r.stderr, r.stderr
+
+
 # ---- 3. loud failures, resumable errors, preflight --------------------------
 
 @pytest.fixture

@@ -38,7 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from conductor.cli.options import join_dash_values
 
-    args = build_parser().parse_args(join_dash_values(sys.argv[1:] if argv is None else list(argv)))
+    try:
+        args = build_parser().parse_args(join_dash_values(sys.argv[1:] if argv is None else list(argv)))
+    except SystemExit as e:
+        # argparse drops a failed write of `--help` silently (`--help > /dev/full` exited 0)
+        if e.code == 0 and _failing_stdout():
+            print("conductor: error: cannot write standard output: the help was not written", file=sys.stderr)
+            return 5
+        raise
     try:
         return int(args.func(args) or 0)
     except ConductorError as e:
