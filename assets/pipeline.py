@@ -31,6 +31,7 @@ from pydantic import Field
 
 from conductor import runner, stats
 from conductor.errors import ConductorError
+from conductor.execute.journal import load_state
 from conductor.report import summary_markdown
 from conductor.store import refresh_catalog, write_table
 from assets.charts import accuracy_cost_chart
@@ -111,8 +112,10 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
     try:  # a configuration error (the pool file, the run id, a threshold) fails at once, not after three retries
         failed_share_threshold()
         run = runner.prepare(plans)
+        before = load_state(run.dir.work)
         with hold_pools(context, provider_pools(run.pool)) as held:
             results = runner.execute_stage(run)
+        after = load_state(run.dir.work)
     except ConductorError as e:
         raise Failure(str(e), allow_retries=False) from None
     t = pq.read_table(results, columns=["status", "cost_usd", "calls"])
@@ -123,6 +126,9 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
         "statuses": MetadataValue.json(_counts(t.column("status"))),
         "cost_usd": pc.sum(t.column("cost_usd")).as_py() or 0.0,
         "calls": pc.sum(t.column("calls")).as_py() or 0,
+        # A rematerialization resumes the run: what this one sent, beside the run's totals above
+        "new_cost_usd": round(sum(after.spent.values()) - sum(before.spent.values()), 9),
+        "new_calls": len(after.paid - before.paid),
         "pools": MetadataValue.json(held),
     })
 

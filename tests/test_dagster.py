@@ -102,6 +102,8 @@ def test_partition_materializes_end_to_end_and_reruns_as_a_resume(tmp_path, inst
     calls = fresh_sim.log()["total"]
     assert mats["executions"]["calls"].value == calls > 0
     assert mats["executions"]["cost_usd"].value > 0
+    assert mats["executions"]["new_calls"].value == calls
+    assert mats["executions"]["new_cost_usd"].value == pytest.approx(mats["executions"]["cost_usd"].value)
     acc = mats["rewards"]["accuracy"].value
     assert 0 < acc < 1 and mats["run_report"]["accuracy"].value == acc
     assert mats["run_report"]["cost_usd"].value == pytest.approx(mats["executions"]["cost_usd"].value)
@@ -126,6 +128,10 @@ def test_partition_materializes_end_to_end_and_reruns_as_a_resume(tmp_path, inst
     assert again.success
     assert again.output_for_node("query_set").run_id == result.output_for_node("query_set").run_id
     assert fresh_sim.log()["total"] == calls
+    rerun = {e.asset_key.to_user_string(): e.materialization.metadata
+             for e in again.get_asset_materialization_events()}["executions"]
+    assert rerun["new_calls"].value == 0 and rerun["new_cost_usd"].value == 0  # the run's totals stay beside them
+    assert rerun["cost_usd"].value == mats["executions"]["cost_usd"].value
     run_dir = tmp_path / "data" / "runs" / result.output_for_node("query_set").run_id
     assert pq.ParquetFile(run_dir / "results.parquet").metadata.num_rows == 60
 
