@@ -2,7 +2,13 @@
 
 
 class ConductorError(Exception):
-    """A problem the user can fix: bad input, bad configuration, a missing key."""
+    """A problem the user can fix: bad input, bad configuration, a missing key. Its
+    message is printed and logged, so secrets of the environment are masked in it."""
+
+    def __init__(self, message: object = "", *args: object):
+        from conductor.masking import mask
+
+        super().__init__(mask(str(message)), *args)
 
 
 class InputError(ConductorError):

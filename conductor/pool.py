@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from conductor.errors import PoolError
+from conductor.masking import SECRET_NAME, looks_like_a_key
 from conductor import yamlkeys
 
 WORKER_KINDS = ("llm", "function", "planner")
@@ -150,18 +151,26 @@ class Pool:
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ***, for messages and logs."""
+    """The URL with any password replaced by ***, for messages and logs: in the
+    `user:password@` part and in query parameters (`?password=`, as redis-py takes it)."""
     try:
         parts = urlsplit(url)
+        port = parts.port
     except ValueError:
         return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    netloc, query = parts.netloc, parts.query
+    if parts.password is not None:
+        host = parts.hostname or ""
+        netloc = f"{parts.username or ''}:***@{host}" + (f":{port}" if port else "")
+    if query:
+        query = "&".join(_redact_param(p) for p in query.split("&"))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_param(param: str) -> str:
+    name = param.split("=", 1)[0]
+    secret = SECRET_NAME.search(name) or name.lower() in ("pass", "pwd", "auth")
+    return f"{name}=***" if secret and "=" in param else param
 
 
 def provider_from_model(model: str) -> str:
@@ -231,8 +240,10 @@ def _provider(pid: Any, cfg: Any) -> Provider:
         raise PoolError(f"{at}: must be a mapping")
     _no_unknown(cfg, {f for f in Provider.__dataclass_fields__ if f != "id"}, at)
     key_env = cfg.get("api_key_env")
-    if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key_env)):
-        raise PoolError(f"{at}.api_key_env: must be the NAME of an environment variable, not a key")
+    if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key_env)
+                                or (looks_like_a_key(key_env) and key_env not in os.environ)):
+        raise PoolError(f"{at}.api_key_env: must be the NAME of an environment variable, not a key (the value "
+                        f"is not shown here; if it is a key, move it into a variable and revoke it)")
     return Provider(
         id=pid,
         rpm=_num(cfg, "rpm", at, positive=True),

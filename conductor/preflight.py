@@ -18,7 +18,9 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any, Iterable
+from urllib.parse import urlsplit
 
+from conductor.masking import mask
 from conductor.pool import Pool, Worker
 
 TIMEOUT_S = 5.0
@@ -43,15 +45,15 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
                 problems.append(f"worker {w.id}: {why}")
             continue
         base = w.api_base.rstrip("/")
+        provider = pool.providers.get(w.provider)
+        key = os.environ.get(provider.api_key_env) if provider and provider.api_key_env else None
         if base not in listed:
-            provider = pool.providers.get(w.provider)
-            env = provider.api_key_env if provider else None
-            listed[base] = _list_models(base, os.environ.get(env) if env else None)
+            listed[base] = _list_models(base, key)
         models = listed[base]
         if isinstance(models, str):
             unreachable.setdefault(base, []).append(w.id)
         elif models is not None and name not in models:
-            shown = ", ".join(sorted(models)[:10]) + (" ..." if len(models) > 10 else "")
+            shown = mask(", ".join(sorted(models)[:10]) + (" ..." if len(models) > 10 else ""), key)
             problems.append(f"worker {w.id}: {base} does not serve model {name!r} (model {w.model}); "
                             f"it serves: {shown or 'nothing'}")
     for base, ids in unreachable.items():
@@ -113,11 +115,31 @@ def _read_by(resp, deadline: float, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
+class _KeyStaysHome(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect, but sends the key only to the origin (scheme, host, port) it
+    was meant for: urllib's own handler passes every header to wherever it is sent."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(new.full_url) != _origin(req.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.scheme, parts.hostname, port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
 def _list_models(base: str, api_key: str | None) -> set[str] | str | None:
     """The endpoint's model ids; None when it does not say; a message when it cannot be reached."""
     req = urllib.request.Request(f"{base}/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+        with urllib.request.build_opener(_KeyStaysHome).open(req, timeout=TIMEOUT_S) as resp:
             body = _read_by(resp, time.monotonic() + TIMEOUT_S, 1 << 22)
             if body is None:
                 return None  # too slow to say: the calls themselves will tell

@@ -31,7 +31,7 @@ from conductor.execute.batchfiles import (ENDPOINT, MAX_FILE_BYTES, BatchJournal
                                           encode_line, line_result, split_by_size, unanswered)
 from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Entry
-from conductor.execute.call import CallFailure, CallResponse, classify, max_prompt_tokens
+from conductor.execute.call import CallFailure, CallResponse, classify, max_prompt_tokens, redact
 from conductor.execute.failure import Aborted, StepFailed
 from conductor.execute.prices import call_cost
 from conductor.execute.shared import GovernorUnavailable
@@ -341,7 +341,7 @@ class Batches:
                             continue  # an unreadable line: its request counts as unanswered
                         key = row.get("custom_id") if isinstance(row, dict) else None
                         if key is not None and not isinstance(lines.get(key), CallResponse):
-                            lines[key] = line_result(row, batch.waiters.get(key))
+                            lines[key] = line_result(row, batch.waiters.get(key), where["api_key"])
                     del content
         except CallFailure as f:  # the batch cannot be followed: its lines take the retry path
             self._finish(batch, {}, f"batch {bid}: {f}", None, provider)
@@ -350,7 +350,8 @@ class Batches:
             return
         finally:
             self._show(batch, None)
-        why = batch_error(info) or f"batch {bid} ended {info.status} before answering this request"
+        why = redact(batch_error(info) or f"batch {bid} ended {info.status} before answering this request",
+                     where["api_key"])
         self._finish(batch, lines, why, info.status, provider)
         if batch.reservation is not None:
             await ex.ledger.settle(batch.reservation, batch.record.get("paid", 0.0))
@@ -408,7 +409,7 @@ class Batches:
             except asyncio.TimeoutError:
                 f = CallFailure("timeout", f"no answer within timeout_s={provider.timeout_s:g} s")
             except Exception as e:  # litellm maps provider errors onto many classes
-                f = classify(e, None)
+                f = classify(e, os.environ.get(provider.api_key_env) if provider.api_key_env else None)
             if not f.retryable or attempt == API_ATTEMPTS:
                 raise CallFailure(f.kind, f"could not {what}: {f}", f.status, f.retry_after)
             await asyncio.sleep(f.retry_after if f.retry_after is not None

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from conductor.execute.call import CallFailure, CallRequest, CallResponse, _cut
+from conductor.execute.call import CallFailure, CallRequest, CallResponse, _cut, redact
 from conductor.execute.journal import _open_append, _read, _write
 from conductor.execute.openai_http import _kind, read_answer
 from conductor.pool import Worker
@@ -103,8 +103,9 @@ def unanswered(why: str, status: str | None) -> CallFailure:
     return CallFailure("timeout" if status in ("expired", "cancelled") else "server", why)
 
 
-def line_result(row: dict, waiter: Waiter | None) -> CallResponse | CallFailure:
-    """A batch line's answer, or why it has none: the error line's status and message."""
+def line_result(row: dict, waiter: Waiter | None, api_key: str | None = None) -> CallResponse | CallFailure:
+    """A batch line's answer, or why it has none: the error line's status and message
+    (without `api_key`, which a provider's message may echo)."""
     response = row.get("response")
     response = response if isinstance(response, dict) else {}
     code = response.get("status_code")
@@ -115,19 +116,20 @@ def line_result(row: dict, waiter: Waiter | None) -> CallResponse | CallFailure:
         try:
             return read_answer(req, response.get("body"), {})
         except CallFailure as f:
-            return f
+            return CallFailure(f.kind, _cut(redact(str(f), api_key)), f.status, f.retry_after)
         except Exception as e:  # whatever else a malformed line raises fails this line only
-            return CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}")
+            return CallFailure("malformed", _cut(redact(f"malformed response: {type(e).__name__}: {e}", api_key), 200))
     if isinstance(code, int):
         body = response.get("body")
         err = body.get("error") if isinstance(body, dict) else None
         text = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else body
-        return CallFailure(_kind(code), _cut(f"HTTP {code} (in a batch): {text}"), code)
+        return CallFailure(_kind(code), _cut(redact(f"HTTP {code} (in a batch): {text}", api_key)), code)
     if isinstance(error, dict):
         code_name = error.get("code") or "error"
         kind = "timeout" if code_name in ("batch_expired", "batch_cancelled") else "server"
-        return CallFailure(kind, _cut(f"{code_name} (in a batch): {error.get('message') or ''}".strip()))
-    return CallFailure("malformed", f"malformed batch line: {str(row)[:200]}")
+        return CallFailure(kind, _cut(redact(f"{code_name} (in a batch): {error.get('message') or ''}".strip(),
+                                             api_key)))
+    return CallFailure("malformed", _cut(redact(f"malformed batch line: {row}", api_key), 200))
 
 
 def batch_error(info: Any) -> str | None:

@@ -78,11 +78,12 @@ class CallResponse:
 
 
 class CallFailure(Exception):
-    """A failed call, classified. `message` never holds the API key."""
+    """A failed call, classified. `message` never holds the API key: callers redact the
+    provider's key, and every secret of the environment is masked here."""
 
     def __init__(self, kind: str, message: str, status: int | None = None,
                  retry_after: float | None = None):
-        super().__init__(message)
+        super().__init__(redact(message))
         self.kind = kind  # rate_limit | server | timeout | connection | auth | client | malformed | other
         self.status = status
         self.retry_after = retry_after
@@ -121,10 +122,11 @@ async def complete(req: CallRequest, api_key: str | None, sent: Callable[[], Non
         raise classify(e, api_key) from None
     try:
         return _read_response(req, resp)
-    except CallFailure:
-        raise
+    except CallFailure as f:  # a refusal's text may echo the request's headers
+        raise CallFailure(f.kind, _cut(redact(str(f), api_key)), f.status, f.retry_after) from None
     except Exception as e:  # whatever else a malformed answer raises fails this call only
-        raise CallFailure("malformed", f"malformed response: {type(e).__name__}: {str(e)[:200]}") from None
+        raise CallFailure("malformed", _cut(redact(f"malformed response: {type(e).__name__}: {e}", api_key),
+                                            200)) from None
 
 
 def answer_text(content: Any, why_none: Any = None) -> str:
@@ -133,7 +135,7 @@ def answer_text(content: Any, why_none: Any = None) -> str:
     cache; `why_none` (the refusal or finish reason) says why."""
     if content is None:
         raise CallFailure("malformed", "malformed response: no text content"
-                          + (f" ({str(why_none)[:200]})" if why_none else ""))
+                          + (f" ({str(why_none)[:MAX_ERROR_BODY_BYTES]})" if why_none else ""))  # callers redact, then cut
     if not isinstance(content, str):
         raise CallFailure("malformed", f"malformed response: content is {type(content).__name__}, not text")
     if len(content) > MAX_ANSWER_CHARS:
@@ -278,7 +280,7 @@ def _capped_errors(inner: Any) -> Any:
             finally:
                 await resp.aclose()
             if len(body) > MAX_ERROR_BODY_BYTES:  # still JSON, so the provider's message shows
-                text = body[:MAX_ERROR_CHARS // 2].decode("utf-8", "replace")
+                text = _cut(redact(body.decode("utf-8", "replace"), api_key), MAX_ERROR_CHARS // 2)
                 body = json.dumps({"error": {"message": f"(cut: the error body is larger than "
                                                         f"{MAX_ERROR_BODY_BYTES >> 10} KiB) {text}..."}}).encode()
             headers = [(k, v) for k, v in resp.headers.items()
@@ -292,10 +294,11 @@ def _capped_errors(inner: Any) -> Any:
     return CappedErrors()
 
 
-def _cut(text: str) -> str:
-    if len(text) <= MAX_ERROR_CHARS:
+def _cut(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """The first `limit` characters. Redact before cutting: a key cut in two is not found."""
+    if len(text) <= limit:
         return text
-    return text[:MAX_ERROR_CHARS] + f"... (cut: {len(text):,} characters)"
+    return text[:limit] + f"... (cut: {len(text):,} characters)"
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -325,7 +328,7 @@ def _retry_after(headers: Any) -> float | None:
 
 
 def redact(text: str, *secrets: str | None) -> str:
-    for s in secrets:
-        if s and len(s) >= 4:
-            text = text.replace(s, "***")
-    return text
+    """`text` without the given keys nor any secret of the environment (conductor.masking)."""
+    from conductor.masking import mask
+
+    return mask(text, *secrets)

@@ -43,6 +43,7 @@ from conductor.execute.reserve import SpaceReserve
 from conductor.execute.failure import Aborted, StepFailed
 from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
+from conductor.masking import mask
 from conductor.plans import Condition, Plan, Step
 from conductor.pool import DEFAULT_MAX_TOKENS, Pool, Worker
 from conductor.progress import Progress
@@ -131,6 +132,8 @@ class Executor:
         self.pool = pool
         self.journal = journal
         self.opt = options
+        # The pool's keys, masked in every error written, whatever path the message took
+        self._keys = tuple(k for p in pool.providers.values() if p.api_key_env and (k := os.environ.get(p.api_key_env)))
         self.cache = cache  # shared across runs; None with --no-cache
         self.run_cache = run_cache  # this run's answers, so a resumed run never pays twice
         self._paid = set(paid or ())  # run-cache keys whose paid call has a trace row
@@ -331,7 +334,7 @@ class Executor:
         row = {
             "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
             "query_index": job.query_index, "sample": job.sample, "status": status,
-            "final_answer": answer, "error": error,
+            "final_answer": answer, "error": error and mask(error, *self._keys),
             "calls": calls, "cache_hits": hits,
             "started_at": self._stamp(t0), "ended_at": self._stamp(t1), "wall_time_s": round(t1 - t0, 6),
             "failure": failure,  # the failure's kind: a rerun retries transient ones (journal.TRANSIENT_KINDS)
@@ -753,7 +756,8 @@ class Executor:
             "step": int(head) if (head := path.split(".", 1)[0]).isdigit() else None,  # None: a planning call
             "step_path": path, "depth": depth,
             "worker": worker.id, "model": model or worker.model, "provider": worker.provider,
-            "status": status, "error": error, "attempts": attempts, "cache_hit": cache_hit,
+            "status": status, "error": error and mask(error, *self._keys), "attempts": attempts,
+            "cache_hit": cache_hit,
             "prompt_tokens": entry.prompt_tokens if entry else None,
             "completion_tokens": entry.completion_tokens if entry else None,
             "usage_estimated": entry.usage_estimated if entry else None,

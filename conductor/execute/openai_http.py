@@ -106,16 +106,16 @@ class OpenAIEndpoint:
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
-            # A gateway's error page may echo the request's Authorization header.
-            raise CallFailure("malformed", redact(f"malformed response: not JSON ({e}): {raw[:200]!r}",
-                                                  self._api_key)) from None
+            # A gateway's error page may echo the request's Authorization header: redacted whole, then cut.
+            page = _cut(redact(raw[:MAX_ERROR_BODY_BYTES].decode("utf-8", "replace"), self._api_key), 200)
+            raise CallFailure("malformed", f"malformed response: not JSON ({e}): {page!r}") from None
         try:
             return read_answer(req, doc, resp_headers)
-        except CallFailure:
-            raise
+        except CallFailure as f:  # a refusal's text may echo the request's headers
+            raise CallFailure(f.kind, _cut(redact(str(f), self._api_key)), f.status, f.retry_after) from None
         except Exception as e:  # whatever else a malformed answer raises fails this call only
-            raise CallFailure("malformed", redact(f"malformed response: {type(e).__name__}: {str(e)[:200]}",
-                                                  self._api_key)) from None
+            raise CallFailure("malformed", _cut(redact(f"malformed response: {type(e).__name__}: {e}",
+                                                       self._api_key), 200)) from None
 
     async def _failure(self, resp: aiohttp.ClientResponse) -> CallFailure:
         """The error response as a classified failure; its body is read up to the cap only."""
@@ -129,10 +129,11 @@ class OpenAIEndpoint:
             body += chunk
         if len(body) > MAX_ERROR_BODY_BYTES:
             cut = True
-            body = body[:MAX_ERROR_CHARS // 2]
+            body = body[:MAX_ERROR_BODY_BYTES]
         text = _error_text(body)
-        if cut:
-            text = f"(cut: the error body is larger than {MAX_ERROR_BODY_BYTES >> 10} KiB) {text}..."
+        if cut:  # redacted before it is cut, or a key split by the cut would stay
+            text = f"(cut: the error body is larger than {MAX_ERROR_BODY_BYTES >> 10} KiB) " \
+                   f"{_cut(redact(text, self._api_key), MAX_ERROR_CHARS // 2)}..."
         message = _cut(redact(f"HTTP {status}: {text}", self._api_key))
         retry_after = _retry_after(resp.headers)
         failure = CallFailure(_kind(status), message, status,

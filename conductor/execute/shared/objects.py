@@ -40,6 +40,10 @@ WORK_FILES = ("plans.jsonl", "steps.jsonl", "reservations.jsonl")
 
 def store_url(value: str | None) -> str | None:
     url = value or os.environ.get(ENV) or None
+    if url is not None and "@" in urlsplit(url).netloc:  # not echoed: it holds credentials
+        raise ConductorError("store: an s3:// URL with credentials in it (s3://KEY:SECRET@bucket) is not taken; "
+                             "give s3://bucket/prefix and the credentials in AWS_ACCESS_KEY_ID and "
+                             "AWS_SECRET_ACCESS_KEY")
     if url is not None and urlsplit(url).scheme != "s3":
         raise ConductorError(f"store {url!r}: must be s3://bucket/prefix (a local folder is --data-dir)")
     return url
@@ -49,7 +53,7 @@ class ObjectStore:
     def __init__(self, url: str):
         import pyarrow.fs as pafs
 
-        parts = urlsplit(url)
+        parts = urlsplit(store_url(url))
         if parts.scheme != "s3" or not parts.netloc:
             raise ConductorError(f"store {url!r}: must be s3://bucket/prefix")
         self.url = url.rstrip("/")
