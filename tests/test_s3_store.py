@@ -146,3 +146,15 @@ def test_a_bad_store_url_is_refused_with_its_form():
 
     with pytest.raises(ConductorError, match="s3://bucket/prefix"):
         store_url("gs://bucket/x")
+
+
+def test_an_unreachable_store_is_a_storage_error_naming_it(tmp_path, fresh_sim, sample_queries):
+    """It was a pyarrow traceback, exit 1."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    r = run_cli(*run_args(sample_queries, pool, tmp_path / "data", "s3://runs/dev"), env=env)
+    assert r.returncode == 5 and "store s3://runs/dev: cannot look for run s3run" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and fresh_sim.log()["total"] == 0
+    sql = run_cli("sql", "SELECT 1", "--store", "s3://runs/dev", env=env)
+    assert sql.returncode == 5 and "cannot list the runs" in sql.stderr and "Traceback" not in sql.stderr

@@ -16,6 +16,7 @@ S3-compatible server other than AWS is named by AWS_ENDPOINT_URL.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -24,7 +25,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from conductor.errors import ConductorError
+from conductor.errors import ConductorError, StorageError
 
 log = logging.getLogger("conductor.store")
 ENV = "CONDUCTOR_STORE"
@@ -97,9 +98,25 @@ class ObjectStore:
     def exists(self, *rel: str) -> bool:
         return self.fs.get_file_info(self.path(*rel)).type == self._pafs.FileType.File
 
+    @contextlib.contextmanager
+    def _reaching(self, what: str):
+        """pyarrow's errors of the store (unreachable, refused, throttled) as a storage error
+        naming it, not a traceback; a local disk's errors (with an errno) pass through."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno is not None:
+                raise
+            raise StorageError(f"store {self.url}: cannot {what} ({e}); check AWS_ENDPOINT_URL, the credentials "
+                               f"and the network, then rerun the same command: finished work is kept") from None
+
     def push_run(self, run_dir, work: bool = True) -> None:
         """The run's tables and manifest (and its journal) to the store. Tables first, manifest
         last: a reader that sees the manifest's status sees the tables it names."""
+        with self._reaching(f"upload run {run_dir.run_id}"):
+            self._push_run(run_dir, work)
+
+    def _push_run(self, run_dir, work: bool) -> None:
         self.ensure_bucket()
         rid = run_dir.run_id
         if work and run_dir.work.exists():
@@ -131,6 +148,10 @@ class ObjectStore:
 
     def pull_run(self, run_dir) -> bool:
         """Fetch a run this folder does not have (a resume on another machine)."""
+        with self._reaching(f"look for run {run_dir.run_id}"):
+            return self._pull_run(run_dir)
+
+    def _pull_run(self, run_dir) -> bool:
         rid = run_dir.run_id
         if run_dir.exists() or not self.exists("runs", rid, "manifest.json"):
             return False
@@ -147,7 +168,9 @@ class ObjectStore:
         """Table name -> the store paths of every run's file of it."""
         sel = self._pafs.FileSelector(self.path("runs"), recursive=True, allow_not_found=True)
         out: dict[str, list[str]] = {}
-        for info in self.fs.get_file_info(sel):
+        with self._reaching("list the runs"):
+            infos = self.fs.get_file_info(sel)
+        for info in infos:
             rel = info.path[len(self.path("runs")) + 1:].split("/")
             if info.type == self._pafs.FileType.File and len(rel) == 2 and rel[1].endswith(".parquet"):
                 out.setdefault(rel[1][:-len(".parquet")], []).append(info.path)
