@@ -33,14 +33,16 @@ def mask(text: str, *secrets: str | None) -> str:
     for s in sorted({s for s in (*secrets, *env_secrets()) if s and len(s) >= MIN_SECRET}, key=len, reverse=True):
         if s in text:
             text = text.replace(s, "***")
-        for k in range(min(len(s), len(text)) - 1, MIN_PIECE - 1, -1):
-            if text.endswith(s[:k]):
-                text = text[:-k] + "***"
-                break
-        for k in range(min(len(s), len(text)) - 1, MIN_PIECE - 1, -1):
-            if text.startswith(s[-k:]):
-                text = "***" + text[k:]
-                break
+        if text[-MIN_PIECE:] in s:  # else no piece of s ends the text: skip the search
+            for k in range(min(len(s) - 1, len(text)), MIN_PIECE - 1, -1):
+                if text.endswith(s[:k]):
+                    text = text[:-k] + "***"
+                    break
+        if text[:MIN_PIECE] in s:
+            for k in range(min(len(s) - 1, len(text)), MIN_PIECE - 1, -1):
+                if text.startswith(s[-k:]):
+                    text = "***" + text[k:]
+                    break
     return text
 
 

@@ -173,6 +173,19 @@ def test_batch_api_errors_never_hold_the_key(tmp_path, echo, monkeypatch):
     assert _leaks(key, str(summary), folder=tmp_path / "data") == []
 
 
+def test_mask_hides_keys_pieces_at_a_cut_and_secret_named_variables(monkeypatch):
+    from conductor.masking import mask
+
+    key, env_key = _key(), _key()
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", env_key)
+    monkeypatch.setenv("SHORT_TOKEN", "true")  # too short to be a secret: words stay
+    assert mask(f"a {key} b {env_key} c true", key) == "a *** b *** c true"
+    assert mask(f"cut here: Bearer {key[:20]}", key) == "cut here: Bearer ***"
+    assert mask(f"{env_key[7:]} and on") == "*** and on"
+    assert mask(key[:12], key) == "***"
+    assert mask("gsk_ is a prefix, gsk_TESTx too", key) == "gsk_ is a prefix, gsk_TESTx too"
+
+
 def test_batch_error_lines_are_masked():
     from conductor.execute.batchfiles import line_result
 
