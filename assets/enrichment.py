@@ -127,7 +127,7 @@ def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChec
 
     @asset(key=AssetKey([PREFIX, name, "published"]), partitions_def=days, group_name=GROUP,
            ins={"records": AssetIn(key=records_key)},
-           description=f"Job {path.name}: the newest record per id across runs (the catalog view), "
+           description=f"Job {path.name}: the records of its newest run (the catalog view), "
                        "written for downstream readers once the checks on records pass.")
     def published(records: dict, storage: StorageResource) -> Output[str]:
         data = Path(storage.data_dir).resolve()
@@ -258,7 +258,7 @@ def evaluate_valid_share(path: Path, threshold: float) -> AssetCheckResult:
 
 
 def newest_records(data_dir: Path, job: str) -> pa.Table:
-    """The job's catalog view: the newest record per id across its runs."""
+    """The job's catalog view: the records of its newest run."""
     db = refresh_catalog(data_dir)
     with duckdb.connect(str(db), read_only=True) as con:
         try:

@@ -10,7 +10,7 @@ data/runs/<run_id>/
   work/                  the journal the run resumes from (safe to delete once complete)
   records.parquet        enrichment jobs: one typed record per input row (conductor.enrich)
 data/conductor.duckdb    views plans, traces, results, rewards, runs over every run's files,
-                         and one view per enrichment job: the newest record per id
+                         and one view per enrichment job: its newest run's records
 """
 
 from __future__ import annotations
@@ -236,9 +236,10 @@ def create_views(con: duckdb.DuckDBPyConnection, runs: Path) -> None:
 
 
 def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
-    """Enrichment jobs found in run manifests: name -> {id_column, files (records.parquet, oldest first)},
-    the files of the runs under the job's newest definition only: a changed template, field type
-    or id column recomputes every row, and older records would not fit the new columns."""
+    """Enrichment jobs found in run manifests: name -> {id_column, files: [the newest run's
+    records.parquet]}. Each run's records hold every row of its input (reused rows copied),
+    so the newest run is the job's current state: a row removed from the input leaves it,
+    and a view over it reads one file however many runs are kept."""
     jobs: dict[str, dict[str, Any]] = {}
     manifests = sorted(runs.glob("*/manifest.json")) if runs.exists() else []
     for m in manifests:
@@ -257,20 +258,17 @@ def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
     for entry in jobs.values():
         newest = max(entry["files"])
         entry["id_column"] = newest[3]
-        entry["files"] = [f for _, f, definition, _ in sorted(entry["files"]) if definition == newest[2]]
+        entry["files"] = [newest[1]]
     return jobs
 
 
 def _job_views(con: duckdb.DuckDBPyConnection, runs: Path) -> None:
-    """One view per enrichment job: the newest record per id across the job's runs."""
+    """One view per enrichment job: the records of its newest run."""
     for name, entry in job_runs(runs).items():
         if name in schemas.TABLES or name == "runs" or not entry["id_column"]:
             continue
         files = "[" + ", ".join(_q(f) for f in entry["files"]) + "]"
-        key = '"' + entry["id_column"].replace('"', '""') + '"'
-        con.execute(f"""CREATE OR REPLACE VIEW "{name}" AS
-            SELECT * FROM read_parquet({files}, union_by_name = true)
-            QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY updated_at DESC, run_id DESC) = 1""")
+        con.execute(f"""CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM read_parquet({files})""")
 
 
 def _q(path: Path | str) -> str:

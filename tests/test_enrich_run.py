@@ -245,6 +245,15 @@ def test_rerun_sends_only_new_rows_template_change_and_full_refresh_send_all(sim
     sim.reset()
     assert run_job(load_job(path), data_dir=data, progress=False)["computed"] == 0 and sim.log()["total"] == 0
 
+    # Rows removed from the input leave the view (they stayed, from older runs' records).
+    pq.write_table(questions(250), tmp_path / "input.parquet")
+    assert run_job(load_job(path), data_dir=data, progress=False)["computed"] == 0 and sim.log()["total"] == 0
+    con = duckdb.connect(str(data / "conductor.duckdb"), read_only=True)
+    assert con.sql("SELECT count(*), max(question_id) FROM qa_daily").fetchone() == \
+        (250, max(questions(250).column("question_id").to_pylist()))
+    con.close()
+    pq.write_table(questions(300), tmp_path / "input.parquet")
+
     # A changed template recomputes every row.
     doc = yaml.safe_load(path.read_text())
     doc["prompt"] = doc["prompt"].replace("You are a financial analyst.", "You are a careful financial analyst.")
