@@ -525,6 +525,28 @@ def test_killed_job_run_resumes_the_same_run_without_asking_twice(sim, tmp_path)
     assert len(list((data / "runs").iterdir())) == 1
 
 
+def test_a_killed_run_whose_input_changed_is_closed_as_abandoned_with_what_it_paid(sim, tmp_path):
+    """The rerun cannot resume it (other rows): it used to stay `executing` for good, and what
+    it paid showed in no run (the new run gets those answers from the cache at $0)."""
+    sim.set_faults(latency_ms=40, latency_sd_ms=5)
+    path = variant(QA_JOB, tmp_path, "qa_moved", rows=questions(120))
+    data = tmp_path / "data"
+    run_dir = kill_when_journaled(["job", "run", path, "--quiet"], data, lines=40)
+    assert run_dir is not None, "the run ended before it could be killed"
+    pq.write_table(questions(130), tmp_path / "input.parquet")  # tomorrow's file: ten more rows
+    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 0, r.stderr
+    old = orjson.loads((run_dir / "manifest.json").read_bytes())
+    paid = old["summary"]
+    assert old["status"] == "abandoned" and paid["calls"] >= 40 and paid["cost_usd"] > 0
+    assert paid["superseded_by"] != run_dir.name and f"interrupted run {run_dir.name}: ${paid['cost_usd']:.6f}" in r.stdout
+    sql = run_cli("sql", f"SELECT status, summary->>'cost_usd' AS usd FROM runs WHERE run_id = '{run_dir.name}'",
+                  "--data-dir", data, "--format", "csv")
+    assert sql.stdout.split()[1].startswith("abandoned,"), sql.stdout + sql.stderr
+    again = run_job(load_job(path), data_dir=data, progress=False)  # nothing more to close
+    assert again["abandoned_runs"] == [] and again["computed"] == 0
+
+
 def test_planned_mode_refuses_rows_a_plan_gives_to_a_worker_too_small_for_them(sim, tmp_path):
     pool = yaml.safe_load(SIM_POOL.read_text())
     for w in pool["workers"]:

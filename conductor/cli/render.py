@@ -66,6 +66,9 @@ def job_summary(s: dict[str, Any]) -> str:
         rows.append(("judge", f"mean score {j['mean_score']:.3f} over {j['judged_rows']} rows without references"
                               f" (${s.get('judge_cost_usd') or 0:.6f})" if j["mean_score"] is not None
                      else "no row judged"))
+    for a in s.get("abandoned_runs") or ():
+        rows.append(("abandoned", f"interrupted run {a['run_id']}: ${a['cost_usd']:.6f} for {a['calls']} calls paid "
+                                  f"there (status abandoned; this run reused its answers from the cache)"))
     rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
              ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
     out = key_values(rows)

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from conductor.enrich.job import Job
 
 OK = "ok"  # a valid record
+ABANDONED = "abandoned"  # an interrupted run a later run of other rows superseded
 
 
 def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> str | None:
@@ -26,13 +27,38 @@ def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> st
         if (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
             continue
         manifest = orjson.loads(m.read_bytes())
-        if manifest.get("job") == info:
+        if manifest.get("job") == info and manifest.get("status") != ABANDONED:
             found.append((manifest.get("created_at") or "", folder))
     for _, folder in sorted(found, reverse=True):
         ids = pq.read_table(folder / "queries.parquet", columns=["query_id"]).column(0).to_pylist()
         if ids == todo:
             return folder.name
     return None
+
+
+def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict[str, Any]]:
+    """Close the runs of this job that stopped before writing their records and that `run_id`
+    does not resume (their rows or definition changed): they never would be. Each is marked
+    `abandoned`, with what its journal says it paid, so that spend shows in the runs view; the
+    new run gets their answers from the response cache, at $0 there."""
+    from conductor.execute.journal import load_state
+    from conductor.store import RunDir
+
+    runs = Path(data_dir) / "runs"
+    closed = []
+    for m in sorted(runs.glob("*/manifest.json")) if runs.exists() else ():
+        folder = m.parent
+        if folder.name == run_id or (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
+            continue
+        manifest = orjson.loads(m.read_bytes())
+        if (manifest.get("job") or {}).get("name") != job_name or manifest.get("status") == ABANDONED:
+            continue
+        state = load_state(folder / "work")
+        summary = {"job": job_name, "run_id": folder.name, "cost_usd": round(sum(state.spent.values()), 9),
+                   "calls": len(state.paid), "superseded_by": run_id}
+        RunDir(data_dir, folder.name).set_status(ABANDONED, summary=summary)
+        closed.append(summary)
+    return closed
 
 
 def failed_before(data_dir: Path, job: Job, definition: str, exclude: str, hashes: dict[str, str]) -> set[str]:

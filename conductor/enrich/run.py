@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from conductor import schemas
 from conductor.enrich.context import check_context, check_planned_context
-from conductor.enrich.history import OK, failed_before, interrupted_run, previous_records
+from conductor.enrich.history import OK, abandon_interrupted, failed_before, interrupted_run, previous_records
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.records import RecordChecker, parse_reply, typed_columns
@@ -79,6 +79,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo])
               or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}")
     run = RunDir(data_dir, run_id)
+    abandoned = abandon_interrupted(data_dir, job.name, run_id)
 
     computed: dict[str, dict[str, Any]] = {}
     judge_cost, judge_stopped = 0.0, 0
@@ -100,6 +101,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     summary["judge_cost_usd"] = judge_cost
     summary["judge_budget_exhausted"] = judge_stopped
     summary["failures"] = _failures(table)
+    summary["abandoned_runs"] = abandoned
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
     run.set_status("incomplete" if statuses.get("budget_exhausted") or judge_stopped else "complete",
