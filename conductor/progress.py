@@ -16,6 +16,7 @@ from typing import TextIO
 class Counters:
     plans_total: int = 0
     plans_done: int = 0
+    plans_resumed: int = 0  # done before this process started: not in its rate
     calls: int = 0
     cache_hits: int = 0
     errors: int = 0
@@ -23,6 +24,9 @@ class Counters:
     usd: float = 0.0
     waiting: dict[str, str] = field(default_factory=dict)  # what the run waits on (a batch id -> its state)
     started: float = field(default_factory=time.monotonic)
+
+
+MIN_PLANS_FOR_ETA = 20
 
 
 class Progress:
@@ -50,11 +54,20 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def say(self, text: str) -> None:
+        """One line for a stage that has no counter (reading, writing), so a long one is not silent."""
+        if self.enabled:
+            self.stream.write(("\r\x1b[2K" if self.tty else "") + f"[{self.label}] {text}\n")
+            self.stream.flush()
+
     def line(self, now: float | None = None) -> str:
         c = self.c
         elapsed = max((now or time.monotonic()) - c.started, 1e-9)
-        rate = c.plans_done / elapsed
-        left = (c.plans_total - c.plans_done) / rate if rate > 0 and c.plans_total else None
+        here = c.plans_done - c.plans_resumed
+        rate = here / elapsed
+        # too few plans or seconds for a rate: the first line said "left 7h31m" for five minutes
+        left = (c.plans_total - c.plans_done) / rate if here >= MIN_PLANS_FOR_ETA and elapsed >= 2 \
+            and c.plans_total else None
         eta = _fmt_s(left) if left is not None else "?"
         return (f"[{self.label}] plans {c.plans_done}/{c.plans_total}  calls {c.calls}  "
                 f"cache hits {c.cache_hits}  errors {c.errors}  retries {c.retries}  "

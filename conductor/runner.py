@@ -284,7 +284,8 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     pool = replanner.extend_pool(run.pool) if isinstance(replanner, BaseReplanner) else run.pool
     progress = progress or Progress(enabled=cfg.progress)
     progress.c.plans_total = pq.ParquetFile(plans_path).metadata.num_rows
-    progress.c.plans_done = len(state.finished)
+    progress.c.plans_done = progress.c.plans_resumed = len(state.finished)
+    progress.c.started = time.monotonic()
     progress.c.usd = sum(state.spent.values())
     from conductor.functions import run_function
 
@@ -311,6 +312,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
         if own_planner is not None:
             close_planner(own_planner)
     check_work(run)
+    progress.say("writing traces and results")
     finalize_journal(run.dir)
     carry_columns(run)
     run.dir.set_status("executed", spend=context.spend())

@@ -34,6 +34,7 @@ from conductor.enrich.table import ids_of, load_rows, references, render, row_ha
 from conductor.errors import ConductorError
 from conductor.execute.structured import RecordSpec
 from conductor.pool import Pool, load_pool
+from conductor.progress import Progress
 from conductor.rewards import group_advantages
 from conductor.store import RunDir, rows_to_table, write_atomic, write_table
 
@@ -62,6 +63,8 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     data_dir = Path(data_dir)
     pool = load_pool(job.pool_path)
     definition = job.definition_hash(pool.identity_hash())
+    say = Progress(label="job", enabled=progress).say
+    say(f"reading {job.input_path}")
     df = load_rows(job)
     ids = ids_of(job, df)
     prompts = render(job, df)
@@ -74,6 +77,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     reuse = [i for i, (rid, h) in enumerate(zip(ids, hashes)) if previous.get(rid, {}).get("row_hash") == h]
     reused = set(reuse)
     todo = [i for i in range(len(ids)) if i not in reused]
+    say(f"{len(ids):,} rows: {len(todo):,} to compute, {len(reuse):,} reused")
     info = {"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
             "definition": definition, "full_refresh": full_refresh}
     run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo])
@@ -92,6 +96,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
         judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run, data_dir,
                                            progress)
 
+    say("writing records")
     rows = _row_outcomes(ids, computed, previous, reused, run_id)
     records = [r["record"] for r in rows]
     table = _records_table(job, df, ids, hashes, rows, records, now)
