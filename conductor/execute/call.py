@@ -9,7 +9,6 @@ asked us to wait.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import time
@@ -57,8 +56,8 @@ class CallRequest:
     api_base: str | None = None
     timeout_s: float = 120.0
     request_id: str | None = None  # sent as X-Conductor-Request to OpenAI-compatible endpoints, for tracing
-    # the endpoint's client for the run: an openai_http.OpenAIEndpoint (sent directly), an
-    # OpenAI client for litellm (see capped_client), or None (litellm's own)
+    # the endpoint's client for the run: an openai_http.OpenAIEndpoint (sent directly), or
+    # None (litellm's own)
     client: Any = None
 
 
@@ -241,57 +240,8 @@ def classify(e: Exception, api_key: str | None) -> CallFailure:
     return CallFailure("other", message, status)
 
 
-# Error bodies longer than this are cut before litellm reads them.
+# Error bodies are read up to this many bytes (the direct client); a longer one is cut.
 MAX_ERROR_BODY_BYTES = 64 << 10
-
-
-def capped_client(api_base: str, api_key: str | None) -> Any:
-    """An OpenAI client for an OpenAI-compatible endpoint whose error bodies are cut to
-    MAX_ERROR_BODY_BYTES before litellm sees them: litellm scans a whole error body with
-    its secret-redaction regexes on the event loop (about 6 s per MB), which froze every
-    other call while a server answered 400s with megabytes. Successful answers pass
-    through untouched, over litellm's own transport. Create it inside the event loop
-    that uses it, and close it (`await client.close()`) when the run ends."""
-    import httpx
-    from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
-    from openai import AsyncOpenAI
-
-    transport = _capped_errors(AsyncHTTPHandler.create_async_transport() or httpx.AsyncHTTPTransport())
-    return AsyncOpenAI(api_key=api_key or "no-key", base_url=api_base, max_retries=0,
-                       http_client=httpx.AsyncClient(transport=transport, follow_redirects=True))
-
-
-def _capped_errors(inner: Any) -> Any:
-    """An httpx transport over `inner` that cuts the body of error responses (status >= 400)."""
-    import httpx
-
-    class CappedErrors(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            resp = await inner.handle_async_request(request)
-            encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
-            if resp.status_code < 400 or encoded:
-                return resp
-            body = b""
-            try:
-                async for chunk in resp.stream:
-                    body += chunk
-                    if len(body) > MAX_ERROR_BODY_BYTES:
-                        break
-            finally:
-                await resp.aclose()
-            if len(body) > MAX_ERROR_BODY_BYTES:  # still JSON, so the provider's message shows
-                text = _cut(redact(body.decode("utf-8", "replace"), api_key), MAX_ERROR_CHARS // 2)
-                body = json.dumps({"error": {"message": f"(cut: the error body is larger than "
-                                                        f"{MAX_ERROR_BODY_BYTES >> 10} KiB) {text}..."}}).encode()
-            headers = [(k, v) for k, v in resp.headers.items()
-                       if k.lower() not in ("content-length", "transfer-encoding", "content-type")]
-            return httpx.Response(resp.status_code, headers=[*headers, ("content-type", "application/json")],
-                                  content=body, request=request, extensions=resp.extensions)
-
-        async def aclose(self) -> None:
-            await inner.aclose()
-
-    return CappedErrors()
 
 
 def _cut(text: str, limit: int = MAX_ERROR_CHARS) -> str:
