@@ -56,13 +56,21 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
         if g is None:
             w = pool.worker(r["worker"]) if pool.has(r["worker"]) else None
             g = groups[(r["worker"], kind)] = {
-                "worker": r["worker"], "failure": kind, "url": (w.api_base if w else None) or "(provider default)",
+                "worker": r["worker"], "failure": kind, "url": _shown_url(w.api_base if w else None),
                 "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS,
                 "plans": set(), "example": " ".join((r["error"] or "").split())[:300]}
         g["plans"].add(r["plan_id"])
     out = [{**g, "plans": len(g["plans"]), "retries_used_up": len(g["plans"] & used_up) if g["retried_on_rerun"] else 0}
            for g in groups.values()]
     return sorted(out, key=lambda g: -g["plans"])
+
+
+def _shown_url(api_base: str | None) -> str:
+    """The endpoint as summaries show it: a `${TOKEN}` expanded into it, or a password, is masked."""
+    from conductor.masking import mask
+    from conductor.pool import redact_url
+
+    return mask(redact_url(api_base)) if api_base else "(provider default)"
 
 
 def invalid_plan_groups(plans: Path, examples: int = 3) -> list[dict[str, Any]]:

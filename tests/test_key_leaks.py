@@ -239,3 +239,16 @@ def test_a_key_pasted_in_place_of_a_variable_name_is_refused_unshown(tmp_path, s
     r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data")
     assert r.returncode == 2 and "providers.p.api_key_env: must be the NAME" in r.stderr, r.stderr
     assert _leaks(key, r.stdout, r.stderr) == []
+
+
+def test_a_token_expanded_into_api_base_is_masked_in_the_failure_summary(tmp_path, echo, sample_queries):
+    """The summary's "failures by worker" printed the endpoint as expanded (audit 26)."""
+    token = "gwtok" + secrets.token_hex(10)
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("providers:\n  gw: {timeout_s: 10, max_attempts: 1}\nworkers:\n"
+                    f"  - {{id: w, model: openai/m, provider: gw, api_base: '{echo.root}/e400/${{GW_TOKEN}}/v1',\n"
+                    "     price: {input_per_mtok: 1, output_per_mtok: 1}}\n")
+    r = run_cli("run", _queries(tmp_path, 3), "--pool", pool, "--data-dir", tmp_path / "data", "--quiet",
+                env={"GW_TOKEN": token})
+    assert r.returncode == 4 and "/e400/***/v1" in r.stdout, r.stdout + r.stderr
+    assert _leaks(token, r.stdout, r.stderr, folder=tmp_path / "data") == []
