@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow.parquet as pq
 import orjson
@@ -19,6 +18,7 @@ import pytest
 
 from conductor.runner import RunConfig, run_all
 from tests.conftest import cli, run_cli, worker, write_pool
+from tests.fakehttp import LoopbackServer, QuietHandler
 from tests.test_executor import FixedPlanner, solve
 
 # slow: killed processes, full disks, damaged files: many whole runs through the CLI
@@ -47,19 +47,16 @@ SHAPES = {
 EXTRA_MODELS = ["trickle", "hugeerror", "echokey"]
 
 
-class FaultServer:
+class FaultServer(LoopbackServer):
     """An OpenAI-compatible endpoint that answers each model with a fixed (status, body)."""
 
     def __init__(self, shapes=SHAPES):
         self.requests: list[dict] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": m, "object": "model"}
+                self.send(200, {"object": "list", "data": [{"id": m, "object": "model"}
                                                              for m in [*shapes, *EXTRA_MODELS]]})
 
             def do_POST(self):
@@ -69,11 +66,11 @@ class FaultServer:
                 if model == "trickle":
                     return self._trickle(_ok(model))
                 if model == "hugeerror":
-                    return self._send(400, {"error": {"message": "bad request " + "x" * 300_000}})
+                    return self.send(400, {"error": {"message": "bad request " + "x" * 300_000}})
                 if model == "echokey":  # a gateway's error page that repeats the request's headers
-                    return self._send(200, f"<html>Bad gateway; you sent {self.headers.get('Authorization')}</html>")
+                    return self.send(200, f"<html>Bad gateway; you sent {self.headers.get('Authorization')}</html>")
                 status, doc, *headers = shapes.get(model, lambda m: (404, {"error": {"message": "no such model"}}))(model)
-                self._send(status, doc, *headers)
+                self.send(status, doc, *headers)
 
             def _trickle(self, doc):  # a valid answer, one byte every 0.2 s
                 data = json.dumps(doc).encode()
@@ -89,27 +86,8 @@ class FaultServer:
                 except OSError:
                     pass
 
-            def _send(self, status, doc, headers=None):
-                data = doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
-                self.send_response(status)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
+        self.url = f"{self.root}/v1"
 
 
 @pytest.fixture
@@ -493,10 +471,7 @@ def test_preflight_reports_a_typo_d_provider_and_an_unknown_model_before_any_cal
 def test_preflight_gives_up_on_a_models_list_sent_a_byte_at_a_time():
     from conductor.preflight import _list_models
 
-    class Trickle(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
+    class Trickle(QuietHandler):
         def do_GET(self):
             self.send_response(200)
             self.send_header("content-length", "500")
@@ -509,13 +484,8 @@ def test_preflight_gives_up_on_a_models_list_sent_a_byte_at_a_time():
             except OSError:
                 pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        assert _list_models(f"http://127.0.0.1:{httpd.server_address[1]}/v1", None) is None  # inconclusive
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with LoopbackServer(Trickle) as server:
+        assert _list_models(f"{server.root}/v1", None) is None  # inconclusive
 
 # ---- 4. budgets hold under any script and any reported usage ----------------
 

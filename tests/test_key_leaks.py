@@ -5,10 +5,7 @@ passwords. Each case is a way a key did leak (audit of 2026-11-27)."""
 
 from __future__ import annotations
 
-import json
 import secrets
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,6 +13,7 @@ import pytest
 from conductor.errors import ConductorError
 from conductor.runner import RunConfig, run_all
 from tests.conftest import run_cli, worker, write_pool
+from tests.fakehttp import LoopbackServer, QuietHandler
 from tests.test_executor import FixedPlanner, solve
 
 # Not named like a secret, so only the code that knows the pool's key can mask it.
@@ -26,7 +24,7 @@ def _key() -> str:
     return "gsk_TESTxLEAK" + secrets.token_hex(12)
 
 
-class EchoServer:
+class EchoServer(LoopbackServer):
     """An OpenAI-compatible endpoint that repeats the request's Authorization header back,
     in the place the first segment of the path names (`/<mode>/v1/...`)."""
 
@@ -34,10 +32,7 @@ class EchoServer:
         self.auth_seen: list[str] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self):
                 outer.auth_seen.append(self.headers.get("Authorization") or "")
                 mode = self.path.split("/")[1]
@@ -49,48 +44,30 @@ class EchoServer:
                     self.end_headers()
                 elif mode in ("listed", "modelsecho"):
                     ids = ["m"] if mode == "listed" else ["zzz " + auth]
-                    self._send(200, {"object": "list", "data": [{"id": i, "object": "model"} for i in ids]})
+                    self.send(200, {"object": "list", "data": [{"id": i, "object": "model"} for i in ids]})
                 else:
-                    self._send(404, {"error": {"message": "no /models here"}})
+                    self.send(404, {"error": {"message": "no /models here"}})
 
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 mode = self.path.split("/")[1]
                 auth = self.headers.get("Authorization") or ""
                 if mode == "e400":  # a JSON error that repeats the headers
-                    return self._send(400, {"error": {"message": f"bad request; you sent {auth}"}})
+                    return self.send(400, {"error": {"message": f"bad request; you sent {auth}"}})
                 if mode == "refusal":  # no content; the refusal repeats the headers
-                    return self._send(200, {"id": "x", "object": "chat.completion", "model": "m", "choices": [
+                    return self.send(200, {"id": "x", "object": "chat.completion", "model": "m", "choices": [
                         {"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": None, "refusal": f"I cannot use {auth}"}}]})
                 if mode == "page200":  # a gateway page: the key straddles the 200 characters kept
-                    return self._send(200, "p" * 173 + auth + " end")
+                    return self.send(200, "p" * 173 + auth + " end")
                 if mode == "big400":  # over 64 KiB: the key straddles the 1000 characters kept
-                    return self._send(400, {"error": {"message": "q" * 950 + auth + "y" * 70_000}})
-                return self._send(404, {"error": {"message": "no such mode"}})
+                    return self.send(400, {"error": {"message": "q" * 950 + auth + "y" * 70_000}})
+                return self.send(404, {"error": {"message": "no such mode"}})
 
-            def _send(self, status, doc):
-                data = doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.root = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     def base(self, mode: str) -> str:
         return f"{self.root}/{mode}/v1"
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture
