@@ -315,7 +315,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     progress.say("writing traces and results")
     finalize_journal(run.dir)
     carry_columns(run)
-    run.dir.set_status("executed", spend=context.spend())
+    run.dir.set_status("executed", spend=context.spend(), lost_in_flight=context.lost_in_flight)
     return run.dir.table("results")
 
 
@@ -487,6 +487,7 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "tokens_per_query": t.tokens / n_queries if n_queries else None,
         "wall_time_s": wall_time_s,
         "spend": manifest.get("spend", []),
+        "lost_in_flight": manifest.get("lost_in_flight") or {"calls": 0, "reserved_usd": 0.0},
         "outputs": str(run.dir.path),
         "failures": failure_groups(run.dir.table("traces"), run.pool),
         "invalid_plans": invalid_plan_groups(run.dir.table("plans")),

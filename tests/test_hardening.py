@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -590,6 +591,13 @@ def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_s
     settled = {x["id"] for x in lines if "settled" in x}
     unsettled = [x for x in lines if "key" in x and x["id"] not in settled]
     assert 1 <= len(unsettled) <= 2, len(unsettled)  # 32 plans were in flight, 2 calls were sent
+    # The finished run says what was lost in flight: no step row holds those calls' cost.
+    r = run_cli(*cmd[3:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = orjson.loads(next(data.glob("runs/*/summary.json")).read_bytes())
+    assert summary["lost_in_flight"]["calls"] == len(unsettled)
+    assert summary["lost_in_flight"]["reserved_usd"] == pytest.approx(sum(x["usd"] for x in unsettled))
+    assert re.search(rf"lost in flight +{len(unsettled)} call\(s\) a killed process sent", r.stdout), r.stdout
 
 
 def test_ctrl_c_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_sim, sample_queries):

@@ -39,8 +39,17 @@ def run_summary(s: dict) -> str:
     for cap in s.get("spend", []):
         if cap["limit_usd"] is not None:
             rows.append((f"budget {cap['cap']}", f"${cap['spent_usd']:.6f} of ${cap['limit_usd']:.6f}"))
+    rows += _lost_in_flight(s)
     rows += [("outputs", s["outputs"]), ("catalog", s.get("catalog", ""))]
     return key_values(rows)
+
+
+def _lost_in_flight(s: dict[str, Any]) -> list[tuple[str, str]]:
+    lost = s.get("lost_in_flight") or {}
+    if not lost.get("calls"):
+        return []
+    return [("lost in flight", f"{lost['calls']} call(s) a killed process sent, answers never received: up to "
+                               f"${lost['reserved_usd']:.6f} (reserved), in the budget lines, not in cost")]
 
 
 def job_summary(s: dict[str, Any]) -> str:
@@ -69,6 +78,7 @@ def job_summary(s: dict[str, Any]) -> str:
     for a in s.get("abandoned_runs") or ():
         rows.append(("abandoned", f"interrupted run {a['run_id']}: ${a['cost_usd']:.6f} for {a['calls']} calls paid "
                                   f"there (status abandoned; this run reused its answers from the cache)"))
+    rows += _lost_in_flight(s)
     rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
              ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]
     out = key_values(rows)

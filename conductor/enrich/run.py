@@ -106,6 +106,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     summary["judge_cost_usd"] = judge_cost
     summary["judge_budget_exhausted"] = judge_stopped
     summary["failures"] = _failures(table)
+    summary["lost_in_flight"] = run.read_manifest().get("lost_in_flight") or {"calls": 0, "reserved_usd": 0.0}
     summary["abandoned_runs"] = abandoned
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]

@@ -38,6 +38,8 @@ class ExecutionContext:
         self.executor_options = executor_options
         self.executor: Executor | None = None
         self._open: list[Any] = []
+        # calls killed processes sent whose answers never came back: maybe billed, in no step's cost
+        self.lost_in_flight = {"calls": 0, "reserved_usd": 0.0}
 
     def __enter__(self) -> Executor:
         try:
@@ -58,6 +60,8 @@ class ExecutionContext:
                     claimable.add(key)
                     continue
                 spent[pid] = spent.get(pid, 0.0) + usd
+                self.lost_in_flight["calls"] += 1
+                self.lost_in_flight["reserved_usd"] += usd
             journal = Journal(self.work)
             self._open.append(journal)
             self.executor = Executor(self.pool, journal, self.options, cache=cache, run_cache=run_cache,
