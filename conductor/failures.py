@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from conductor.errors import ConductorError
 from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, retries_used_up
-from conductor.pool import Pool
+from conductor.masking import mask
+from conductor.pool import Pool, redact_url
 
 DEFAULT_MAX_FAILED_SHARE = 0.05
 ENV_MAX_FAILED_SHARE = "CONDUCTOR_MAX_FAILED_SHARE"
@@ -67,9 +68,6 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
 
 def _shown_url(api_base: str | None) -> str:
     """The endpoint as summaries show it: a `${TOKEN}` expanded into it, or a password, is masked."""
-    from conductor.masking import mask
-    from conductor.pool import redact_url
-
     return mask(redact_url(api_base)) if api_base else "(provider default)"
 
 

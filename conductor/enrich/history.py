@@ -50,7 +50,10 @@ def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict
         folder = m.parent
         if folder.name == run_id or (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
             continue
-        manifest = orjson.loads(m.read_bytes())
+        try:
+            manifest = orjson.loads(m.read_bytes())
+        except orjson.JSONDecodeError:  # a damaged manifest is named by the catalog refresh, not here
+            continue
         if (manifest.get("job") or {}).get("name") != job_name or manifest.get("status") == ABANDONED:
             continue
         state = load_state(folder / "work")
