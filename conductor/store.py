@@ -179,6 +179,9 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
             time.sleep(0.25 * (i + 1))
     else:
         raise CatalogHeld(f"cannot open {db}: {last}")
+    # Taken before the views are made: files landing meanwhile make the stamp stale (so the next
+    # `conductor sql` refreshes), never a stamp newer than the views
+    signature = views_signature(data_dir)
     try:
         create_views(con, runs)
     except duckdb.Error as e:  # a damaged file under runs/: name it, the runs' own outputs are fine
@@ -187,7 +190,7 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
     finally:
         con.close()
     try:
-        (data_dir / VIEWS_STAMP).write_text(views_signature(data_dir))
+        (data_dir / VIEWS_STAMP).write_text(signature)
     except OSError:
         pass  # only an optimization: `conductor sql` refreshes again next time
     return db

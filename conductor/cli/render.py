@@ -76,8 +76,12 @@ def job_summary(s: dict[str, Any]) -> str:
                               f" (${s.get('judge_cost_usd') or 0:.6f})" if j["mean_score"] is not None
                      else "no row judged"))
     for a in s.get("abandoned_runs") or ():
+        lost = a.get("lost_in_flight") or {}
         rows.append(("abandoned", f"interrupted run {a['run_id']}: ${a['cost_usd']:.6f} for {a['calls']} calls paid "
-                                  f"there (status abandoned; this run reused its answers from the cache)"))
+                                  f"there" + (f", and {lost['calls']} sent when it was killed whose answers never "
+                                              f"came back (up to ${lost['reserved_usd']:.6f} reserved)"
+                                              if lost.get("calls") else "")
+                     + " (status abandoned; this run reused its answers from the cache)"))
     rows += _lost_in_flight(s)
     rows += [("wall time", f"{s['wall_time_s']:.1f} s"), ("records", s["records_path"]),
              ("catalog", f"{s.get('catalog', '')} (view {s['job']})")]

@@ -57,8 +57,10 @@ def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict
         if (manifest.get("job") or {}).get("name") != job_name or manifest.get("status") == ABANDONED:
             continue
         state = load_state(folder / "work")
+        lost = list(state.unsettled.values())  # sent when it was killed, answers never logged
         summary = {"job": job_name, "run_id": folder.name, "cost_usd": round(sum(state.spent.values()), 9),
-                   "calls": len(state.paid), "superseded_by": run_id}
+                   "calls": len(state.paid), "superseded_by": run_id,
+                   "lost_in_flight": {"calls": len(lost), "reserved_usd": round(sum(u for _, _, u in lost), 9)}}
         RunDir(data_dir, folder.name).set_status(ABANDONED, summary=summary)
         closed.append(summary)
     return closed
