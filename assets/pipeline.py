@@ -31,7 +31,7 @@ from pydantic import Field
 
 from conductor import runner, stats
 from conductor.errors import ConductorError
-from conductor.execute.journal import load_state
+from conductor.progress import Progress
 from conductor.report import summary_markdown
 from conductor.store import refresh_catalog, write_table
 from assets.charts import accuracy_cost_chart
@@ -112,10 +112,9 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
     try:  # a configuration error (the pool file, the run id, a threshold) fails at once, not after three retries
         failed_share_threshold()
         run = runner.prepare(plans)
-        before = load_state(run.dir.work)
+        sent = Progress(enabled=False)  # counts what this materialization sends
         with hold_pools(context, provider_pools(run.pool)) as held:
-            results = runner.execute_stage(run)
-        after = load_state(run.dir.work)
+            results = runner.execute_stage(run, progress=sent)
     except ConductorError as e:
         raise Failure(str(e), allow_retries=False) from None
     t = pq.read_table(results, columns=["status", "cost_usd", "calls"])
@@ -127,8 +126,8 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
         "cost_usd": pc.sum(t.column("cost_usd")).as_py() or 0.0,
         "calls": pc.sum(t.column("calls")).as_py() or 0,
         # A rematerialization resumes the run: what this one sent, beside the run's totals above
-        "new_cost_usd": round(sum(after.spent.values()) - sum(before.spent.values()), 9),
-        "new_calls": len(after.paid - before.paid),
+        "new_cost_usd": round(sent.c.usd - sent.c.usd_resumed, 9),
+        "new_calls": sent.c.calls,
         "pools": MetadataValue.json(held),
     })
 

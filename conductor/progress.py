@@ -22,6 +22,7 @@ class Counters:
     errors: int = 0
     retries: int = 0
     usd: float = 0.0
+    usd_resumed: float = 0.0  # spent before this process started: usd - usd_resumed is this process's
     waiting: dict[str, str] = field(default_factory=dict)  # what the run waits on (a batch id -> its state)
     started: float = field(default_factory=time.monotonic)
 

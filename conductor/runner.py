@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
-from conductor.execute.context import ExecutionContext
+from conductor.execute.context import ExecutionContext, lost_in_flight
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
 from conductor.execute.journal import STEPS_FILE, load_state, unpriced_calls
 from conductor.execute.prices import resolve_price
@@ -286,7 +286,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     progress.c.plans_total = pq.ParquetFile(plans_path).metadata.num_rows
     progress.c.plans_done = progress.c.plans_resumed = len(state.finished)
     progress.c.started = time.monotonic()
-    progress.c.usd = sum(state.spent.values())
+    progress.c.usd = progress.c.usd_resumed = sum(state.spent.values())
     from conductor.functions import run_function
 
     reserve = executing = None
@@ -487,7 +487,7 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "tokens_per_query": t.tokens / n_queries if n_queries else None,
         "wall_time_s": wall_time_s,
         "spend": manifest.get("spend", []),
-        "lost_in_flight": manifest.get("lost_in_flight") or {"calls": 0, "reserved_usd": 0.0},
+        "lost_in_flight": lost_in_flight(manifest),
         "outputs": str(run.dir.path),
         "failures": failure_groups(run.dir.table("traces"), run.pool),
         "invalid_plans": invalid_plan_groups(run.dir.table("plans")),

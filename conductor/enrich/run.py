@@ -32,6 +32,7 @@ from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.records import RecordChecker, parse_reply, typed_columns
 from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
 from conductor.errors import ConductorError
+from conductor.execute.context import lost_in_flight
 from conductor.execute.structured import RecordSpec
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
@@ -106,7 +107,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     summary["judge_cost_usd"] = judge_cost
     summary["judge_budget_exhausted"] = judge_stopped
     summary["failures"] = _failures(table)
-    summary["lost_in_flight"] = run.read_manifest().get("lost_in_flight") or {"calls": 0, "reserved_usd": 0.0}
+    summary["lost_in_flight"] = lost_in_flight(run.read_manifest())
     summary["abandoned_runs"] = abandoned
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]

@@ -21,6 +21,12 @@ from conductor.pool import Pool
 from conductor.progress import Progress
 
 
+def lost_in_flight(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A run's calls sent by killed processes whose answers never came back, as its
+    manifest records them (none when it records nothing)."""
+    return manifest.get("lost_in_flight") or {"calls": 0, "reserved_usd": 0.0}
+
+
 class ExecutionContext:
     """`with ExecutionContext(work, pool, options, state=...) as ex:` gives an Executor
     whose journal and caches are closed on leaving, whatever happened."""
@@ -39,7 +45,7 @@ class ExecutionContext:
         self.executor: Executor | None = None
         self._open: list[Any] = []
         # calls killed processes sent whose answers never came back: maybe billed, in no step's cost
-        self.lost_in_flight = {"calls": 0, "reserved_usd": 0.0}
+        self.lost_in_flight = lost_in_flight({})
 
     def __enter__(self) -> Executor:
         try:
