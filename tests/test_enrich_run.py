@@ -540,11 +540,15 @@ def test_a_killed_run_whose_input_changed_is_closed_as_abandoned_with_what_it_pa
     paid = old["summary"]
     assert old["status"] == "abandoned" and paid["calls"] >= 40 and paid["cost_usd"] > 0
     assert paid["superseded_by"] != run_dir.name and f"interrupted run {run_dir.name}: ${paid['cost_usd']:.6f}" in r.stdout
+    # The calls the kill lost: sent and never settled, or settled but the kill took their step row
     lines = [orjson.loads(x) for x in (run_dir / "work" / "reservations.jsonl").read_bytes().splitlines()]
-    settled = {x["id"] for x in lines if "settled" in x}
-    in_flight = [x for x in lines if "key" in x and x["id"] not in settled]  # the calls the kill lost
+    logged = {x.get("request_key") for x in map(orjson.loads, (run_dir / "work" / "steps.jsonl").read_bytes()
+                                                  .splitlines()) if x.get("attempts")}
+    settled = {x["id"]: x["settled"] for x in lines if "settled" in x}
+    in_flight = [settled.get(x["id"], x["usd"]) for x in lines if "key" in x
+                 and (x["id"] not in settled or (settled[x["id"]] and x["key"] not in logged))]
     assert paid["lost_in_flight"]["calls"] == len(in_flight)
-    assert paid["lost_in_flight"]["reserved_usd"] == pytest.approx(sum(x["usd"] for x in in_flight))
+    assert paid["lost_in_flight"]["reserved_usd"] == pytest.approx(sum(in_flight))
     sql = run_cli("sql", f"SELECT status, summary->>'cost_usd' AS usd FROM runs WHERE run_id = '{run_dir.name}'",
                   "--data-dir", data, "--format", "csv")
     assert sql.stdout.split()[1].startswith("abandoned,"), sql.stdout + sql.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -588,16 +589,26 @@ def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_s
     p.communicate()
     (journal,) = data.glob("runs/*/work/reservations.jsonl")
     lines = [orjson.loads(x) for x in journal.read_bytes().splitlines() if x.strip()]
-    settled = {x["id"] for x in lines if "settled" in x}
+    settled = {x["id"]: x["settled"] for x in lines if "settled" in x}
     unsettled = [x for x in lines if "key" in x and x["id"] not in settled]
     assert 1 <= len(unsettled) <= 2, len(unsettled)  # 32 plans were in flight, 2 calls were sent
+    # Lost: sent and not settled, or settled but the kill took its step row; unless its answer
+    # reached the run cache (the resume records that one as the paid call it was).
+    work = journal.parent
+    logged = {x.get("request_key") for x in map(orjson.loads, (work / "steps.jsonl").read_bytes().splitlines())
+              if x.get("attempts")}
+    with sqlite3.connect(work / "responses.sqlite") as db:
+        answered = {k for (k,) in db.execute("SELECT key FROM responses")}
+    lost = [settled.get(x["id"], x["usd"]) for x in lines if "key" in x
+            and (x["id"] not in settled or (settled[x["id"]] and x["key"] not in logged))
+            and not (x["key"] not in logged and x["key"] in answered)]
     # The finished run says what was lost in flight: no step row holds those calls' cost.
     r = run_cli(*cmd[3:])
     assert r.returncode == 0, r.stdout + r.stderr
     summary = orjson.loads(next(data.glob("runs/*/summary.json")).read_bytes())
-    assert summary["lost_in_flight"]["calls"] == len(unsettled)
-    assert summary["lost_in_flight"]["reserved_usd"] == pytest.approx(sum(x["usd"] for x in unsettled))
-    assert re.search(rf"lost in flight +{len(unsettled)} call\(s\) a killed process sent", r.stdout), r.stdout
+    assert summary["lost_in_flight"]["calls"] == len(lost)
+    assert summary["lost_in_flight"]["reserved_usd"] == pytest.approx(sum(lost))
+    assert re.search(rf"lost in flight +{len(lost)} call\(s\) a killed process sent", r.stdout), r.stdout
 
 
 def test_ctrl_c_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_sim, sample_queries):

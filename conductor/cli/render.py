@@ -78,8 +78,8 @@ def job_summary(s: dict[str, Any]) -> str:
     for a in s.get("abandoned_runs") or ():
         lost = a.get("lost_in_flight") or {}
         rows.append(("abandoned", f"interrupted run {a['run_id']}: ${a['cost_usd']:.6f} for {a['calls']} calls paid "
-                                  f"there" + (f", and {lost['calls']} sent when it was killed whose answers never "
-                                              f"came back (up to ${lost['reserved_usd']:.6f} reserved)"
+                                  f"there" + (f", and {lost['calls']} sent when it was killed whose answers were never "
+                                              f"recorded (up to ${lost['reserved_usd']:.6f})"
                                               if lost.get("calls") else "")
                      + " (status abandoned; this run reused its answers from the cache)"))
     rows += _lost_in_flight(s)
