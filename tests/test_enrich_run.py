@@ -271,6 +271,28 @@ def test_rerun_sends_only_new_rows_template_change_and_full_refresh_send_all(sim
     assert sim.log()["total"] == 300
 
 
+def test_a_complete_run_removes_its_journal_unless_asked_to_keep_it(sim, tmp_path):
+    """A daily job kept every run's journal, about ten times its outputs (892 MB at 400,000
+    rows). The same run id given again still answers from the records, asking nothing."""
+    data = tmp_path / "data"
+    path = variant(QA_JOB, tmp_path, "qa_tidy", rows=questions(30))
+    r = run_cli("job", "run", path, "--data-dir", data, env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 0, r.stderr
+    assert "removed the run's work folder" in r.stderr
+    (run_dir,) = (data / "runs").iterdir()
+    assert not (run_dir / "work").exists() and (run_dir / "records.parquet").exists()
+    sim.reset()
+    again = run_job(load_job(path), data_dir=data, run_id=run_dir.name, progress=False)
+    assert again["run_id"] == run_dir.name and again["valid"] == 30 and sim.log()["total"] == 0
+    assert again["cost_usd"] > 0  # what the run paid, as it was
+
+    kept = variant(QA_JOB, tmp_path, "qa_kept", rows=questions(30))
+    r = run_cli("job", "run", kept, "--data-dir", data, "--keep-work", "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 0, r.stderr
+    (kept_dir,) = data.glob("runs/qa_kept-*")
+    assert (kept_dir / "work" / "steps.jsonl").exists()
+
+
 def test_a_second_run_of_the_same_job_is_refused_while_the_first_runs(sim, tmp_path):
     """Two runs of one job on one data folder would both compute, and pay for, the same rows."""
     import os
@@ -363,6 +385,9 @@ def test_planned_documents_job_gives_confidence_from_agreement(sim, tmp_path):
     jtraces = pq.read_table(tmp_path / "data" / "runs" / f"{s['run_id']}-judge" / "traces.parquet")
     assert set(jtraces.column("worker").to_pylist()) == {"mid"} and jtraces.num_rows >= ok.num_rows
     assert rec.schema.field("n_questions").type == pa.int64()  # a carried column keeps its type
+    # Complete: neither run's journal is kept (nothing reads it again)
+    assert not (tmp_path / "data" / "runs" / s["run_id"] / "work").exists()
+    assert not (tmp_path / "data" / "runs" / f"{s['run_id']}-judge" / "work").exists()
 
 
 def test_a_budget_that_stops_the_judge_exits_3_and_a_rerun_judges_the_rest(sim, tmp_path):

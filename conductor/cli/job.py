@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.data_dir(r)
     r.add_argument("--run-id", help="name of the run (default: <job>-<UTC time>)")
     r.add_argument("--full-refresh", action="store_true", help="recompute every row, reusing no record")
+    r.add_argument("--keep-work", action="store_true",
+                   help="keep the run's work/ folder (its journal) once the records are written; by default it "
+                        "is removed, as no later run reads it")
     options.quiet(r)
     r.set_defaults(func=run)
     c = jsub.add_parser("check", help="validate a job file, its input and the prompts' lengths; makes no call")
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     job = load_job(args.job)
     summary = run_job(job, data_dir=args.data_dir, run_id=args.run_id, full_refresh=args.full_refresh,
-                      progress=not args.quiet)
+                      progress=not args.quiet, keep_work=args.keep_work)
     print(job_summary(summary))
     if summary.get("statuses", {}).get("budget_exhausted"):
         print(f"\n{summary['statuses']['budget_exhausted']} row(s) stopped by a budget. Raise it (job file "
