@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from urllib.parse import urlsplit
 
 from conductor.masking import mask
-from conductor.pool import Pool, Worker
+from conductor.pool import Pool, Worker, redact_url
 
 TIMEOUT_S = 5.0
 
@@ -54,7 +54,7 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
             unreachable.setdefault(base, []).append(w.id)
         elif models is not None and name not in models:
             shown = mask(", ".join(sorted(models)[:10]) + (" ..." if len(models) > 10 else ""), key)
-            problems.append(f"worker {w.id}: {base} does not serve model {name!r} (model {w.model}); "
+            problems.append(f"worker {w.id}: {redact_url(base)} does not serve model {name!r} (model {w.model}); "
                             f"it serves: {shown or 'nothing'}")
     for base, ids in unreachable.items():
         hint = (f" (a replay pool's server: `conductor replay serve --pool {pool.path}`, or `--serve` "
@@ -148,7 +148,7 @@ def _list_models(base: str, api_key: str | None) -> set[str] | str | None:
         return None  # it answers, but not this question (no /models, or a key is needed)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or e
-        return f"cannot reach {base} ({reason}); start the server or fix api_base in the pool file"
+        return f"cannot reach {redact_url(base)} ({reason}); start the server or fix api_base in the pool file"
     except ValueError:
         return None
     data = doc.get("data") if isinstance(doc, dict) else None

@@ -132,9 +132,19 @@ def prepare(cfg: RunConfig) -> Run:
         "run_id": run_id, "status": "created", "created_at": _now(), "fingerprint": digest,
         "conductor_version": __version__,
         "inputs": {"queries": str(Path(cfg.queries).resolve()), "pool": str(Path(cfg.pool).resolve()),
-                   **fingerprint},
+                   **fingerprint, "planner_options": _shown_options(cfg.planner_options)},
     })
     return Run(cfg, pool, queries, run, resumed=False)
+
+
+def _shown_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Planner options as the manifest keeps them: a password or token typed into a URL
+    (`api_base=https://user:TOKEN@host`, `?api_key=`) is masked, as everywhere else."""
+    from conductor.masking import mask
+    from conductor.pool import redact_url
+
+    return {k: (mask(redact_url(v)) if "://" in v else mask(v)) if isinstance(v, str) else v
+            for k, v in options.items()}
 
 
 # ---- plan -------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 
@@ -228,4 +229,18 @@ def test_a_token_expanded_into_api_base_is_masked_in_the_failure_summary(tmp_pat
     r = run_cli("run", _queries(tmp_path, 3), "--pool", pool, "--data-dir", tmp_path / "data", "--quiet",
                 env={"GW_TOKEN": token})
     assert r.returncode == 4 and "/e400/***/v1" in r.stdout, r.stdout + r.stderr
+    assert _leaks(token, r.stdout, r.stderr, folder=tmp_path / "data") == []
+
+
+def test_a_token_typed_into_a_planner_url_is_masked_in_the_manifest(tmp_path, sample_queries, fresh_sim):
+    """`--planner-option api_base=...` was kept as typed in manifest.json (audit 26)."""
+    token = "plntok" + secrets.token_hex(10)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet", "--planner", "llm",
+                "--planner-option", "model=openai/planner",
+                "--planner-option", f"api_base=http://me:{token}@127.0.0.1:9/v1?api_key={token}")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr  # nothing listens on port 9
+    (manifest,) = (tmp_path / "data" / "runs").glob("*/manifest.json")
+    shown = orjson.loads(manifest.read_bytes())["inputs"]["planner_options"]
+    assert shown == {"model": "openai/planner", "api_base": "http://me:***@127.0.0.1:9/v1?api_key=***"}
     assert _leaks(token, r.stdout, r.stderr, folder=tmp_path / "data") == []
