@@ -612,7 +612,9 @@ def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_s
     assert bool(shown) == bool(lost), r.stdout  # the line only when calls were lost
 
 
-def test_ctrl_c_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_sim, sample_queries):
+@pytest.mark.parametrize("sig,code,said", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_ctrl_c_or_sigterm_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_sim, sample_queries, sig, code, said):
+    """SIGTERM (what Kubernetes, systemd and schedulers send) used to end the run silently, exit 143."""
     import os
     import signal
     import subprocess
@@ -627,9 +629,9 @@ def test_ctrl_c_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_sim, sample_
     p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(fresh_sim, 8)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(getattr(signal, sig))
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and "interrupted; rerun the same command to resume" in err, err
+    assert p.returncode == code and f"{said}; rerun the same command to resume" in err, err
     assert "Unclosed" not in err and "Traceback" not in err, err  # the HTTP sessions were closed
     r = run_cli(*cmd[3:])
     assert r.returncode == 0 and "(resumed)" in r.stdout, r.stdout + r.stderr

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             print("conductor: error: cannot write standard output: the help was not written", file=sys.stderr)
             return 5
         raise
+    terminated = _on_sigterm_stop_as_on_ctrl_c()
     try:
         return int(args.func(args) or 0)
     except ConductorError as e:
@@ -64,8 +65,33 @@ def main(argv: list[str] | None = None) -> int:
               f"and rerun the same command: finished work is kept", file=sys.stderr)
         return 5
     except KeyboardInterrupt:
+        if terminated:
+            print("conductor: terminated; rerun the same command to resume", file=sys.stderr)
+            return 143
         print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+
+
+def _on_sigterm_stop_as_on_ctrl_c() -> list[int]:
+    """SIGTERM (Kubernetes, systemd, a scheduler) takes Ctrl-C's path: the running plans stop,
+    their sessions close, the journal is kept and uploaded, and the exit says how to resume.
+    Its default ended the process with nothing said. Returns a list that is non-empty once
+    SIGTERM came."""
+    import signal
+    import threading
+
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        return came
+
+    def stop(signum, frame):
+        came.append(signum)
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+            raise KeyboardInterrupt  # SIGINT ignored (a background job): stop here
+        os.kill(os.getpid(), signal.SIGINT)  # asyncio's own Ctrl-C handling, where it runs
+
+    signal.signal(signal.SIGTERM, stop)
+    return came
 
 
 def _failing_stdout() -> str | None:
