@@ -158,3 +158,32 @@ def test_an_unreachable_store_is_a_storage_error_naming_it(tmp_path, fresh_sim, 
     assert "Traceback" not in r.stderr and fresh_sim.log()["total"] == 0
     sql = run_cli("sql", "SELECT 1", "--store", "s3://runs/dev", env=env)
     assert sql.returncode == 5 and "cannot list the runs" in sql.stderr and "Traceback" not in sql.stderr
+
+
+def test_a_run_resumed_from_the_store_gets_its_batch_journal_and_a_lost_store_is_a_storage_error(
+        tmp_path, s3, monkeypatch):
+    """Without work/batches.jsonl a run resumed on another machine submitted its in-flight
+    batches again, paid twice (audit 28). A store lost mid-run exited 2, "bad input"."""
+    from types import SimpleNamespace
+
+    from conductor.errors import StorageError
+    from conductor.execute.shared.objects import ObjectStore
+
+    def run_dir(root):
+        return SimpleNamespace(run_id="batchy", path=root / "batchy", work=root / "batchy" / "work",
+                               manifest_path=root / "batchy" / "manifest.json", exists=lambda: (root / "batchy").exists())
+
+    here = run_dir(tmp_path / "a")
+    here.work.mkdir(parents=True)
+    line = b'{"event": "submitted", "batch_id": "batch_1", "worker": "w"}\n'
+    (here.work / "batches.jsonl").write_bytes(line)
+    here.manifest_path.write_bytes(b'{"run_id": "batchy", "status": "executing"}')
+    store = ObjectStore("s3://conductor-test/batches")
+    store.push_run(here)
+    there = run_dir(tmp_path / "b")
+    assert store.pull_run(there)
+    assert (there.work / "batches.jsonl").read_bytes() == line
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(StorageError, match="store s3://conductor-test/batches: cannot"):
+        ObjectStore("s3://conductor-test/batches").push_run(here)

@@ -36,7 +36,8 @@ TABLE_FILES = ("manifest.json", "plans.parquet", "traces.parquet", "results.parq
 # so plans first: every plan the uploaded plans.jsonl calls finished has its steps in the
 # later steps.jsonl. Reservations last: one sent after the steps snapshot is counted as
 # spent on resume unless its answer is in the run cache, uploaded after them all.
-WORK_FILES = ("plans.jsonl", "steps.jsonl", "reservations.jsonl")
+# batches.jsonl too: without it a run resumed elsewhere submits its in-flight batches again (paid twice)
+WORK_FILES = ("plans.jsonl", "steps.jsonl", "reservations.jsonl", "batches.jsonl")
 
 
 def store_url(value: str | None) -> str | None:
@@ -79,7 +80,9 @@ class ObjectStore:
             if self.fs.get_file_info(bucket).type == self._pafs.FileType.NotFound:
                 self.fs.create_dir(bucket)
         except OSError as e:
-            raise ConductorError(f"store {self.url}: cannot reach or create the bucket: {e}") from None
+            raise StorageError(f"store {self.url}: cannot reach or create the bucket ({e}); check AWS_ENDPOINT_URL, "
+                               f"the credentials and the network, then rerun the same command: finished work "
+                               f"is kept") from None
 
     def put(self, local: Path, *rel: str) -> None:
         """One object, whole or not at all (the upload completes on close)."""
@@ -204,8 +207,8 @@ class JournalUploader:
             self.store.push_run(self.run_dir)
         except Exception as e:
             if exc[0] is None:
-                raise ConductorError(f"store {self.store.url}: the run finished here but could not be "
-                                     f"uploaded ({e}); rerun the same command to upload it") from None
+                raise StorageError(f"store {self.store.url}: the run finished here but could not be "
+                                   f"uploaded ({e}); rerun the same command to upload it") from None
             log.warning("store %s: journal upload failed: %s", self.store.url, e)
 
 
