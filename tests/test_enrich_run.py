@@ -426,6 +426,21 @@ def test_a_budget_that_stops_the_judge_exits_3_and_a_rerun_judges_the_rest(sim, 
     assert sim.log()["by_model"] == {"sim-mid": first["judge_budget_exhausted"]}  # only the unjudged asked
 
 
+def test_full_refresh_asks_the_judge_again_too(sim, tmp_path):
+    """--full-refresh re-asked the extractor but took every judge answer from the cache at $0."""
+    docs = pq.read_table(FINANCE / "documents.parquet").slice(0, 5)
+    job = {"mode": "direct", "worker": "small", "planner": None}
+    path = variant(DOCS_JOB, tmp_path, "docs_refreshed", rows=docs, **job)
+    data = tmp_path / "data"
+    first = run_job(load_job(path), data_dir=data, progress=False)
+    judged = first["metrics"]["judge"]["judged_rows"]
+    assert judged and sim.log()["by_model"]["sim-mid"] == judged
+    sim.reset()
+    again = run_job(load_job(path), data_dir=data, full_refresh=True, progress=False)
+    assert sim.log()["by_model"] == {"sim-small": 5, "sim-mid": again["metrics"]["judge"]["judged_rows"]}
+    assert again["judge_cost_usd"] > 0
+
+
 def test_prompt_mode_asks_for_json_in_the_prompt(sim, tmp_path):
     job = load_job(variant(QA_JOB, tmp_path, "qa_prompt", rows=questions(40), structured="prompt"))
     s = run_job(job, data_dir=tmp_path / "data", progress=False)

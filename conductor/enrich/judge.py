@@ -34,10 +34,11 @@ def judge_prompt(rubric: str, prompt: str, record: dict[str, Any]) -> str:
 
 
 def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dict[str, Any]]],
-          progress: bool, budget_usd: float | None = None
+          progress: bool, budget_usd: float | None = None, refresh: bool = False
           ) -> tuple[dict[str, tuple[float | None, str | None]], float, int]:
     """Score (id, prompt, record) items within `budget_usd`; returns (id -> (score, reason),
-    what the judge cost, items a budget stopped)."""
+    what the judge cost, items a budget stopped). `refresh` (--full-refresh) asks the judge
+    again rather than the response cache."""
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, execute_stage, plan_stage, prepare
 
@@ -53,7 +54,7 @@ def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dic
             "metadata": pa.nulls(len(items), pa.string()),
         }))
     cfg = RunConfig(queries=queries, pool=job.pool_path, data_dir=data_dir, run_id=jrun.run_id, seed=job.seed,
-                    budget_usd=budget_usd, progress=progress)
+                    budget_usd=budget_usd, progress=progress, refresh=refresh)
     prepared = prepare(cfg)
     plan_stage(prepared, DirectPlanner(spec["worker"]))
     schema = object_schema(FIELDS, strict=True)

@@ -98,7 +98,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
         run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
     if job.quality.get("judge") and job.fields:
         judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run, data_dir,
-                                           progress)
+                                           progress, full_refresh)
 
     say("writing records")
     rows = _row_outcomes(ids, computed, previous, reused, run_id)
@@ -202,7 +202,8 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
 
 
 def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int], computed: dict,
-           reuse: list[int], previous: dict, run: RunDir, data_dir: Path, progress: bool) -> tuple[float, int]:
+           reuse: list[int], previous: dict, run: RunDir, data_dir: Path, progress: bool,
+           refresh: bool = False) -> tuple[float, int]:
     """Have the judge score the valid records of rows without any reference value: this run's,
     and reused ones a budget kept from being judged before. The judge spends what the job's
     budget_usd leaves after extraction. Returns (its cost, records a budget left unjudged)."""
@@ -224,7 +225,7 @@ def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo:
     if job.budget_usd is not None:
         spent = pq.read_table(run.table("results"), columns=["cost_usd"]).column(0) if todo else None
         budget = max(0.0, job.budget_usd - ((pc.sum(spent).as_py() or 0.0) if spent is not None else 0.0))
-    scores, cost, stopped = judge(job, run, data_dir, items, progress, budget)
+    scores, cost, stopped = judge(job, run, data_dir, items, progress, budget, refresh)
     for rid, (score, reason) in scores.items():
         target = computed.get(rid) or previous[rid]
         target["judge_score"], target["judge_reason"] = score, reason
