@@ -280,3 +280,29 @@ def test_json_lines_and_a_folder_of_parquet_files(folder):
     text = GOOD.replace("path: in.parquet", "path: in.xlsx")
     (folder / "in.xlsx").write_text("x")
     assert f"job.yaml:{line_of(text, 'in.xlsx')}: input.path:" in refused(folder, text)
+
+
+def test_an_abandoned_run_counts_the_batches_it_never_collected(tmp_path):
+    """A job run killed with a batch in flight, then superseded, said "$0 for 0 calls" and
+    nothing in flight, while the provider billed the whole batch (audit 28)."""
+    from conductor.cli.render import job_summary
+    from conductor.enrich.history import abandon_interrupted
+
+    run = tmp_path / "runs" / "qa-old"
+    (run / "work").mkdir(parents=True)
+    pq.write_table(pa.table({"query_id": ["a", "b", "c"]}), run / "queries.parquet")
+    (run / "manifest.json").write_bytes(orjson.dumps({"run_id": "qa-old", "status": "executing",
+                                                      "job": {"name": "qa"}}))
+    lines = [{"event": "uploaded", "input_file_id": "file-1", "worker": "w", "keys": ["k1", "k2"], "reserved": 0.25},
+             {"event": "submitted", "batch_id": "batch_1", "input_file_id": "file-1", "worker": "w",
+              "keys": ["k1", "k2"], "reserved": 0.25},
+             {"event": "uploaded", "input_file_id": "file-2", "worker": "w", "keys": ["k3"], "reserved": 0.5}]
+    (run / "work" / "batches.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    (closed,) = abandon_interrupted(tmp_path, "qa", "qa-new")
+    assert closed["lost_in_flight"] == {"calls": 3, "reserved_usd": 0.75}
+    assert closed["batches_in_flight"] == ["batch_1", "file-2"]
+    assert orjson.loads((run / "manifest.json").read_bytes())["status"] == "abandoned"
+    shown = job_summary({"job": "qa", "run_id": "qa-new", "rows": 0, "computed": 0, "reused": 0, "valid": 0,
+                         "statuses": {}, "cost_usd": 0.0, "calls": 0, "metrics": {"valid_share": 1.0, "fields": {}},
+                         "abandoned_runs": [closed], "wall_time_s": 1.0, "records_path": "r", "catalog": "c"})
+    assert "batches batch_1, file-2 were never collected" in shown and "3 sent when it was killed" in shown
