@@ -5,6 +5,8 @@ and expired lines retried, budgets reserved per batch, cache hits never sent."""
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -272,3 +274,49 @@ def test_a_batch_larger_than_an_input_file_may_be_is_split_by_size():
     parts = split_by_size(lines, 100)
     assert [[k for k, _, _ in p] for p in parts] == [["k0", "k1"], ["k2"], ["k3"], ["k4"], ["k5"]]
     assert all(sum(len(b) for _, _, b in p) <= 100 for p in parts if len(p) > 1)
+
+
+@pytest.mark.slow
+def test_a_provider_that_stops_answering_during_a_batch_is_said(tmp_path, fresh_sim, queries):
+    """Checking a batch that failed again and again was retried in silence, for up to
+    batch_max_wait_s (a day by default): no line named the provider (audit 28)."""
+    import urllib.error
+    import urllib.request
+
+    from tests.fakehttp import LoopbackServer, QuietHandler
+
+    refused = []
+
+    class Proxy(QuietHandler):  # the sim, but checking a batch fails the first 12 times
+        def _forward(self, method):
+            body = self.rfile.read(int(self.headers.get("content-length") or 0)) if method == "POST" else None
+            if method == "GET" and "/batches/" in self.path and len(refused) < 12:
+                refused.append(self.path)
+                return self.send(503, {"error": {"message": "down for maintenance"}})
+            req = urllib.request.Request(fresh_sim.url.rsplit("/v1", 1)[0] + self.path, data=body, method=method,
+                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    status, data, ctype = r.status, r.read(), r.headers.get("content-type", "application/json")
+            except urllib.error.HTTPError as e:
+                status, data, ctype = e.code, e.read(), e.headers.get("content-type", "application/json")
+            self.send_response(status)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._forward("GET")
+
+        def do_POST(self):
+            self._forward("POST")
+
+    with LoopbackServer(Proxy) as proxy:
+        pool = batch_pool(tmp_path / "pool.yaml", f"{proxy.root}/v1", max_attempts=2)
+        r = run(queries, pool, tmp_path / "data", "--no-cache", quiet=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(refused) == 12
+    assert re.search(rf"batch \S+ of worker \w+: cannot check it at {re.escape(proxy.root)}/v1 \(.*503", r.stderr), \
+        r.stderr
+    assert "the provider answers again after" in r.stderr

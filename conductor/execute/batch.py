@@ -60,6 +60,7 @@ class OpenBatch:
     task: asyncio.Task | None = None
     reservation: Any = None
     status: str = "submitted"
+    outage_since: float | None = None  # when checking it began to fail, until it answers again
 
     @property
     def batch_id(self) -> str:
@@ -317,8 +318,13 @@ class Batches:
                         raise CallFailure("server", f"batch {bid} is unknown to the provider: {f}") from None
                     if not f.retryable or time.time() - batch.record["at"] > provider.batch_max_wait_s:
                         raise
+                    self._unreachable(batch, worker, provider, f)
                     await asyncio.sleep(provider.batch_poll_s)  # the batch is paid for: keep asking
                     continue
+                if batch.outage_since is not None:
+                    ex.progress.say(f"batch {bid}: the provider answers again after "
+                                    f"{time.time() - batch.outage_since:.0f} s")
+                    batch.outage_since = None
                 batch.status = info.status
                 self._show(batch, info)
                 if info.status in TERMINAL:
@@ -471,6 +477,22 @@ class Batches:
         if key is None and worker.api_base:
             key = "no-key"  # OpenAI-compatible local servers need some value
         return key
+
+    def _unreachable(self, batch: OpenBatch, worker: Worker, provider: Provider, f: CallFailure) -> None:
+        """A provider that stops answering while it runs a batch is said, once, and shown on the
+        progress line while it lasts: it used to be retried in silence for up to a day."""
+        from conductor.failures import _shown_url
+
+        waited = int(time.time() - batch.record["at"])
+        left = max(0, int(provider.batch_max_wait_s - waited))
+        self.ex.progress.c.waiting[batch.batch_id] = (
+            f"batch {batch.batch_id} cannot be checked ({f.kind}) after {waited // 60}m{waited % 60:02d}s")
+        if batch.outage_since is None:
+            batch.outage_since = time.time()
+            self.ex.progress.say(f"batch {batch.batch_id} of worker {worker.id}: cannot check it at "
+                                 f"{_shown_url(worker.api_base)} ({' '.join(str(f).split())[:200]}); asking again "
+                                 f"every {provider.batch_poll_s:g} s for up to {left} s (batch_max_wait_s)")
+        self.ex.progress.tick()
 
     def _show(self, batch: OpenBatch, info: Any) -> None:
         """The batch's state on the progress line, so a long wait is visible."""
