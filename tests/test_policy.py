@@ -4,6 +4,7 @@ that planning uses when present and falls back from when not."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -322,6 +323,18 @@ def test_a_stale_or_foreign_artifact_is_refused_with_a_reason(planted, tmp_path)
     r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "nope", "--data-dir", planted["data"],
                 "--out", tmp_path / "p")
     assert r.returncode == 2 and "run nope: not found" in r.stderr
+    # Damaged (audit 30): a model file cut short was planned with; valid but incomplete JSON was a KeyError
+    cut = tmp_path / "cut"
+    shutil.copytree(planted["folder"], cut)
+    model = max((p for p in cut.iterdir() if p.name != "policy.json"), key=lambda p: p.stat().st_size)
+    model.write_bytes(model.read_bytes()[: max(1, model.stat().st_size // 2)])
+    with pytest.raises(ConductorError, match=rf"policy {re.escape(str(model))}: damaged"):
+        artifact.load(cut, pool)
+    (old / "policy.json").write_bytes(orjson.dumps({k: v for k, v in meta.items() if k != "training"}))
+    with pytest.raises(ConductorError, match="incomplete, no training"):
+        artifact.load(old, pool)
+    r = run_cli("policy", "show", "--pool", planted["pool"], "--policy", old)
+    assert r.returncode == 2 and "incomplete, no training" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_the_dagster_policy_asset_trains_from_the_runs_rewards(planted, tmp_path):

@@ -114,6 +114,7 @@ def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: st
                 "by_task": {t: [a.key for a in acts] for t, acts in actions.items()},
             },
             "training": training,
+            "checksums": _checksums(tmp),
         }
         # Number and rename under a lock-free retry: two trainings never share a version.
         for _ in range(100):
@@ -172,7 +173,35 @@ def read_meta(folder: Path) -> dict[str, Any]:
     if meta.get("format_version") != FORMAT_VERSION:
         raise ConductorError(f"policy {path}: format version {meta.get('format_version')}, this conductor "
                              f"reads version {FORMAT_VERSION}; retrain with `conductor policy train`")
+    _check(folder, meta)
     return meta
+
+
+REQUIRED = (("pool", "key"), ("actions", "by_task"), ("learner", "kind"), ("features",), ("training",), ("lambda",))
+
+
+def _checksums(folder: Path) -> dict[str, str]:
+    """sha256 of each model file, so a file cut short by a copy is refused, not planned with."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(folder).iterdir()) if p.is_file() and p.name != META_FILE}
+
+
+def _check(folder: Path, meta: dict[str, Any]) -> None:
+    path = Path(folder) / META_FILE
+    for keys in REQUIRED:
+        node: Any = meta
+        for k in keys:
+            if not isinstance(node, dict) or k not in node:
+                raise ConductorError(f"policy {path}: incomplete, no {'.'.join(keys)}; retrain with "
+                                     f"`conductor policy train` or restore the folder")
+            node = node[k]
+    for name, want in (meta.get("checksums") or {}).items():  # artifacts before 2026-11-27 have none
+        f = Path(folder) / name
+        if not f.is_file():
+            raise ConductorError(f"policy {folder}: {name} is missing")
+        if hashlib.sha256(f.read_bytes()).hexdigest() != want:
+            raise ConductorError(f"policy {f}: damaged (its checksum differs from the one training wrote, "
+                                 f"{f.stat().st_size:,} bytes); copy the folder again or retrain")
 
 
 def load(folder: Path, pool: Pool, use: str = "auto") -> Artifact:
