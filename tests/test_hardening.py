@@ -849,3 +849,15 @@ def test_a_damaged_run_file_or_catalog_is_named_and_runs_still_finish(tmp_path, 
     (data / "conductor.duckdb").write_bytes(b"not a database at all" * 100)
     r = run_cli("sql", "SELECT count(*) FROM results", "--data-dir", data, "--format", "csv")
     assert r.returncode == 2 and "delete it" in r.stderr and "held" not in r.stderr, r.stderr
+
+
+def test_a_damaged_table_is_named_not_a_traceback(tmp_path, fresh_sim, sample_queries):
+    """A rewards.parquet cut short ended `export` and `policy train` in a DuckDB traceback (audit 30)."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    data = tmp_path / "data"
+    assert run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--quiet").returncode == 0
+    (rewards,) = data.glob("runs/*/rewards.parquet")
+    rewards.write_bytes(rewards.read_bytes()[:3000])
+    r = run_cli("export", "--run", rewards.parent.name, "--data-dir", data, "--format", "trl", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "a file is damaged or not Parquet" in r.stderr and str(rewards) in r.stderr, r.stderr

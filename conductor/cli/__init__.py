@@ -65,11 +65,25 @@ def main(argv: list[str] | None = None) -> int:
               f"and rerun the same command: finished work is kept", file=sys.stderr)
         return 5
     except KeyboardInterrupt:
-        if terminated:
-            print("conductor: terminated; rerun the same command to resume", file=sys.stderr)
-            return 143
-        print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+        return _interrupted(terminated)
+    except Exception as e:
+        # DuckDB turns Ctrl-C into its own error, and a damaged Parquet file into another: neither is a bug
+        if type(e).__name__ == "InterruptException" or str(e).startswith("Query interrupted"):
+            return _interrupted(terminated)
+        if type(e).__module__ == "_duckdb" and ("Parquet" in str(e) or "magic bytes" in str(e)):
+            first = str(e).strip().splitlines()[0]
+            print(f"conductor: error: a file is damaged or not Parquet: {first}. Restore it, or run again the "
+                  f"command that wrote it", file=sys.stderr)
+            return 2
+        raise
+
+
+def _interrupted(terminated: list[int]) -> int:
+    if terminated:
+        print("conductor: terminated; rerun the same command to resume", file=sys.stderr)
+        return 143
+    print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
+    return 130
 
 
 def _on_sigterm_stop_as_on_ctrl_c() -> list[int]:
