@@ -861,3 +861,18 @@ def test_a_damaged_table_is_named_not_a_traceback(tmp_path, fresh_sim, sample_qu
     r = run_cli("export", "--run", rewards.parent.name, "--data-dir", data, "--format", "trl", "--out", tmp_path / "x")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "a file is damaged or not Parquet" in r.stderr and str(rewards) in r.stderr, r.stderr
+
+
+def test_an_interrupted_evaluation_does_not_promise_to_resume(capsys):
+    """eval and policy eval start their planner runs over; Ctrl-C told them to "resume" (audit 30)."""
+    from conductor.cli import _interrupted, build_parser
+
+    parser = build_parser()
+    for argv in (["eval", "--pool", "p.yaml", "--queries", "q.parquet"],
+                 ["policy", "eval", "--pool", "p.yaml", "--queries", "q.parquet", "--policies", "d"],
+                 ["run", "q.parquet", "--pool", "p.yaml"]):
+        args = parser.parse_args(argv)
+        assert _interrupted([], args) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["conductor: interrupted; rerun the same command to start again (an evaluation does not resume)"] * 2 \
+        + ["conductor: interrupted; rerun the same command to resume"]

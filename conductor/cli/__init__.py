@@ -65,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
               f"and rerun the same command: finished work is kept", file=sys.stderr)
         return 5
     except KeyboardInterrupt:
-        return _interrupted(terminated)
+        return _interrupted(terminated, args)
     except Exception as e:
         # DuckDB turns Ctrl-C into its own error, and a damaged Parquet file into another: neither is a bug
         if type(e).__name__ == "InterruptException" or str(e).startswith("Query interrupted"):
-            return _interrupted(terminated)
+            return _interrupted(terminated, args)
         if type(e).__module__ == "_duckdb" and ("Parquet" in str(e) or "magic bytes" in str(e)):
             first = str(e).strip().splitlines()[0]
             print(f"conductor: error: a file is damaged or not Parquet: {first}. Restore it, or run again the "
@@ -78,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-def _interrupted(terminated: list[int]) -> int:
-    if terminated:
-        print("conductor: terminated; rerun the same command to resume", file=sys.stderr)
-        return 143
-    print("conductor: interrupted; rerun the same command to resume", file=sys.stderr)
-    return 130
+def _interrupted(terminated: list[int], args: argparse.Namespace) -> int:
+    """Exit 130 (Ctrl-C) or 143 (SIGTERM), saying what a rerun does: most commands resume;
+    the evaluations (`resumes=False`) start again."""
+    again = "resume" if getattr(args, "resumes", True) else "start again (an evaluation does not resume)"
+    print(f"conductor: {'terminated' if terminated else 'interrupted'}; rerun the same command to {again}",
+          file=sys.stderr)
+    return 143 if terminated else 130
 
 
 def _on_sigterm_stop_as_on_ctrl_c() -> list[int]:

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planner-option", action="append", default=[], metavar="KEY=VALUE",
                    help="embedded planner setting, repeatable (e.g. cost_weight=20)")
     options.seed(p)
-    p.set_defaults(func=main)
+    p.set_defaults(func=main, resumes=False)  # its planner runs start over
 
 
 def main(args: argparse.Namespace) -> int:

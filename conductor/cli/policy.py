@@ -113,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a target to check: accuracy at least the best single's + DELTA at most SHARE of its "
                         "cost per query (e.g. 0:0.25, or -0.01:0.15 for within a point at 15%%); repeatable")
     options.seed(e)
-    e.set_defaults(func=evaluate)
+    e.set_defaults(func=evaluate, resumes=False)  # its planner runs start over
 
     s = actions.add_parser("show", help="the policy artifact planning would use for a pool")
     options.pool(s)
