@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = jsub.add_parser("run", help="run a job: only new or changed rows call a provider",
                         description="Exit status: 0 done, 2 bad input, 3 stopped by a budget (rerun to finish), "
                                     "4 valid share below the job's quality.min_valid_share, 5 a storage error (free "
-                                    "space and rerun), 130 interrupted (rerun to resume).")
+                                    "space and rerun), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun to resume.")
     r.add_argument("job", type=argtypes.path, help="job file (YAML)")
     options.data_dir(r)
     r.add_argument("--run-id", help="name of the run (default: <job>-<UTC time>)")

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Rerunning the same command resumes an interrupted run. Exit status: 0 done, "
                                    "2 bad input or configuration (nothing called), 3 some plans stopped by a "
                                    "budget, 4 more than --max-failed-share of plans failed, 5 a storage error "
-                                   "(free space and rerun), 130 interrupted (rerun to resume).")
+                                   "(free space and rerun), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun to resume.")
     p.add_argument("queries", type=argtypes.path, help="Parquet query set (query_id, prompt, [task, reference, metadata])")
     options.pool(p)
     p.add_argument("--samples", "-k", type=int, default=1, help="plans per query, 1 to 4096 (K>1 for RL rollouts)")
