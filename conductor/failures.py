@@ -57,7 +57,7 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
         if g is None:
             w = pool.worker(r["worker"]) if pool.has(r["worker"]) else None
             g = groups[(r["worker"], kind)] = {
-                "worker": r["worker"], "failure": kind, "url": _shown_url(w.api_base if w else None),
+                "worker": r["worker"], "failure": kind, "url": shown_url(w.api_base if w else None),
                 "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS,
                 "plans": set(), "example": " ".join((r["error"] or "").split())[:300]}
         g["plans"].add(r["plan_id"])
@@ -66,7 +66,7 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
     return sorted(out, key=lambda g: -g["plans"])
 
 
-def _shown_url(api_base: str | None) -> str:
+def shown_url(api_base: str | None) -> str:
     """The endpoint as summaries show it: a `${TOKEN}` expanded into it, or a password, is masked."""
     return mask(redact_url(api_base)) if api_base else "(provider default)"
 

@@ -74,9 +74,8 @@ def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict
 def _open_batches(work: Path) -> list[dict[str, Any]]:
     """Batches the killed run submitted (or uploaded) and never collected: the provider runs and
     bills them, and their answers reach no cache, so the new run asks those rows again."""
-    from conductor.execute.batchfiles import BatchJournal
-
     from conductor.errors import ConductorError
+    from conductor.execute.batchfiles import BatchJournal
 
     try:
         journal = BatchJournal(work)

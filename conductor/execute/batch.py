@@ -481,7 +481,7 @@ class Batches:
     def _unreachable(self, batch: OpenBatch, worker: Worker, provider: Provider, f: CallFailure) -> None:
         """A provider that stops answering while it runs a batch is said, once, and shown on the
         progress line while it lasts: it used to be retried in silence for up to a day."""
-        from conductor.failures import _shown_url
+        from conductor.failures import shown_url
 
         waited = int(time.time() - batch.record["at"])
         left = max(0, int(provider.batch_max_wait_s - waited))
@@ -490,7 +490,7 @@ class Batches:
         if batch.outage_since is None:
             batch.outage_since = time.time()
             self.ex.progress.say(f"batch {batch.batch_id} of worker {worker.id}: cannot check it at "
-                                 f"{_shown_url(worker.api_base)} ({' '.join(str(f).split())[:200]}); asking again "
+                                 f"{shown_url(worker.api_base)} ({' '.join(str(f).split())[:200]}); asking again "
                                  f"every {provider.batch_poll_s:g} s for up to {left} s (batch_max_wait_s)")
         self.ex.progress.tick()
 
