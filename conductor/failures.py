@@ -12,8 +12,7 @@ import pyarrow.parquet as pq
 
 from conductor.errors import ConductorError
 from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, retries_used_up
-from conductor.masking import mask
-from conductor.pool import Pool, redact_url
+from conductor.pool import Pool, shown_url
 
 DEFAULT_MAX_FAILED_SHARE = 0.05
 ENV_MAX_FAILED_SHARE = "CONDUCTOR_MAX_FAILED_SHARE"
@@ -64,11 +63,6 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
     out = [{**g, "plans": len(g["plans"]), "retries_used_up": len(g["plans"] & used_up) if g["retried_on_rerun"] else 0}
            for g in groups.values()]
     return sorted(out, key=lambda g: -g["plans"])
-
-
-def shown_url(api_base: str | None) -> str:
-    """The endpoint as summaries show it: a `${TOKEN}` expanded into it, or a password, is masked."""
-    return mask(redact_url(api_base)) if api_base else "(provider default)"
 
 
 def invalid_plan_groups(plans: Path, examples: int = 3) -> list[dict[str, Any]]:

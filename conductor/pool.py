@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from conductor.errors import PoolError
-from conductor.masking import SECRET_NAME, looks_like_a_key
+from conductor.masking import SECRET_NAME, looks_like_a_key, mask
 from conductor import yamlkeys
 
 WORKER_KINDS = ("llm", "function", "planner")
@@ -165,6 +165,11 @@ def redact_url(url: str) -> str:
     if query:
         query = "&".join(_redact_param(p) for p in query.split("&"))
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def shown_url(api_base: str | None) -> str:
+    """The endpoint as summaries show it: a `${TOKEN}` expanded into it, or a password, is masked."""
+    return mask(redact_url(api_base)) if api_base else "(provider default)"
 
 
 def _redact_param(param: str) -> str:

@@ -35,7 +35,7 @@ from conductor.execute.call import CallFailure, CallResponse, classify, max_prom
 from conductor.execute.failure import Aborted, StepFailed
 from conductor.execute.prices import call_cost
 from conductor.execute.shared import GovernorUnavailable
-from conductor.pool import Provider, Worker
+from conductor.pool import Provider, Worker, shown_url
 
 if TYPE_CHECKING:
     from conductor.execute.engine import Executor
@@ -481,8 +481,6 @@ class Batches:
     def _unreachable(self, batch: OpenBatch, worker: Worker, provider: Provider, f: CallFailure) -> None:
         """A provider that stops answering while it runs a batch is said, once, and shown on the
         progress line while it lasts: it used to be retried in silence for up to a day."""
-        from conductor.failures import shown_url
-
         waited = int(time.time() - batch.record["at"])
         left = max(0, int(provider.batch_max_wait_s - waited))
         self.ex.progress.c.waiting[batch.batch_id] = (
