@@ -565,9 +565,11 @@ def test_three_kills_mid_run_never_bill_above_the_budget(tmp_path, fresh_sim):
     assert 0.005 < billed <= 0.05, billed
 
 
-def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_sim):
+@pytest.mark.parametrize("budget", [{"budget_usd": 5.0}, {}], ids=["budget", "no-budget"])
+def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_sim, budget):
     """Calls waiting for a slot have sent nothing: only those in flight (at most
-    max_concurrency) may count as spent on resume, not every plan queued behind them."""
+    max_concurrency) may count as spent on resume, not every plan queued behind them.
+    With no budget too, the summary says what a killed process sent and never logged."""
     import os
     import signal
     import subprocess
@@ -577,7 +579,7 @@ def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_s
 
     w = worker("slow", fresh_sim.url)
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, workers=[w],
-                      providers={"sim": {"max_concurrency": 2, "budget_usd": 5.0}})
+                      providers={"sim": {"max_concurrency": 2, **budget}})
     queries = _cjk_queries(tmp_path, n=60)
     data = tmp_path / "data"
     cmd = [sys.executable, "-m", "conductor", "run", str(queries), "--pool", str(pool), "--data-dir", str(data),

@@ -38,3 +38,41 @@ def test_torn_last_line_is_cut_and_appending_continues(tmp_path):
     j.close()
     lines = (tmp_path / "steps.jsonl").read_bytes().splitlines()
     assert [orjson.loads(x)["step_path"] for x in lines] == ["0", "1"]
+
+
+def test_a_paid_step_line_never_reaches_the_disk_before_its_answer(tmp_path, monkeypatch):
+    """A kill between the two writes of one loop turn must not leave a step line saying a
+    call was paid whose answer the run cache lacks: a resume would send that call again
+    (and pay twice) for any other plan asking the same thing. So in the run's execution
+    context, whatever was queued first, the run cache commits before the journal writes."""
+    import asyncio
+
+    from conductor.execute.cache import Cache, Entry
+    from conductor.execute.context import ExecutionContext
+    from conductor.execute.engine import ExecOptions
+    from conductor.execute.journal import ResumeState
+    from conductor.pool import parse_pool
+
+    seen_at_commit: list[bytes] = []
+    commit = Cache.flush
+
+    def spy(self):
+        if self._pending and (tmp_path / "work" / "steps.jsonl").exists():
+            seen_at_commit.append((tmp_path / "work" / "steps.jsonl").read_bytes())
+        commit(self)
+
+    monkeypatch.setattr(Cache, "flush", spy)
+    pool = parse_pool({"workers": [{"id": "w", "model": "openai/m", "api_base": "http://127.0.0.1:9/v1"}]})
+    entry = Entry("42", 10, 2, False, False, 0.001, 0.1)
+
+    async def one_turn(ex):
+        ex.journal.plan({"plan_id": "earlier", "status": "ok"})  # queued first: its flush is scheduled first
+        ex.run_cache.put("k", "m", entry)
+        ex.journal.step({**_step("a", "0"), "attempts": 1, "request_key": "k"})
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    with ExecutionContext(tmp_path / "work", pool, ExecOptions(run_id="r"), state=ResumeState()) as ex:
+        asyncio.run(one_turn(ex))
+        assert (tmp_path / "work" / "steps.jsonl").read_bytes()  # the turn was written
+    assert seen_at_commit and all(b'"request_key":"k"' not in lines for lines in seen_at_commit)

@@ -48,8 +48,10 @@ def _lost_in_flight(s: dict[str, Any]) -> list[tuple[str, str]]:
     lost = s.get("lost_in_flight") or {}
     if not lost.get("calls"):
         return []
-    return [("lost in flight", f"{lost['calls']} call(s) a killed process sent, answers never received: up to "
-                               f"${lost['reserved_usd']:.6f} (reserved), in the budget lines, not in cost")]
+    unpriced = f", {lost['unpriced_calls']} of them with no known price" if lost.get("unpriced_calls") else ""
+    return [("lost in flight", f"{lost['calls']} call(s) a killed process sent, answers never received (the "
+                               f"provider may have billed them): up to ${lost['reserved_usd']:.6f} at their worst "
+                               f"case{unpriced}, in the budget lines, not in cost")]
 
 
 def job_summary(s: dict[str, Any]) -> str:

@@ -65,10 +65,13 @@ class ExecutionContext:
                 if key not in self.state.paid and key not in claimable and run_cache.get(key) is not None:
                     claimable.add(key)
                     continue
-                spent[pid] = spent.get(pid, 0.0) + usd
                 self.lost_in_flight["calls"] += 1
+                if usd is None:  # no known price: how much it cost cannot be bounded
+                    self.lost_in_flight["unpriced_calls"] = self.lost_in_flight.get("unpriced_calls", 0) + 1
+                    continue
+                spent[pid] = spent.get(pid, 0.0) + usd
                 self.lost_in_flight["reserved_usd"] += usd
-            journal = Journal(self.work)
+            journal = Journal(self.work, answers_first=run_cache.flush)
             self._open.append(journal)
             self.executor = Executor(self.pool, journal, self.options, cache=cache, run_cache=run_cache,
                                      progress=self.progress, spent=spent, paid=self.state.paid,

@@ -458,15 +458,15 @@ class Executor:
                           self._client(worker, api_key, track_sent=provider.rpm is not None))
         est_in = estimate_tokens(messages)
         est_tokens = est_in + params["max_tokens"]
-        reservation = rid = worst = None
+        reservation = rid = None
+        price = self.prices[worker.id]
+        # UTF-8 bytes bound the prompt's tokens in any script (chars/4 undercounts CJK 4x)
+        worst = None if price is None else max_prompt_tokens(messages) * price.input + params["max_tokens"] * price.output
         if provider.id in self._budgeted:
-            price = self.prices[worker.id]
             if price is None:
                 raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
                                           f"cannot run under a budget; add price: {{input_per_mtok, "
                                           f"output_per_mtok}} to it in the pool file", kind="config")
-            # UTF-8 bytes bound the prompt's tokens in any script (chars/4 undercounts CJK 4x)
-            worst = max_prompt_tokens(messages) * price.input + params["max_tokens"] * price.output
             try:
                 reservation = await self.ledger.reserve(provider.id, worst)
             except BudgetExhausted as e:
@@ -489,9 +489,9 @@ class Executor:
                         except StepFailed:
                             limiter.settle_tokens(est_tokens, 0)  # never sent: its tokens go back
                             raise
-                        if reservation is not None and rid is None:
-                            # Journaled when the call is about to leave, not while it waits for a slot:
-                            # a resume counts an unsettled reservation as spent.
+                        if rid is None:
+                            # Journaled when the call is about to leave, not while it waits for a slot, and
+                            # under no budget too: a resume counts an unsettled one as sent and maybe billed.
                             rid = self._durably(self.journal.reservation, key, provider.id, worst)
                         t = time.monotonic()
                         resp = await complete(req, api_key, sent)
@@ -513,23 +513,25 @@ class Executor:
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
                 self._observe(limiter, provider, resp.rate)
                 resp = self._clamped(resp, messages, params)
+                cost = self._cost(worker, resp)
                 if reservation is not None:
-                    await self.ledger.settle(reservation, self._cost(worker, resp) or 0.0)
+                    await self.ledger.settle(reservation, cost or 0.0)
                     reservation = None
-                    try:
-                        self._durably(self.journal.settled, rid, self._cost(worker, resp) or 0.0)
-                    except STORAGE_ERRORS:
-                        pass  # the run stops (see _durably); the answer is still kept, and a resume
-                        # counts the unsettled reservation only if the answer was not kept
-                elif (cost := self._cost(worker, resp)):
+                elif cost:
                     self.ledger.record(provider.id, cost)
+                try:
+                    self._durably(self.journal.settled, rid, cost or 0.0)
+                except STORAGE_ERRORS:
+                    pass  # the run stops (see _durably); the answer is still kept, and a resume
+                    # counts the unsettled reservation only if the answer was not kept
+                rid = None
                 return resp, attempt, time.monotonic() - t
         finally:
             if reservation is not None:
                 await self.ledger.settle(reservation, 0.0)
+            if rid is not None:  # failed: no answer, nothing billed
                 try:
-                    if rid is not None:
-                        self.journal.settled(rid, 0.0)
+                    self.journal.settled(rid, 0.0)
                 except STORAGE_ERRORS:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
 

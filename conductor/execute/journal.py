@@ -7,8 +7,8 @@ Inside an event loop, the step and plan lines of one loop turn are written
 together right after it (one write instead of one per line); reservations are
 written at once, before their request is sent. What reaches the OS survives a
 killed process (not a power cut); a kill loses at most the last turn's lines,
-whose answers the run cache holds (committed first), so a resume records them
-as paid. A line torn by a kill is cut off on reopening. A failed write is raised
+whose answers the run cache holds (committed before a step line is written), so
+a resume records them as paid. A line torn by a kill is cut off on reopening. A failed write is raised
 by the next write (or `flush`), after which every line is written at once.
 """
 
@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import orjson
 
@@ -35,8 +35,9 @@ TRANSIENT_KINDS = {"rate_limit", "server", "timeout", "connection", "budget"}
 RETRY_TRANSIENT = 3
 STEPS_FILE = "steps.jsonl"
 PLANS_FILE = "plans.jsonl"
-# A budget reservation is journaled before its request is sent and settled when it ends, so a
-# process killed with calls in flight leaves unsettled reservations, counted as spent on resume.
+# Every call is journaled (with its worst-case USD, a reservation under a budget) before its request
+# is sent and settled when it ends, so a process killed with calls in flight leaves unsettled lines,
+# counted on resume as spent and as lost in flight.
 RESERVATIONS_FILE = "reservations.jsonl"
 
 
@@ -52,13 +53,18 @@ class ResumeState:
     # was paid by a process killed before it logged the call
     paid: set[str] = field(default_factory=set)
     steps_logged: int = 0
-    # reservation id -> (request key, provider, USD reserved) of calls sent by a process that never settled them
-    unsettled: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    # reservation id -> (request key, provider, USD reserved or None) of calls sent by a process that never
+    # settled them
+    unsettled: dict[str, tuple[str, str, float | None]] = field(default_factory=dict)
 
 
 class Journal:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, answers_first: Callable[[], None] | None = None):
+        """`answers_first`: commits the run cache; called before step lines are written, so
+        a step line that says a call was paid never reaches the disk before its answer does
+        (else a kill between the two leaves a paid call a resume cannot serve, and sends again)."""
         self.folder = folder
+        self._answers_first = answers_first
         folder.mkdir(parents=True, exist_ok=True)
         self._steps = _open_append(folder / STEPS_FILE)
         self._plans = _open_append(folder / PLANS_FILE)
@@ -90,6 +96,8 @@ class Journal:
     def flush(self) -> None:
         """Write the queued lines (raises a failed write's error; the lines stay queued)."""
         self._turn.raise_pending()
+        if self._answers_first is not None and self._pending[id(self._steps)]:
+            self._answers_first()
         # Steps before plans: a plan's line never reaches the disk before its steps' lines,
         # which the object store's journal snapshots rely on (objects.WORK_FILES).
         for f in (self._steps, self._plans):
@@ -98,8 +106,9 @@ class Journal:
                 _write_bytes(f, b"".join(lines))
                 lines.clear()
 
-    def reservation(self, key: str, provider: str, usd: float) -> str:
-        """Journal a reservation before its request is sent; returns its id for `settled`."""
+    def reservation(self, key: str, provider: str, usd: float | None) -> str:
+        """Journal a call before it is sent, with its worst-case USD (None: no known price);
+        returns its id for `settled`."""
         rid = f"{key}:{time.time_ns()}:{os.getpid()}"
         _write(self._reservations, {"id": rid, "key": key, "provider": provider, "usd": usd})
         return rid
