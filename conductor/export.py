@@ -16,6 +16,11 @@ Layouts (both files of a layout hold the same rows):
   `prompt`, `ability`, `reward_model` {style, ground_truth}, `extra_info`),
   with the K rollouts as parallel lists (`responses`, `rewards`, `advantages`, ...).
 
+A sweep's unused slots (plans marked "sweep slot not used": the query has fewer
+candidate actions than the sweep's K) are left out of both layouts: they are
+no rollouts. export.json counts them (`unused_sweep_slots`). export.json is
+written last (`_write_set`): a folder without it holds an incomplete export.
+
 Rewards are the run's (the rewards table). With `cost_penalty`, they are
 recomputed from the same grades, 1 / 0.5 / 0 minus cost_penalty x USD, with the
 plan's full cost (answers served from the cache charged what they first cost),
@@ -37,7 +42,7 @@ import pyarrow.parquet as pq
 
 from conductor.errors import ConductorError
 from conductor.planners import prompt as prompts
-from conductor.planners.base import Query
+from conductor.planners.base import UNUSED_SLOT, Query
 from conductor.pool import load_pool
 from conductor.queries import load_queries
 from conductor.rewards import RewardScheme, group_advantages
@@ -78,6 +83,7 @@ class Export:
     meta: Path
     rows: int
     plans: int
+    unused: int = 0  # a sweep's unused slots, left out
 
 
 def export_run(data_dir: Path, run_id: str, fmt: str, out: Path, *, pool_path: Path | None = None,
@@ -110,14 +116,20 @@ def export_run(data_dir: Path, run_id: str, fmt: str, out: Path, *, pool_path: P
     steps = max_steps or int(inputs.get("max_steps") or 5)
     queries = {r["query_id"]: r for r in load_queries(qfile).to_pylist()}
     plans = _plans(run)
+    unused = sum(_unused_slot(p) for p in plans)
+    plans = [p for p in plans if not _unused_slot(p)]
     if cost_penalty is not None:
         _rescore(plans, RewardScheme(cost_penalty=cost_penalty))
     rendered: dict[str, list[dict[str, str]]] = {}
-    rows = []
+    rows, routed = [], set()
     for p in plans:
         q = queries[p["query_id"]]
+        msgs = _logged_prompt(p)
+        if msgs is None:  # rendered over `pool`: the plan's workers must be among those it lists
+            msgs = _render(p, q, pool, steps, rendered)
+            routed.update(p["workers"] or ())
         rows.append({
-            "prompt": _prompt(p, q, pool, steps, rendered),
+            "prompt": msgs,
             "completion": [{"role": "assistant", "content": p["raw_text"] or ""}],
             "reward": p["reward"], "advantage": p["advantage"], "logprob": p["logprob"],
             "propensity": p["propensity"], "cost_usd": p["cost_full"], "correct": p["correct"],
@@ -126,23 +138,43 @@ def export_run(data_dir: Path, run_id: str, fmt: str, out: Path, *, pool_path: P
             "planner": p["planner"], "template_version": p["template_version"],
             "_index": p["query_index"], "_metadata": q["metadata"],
         })
+    missing = sorted(w for w in routed if not pool.has(w))
+    if missing:
+        raise ConductorError(f"run {run_id}: its plans route steps to {', '.join(missing)}, which pool {pool_file} "
+                             f"lacks, so the prompts would not list workers their completions use; pass a --pool "
+                             f"with every worker the run used (the run used {inputs['pool']})")
     table_rows = rows if fmt == "trl" else _verl_rows(rows, inputs, qfile)
     for r in table_rows:
         r.pop("_index", None)
         r.pop("_metadata", None)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(table_rows, schema=SCHEMAS[fmt])
-    paths = Export(out / "train.parquet", out / "train.jsonl", out / "export.json", table.num_rows, len(plans))
-    _write(paths.parquet, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
-    _write(paths.jsonl, lambda tmp: tmp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in table.to_pylist())))
+    paths = Export(out / "train.parquet", out / "train.jsonl", out / "export.json", table.num_rows, len(plans),
+                   unused)
     meta = {"format": fmt, "format_version": FORMAT_VERSION, "run_id": run_id, "rows": table.num_rows,
-            "plans": len(plans), "queries": len({p["query_id"] for p in plans}),
+            "plans": len(plans), "unused_sweep_slots": unused, "queries": len({p["query_id"] for p in plans}),
             "reward": ("the run's rewards table" if cost_penalty is None else
                        f"recomputed: 1 correct, 0.5 parsed but wrong, 0 otherwise, minus {cost_penalty:g} x USD"),
             "columns": table.schema.names, "pool": str(pool_file), "query_set": str(qfile)}
-    _write(paths.meta, lambda tmp: tmp.write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2)))
+    _write_set(paths, table, meta)
     return paths
+
+
+def _write_set(paths: Export, table: pa.Table, meta: dict[str, Any]) -> None:
+    """Write the three files so that a reader never mixes two exports. Each file is
+    replaced atomically, but not the set: so export.json and the previous data files
+    are removed first, and export.json is written last. A kill at any point leaves
+    either the previous complete set or a part of the new one without export.json:
+    export.json present means its train.parquet and train.jsonl are complete and its own."""
+    out = paths.parquet.parent
+    out.mkdir(parents=True, exist_ok=True)
+    for f in (paths.meta, paths.parquet, paths.jsonl):  # export.json first: the set is incomplete from here
+        f.unlink(missing_ok=True)
+        for tmp in out.glob(f".{f.name}.*.tmp"):  # left by a killed export
+            tmp.unlink(missing_ok=True)
+    _write(paths.parquet, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    _write(paths.jsonl, lambda tmp: tmp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in table.to_pylist())))
+    _write(paths.meta, lambda tmp: tmp.write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2)))
 
 
 def _plans(run: RunDir) -> list[dict[str, Any]]:
@@ -152,6 +184,7 @@ def _plans(run: RunDir) -> list[dict[str, Any]]:
         cur = con.execute("""
             SELECT p.plan_id, p.query_id, p.query_index, p.sample, p.planner, p.template_version,
                    p.planner_prompt, p.raw_text, p.info_json, p.logprob, p.propensity,
+                   p.valid, p.error AS plan_error, p.workers,
                    r.status, r.parsed, r.correct, r.reward, r.advantage, r.cost_usd,
                    coalesce(t.cost, r.cost_usd) AS cost_full
             FROM read_parquet(?) p JOIN read_parquet(?) r USING (plan_id)
@@ -163,6 +196,11 @@ def _plans(run: RunDir) -> list[dict[str, Any]]:
         return [dict(zip(cols, r)) for r in cur.fetchall()]
     finally:
         con.close()
+
+
+def _unused_slot(p: dict[str, Any]) -> bool:
+    """A sweep's filler plan: the query had fewer candidates than K; no rollout."""
+    return not p["valid"] and (p["plan_error"] or "").startswith(UNUSED_SLOT)
 
 
 def _rescore(plans: list[dict[str, Any]], scheme: RewardScheme) -> None:
@@ -180,9 +218,8 @@ def _rescore(plans: list[dict[str, Any]], scheme: RewardScheme) -> None:
             p["advantage"] = a
 
 
-def _prompt(p: dict[str, Any], q: dict[str, Any], pool, max_steps: int,
-            rendered: dict[str, list[dict[str, str]]]) -> list[dict[str, str]]:
-    """The planner's chat messages: as logged when an LLM planner logged them, else rendered."""
+def _logged_prompt(p: dict[str, Any]) -> list[dict[str, str]] | None:
+    """The chat messages an LLM planner logged, or None (embedded planner; vLLM's templated string)."""
     if p["planner_prompt"]:
         try:
             msgs = orjson.loads(p["planner_prompt"])
@@ -190,6 +227,12 @@ def _prompt(p: dict[str, Any], q: dict[str, Any], pool, max_steps: int,
                 return [{"role": m["role"], "content": m["content"]} for m in msgs]
         except orjson.JSONDecodeError:
             pass  # a chat-templated string (vLLM): render the messages it was made from
+    return None
+
+
+def _render(p: dict[str, Any], q: dict[str, Any], pool, max_steps: int,
+            rendered: dict[str, list[dict[str, str]]]) -> list[dict[str, str]]:
+    """The messages a conductor LLM over `pool` is given for this query (cached per query and mode)."""
     info = orjson.loads(p["info_json"]) if p["info_json"] else {}
     mode = info.get("mode") if info.get("mode") in prompts.MODES else "structured"
     key = f"{q['query_id']}\0{mode}"

@@ -178,27 +178,35 @@ def test_export_errors_name_what_is_wrong(rollout, tmp_path):
     assert taken.read_bytes() == b"not mine"
 
 
-def test_a_sweeps_unused_slots_are_not_graded(tmp_path, sim, sample_queries):
-    """A sweep gives each query as many slots as the largest candidate set among the tasks;
-    a query of a task with fewer candidates leaves slots unused. They are no wrong answers:
-    ungraded, out of the accuracy and of the group advantages."""
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, sim, sample_queries):
+    """A sweep whose tasks have candidate sets of different sizes: some queries leave slots unused."""
     from conductor.policy.actions import action_set
 
     def w(name, price, skills):
         return {**worker(name, sim.url), "price": {"input_per_mtok": price, "output_per_mtok": 2 * price},
                 "skills": skills}
 
-    pool_path = write_pool(tmp_path / "pool.yaml", sim.url, workers=[
+    d = tmp_path_factory.mktemp("sweep")
+    pool_path = write_pool(d / "pool.yaml", sim.url, workers=[
         w("fast", 0.1, {"math": 0.9, "choice": 0.5}), w("weak", 0.1, {"math": 0.3}),
         w("flaky", 5.0, {"math": 0.95, "choice": 0.9}), {"id": "vote", "kind": "function"}])
     pool = load_pool(pool_path)
     tasks = set(load_queries(sample_queries).column("task").to_pylist())
     sizes = {t: len(action_set(pool, t)) for t in tasks}
     assert len(set(sizes.values())) > 1, sizes  # some task has fewer candidates than another
-    summary = run_all(RunConfig(queries=sample_queries, pool=pool_path, data_dir=tmp_path / "data", run_id="sweep",
+    summary = run_all(RunConfig(queries=sample_queries, pool=pool_path, data_dir=d / "data", run_id="sweep",
                                 samples=max(sizes.values()), planner_options={"sweep": True, "policy": "none"},
                                 progress=False))
-    run = tmp_path / "data" / "runs" / "sweep"
+    return d, summary
+
+
+def test_a_sweeps_unused_slots_are_not_graded(sweep):
+    """A sweep gives each query as many slots as the largest candidate set among the tasks;
+    a query of a task with fewer candidates leaves slots unused. They are no wrong answers:
+    ungraded, out of the accuracy and of the group advantages."""
+    d, summary = sweep
+    run = d / "data" / "runs" / "sweep"
     results = {r["plan_id"]: r for r in pq.read_table(run / "results.parquet").to_pylist()}
     rewards = pq.read_table(run / "rewards.parquet").to_pylist()
     unused = [r for r in rewards if (results[r["plan_id"]]["error"] or "").startswith("sweep slot not used")]
@@ -206,3 +214,103 @@ def test_a_sweeps_unused_slots_are_not_graded(tmp_path, sim, sample_queries):
     graded = [r for r in rewards if r["correct"] is not None]
     assert summary["graded"] == len(graded) == len(rewards) - len(unused)
     assert summary["accuracy"] == pytest.approx(sum(r["correct"] for r in graded) / len(graded))
+
+
+def test_a_sweeps_unused_slots_are_left_out_of_the_export(sweep):
+    """Unused slots are no rollouts: a trainer must not read them as empty assistant turns."""
+    d, _ = sweep
+    rewards = pq.read_table(d / "data" / "runs" / "sweep" / "rewards.parquet").to_pylist()
+    graded = {r["plan_id"]: r for r in rewards if r["correct"] is not None}
+    n_unused = len(rewards) - len(graded)
+    assert n_unused > 0
+
+    r = run_cli("export", "--run", "sweep", "--data-dir", d / "data", "--format", "trl", "--out", d / "trl")
+    assert r.returncode == 0, r.stderr
+    assert f"{len(graded)} rows ({len(graded)} plans; {n_unused} unused sweep slots left out)" in r.stdout
+    table, lines = _read_both(d / "trl")
+    assert table.to_pylist() == lines
+    assert sorted(x["plan_id"] for x in lines) == sorted(graded)
+    assert all(x["completion"][0]["content"] and x["reward"] is not None for x in lines)
+    meta = orjson.loads((d / "trl" / "export.json").read_bytes())
+    assert (meta["rows"], meta["plans"], meta["unused_sweep_slots"]) == (len(graded), len(graded), n_unused)
+    # The group advantages are over the rollouts exported, the group a trainer sees.
+    groups: dict[str, list[dict]] = {}
+    for x in lines:
+        groups.setdefault(x["query_id"], []).append(x)
+    for g in groups.values():
+        rs = [x["reward"] for x in g]
+        for x in g:
+            assert x["advantage"] == pytest.approx(
+                (x["reward"] - statistics.fmean(rs)) / (statistics.stdev(rs) + 1e-4) if len(g) > 1 else 0.0)
+
+    r = run_cli("export", "--run", "sweep", "--data-dir", d / "data", "--format", "verl", "--out", d / "verl")
+    assert r.returncode == 0, r.stderr
+    _, verl = _read_both(d / "verl")
+    assert len(verl) == len(groups)
+    for row in verl:
+        g = groups[row["extra_info"]["query_id"]]
+        assert row["plan_ids"] == [x["plan_id"] for x in g]
+        assert all(row["responses"]) and None not in row["rewards"] and None not in row["advantages"]
+    assert orjson.loads((d / "verl" / "export.json").read_bytes())["unused_sweep_slots"] == n_unused
+
+
+def test_export_refuses_a_pool_without_a_worker_the_run_used(rollout, tmp_path, sim):
+    """The prompt lists the pool's workers: a completion routing to a worker it does not list
+    is a pair no conductor LLM should learn from."""
+    d, pool_path, _ = rollout
+    used = {w for ws in pq.read_table(d / "data" / "runs" / "roll" / "plans.parquet").column("workers").to_pylist()
+            for w in ws or ()}
+    assert used == {"fast", "weak"}
+    smaller = write_pool(tmp_path / "no-weak.yaml", sim.url, names=("fast",))
+    r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "trl", "--out", tmp_path / "x",
+            "--pool", smaller)
+    assert r.returncode == 2
+    assert f"run roll: its plans route steps to weak, which pool {smaller} lacks" in r.stderr
+    assert not (tmp_path / "x").exists()
+    # A pool with every worker the run used (and more) is fine.
+    larger = write_pool(tmp_path / "more.yaml", sim.url, names=("fast", "weak", "extra"))
+    r = cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "trl", "--out", tmp_path / "y",
+            "--pool", larger)
+    assert r.returncode == 0, r.stderr
+
+
+KILL_AFTER_PARQUET = """
+import os, signal, sys
+from pathlib import Path
+import conductor.export as ex
+
+real = ex._write
+def _write(path, write):
+    if path.name == "train.jsonl":  # the new train.parquet is in place; die while writing train.jsonl
+        write(path.with_name(f".{path.name}.{os.getpid()}.tmp"))
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(path, write)
+ex._write = _write
+ex.export_run(Path(sys.argv[1]), "roll", "verl", Path(sys.argv[2]))
+"""
+
+
+def test_a_killed_export_leaves_no_export_json_beside_files_not_its_own(rollout, tmp_path):
+    """kill -9 while a verl export replaces a trl one: the folder must not offer the old
+    export.json and train.jsonl beside the new train.parquet. export.json comes last."""
+    import os
+    import subprocess
+    import sys
+
+    d, _, _ = rollout
+    out = tmp_path / "out"
+    assert run_cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "trl",
+                   "--out", out).returncode == 0
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_PARQUET, str(d / "data"), str(out)],
+                            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    assert pq.read_table(out / "train.parquet").num_rows == 60  # the new (verl) one
+    assert not (out / "export.json").exists() and not (out / "train.jsonl").exists()
+    assert list(out.glob(".train.jsonl.*.tmp"))  # what the killed process was writing
+    # Rerun: a complete, consistent set, and the killed process's temp file is gone.
+    assert run_cli("export", "--run", "roll", "--data-dir", d / "data", "--format", "verl",
+                   "--out", out).returncode == 0
+    table, lines = _read_both(out)
+    meta = orjson.loads((out / "export.json").read_bytes())
+    assert meta["format"] == "verl" and meta["rows"] == table.num_rows == len(lines) == 60
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "train.jsonl", "train.parquet"]

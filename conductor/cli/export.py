@@ -14,7 +14,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "per plan the planner prompt (chat messages), the plan as the completion, "
                                    "reward, group advantage, log-probability or propensity, and cost. trl: one row "
                                    "per plan (prompt, completion, reward); verl: one row per query (data_source, "
-                                   "prompt, ability, reward_model, extra_info) with the K rollouts as lists.")
+                                   "prompt, ability, reward_model, extra_info) with the K rollouts as lists. "
+                                   "A sweep's unused slots are left out. export.json is written last: a folder "
+                                   "without it holds an incomplete export.")
     p.add_argument("--run", required=True, metavar="RUN_ID", help="the run to export")
     p.add_argument("--data-dir", type=argtypes.path, default=Path("data"), help="where the runs live (default data)")
     p.add_argument("--format", choices=("trl", "verl"), required=True)
@@ -31,5 +33,6 @@ def main(args: argparse.Namespace) -> int:
     from conductor.export import export_run
 
     e = export_run(args.data_dir, args.run, args.format, args.out, pool_path=args.pool, cost_penalty=args.cost_penalty)
-    print(f"{args.format}: {e.rows} rows ({e.plans} plans)\n  {e.parquet}\n  {e.jsonl}\n  {e.meta}")
+    left_out = f"; {e.unused} unused sweep slots left out" if e.unused else ""
+    print(f"{args.format}: {e.rows} rows ({e.plans} plans{left_out})\n  {e.parquet}\n  {e.jsonl}\n  {e.meta}")
     return 0
