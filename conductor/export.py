@@ -30,7 +30,6 @@ and the advantages with them.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from conductor.planners.base import UNUSED_SLOT, Query
 from conductor.pool import load_pool
 from conductor.queries import load_queries
 from conductor.rewards import RewardScheme, group_advantages
-from conductor.store import RunDir
+from conductor.store import RunDir, replacing
 
 FORMATS = ("trl", "verl")
 FORMAT_VERSION = 1
@@ -271,6 +270,5 @@ def _verl_rows(rows: list[dict[str, Any]], inputs: dict[str, Any], qfile: Path) 
 
 
 def _write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        write(tmp)

@@ -15,11 +15,13 @@ data/conductor.duckdb    views plans, traces, results, rewards, runs over every 
 
 from __future__ import annotations
 
+import glob
 import os
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import duckdb
 import orjson
@@ -66,19 +68,44 @@ class RunDir:
         self.write_manifest(m)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path`, renamed onto it once the write under it ends: readers
+    never see half a file. An interrupted write removes its file, and a finished one removes
+    those that killed processes left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = stale.name[len(path.name) + 2:-len(".tmp")]
+        if pid.isdigit() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's
+    return True
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_table(path: Path, table: pa.Table) -> None:
-    """Write zstd Parquet under a temporary name, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    """Write zstd Parquet under a temporary name, then rename."""
+    with replacing(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
 
 
 def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -145,9 +172,8 @@ def _scratch(run: RunDir) -> duckdb.DuckDBPyConnection:
 
 
 def _copy(con: duckdb.DuckDBPyConnection, query: str, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    con.execute(f"COPY ({query}) TO {_q(tmp)} (FORMAT parquet, COMPRESSION zstd)")
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        con.execute(f"COPY ({query}) TO {_q(tmp)} (FORMAT parquet, COMPRESSION zstd)")
 
 
 def _check_schema(path: Path, schema: pa.Schema) -> None:

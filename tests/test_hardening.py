@@ -878,3 +878,23 @@ def test_an_interrupted_evaluation_does_not_promise_to_resume(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == ["conductor: interrupted; rerun the same command to start again (an evaluation does not resume)"] * 2 \
         + ["conductor: interrupted; rerun the same command to resume"]
+
+
+def test_a_table_write_that_fails_or_is_killed_leaves_no_temporary_file_behind(tmp_path):
+    """A run's tables are written under a hidden temporary name and renamed. An interrupted
+    write (Ctrl-C while DuckDB copies the traces) must not leave its half file in the run
+    folder for good, and one a killed process left goes once the table is written."""
+    import duckdb
+    import pyarrow as pa
+
+    from conductor.store import _copy, write_table
+
+    target = tmp_path / "traces.parquet"
+    con = duckdb.connect()
+    failing = "SELECT CASE WHEN i > 150000 THEN error('interrupted') ELSE i END AS i FROM range(200000) t(i)"
+    with pytest.raises(duckdb.Error):
+        _copy(con, failing, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing half-written stays
+    (tmp_path / ".traces.parquet.999999999.tmp").write_bytes(b"")  # a killed process's (no such pid)
+    write_table(target, pa.table({"i": [1, 2]}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["traces.parquet"]
