@@ -393,7 +393,8 @@ def test_a_selection_without_a_standard_error_is_shown_not_crashed_on():
 
     sel = {"learned": {"reward": 0.5, "reward_se": None}, "held_back_queries": 1,
            "fixed": {"reward": None, "reward_se": None, "choice": {"math": "single:a"}}}
-    assert _selection_text(sel) == "on 1 held-back queries: learned 0.5000 ± n/a, fixed n/a ± n/a (single:a)"
+    assert _selection_text(sel) == ("on 1 held-back queries: learned 0.5000 ± n/a, fixed n/a ± n/a "
+                                    "(as fitted without them: math: single:a)")
 
 
 def test_show_and_train_name_a_missing_folder_and_a_run_given_twice(tmp_path):

@@ -56,7 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.pool(t)
     t.add_argument("--runs", nargs="+", required=True, metavar="RUN_ID")
     t.add_argument("--lambda", dest="lam", type=float, default=0.0, metavar="LAMBDA",
-                   help="cost weight: accuracy points given up per USD per query (default 0)")
+                   help="cost weight: accuracy points given up per USD per query (default 0, at most 1e9)")
+    t.add_argument("--allow-other-pool", action="store_true",
+                   help="train on runs made with another pool (other workers, or another dataset's questions), "
+                        "which is refused otherwise")
     options.data_dir(t)
     t.add_argument("--out", type=argtypes.path, default=None,
                    help="policy root (default: $CONDUCTOR_POLICY_DIR, else data/policy)")
@@ -140,6 +143,7 @@ def rollouts(args: argparse.Namespace) -> int:
     samples = _samples(args.samples, pool, args.queries)
     if args.samples == "all":
         options = {"sweep": True, "policy": "none"}
+    _check_resume(args, options["policy"])
     cfg = RunConfig(queries=args.queries, pool=args.pool, data_dir=args.data_dir, run_id=args.run_id,
                     samples=samples, planner="embedded", planner_options=options, seed=args.seed,
                     max_steps=args.max_steps, rewards=RewardScheme(cost_penalty=args.cost_penalty),
@@ -161,6 +165,26 @@ def rollouts(args: argparse.Namespace) -> int:
     print(f"train on it: conductor policy train --pool {args.pool} --runs {summary['run_id']} "
           f"--data-dir {args.data_dir}")
     return 0
+
+
+def _check_resume(args: argparse.Namespace, policy: str) -> None:
+    """Rerunning a run whose --policy now resolves to another artifact (a newer version was
+    trained meanwhile): name both, since the runner can only say the inputs differ."""
+    from conductor.store import RunDir
+
+    run = RunDir(args.data_dir, args.run_id) if args.run_id else None
+    if run is None or not run.exists():
+        return
+    used = ((run.read_manifest().get("inputs") or {}).get("planner_options") or {}).get("policy")
+    if used is None or used == policy:
+        return
+
+    def named(p: str) -> str:
+        return "none (no learned policy)" if p == "none" else f"{Path(p).name} ({p})"
+
+    raise ConductorError(f"run {args.run_id} was planned with the policy {named(used)}, but --policy {args.policy} "
+                         f"now resolves to {named(policy)}; to resume the run pass --policy {used}, or choose "
+                         f"another --run-id for a new run")
 
 
 def _check_recorded(pool, queries: Path) -> None:
@@ -230,6 +254,7 @@ def train(args: argparse.Namespace) -> int:
                                       floor=args.floor, budget=args.budget, ship_margin=args.ship_margin,
                                       features=FeatureSettings(group_by=args.group_by),
                                       shrinks=None if args.shrinks is None else tuple(args.shrinks),
+                                      allow_other_pool=args.allow_other_pool,
                                       vw=vw if args.learner.startswith("vw") else {}),
                           pool=planning_pool(load_pool(args.pool)))
     print(describe(folder))
@@ -244,12 +269,31 @@ def evaluate(args: argparse.Namespace) -> int:
     from conductor.evaluation import evaluate as run_eval
 
     targets = [Target.parse(t) for t in args.target]
+    _check_policies(args.pool, args.policies)
     report = run_eval(EvalConfig(pool=args.pool, queries=args.queries, split=args.split, out=args.out,
                                  planner=not args.no_planner, planner_limit=args.planner_limit,
                                  policies=list(args.policies), seed=args.seed, fixed=not args.no_fixed,
                                  targets=targets))
     print(eval_report(report, learned=True))
     return 0
+
+
+def _check_policies(pool_path: Path, folders: list[Path]) -> None:
+    """Before the evaluation's runs: an artifact of another pool is refused naming the user's
+    --pool (the runs plan over a scratch copy of it), and a price change since training is said."""
+    from conductor.policy.artifact import find, mismatch, read_meta, warn_prices
+    from conductor.pool import load_pool
+
+    pool = load_pool(pool_path)
+    for folder in folders:
+        found = find(pool, folder)
+        if found is None:
+            continue  # the evaluation names it
+        meta = read_meta(found)
+        wrong = mismatch(found, meta, pool)
+        if wrong:
+            raise ConductorError(f"{wrong}; train one for this pool with `conductor policy train`")
+        warn_prices(found, meta, pool)
 
 
 def show(args: argparse.Namespace) -> int:
@@ -265,5 +309,5 @@ def show(args: argparse.Namespace) -> int:
         where = args.policy or default_root()
         print(f"no policy for this pool under {where}: the embedded planner plans with its prior")
         return 0
-    print(describe(folder))
+    print(describe(folder, pool))
     return 0

@@ -13,9 +13,11 @@ a replay pool keeps its policy when its server moves to another port.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -47,6 +49,58 @@ def pool_key(pool: Pool) -> str:
     return hashlib.sha256(orjson.dumps([ident, dataset], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
+def prices(pool: Pool) -> dict[str, list[float] | None]:
+    """Per worker, USD per input and output token. Not part of the pool key (that would orphan
+    every artifact at a price update); saved beside it so a later change can be said."""
+    return {w.id: [w.price.input, w.price.output] if w.price else None for w in pool.workers}
+
+
+def price_changes(meta: dict[str, Any], pool: Pool) -> list[str]:
+    """The workers whose price differs from the one training saw, 'id: old -> new'; none for
+    artifacts written before prices were recorded."""
+    then, now = meta["pool"].get("prices"), prices(pool)
+    if not isinstance(then, dict):
+        return []
+    return [f"{w}: {_usd(old)} -> {_usd(now[w])}" for w, old in then.items()
+            if w in now and not _same_price(old, now[w])]
+
+
+def _same_price(a: list[float] | None, b: list[float] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-18) for x, y in zip(a, b))
+
+
+def _usd(p: list[float] | None) -> str:
+    return "no price" if p is None else f"${p[0] * 1e6:.6g}/${p[1] * 1e6:.6g}"
+
+
+def mismatch(folder: Path, meta: dict[str, Any], pool: Pool) -> str | None:
+    """Why the artifact cannot plan for `pool` (it was trained for another pool key), or None."""
+    key = pool_key(pool)
+    if meta["pool"]["key"] == key:
+        return None
+    return (f"policy {folder} was trained for pool {meta['pool']['key']} ({meta['pool'].get('path')}), "
+            f"not this pool ({key}, {pool.path})")
+
+
+_warned: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def warn_prices(folder: Path, meta: dict[str, Any], pool: Pool) -> list[str]:
+    """Say on stderr, once per process and artifact, that the pool's prices moved since training:
+    the artifact still plans (prices change often), but its cost trade-offs are the old ones."""
+    changes = price_changes(meta, pool)
+    seen = (str(Path(folder).resolve()), tuple(changes))
+    if changes and seen not in _warned:
+        _warned.add(seen)
+        print(f"conductor: warning: policy {folder} was trained under other prices than pool {pool.path} "
+              f"now has (USD per million input/output tokens): {'; '.join(changes)}. Its lambda "
+              f"({meta['lambda']:g}) trade-offs were fitted under the old prices; retrain with "
+              f"`conductor policy train` to fit the new ones", file=sys.stderr, flush=True)
+    return changes
+
+
 @dataclass
 class Artifact:
     """A loaded policy: metadata, the learner, the actions per task."""
@@ -60,7 +114,9 @@ class Artifact:
 
     @property
     def label(self) -> str:
-        return f"learned {self.meta['pool']['key']}/v{self.meta['version']:04d}"
+        """What each plan's info records as its policy; a price change since training is part of it."""
+        stale = " (trained under other prices)" if self.extra.get("price_changes") else ""
+        return f"learned {self.meta['pool']['key']}/v{self.meta['version']:04d}{stale}"
 
     @property
     def lam(self) -> float:
@@ -94,7 +150,7 @@ def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: st
             "conductor_version": __version__,
             "pool": {"key": key, "path": str(pool.path) if pool.path else None,
                      "dataset": (pool.replay or {}).get("dataset"),
-                     "workers": [w.id for w in pool.workers]},
+                     "workers": [w.id for w in pool.workers], "prices": prices(pool)},
             "learner": {"kind": learner.kind, **learner.describe(), "files": files},
             "fixed": fixed_meta,
             "shipped": shipped,
@@ -211,11 +267,9 @@ def load(folder: Path, pool: Pool, use: str = "auto") -> Artifact:
 
     folder = Path(folder)
     meta = read_meta(folder)
-    key = pool_key(pool)
-    if meta["pool"]["key"] != key:
-        raise ConductorError(f"policy {folder} was trained for pool {meta['pool']['key']} "
-                             f"({meta['pool'].get('path')}), not this pool ({key}, {pool.path}); "
-                             f"train one for this pool with `conductor policy train`")
+    wrong = mismatch(folder, meta, pool)
+    if wrong:
+        raise ConductorError(f"{wrong}; train one for this pool with `conductor policy train`")
     actions = {t: [Action.from_key(k) for k in keys] for t, keys in meta["actions"]["by_task"].items()}
     missing = sorted({w for acts in actions.values() for a in acts for w in a.workers if not pool.has(w)})
     if missing:
@@ -233,4 +287,4 @@ def load(folder: Path, pool: Pool, use: str = "auto") -> Artifact:
     except (OSError, RuntimeError, ValueError) as e:
         raise ConductorError(f"policy {folder}: cannot load the model ({e})") from None
     return Artifact(folder, meta, learner, actions, FeatureSettings.from_dict(meta["features"]),
-                    extra={"use": which})
+                    extra={"use": which, "price_changes": warn_prices(folder, meta, pool)})

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -83,6 +84,12 @@ class TrainConfig:
     band: float = 1.0  # keep actions within this many standard errors of the Pareto frontier
     max_actions: int = 40  # per task, after the Pareto cut
     shrinks: tuple[float, ...] | None = None  # segment learner: the weights of the task-wide logs to cross-fit
+    allow_other_pool: bool = False  # train on runs made with another pool key (other workers or dataset)
+
+
+# Rewards are accuracy - lambda x USD, and their squared deviations are summed: past this a
+# lambda overflows floats. A lambda this large already ranks every action by its cost alone.
+MAX_LAMBDA = 1e9
 
 
 @dataclass
@@ -141,6 +148,7 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
         t = load_queries(qpath).select(["query_id", "prompt", "task", "metadata"]).to_pylist()
         prompts.update({(run_id, r["query_id"]): (r["prompt"], r["task"], r["metadata"]) for r in t})
         runs.append({"run_id": run_id, "queries": str(qpath), "pool": manifest["inputs"].get("pool"),
+                     "pool_key": _check_run_pool(cfg, run_id, manifest["inputs"].get("pool"), pool),
                      "planner": manifest["inputs"].get("planner"), "samples": manifest["inputs"].get("samples")})
     allowed = pool.servable_questions()
     sets: dict[str | None, list[Action]] = {}
@@ -182,6 +190,30 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
     return Logs(examples, len({r["query_id"] for r in rows}), skipped, runs, by_action)  # distinct queries
 
 
+def _check_run_pool(cfg: TrainConfig, run_id: str, run_pool: str | None, pool: Pool) -> str | None:
+    """The run's pool key. A run of another pool key (other workers, or another dataset's
+    questions) is refused unless `allow_other_pool`: its plans would train this pool's policy
+    without a word. A run whose pool file no longer loads cannot be checked: said, not refused."""
+    try:
+        theirs = load_pool(run_pool) if run_pool else None
+    except ConductorError as e:
+        print(f"conductor: warning: run {run_id}: its pool {run_pool} does not load ({e}); cannot check that it "
+              f"was made with --pool {cfg.pool}", file=sys.stderr, flush=True)
+        return None
+    if theirs is None:
+        return None
+    key, ours = artifacts.pool_key(theirs), artifacts.pool_key(pool)
+    if key != ours:
+        what = (f"run {run_id} was made with pool {run_pool} (pool key {key}, dataset "
+                f"{(theirs.replay or {}).get('dataset')}), not --pool {cfg.pool} (pool key {ours}, dataset "
+                f"{(pool.replay or {}).get('dataset')})")
+        if not cfg.allow_other_pool:
+            raise ConductorError(f"{what}: its plans are of other workers or other questions; train on this "
+                                 f"pool's runs, or pass --allow-other-pool to train on it anyway")
+        print(f"conductor: warning: {what}; training on it as --allow-other-pool asks", file=sys.stderr, flush=True)
+    return key
+
+
 def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, Any]]:
     """Fit the learner on the runs and save the next artifact version; (folder, summary).
 
@@ -189,8 +221,9 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
     (conductor.runner.planning_pool); loaded here when not given."""
     if cfg.learner not in LEARNERS:
         raise ConductorError(f"--learner {cfg.learner!r}: choose from {', '.join(LEARNERS)}")
-    if not 0 <= cfg.lam < math.inf:
-        raise ConductorError(f"--lambda must be a finite number, at least 0 (got {cfg.lam})")
+    if not 0 <= cfg.lam <= MAX_LAMBDA:
+        raise ConductorError(f"--lambda must be a number from 0 to {MAX_LAMBDA:g} (got {cfg.lam:g}); a lambda of "
+                             f"{MAX_LAMBDA:g} already ranks every action by its cost alone")
     if not 0 <= cfg.holdout < 1:
         raise ConductorError(f"--holdout must be at least 0 and below 1 (got {cfg.holdout})")
     if cfg.folds < 1:
@@ -605,8 +638,9 @@ def runs_for_pool(data_dir: Path, pool: Pool) -> list[str]:
     return out
 
 
-def describe(folder: Path) -> str:
-    """A few lines about an artifact, for the CLI."""
+def describe(folder: Path, pool: Pool | None = None) -> str:
+    """A few lines about an artifact, for the CLI; with `pool`, whether it fits that pool and
+    whether the pool's prices moved since training."""
     meta = artifacts.read_meta(folder)
     t = meta["training"]
     acts = meta["actions"]["by_task"]
@@ -623,8 +657,26 @@ def describe(folder: Path) -> str:
     if meta["learner"].get("kind") == "segment":
         lines += _groups_text(meta["learner"].get("why", {}), meta.get("features", {}).get("group_by"))
     sel = t.get("selection") or {}
+    shipped = meta.get("shipped", "learned")
     if sel:
-        lines.append(f"ships    {meta.get('shipped', 'learned')} ({_selection_text(sel)})")
+        lines.append(f"ships    {shipped} ({_selection_text(sel)})")
+    # The fixed action saved in the artifact (fitted on every train query), which may differ from
+    # the one the selection above fitted without its held-back queries.
+    fixed = (meta.get("fixed") or (meta["learner"] if meta["learner"].get("kind") == "fixed" else {})).get("choice")
+    if fixed:
+        lines.append("fixed    " + ", ".join(f"{task}: {key}" for task, key in fixed.items())
+                     + (" (fitted on every train query; planning uses it)" if shipped == "fixed" else
+                        " (fitted on every train query; planning uses it only with the planner option use=fixed)"))
+    if pool is not None:
+        wrong = artifacts.mismatch(folder, meta, pool)
+        if wrong:
+            lines.append(f"NOT FOR THIS POOL: {wrong}; planning with it is refused")
+        else:
+            changes = artifacts.price_changes(meta, pool)
+            if changes:
+                lines.append(f"PRICES CHANGED since training (USD per million input/output tokens): "
+                             f"{'; '.join(changes)}; its lambda ({meta['lambda']:g}) trade-offs were fitted under "
+                             f"the old prices: retrain to fit the new ones")
     return "\n".join(lines)
 
 
@@ -671,7 +723,8 @@ def _selection_text(sel: dict[str, Any]) -> str:
 
     how = f", {sel['how']}" if sel.get("how") else ""
     text = (f"on {sel['held_back_queries']} held-back queries{how}: learned {f(sel['learned'])}, "
-            f"fixed {f(sel['fixed'])} ({', '.join(sel['fixed']['choice'].values())})")
+            f"fixed {f(sel['fixed'])} (as fitted without them: "
+            f"{', '.join(f'{t}: {k}' for t, k in sel['fixed']['choice'].items())})")
     return text + (f"; rule: {sel['rule']}" if sel.get("rule") else "")
 
 
