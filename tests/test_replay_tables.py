@@ -338,6 +338,21 @@ def test_a_missing_column_is_named_with_the_file(tmp_path, capsys):
     assert "--table" in capsys.readouterr().err
 
 
+def test_an_empty_table_is_refused_and_nothing_is_written(tmp_path, capsys):
+    """A table with the columns and no rows made a pool of '0 recorded models' and a query set
+    of no queries, refused later under the output's name, not the table's."""
+    path, t = _small(tmp_path)
+    empty = tmp_path / "empty.parquet"
+    t.head(0).write_parquet(empty)
+    for cmd, out in (("queries", "q.parquet"), ("pool", "p.yaml")):
+        assert cli_main(["replay", cmd, "--table", str(empty), "--task", "math", "--out", str(tmp_path / out),
+                         "--replay-dir", str(REPLAY)][:None if cmd == "pool" else -2]) == 2
+        assert f"replay table {empty.resolve()}: has no rows" in capsys.readouterr().err
+        assert not (tmp_path / out).exists()
+    assert cli_main(["replay", "queries", "--table", str(path), "--task", "math", "--split", "test",
+                     "--out", str(tmp_path / "q.parquet")]) == 0  # a table of some rows still splits
+
+
 def test_rows_without_a_task_are_named_and_take_task_when_given(tmp_path, capsys):
     ids = pl.read_parquet(REPLAY / "gsm8k.parquet", columns=["question_id"])["question_id"].unique(
         maintain_order=True).head(20).to_list()

@@ -45,6 +45,9 @@ def query_table(spec: TableSpec, split: str = "all") -> pa.Table:
     qs = t.unique(subset=["question_id"], keep="first", maintain_order=True)
     if split != "all":
         qs = qs.filter(pl.col("split") == split)
+        if qs.is_empty():
+            raise ConductorError(f"replay table {spec.path}: no question is in the {split} split (the split is "
+                                 f"fixed by a hash of each question_id; --split all takes every question)")
     rows = qs.to_dicts()
     meta = [orjson.dumps({"dataset": spec.name, "category": _text(r.get("category")), "split": r["split"]}).decode()
             for r in rows]

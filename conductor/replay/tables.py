@@ -151,7 +151,11 @@ def read_table(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
         raise ConductorError(f"replay table {path}: missing column(s) {', '.join(absent)}")
     for c in wanted:
         _check_type(path, c, schema[c])
-    table = _normalize(path, pl.read_parquet(path, columns=wanted))
+    table = pl.read_parquet(path, columns=wanted)
+    if table.is_empty():
+        raise ConductorError(f"replay table {path}: has no rows (a replay table holds one row per question "
+                             f"and model: {', '.join(REQUIRED_COLUMNS)})")
+    table = _normalize(path, table)
     ids = table.get_column("question_id").unique()
     splits = pl.DataFrame({"question_id": ids, "split": [split_of(q) for q in ids.to_list()]},
                           schema={"question_id": pl.String, "split": pl.String})
