@@ -635,8 +635,13 @@ def test_ctrl_c_or_sigterm_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_s
     _, err = p.communicate(timeout=60)
     assert p.returncode == code and f"{said}; rerun the same command to resume" in err, err
     assert "Unclosed" not in err and "Traceback" not in err, err  # the HTTP sessions were closed
+    assert "waiting up to 20 s for" in err and "call(s) in flight so their answers are kept" in err, err
     r = run_cli(*cmd[3:])
     assert r.returncode == 0 and "(resumed)" in r.stdout, r.stdout + r.stderr
+    # The calls in flight at the signal were awaited and kept, not cancelled and sent again.
+    log = fresh_sim.log()["by_body"]
+    assert sum(log.values()) == 60 and set(log.values()) == {1}, log
+    assert "lost in flight" not in r.stdout
 
 
 # ---- 5. one process per run ---------------------------------------------------

@@ -81,6 +81,9 @@ class ExecOptions:
     # longer, the calls fail as rate-limited and a rerun sends them, instead of a run that hangs.
     max_wait_s: float = 600.0
     seed: int = 0
+    # On Ctrl-C (or SIGTERM), how long the calls already sent may take to come back: kept, their
+    # answers are not paid again by the rerun. Under Kubernetes' default 30 s grace period.
+    drain_s: float = 20.0
 
 
 # A worker of kind "function" runs locally: (function name, step, granted outputs in order, task) -> text.
@@ -149,7 +152,8 @@ class Executor:
         self._inflight: dict[str, asyncio.Future] = {}
         self._dead: dict[str, tuple[str, str]] = {}  # worker or provider id -> why every call to it fails, kind
         self._held: dict[str, tuple[float, str]] = {}  # provider id -> (monotonic time its limit resets, why)
-        self._abort: BaseException | None = None  # the storage error that stops the run
+        self._abort: BaseException | None = None  # the storage error (or Ctrl-C) that stops the run
+        self._sending = 0  # online calls sent whose answers have not come back
         self._clients: dict[tuple[str, str | None], Any] = {}  # (api_base, key) -> client, for this run
         self._plan_tasks: set[asyncio.Task] = set()
         self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
@@ -169,9 +173,11 @@ class Executor:
         # which cost a quarter of the executor's CPU per call. (No collection first: on a
         # heap this size it alone takes longer than a cached rerun of thousands of steps.)
         gc.freeze()
+        restore = self._stop_gently_on_ctrl_c()
         try:
             await self._run(jobs, resume)
         finally:
+            restore()
             gc.unfreeze()
             # Interrupted (Ctrl-C): stop the plans still running before closing their sessions,
             # or one of them opens a new session that nobody closes.
@@ -179,6 +185,50 @@ class Executor:
                 task.cancel()
             await asyncio.gather(*self._plan_tasks, return_exceptions=True)
             await self.close_connections()
+
+    def _stop_gently_on_ctrl_c(self) -> Callable[[], None]:
+        """Ctrl-C stops sending and waits up to `drain_s` for the calls already sent, whose answers
+        are then kept: cancelled, they would be billed and sent again by the rerun. A second Ctrl-C
+        stops at once. Then the run raises KeyboardInterrupt, as before. Returns what undoes it."""
+        import signal
+        import sys
+        import threading
+
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+            return lambda: None
+
+        def stop_plans() -> None:
+            for task in self._plan_tasks:
+                task.cancel()
+
+        async def drain() -> None:
+            deadline = time.monotonic() + self.opt.drain_s
+            while self._sending and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            stop_plans()  # what is left waits for a slot, a retry or a batch: nothing in flight online
+
+        def on_ctrl_c() -> None:
+            if drains:
+                stop_plans()
+                return
+            self._abort = self._abort or KeyboardInterrupt()
+            print(f"\nconductor: stopping: no new call is sent; waiting up to {self.opt.drain_s:g} s for "
+                  f"{self._sending} call(s) in flight so their answers are kept (Ctrl-C again to stop now)",
+                  file=sys.stderr, flush=True)
+            drains.append(loop.create_task(drain()))
+
+        drains: list[asyncio.Task] = []
+        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+
+        def restore() -> None:
+            loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, previous)
+            for task in drains:
+                task.cancel()
+
+        return restore
 
     async def close_connections(self) -> None:
         """Close the HTTP sessions, batch followers and governor connection opened for calls,
@@ -489,12 +539,19 @@ class Executor:
                         except StepFailed:
                             limiter.settle_tokens(est_tokens, 0)  # never sent: its tokens go back
                             raise
+                        if self._abort is not None:  # stopped while this call waited for its slot
+                            limiter.settle_tokens(est_tokens, 0)
+                            raise Aborted()
                         if rid is None:
                             # Journaled when the call is about to leave, not while it waits for a slot, and
                             # under no budget too: a resume counts an unsettled one as sent and maybe billed.
                             rid = self._durably(self.journal.reservation, key, provider.id, worst)
                         t = time.monotonic()
-                        resp = await complete(req, api_key, sent)
+                        self._sending += 1
+                        try:
+                            resp = await complete(req, api_key, sent)
+                        finally:
+                            self._sending -= 1
                 except CallFailure as f:
                     limiter.settle_tokens(est_tokens, 0)
                     self._observe(limiter, provider, f.rate)
