@@ -9,6 +9,7 @@ same command again continues the same run instead of paying for it twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import os
@@ -75,6 +76,7 @@ class Run:
     queries: pa.Table
     dir: RunDir
     resumed: bool
+    lease: Any = None  # with a store, the run's lease there (RunLease), held by run_all until the run ends
 
 
 # Every plan of a query is held in memory while it is planned and run: past this a typo
@@ -118,23 +120,32 @@ def prepare(cfg: RunConfig) -> Run:
         raise ConductorError(f"--data-dir {cfg.data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
                              f"a file pattern, so the run's files could not be read back; use a folder without them")
     run = RunDir(cfg.data_dir, run_id)
-    if cfg.store:  # a run started elsewhere (a killed worker's) resumes here
-        from conductor.execute.shared.objects import ObjectStore
+    lease = None
+    if cfg.store:  # a run started elsewhere (a killed worker's) resumes here, unless it still runs there
+        from conductor.execute.shared.objects import ObjectStore, RunLease
 
-        ObjectStore(cfg.store).pull_run(run)
-    if run.exists():
-        if run.read_manifest().get("fingerprint") != digest and not _made_before_planning_hash(run, old_digest):
-            raise ConductorError(
-                f"run {run_id} already exists at {run.path} with other inputs or settings; "
-                f"choose another --run-id (or omit it to get one derived from the inputs)")
-        return Run(cfg, pool, queries, run, resumed=True)
-    run.write_manifest({
-        "run_id": run_id, "status": "created", "created_at": _now(), "fingerprint": digest,
-        "conductor_version": __version__,
-        "inputs": {"queries": str(Path(cfg.queries).resolve()), "pool": str(Path(cfg.pool).resolve()),
-                   **fingerprint, "planner_options": _shown_options(cfg.planner_options)},
-    })
-    return Run(cfg, pool, queries, run, resumed=False)
+        store = ObjectStore(cfg.store)
+        lease = RunLease(store, run_id).take()  # before the pull: a refused process fetches nothing
+    try:
+        if lease is not None:
+            store.pull_run(run)
+        if run.exists():
+            if run.read_manifest().get("fingerprint") != digest and not _made_before_planning_hash(run, old_digest):
+                raise ConductorError(
+                    f"run {run_id} already exists at {run.path} with other inputs or settings; "
+                    f"choose another --run-id (or omit it to get one derived from the inputs)")
+            return Run(cfg, pool, queries, run, resumed=True, lease=lease)
+        run.write_manifest({
+            "run_id": run_id, "status": "created", "created_at": _now(), "fingerprint": digest,
+            "conductor_version": __version__,
+            "inputs": {"queries": str(Path(cfg.queries).resolve()), "pool": str(Path(cfg.pool).resolve()),
+                       **fingerprint, "planner_options": _shown_options(cfg.planner_options)},
+        })
+        return Run(cfg, pool, queries, run, resumed=False, lease=lease)
+    except BaseException:
+        if lease is not None:  # or the same command, rerun, would be refused until it lapses
+            lease.release()
+        raise
 
 
 def _shown_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -531,26 +542,27 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
 
     cfg.store = store_url(cfg.store)  # CONDUCTOR_STORE, for runs started by Dagster
     run = prepare(cfg)
-    store = None
-    if cfg.store:
-        from conductor.execute.shared.objects import JournalUploader, ObjectStore
-
-        store = ObjectStore(cfg.store)
-        store.push_run(run.dir)
-    try:
-        plan_stage(run, planner)
+    store = run.lease.store if run.lease is not None else None
+    # The run's lease on the store is renewed while the run goes on and released when it ends, however it ends.
+    with run.lease or contextlib.nullcontext():
         if store is not None:
-            with JournalUploader(store, run.dir):
+            store.push_run(run.dir)
+        try:
+            plan_stage(run, planner)
+            if store is not None:
+                from conductor.execute.shared.objects import JournalUploader
+
+                with JournalUploader(store, run.dir, lease=run.lease):
+                    execute_stage(run, replanner=replanner, planner=planner)
+            else:
                 execute_stage(run, replanner=replanner, planner=planner)
-        else:
-            execute_stage(run, replanner=replanner, planner=planner)
-    finally:
-        if own:
-            close_planner(planner)
-    grade_stage(run)
-    summary = report_stage(run, wall_time_s=round(time.monotonic() - t0, 3))
-    if store is not None:
-        store.push_run(run.dir)
+        finally:
+            if own:
+                close_planner(planner)
+        grade_stage(run)
+        summary = report_stage(run, wall_time_s=round(time.monotonic() - t0, 3))
+        if store is not None:
+            store.push_run(run.dir)
     summary["resumed"] = run.resumed
     return summary
 

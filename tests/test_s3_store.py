@@ -1,6 +1,7 @@
 """Runs kept on an S3-compatible server (moto's, started on 127.0.0.1 by the fixture):
 tables written there, `conductor sql` answering from them, a killed worker's run
-resumed by another process from what the store holds."""
+resumed by another process from what the store holds, and the run's lease there
+that refuses a second process on a live run from any machine."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 
 import orjson
 import pytest
@@ -31,6 +33,46 @@ def s3(monkeypatch):
 def run_args(queries, pool, data_dir, store):
     return ["run", queries, "--pool", pool, "--data-dir", data_dir, "--store", store, "--quiet", "--no-cache",
             "--run-id", "s3run"]
+
+
+SYNC = {"CONDUCTOR_STORE_SYNC_S": "0.5"}  # the journal uploaded and the lease renewed every 0.5 s
+
+
+def start_run(queries, pool, data_dir, store):
+    """A run in the background, as another machine's worker would run it."""
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **SYNC}
+    return subprocess.Popen([sys.executable, "-m", "conductor", *map(str, run_args(queries, pool, data_dir, store))],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True)
+
+
+def slow_pool(tmp_path, sim):
+    return write_pool(tmp_path / "pool.yaml", sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 2, "timeout_s": 10}})
+
+
+def lease(objects) -> dict | None:
+    """The run's lease object on the store, as another machine reads it."""
+    if not objects.exists("runs", "s3run", "lease.json"):
+        return None
+    with objects.fs.open_input_stream(objects.path("runs", "s3run", "lease.json")) as f:
+        return orjson.loads(f.read())
+
+
+def uploaded(objects) -> set[str]:
+    """The plans the store's journal calls finished."""
+    if not objects.exists("runs", "s3run", "work", "plans.jsonl"):
+        return set()
+    with objects.fs.open_input_stream(objects.path("runs", "s3run", "work", "plans.jsonl")) as f:
+        lines = f.read().splitlines()
+    return {orjson.loads(x)["plan_id"] for x in lines if x.endswith(b"}")}
+
+
+def wait_for(proc, what, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not what() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert what(), f"not seen while the run ran (exit {proc.poll()}): {proc.stderr.read() if proc.poll() else ''}"
 
 
 @pytest.mark.slow
@@ -57,33 +99,24 @@ def test_a_run_writes_its_tables_to_the_store_and_sql_answers_from_them(tmp_path
 def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path, s3, fresh_sim, sample_queries):
     from conductor.execute.shared.objects import ObjectStore
 
-    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
-                      providers={"sim": {"max_concurrency": 2, "timeout_s": 10}})
+    pool = slow_pool(tmp_path, fresh_sim)
     store = "s3://conductor-test/resume"
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "CONDUCTOR_STORE_SYNC_S": "0.5"}
-    first = subprocess.Popen([sys.executable, "-m", "conductor", *map(str, run_args(
-        sample_queries, pool, tmp_path / "machine-a", store))], cwd=REPO, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    first = start_run(sample_queries, pool, tmp_path / "machine-a", store)
     objects = ObjectStore(store)
-    journal = "runs/s3run/work/plans.jsonl".split("/")
-
-    def uploaded() -> set[str]:
-        if not objects.exists(*journal):
-            return set()
-        with objects.fs.open_input_stream(objects.path(*journal)) as f:
-            lines = f.read().splitlines()
-        return {orjson.loads(x)["plan_id"] for x in lines if x.endswith(b"}")}
-
-    deadline = time.monotonic() + 240
-    while len(uploaded()) < 10 and time.monotonic() < deadline and first.poll() is None:
-        time.sleep(0.2)
+    wait_for(first, lambda: len(uploaded(objects)) >= 10)
     os.killpg(first.pid, signal.SIGKILL)  # the worker dies mid-run, its disk with it
     first.wait()
-    done = uploaded()
+    done = uploaded(objects)
     assert 10 <= len(done) < 60, len(done)
+    held = lease(objects)  # left behind by the killed worker: it lapses 4 intervals after its last renewal
+    assert held["pid"] == first.pid, held
+    while datetime.fromisoformat(held["expires_at"]) >= datetime.now(timezone.utc):
+        time.sleep(0.2)
     fresh_sim.reset()
-    r = run_cli(*run_args(sample_queries, pool, tmp_path / "machine-b", store), env={"CONDUCTOR_STORE_SYNC_S": "0.5"})
+    r = run_cli(*run_args(sample_queries, pool, tmp_path / "machine-b", store), env=SYNC)
     assert r.returncode == 0, r.stderr
+    assert f"taking over its lease, lapsed at {held['expires_at']} (host {held['host']}, process {first.pid})" \
+        in r.stderr, r.stderr
     # What the store held was not asked for again (answers uploaded with the run's own cache
     # after the journal was are claimed from it, not asked for either).
     assert 0 < fresh_sim.log()["by_status"].get("200", 0) <= 60 - len(done)
@@ -91,6 +124,75 @@ def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path
                 "--store", store, "--format", "json")
     assert q.returncode == 0, q.stderr
     assert orjson.loads(q.stdout.splitlines()[0]) == {"ok": 60, "n": 60}
+    # Released at the end: the same command on a third machine runs at once, and pays nothing.
+    assert lease(objects) is None
+    fresh_sim.reset()
+    again = run_cli(*run_args(sample_queries, pool, tmp_path / "machine-c", store), env=SYNC)
+    assert again.returncode == 0 and "taking over" not in again.stderr, again.stderr
+    assert fresh_sim.log()["total"] == 0
+
+
+@pytest.mark.slow
+def test_a_second_process_on_a_live_run_from_another_machine_is_refused_and_pays_nothing(
+        tmp_path, s3, fresh_sim, sample_queries):
+    """A scheduler's retry of a pod still alive pulled the live run, paid for it all again,
+    and the two overwrote each other's objects (audit 28): the local lock sees one folder."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = slow_pool(tmp_path, fresh_sim)
+    store = "s3://conductor-test/twins"
+    objects = ObjectStore(store)
+    first = start_run(sample_queries, pool, tmp_path / "machine-a", store)
+    wait_for(first, lambda: uploaded(objects))  # a run the second process could resume
+    second = run_cli(*run_args(sample_queries, pool, tmp_path / "machine-b", store), env=SYNC)
+    held = lease(objects)
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert second.returncode == 2, second.stderr
+    assert (f"run s3run is already running on host {held['host']} in process {first.pid} "
+            f"(lease {store}/runs/s3run/lease.json, last renewed ") in second.stderr, second.stderr
+    assert "if that process is dead, rerun after the lease expires" in second.stderr
+    assert not (tmp_path / "machine-b" / "runs" / "s3run").exists()  # nothing fetched, nothing run
+    assert fresh_sim.log()["by_status"].get("200", 0) == 60  # each plan's one call, paid once
+
+
+@pytest.mark.slow
+def test_ctrl_c_releases_the_lease_and_the_run_resumes_at_once_elsewhere(tmp_path, s3, fresh_sim, sample_queries):
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = slow_pool(tmp_path, fresh_sim)
+    store = "s3://conductor-test/interrupted"
+    objects = ObjectStore(store)
+    first = start_run(sample_queries, pool, tmp_path / "machine-a", store)
+    wait_for(first, lambda: lease(objects) and uploaded(objects))
+    os.kill(first.pid, signal.SIGINT)
+    assert first.wait(timeout=120) == 130, first.stderr.read()
+    assert lease(objects) is None
+    r = run_cli(*run_args(sample_queries, pool, tmp_path / "machine-b", store), env=SYNC)
+    assert r.returncode == 0 and "taking over" not in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_a_run_whose_lapsed_lease_was_taken_over_stops_and_leaves_the_store_to_the_new_holder(
+        tmp_path, s3, fresh_sim, sample_queries):
+    """A process paused past its lease's expiry (or cut off from the store) found its run
+    taken over: going on would pay for it twice and overwrite the new holder's objects."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = slow_pool(tmp_path, fresh_sim)
+    store = "s3://conductor-test/lapsed"
+    objects = ObjectStore(store)
+    first = start_run(sample_queries, pool, tmp_path / "machine-a", store)
+    wait_for(first, lambda: lease(objects) and uploaded(objects))  # held, and running
+    now = datetime.now(timezone.utc)
+    other = {"run_id": "s3run", "host": "machine-b", "pid": 4242, "token": "theirs",
+             "started_at": now.isoformat(), "renewed_at": now.isoformat(),
+             "expires_at": (now + timedelta(hours=1)).isoformat()}
+    with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
+        out.write(orjson.dumps(other))
+    assert first.wait(timeout=120) == 2
+    err = first.stderr.read()
+    assert "process 4242 on host machine-b took the run over" in err, err
+    assert lease(objects) == other  # theirs, not deleted by the process that lost it
 
 
 def test_an_uploaded_journal_never_holds_a_finished_plan_without_its_steps(tmp_path, s3, monkeypatch):

@@ -9,6 +9,8 @@ old object or the new one, never half of one. A run that is not in the local
 folder is fetched from the store first: a run whose worker was killed resumes
 on any other process or machine (calls made after the last journal upload are
 served again from the shared response cache, or paid again without one).
+A run holds a lease on the store while it runs (RunLease), so a second process
+on the same run id, on any machine, refuses instead of paying for it again.
 
 Credentials come from the usual AWS variables (AWS_ACCESS_KEY_ID, ...); an
 S3-compatible server other than AWS is named by AWS_ENDPOINT_URL.
@@ -19,9 +21,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
+import signal
+import socket
 import sqlite3
 import tempfile
 import threading
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,6 +45,11 @@ TABLE_FILES = ("manifest.json", "plans.parquet", "traces.parquet", "results.parq
 # spent on resume unless its answer is in the run cache, uploaded after them all.
 # batches.jsonl too: without it a run resumed elsewhere submits its in-flight batches again (paid twice)
 WORK_FILES = ("plans.jsonl", "steps.jsonl", "reservations.jsonl", "batches.jsonl")
+LEASE_FILE = "lease.json"  # beside the run's objects: runs/<run id>/lease.json
+
+
+def sync_interval() -> float:
+    return float(os.environ.get("CONDUCTOR_STORE_SYNC_S") or 30.0)
 
 
 def store_url(value: str | None) -> str | None:
@@ -180,21 +192,160 @@ class ObjectStore:
         return {k: sorted(v) for k, v in out.items()}
 
 
+class RunLease:
+    """One process per run across machines: the local flock (conductor/execute/lock.py) sees
+    only its own data folder, so a second machine (a scheduler's retry of a pod still alive)
+    ran the whole job again and overwrote the first one's objects.
+
+    The lease is an object beside the run's, naming its holder (host, pid, a random token).
+    The holder renews it every sync interval (CONDUCTOR_STORE_SYNC_S) and deletes it when
+    the run ends, however it ends short of SIGKILL; one not renewed for `ttl` (four
+    intervals, 2 minutes by default) has lapsed and is taken over.
+
+    pyarrow's S3 writes have no condition (If-None-Match), so taking it is: read, refuse a
+    live one held by another, write ours, wait `settle`, read it back, refuse unless ours is
+    there. Two takers both win only if one pauses for more than `settle` between its read
+    and its write, which a lease cannot rule out without a conditional write. Expiry is read
+    on this machine's clock against the holder's: the clocks must agree to well within `ttl`.
+    A holder whose lapsed lease was taken over stops (SIGTERM: the CLI's Ctrl-C path) and
+    uploads nothing more; release reads, then deletes, so it could delete a lease taken over
+    between the two, which only a holder already past its expiry can do.
+    """
+
+    settle = 1.0
+
+    def __init__(self, store: ObjectStore, run_id: str, interval: float | None = None):
+        self.store, self.run_id = store, run_id
+        self.interval = interval or sync_interval()
+        self.ttl = 4 * self.interval
+        self.token = secrets.token_hex(16)
+        self.started = time.time()
+        self.lost: dict | None = None  # the holder that took it over after ours lapsed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="store-lease", daemon=True)
+
+    @property
+    def where(self) -> str:
+        return f"{self.store.url}/runs/{self.run_id}/{LEASE_FILE}"
+
+    def _read(self) -> dict | None:
+        import orjson
+
+        try:
+            with self.store.fs.open_input_stream(self.store.path("runs", self.run_id, LEASE_FILE)) as f:
+                held = orjson.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except orjson.JSONDecodeError:  # not a lease: taken over as a lapsed one
+            return {}
+        return held if isinstance(held, dict) else {}
+
+    def _write(self) -> None:
+        import orjson
+
+        now = time.time()
+        body = {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(), "token": self.token,
+                "started_at": _iso(self.started), "renewed_at": _iso(now), "expires_at": _iso(now + self.ttl)}
+        with self.store.fs.open_output_stream(self.store.path("runs", self.run_id, LEASE_FILE)) as out:
+            out.write(orjson.dumps(body))
+
+    @staticmethod
+    def _live(held: dict) -> bool:
+        try:
+            return datetime.fromisoformat(held["expires_at"]).timestamp() > time.time()
+        except (KeyError, TypeError, ValueError):
+            return False
+
+    def take(self) -> "RunLease":
+        """Hold the run, or refuse (ConductorError, exit 2) naming the live holder."""
+        with self.store._reaching(f"look for run {self.run_id}"):
+            held = self._read()
+        if held is not None and self._live(held):
+            raise ConductorError(self._refusal(held))
+        with self.store._reaching(f"take the lease of run {self.run_id}"):
+            self.store.ensure_bucket()
+            self._write()
+            time.sleep(self.settle)
+            now = self._read()
+        if now is None or now.get("token") != self.token:  # another process took it meanwhile
+            raise ConductorError(self._refusal(now or {}))
+        if held is not None:
+            log.warning("store %s: run %s: taking over its lease, lapsed at %s (host %s, process %s)",
+                        self.store.url, self.run_id, held.get("expires_at", "?"), held.get("host", "?"),
+                        held.get("pid", "?"))
+        return self
+
+    def _refusal(self, held: dict) -> str:
+        return (f"run {self.run_id} is already running on host {held.get('host', '?')} in process "
+                f"{held.get('pid', '?')} (lease {self.where}, last renewed {held.get('renewed_at', '?')}, "
+                f"expires {held.get('expires_at', '?')} unless renewed); wait for it to finish or stop it, "
+                f"then rerun the same command; if that process is dead, rerun after the lease expires")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                held = self._read()
+                if held is not None and held.get("token") != self.token:
+                    self.lost = held
+                    log.error("store %s: run %s: our lease lapsed and process %s on host %s took the run over; "
+                              "stopping", self.store.url, self.run_id, held.get("pid", "?"), held.get("host", "?"))
+                    os.kill(os.getpid(), signal.SIGTERM)  # the CLI stops as on Ctrl-C
+                    return
+                self._write()
+            except Exception as e:  # the next renewal may succeed; the lease lapses only after `ttl`
+                log.warning("store %s: run %s: lease renewal failed: %s", self.store.url, self.run_id, e)
+
+    def release(self) -> None:
+        """Delete the lease if it is still ours, so the same run can start again at once."""
+        try:
+            held = self._read()
+            if held is not None and held.get("token") == self.token:
+                self.store.fs.delete_file(self.store.path("runs", self.run_id, LEASE_FILE))
+        except Exception as e:
+            log.warning("store %s: run %s: the lease was not released (%s); it lapses %.0f s after its last "
+                        "renewal", self.store.url, self.run_id, e, self.ttl)
+
+    def __enter__(self) -> "RunLease":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.lost is None:
+            self.release()
+            return
+        raise ConductorError(
+            f"run {self.run_id} stopped: its lease {self.where} lapsed (not renewed for {self.ttl:.0f} s) and "
+            f"process {self.lost.get('pid', '?')} on host {self.lost.get('host', '?')} took the run over; "
+            f"that process goes on with it") from None
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
+
 class JournalUploader:
     """Uploads a run's journal every `interval` seconds while it executes, and once at the end."""
 
-    def __init__(self, store: ObjectStore, run_dir, interval: float | None = None):
-        self.store, self.run_dir = store, run_dir
-        self.interval = interval or float(os.environ.get("CONDUCTOR_STORE_SYNC_S") or 30.0)
+    def __init__(self, store: ObjectStore, run_dir, interval: float | None = None, lease: "RunLease | None" = None):
+        self.store, self.run_dir, self.lease = store, run_dir, lease
+        self.interval = interval or sync_interval()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="journal-upload", daemon=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
+            if self._lost():
+                return
             try:
                 self.store.push_run(self.run_dir)
             except Exception as e:  # the run goes on; the next upload catches up
                 log.warning("store %s: journal upload failed: %s", self.store.url, e)
+
+    def _lost(self) -> bool:
+        """A run whose lease another process took over uploads nothing more: the objects are its."""
+        return self.lease is not None and self.lease.lost is not None
 
     def __enter__(self) -> "JournalUploader":
         self._thread.start()
@@ -203,6 +354,8 @@ class JournalUploader:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if self._lost():
+            return
         try:
             self.store.push_run(self.run_dir)
         except Exception as e:
