@@ -257,11 +257,23 @@ class RunLease:
             return False
 
     def take(self) -> "RunLease":
-        """Hold the run, or refuse (ConductorError, exit 2) naming the live holder."""
+        """Hold the run, or refuse (ConductorError, exit 2) naming the live holder. A lease that
+        looks live may be a killed holder's (a scheduler retrying an evicted pod): it is watched
+        until it is renewed (refused: its holder lives) or lapses (taken over), at most `ttl`."""
         with self.store._reaching(f"look for run {self.run_id}"):
             held = self._read()
         if held is not None and self._live(held):
-            raise ConductorError(self._refusal(held))
+            log.warning("store %s: run %s: its lease is held by process %s on host %s (renewed %s); waiting up "
+                        "to %.0f s to see whether that process still runs it", self.store.url, self.run_id,
+                        held.get("pid", "?"), held.get("host", "?"), held.get("renewed_at", "?"), self.ttl)
+            while held is not None and self._live(held):
+                time.sleep(min(self.interval / 4, 5.0))
+                with self.store._reaching(f"look for run {self.run_id}"):
+                    now = self._read()
+                if now is not None and (now.get("token"), now.get("renewed_at")) != \
+                        (held.get("token"), held.get("renewed_at")):
+                    raise ConductorError(self._refusal(now))
+                held = now
         with self.store._reaching(f"take the lease of run {self.run_id}"):
             self.store.ensure_bucket()
             self._write()
