@@ -165,6 +165,46 @@ def test_budget_reserves_the_batch_worst_case_and_refuses_what_does_not_fit(tmp_
     sent = sum(log["batch_lines"].values())
     assert sent == sum(1 for t in traces if t["status"] == "ok" and t["attempts"])
     assert sent < len(results) * 2
+    # The refused lines waited for the earlier batches to settle: the run stopped with the
+    # budget spent up to less than one line's worst case (at most $0.0012 here), not at a
+    # small part of it (audit 28: 8%; here it was 29%).
+    assert billed_usd(log["batch_billed_tokens"]) / 2 > budget - 0.0012
+
+
+@pytest.mark.slow  # waits on the clock
+def test_lines_a_budget_cannot_cover_yet_wait_for_a_later_batch(tmp_path, fresh_sim, queries):
+    """Worst cases are several times the real cost: what the first batch's reservation
+    leaves out goes in later batches once it settles, as an online call waits."""
+    budget = 0.006  # 1.5 times the run's real cost, two thirds of the first stage's worst case
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, budget_usd=budget)
+    done = run(queries, pool, tmp_path / "data", "--no-cache")
+    assert done.returncode == 0, done.stderr
+    traces, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"ok"}
+    log = fresh_sim.log()
+    assert billed_usd(log["batch_billed_tokens"]) / 2 <= budget
+    assert log["batches_created"] > 2  # one per stage would not have fit
+    assert log["batch_lines"] == {"200": len(traces)}
+
+
+@pytest.mark.slow  # waits on the clock
+def test_the_workers_of_a_stage_send_their_batches_side_by_side_under_a_budget(tmp_path, fresh_sim, queries):
+    """Both workers of a stage get a share of the budget's room and submit at once: the
+    second used to wait for the first batch to end (hours, with a real provider)."""
+    fresh_sim.set_faults(batch_delay_s=3.0)
+    budget = 0.014  # covers each worker's first-stage worst case ($0.0086), not both
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, budget_usd=budget)
+    # every plan: fast and weak answer (one stage, two batches), then fast judges
+    done = run(queries, pool, tmp_path / "data", "--no-cache", "--planner-option", "policy=none",
+               "--planner-option", "action=ensemble:fast+weak>fast")
+    assert done.returncode == 0, done.stderr
+    _, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"ok"}
+    assert billed_usd(fresh_sim.log()["batch_billed_tokens"]) / 2 <= budget
+    journal = next((tmp_path / "data" / "runs").iterdir()) / "work" / "batches.jsonl"
+    events = [(r["event"], r.get("worker")) for r in map(orjson.loads, journal.read_bytes().splitlines())
+              if r["event"] in ("submitted", "done")]
+    assert sorted(events[:2]) == [("submitted", "fast"), ("submitted", "weak")], events
 
 
 @pytest.mark.slow  # waits on the clock

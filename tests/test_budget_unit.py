@@ -48,3 +48,19 @@ def test_resume_counts_earlier_spend_and_run_cap():
 
     summary = asyncio.run(main())
     assert summary[-1]["spent_usd"] == pytest.approx(0.99)
+
+
+def test_a_call_that_fits_once_all_else_settled_is_not_kept_waiting_by_float_residue():
+    """Settled amounts can leave a float residue in `reserved` (a few 1e-12 with batch-sized
+    reservations of thousands of dollars); a call that fits only without it used to wait
+    forever for a settle that would never come."""
+    async def main():
+        ledger = Ledger({"p": 30000.0})
+        held = [await ledger.reserve("p", amount) for amount in (8641.9746, 0.7, 13580.2458)]
+        for r in (held[2], held[0], held[1]):
+            await ledger.settle(r, 0.0)
+        # nothing is pending: the call is reserved at once (the timeout only guards a hang)
+        r = await asyncio.wait_for(ledger.reserve("p", 30000.0), 30)
+        return r.amount
+
+    assert asyncio.run(main()) == 30000.0

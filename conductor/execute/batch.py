@@ -5,9 +5,10 @@ batch price instead of one request each.
 Steps that become ready together (a stage: every plan's first steps, then the steps
 those answers unblock) are collected until no new request has joined for
 `batch_collect_s`, then written as one JSONL input file and submitted. Cache hits
-never get here (the executor answers them first). The batch's worst-case cost is
-reserved at submission (what the budget cannot cover is refused as budget_exhausted,
-as online), and settled at the batch price when its results arrive.
+never get here (the executor answers them first). Under a budget, the worst case
+of the lines that fit is reserved at submission and settled at the batch price when the
+results arrive; the lines that do not fit yet wait for that and go in a later batch, and
+are refused as budget_exhausted only when nothing is pending and they still do not fit.
 
 The batch id, its input file and the request keys (custom_ids) in it are journaled
 at submission (`batches.jsonl` in the work folder), so a killed run polls the same
@@ -79,6 +80,7 @@ class Batches:
         self._lookups: dict[str, asyncio.Task] = {}  # input file id -> finding its batch
         self._pending: dict[tuple[str, str | None], list[tuple[str, Waiter]]] = {}
         self._collectors: dict[tuple[str, str | None], asyncio.Task] = {}
+        self._asking: dict[tuple[str, str | None], float] = {}  # collected, not yet reserved: worst case
         self._tasks: set[asyncio.Task] = set()
         self.submissions = 0  # batches this run submitted
 
@@ -176,6 +178,7 @@ class Batches:
             self._collectors[group] = self._spawn(self._collect(group, worker, provider))
         model = worker.model.split("/", 1)[1]
         encoded = [(key, w, encode_line(model, key, w)) for key, w in lines[:provider.batch_max_requests]]
+        self._asking[group] = sum(w.worst for _, w, _ in encoded)  # a rival of other groups until reserved
         # one input file per MAX_FILE_BYTES (OpenAI refuses larger files), submitted side by side
         await asyncio.gather(*(self._submit(part, worker, provider, group[1])
                                for part in split_by_size(encoded, MAX_FILE_BYTES)))
@@ -230,37 +233,84 @@ class Batches:
 
     async def _reserve(self, lines: list[tuple[str, Waiter, bytes]], worker: Worker,
                        provider: Provider) -> tuple[list[tuple[str, Waiter, bytes]], Any]:
-        """Reserve the batch's worst case; the lines the budget cannot cover are refused
-        (budget_exhausted) and the rest go out."""
+        """Reserve the worst case of the lines that fit in the budget now, and send those.
+        Worst cases are several times the real cost, so the rest wait for pending reservations
+        to settle and go in a later batch, as an online call waits; a line is refused
+        (budget_exhausted) when it could not fit even once they settled, or nothing is pending."""
         ex = self.ex
+        group = (worker.id, self._api_key(provider, worker))
+        self._asking.pop(group, None)
         if provider.id not in ex._budgeted:
             return lines, None
-        n = len(lines)
-        while n > 0:
-            total = sum(w.worst for _, w, _ in lines[:n])
+        free = ex.ledger.free(provider.id)
+        rivals = self._rivals(group, provider)
+        # A fair share, so that every worker's batch of a stage goes out now, side by side
+        share = max(free / (1 + len(rivals)), free - sum(rivals))
+        take, rest = _fitting(lines, share)
+        if not take:
+            take, rest = _fitting(lines, free)
+        reservation, last = None, None
+        while take:
             try:
-                reservation = await ex.ledger.reserve(provider.id, total)
+                reservation = await ex.ledger.reserve(provider.id, sum(w.worst for _, w, _ in take))
                 break
-            except BudgetExhausted as e:
-                room = max(0.0, e.limit - e.spent)
-                covered, acc = 0, 0.0
-                for _, w, _ in lines[:n]:
-                    if acc + w.worst > room + 1e-12:
-                        break
-                    acc += w.worst
-                    covered += 1
-                n = min(covered, n - 1)
+            except BudgetExhausted as e:  # a cap not kept in this process (a shared governor's)
                 last = e
+                fit, over = _fitting(take, e.limit - e.spent)
+                if not over:  # it did not fit as a whole: one line fewer
+                    over = [fit.pop()]
+                take, rest = fit, over + rest
             except GovernorUnavailable as e:
                 for _, w, _ in lines:
                     _fail(w.future, StepFailed("error", f"worker {worker.id}: {e}", kind="connection"))
                 return [], None
-        else:
-            reservation = None
-        for _, w, _ in lines[n:]:
-            _fail(w.future, StepFailed("budget_exhausted", f"worker {worker.id}: {last} (in a batch of "
-                                                           f"{len(lines)} requests, {n} fit)", kind="budget"))
-        return lines[:n], reservation
+        pending = reservation is not None or ex.ledger.pending(provider.id)
+        later = []
+        for line in rest:
+            why = ex.ledger.refusal(provider.id, line[1].worst)
+            if why is None and pending:
+                later.append(line)
+            else:
+                why = why or last or "budget exhausted"
+                _fail(line[1].future, StepFailed("budget_exhausted", f"worker {worker.id}: {why}", kind="budget"))
+        if later:
+            self._spawn(self._hold(later, worker, provider, ex.ledger.settles))
+        return take, reservation
+
+    def _rivals(self, group: tuple[str, str | None], provider: Provider) -> list[float]:
+        """The worst cases of the other workers' batches being collected or about to be
+        reserved that draw on the same caps."""
+        ex = self.ex
+        asking = dict(self._asking)
+        for g, pending in self._pending.items():
+            asking[g] = asking.get(g, 0.0) + sum(w.worst for _, w in pending)
+        out = []
+        for g, worst in asking.items():
+            other = ex.pool.provider_of(ex.pool.worker(g[0])).id
+            shared = other == provider.id or (ex.opt.run_budget_usd is not None and other in ex._budgeted)
+            if g != group and worst > 0 and shared:
+                out.append(worst)
+        return out
+
+    async def _hold(self, lines: list[tuple[str, Waiter, bytes]], worker: Worker, provider: Provider,
+                    seen: int) -> None:
+        """Lines the budget cannot cover yet: back in the queue once a reservation settles
+        (or failed if the run stops first: a stopped batch's reservation never settles)."""
+        while self.ex._abort is None:
+            try:
+                await asyncio.wait_for(self.ex.ledger.settled_since(seen), provider.batch_poll_s)
+            except asyncio.TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                for _, w, _ in lines:
+                    _fail(w.future, Aborted())
+                raise
+            for key, w, _ in lines:
+                if not w.future.done():
+                    self._enqueue(worker, provider, key, w)
+            return
+        for _, w, _ in lines:
+            _fail(w.future, Aborted())
 
     # ---- waiting and answers ---------------------------------------------
 
@@ -507,6 +557,19 @@ class Batches:
                                        + (f" ({failed} failed)" if failed else "")
                                        + f" after {waited // 60}m{waited % 60:02d}s")
         self.ex.progress.tick()
+
+
+def _fitting(lines: list[tuple[str, Waiter, bytes]], room: float) -> tuple[list, list]:
+    """(the lines whose worst cases fit in `room`, taken in order, skipping those that do
+    not; the others)."""
+    fit, over, acc = [], [], 0.0
+    for line in lines:
+        if acc + line[1].worst <= room:
+            fit.append(line)
+            acc += line[1].worst
+        else:
+            over.append(line)
+    return fit, over
 
 
 def _fail(future: asyncio.Future, error: BaseException) -> None:

@@ -10,6 +10,7 @@ less), and is refused only when it cannot fit even after they have settled.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
 
@@ -28,6 +29,7 @@ class Cap:
     limit: float | None
     spent: float = 0.0
     reserved: float = 0.0
+    holds: int = 0  # reservations pending: exact, where `reserved` can keep a float residue
 
     def fits(self, amount: float) -> bool:
         return self.limit is None or self.spent + self.reserved + amount <= self.limit + 1e-12
@@ -51,6 +53,7 @@ class Ledger:
         self.run = Cap("run", run_limit, sum(spent.values()))
         self.providers = {p: Cap(f"provider {p}", lim, spent.get(p, 0.0)) for p, lim in provider_limits.items()}
         self._changed = asyncio.Condition()
+        self.settles = 0  # reservations settled so far, for settled_since()
 
     async def reserve(self, provider: str, amount: float) -> Reservation:
         caps = [self.providers[provider], self.run]
@@ -59,9 +62,10 @@ class Ledger:
                 if all(c.fits(amount) for c in caps):
                     for c in caps:
                         c.reserved += amount
+                        c.holds += 1
                     return Reservation(caps, amount)
                 blocking = next(c for c in caps if not c.fits(amount))
-                if not blocking.could_fit(amount) or blocking.reserved <= 0:
+                if not blocking.could_fit(amount) or blocking.holds == 0:
                     raise BudgetExhausted(blocking.name, blocking.limit or 0.0, blocking.spent, amount)
                 await self._changed.wait()
 
@@ -72,9 +76,33 @@ class Ledger:
         r.settled = True
         async with self._changed:
             for c in r.caps:
-                c.reserved -= r.amount
+                c.holds -= 1
+                c.reserved = c.reserved - r.amount if c.holds else 0.0
                 c.spent += actual
+            self.settles += 1
             self._changed.notify_all()
+
+    def free(self, provider: str) -> float:
+        """What can be reserved for the provider's calls now without waiting (a cap kept
+        elsewhere, such as a shared governor's, is not seen here)."""
+        caps = [self.providers[provider], self.run]
+        return min((c.limit - c.spent - c.reserved for c in caps if c.limit is not None), default=math.inf)
+
+    def pending(self, provider: str) -> bool:
+        """Whether reservations on the provider's caps are pending: they may settle for less."""
+        return any(c.holds for c in (self.providers[provider], self.run))
+
+    def refusal(self, provider: str, amount: float) -> BudgetExhausted | None:
+        """Why `amount` cannot be reserved even once the pending reservations settle (None: it could)."""
+        for c in (self.providers[provider], self.run):
+            if not c.could_fit(amount):
+                return BudgetExhausted(c.name, c.limit or 0.0, c.spent, amount)
+        return None
+
+    async def settled_since(self, seen: int) -> None:
+        """Return once a reservation has settled after `self.settles` was `seen`."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.settles != seen)
 
     def record(self, provider: str, amount: float) -> None:
         """Spend that needed no reservation (no budget in force)."""
