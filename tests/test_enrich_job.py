@@ -282,9 +282,12 @@ def test_json_lines_and_a_folder_of_parquet_files(folder):
     assert f"job.yaml:{line_of(text, 'in.xlsx')}: input.path:" in refused(folder, text)
 
 
-def test_an_abandoned_run_counts_the_batches_it_never_collected(tmp_path):
+def test_an_abandoned_run_hands_the_batches_it_never_collected_to_the_new_run(tmp_path):
     """A job run killed with a batch in flight, then superseded, said "$0 for 0 calls" and
-    nothing in flight, while the provider billed the whole batch (audit 28)."""
+    nothing in flight, while the provider billed the whole batch and the new run paid for
+    those rows again (audit 28). The new run's batch journal now holds those batches, so it
+    polls them for the same requests (tests/test_batch.py runs that end to end)."""
+    from conductor.execute.batchfiles import BatchJournal
     from conductor.cli.render import job_summary
     from conductor.enrich.history import abandon_interrupted
 
@@ -299,10 +302,13 @@ def test_an_abandoned_run_counts_the_batches_it_never_collected(tmp_path):
              {"event": "uploaded", "input_file_id": "file-2", "worker": "w", "keys": ["k3"], "reserved": 0.5}]
     (run / "work" / "batches.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
     (closed,) = abandon_interrupted(tmp_path, "qa", "qa-new")
-    assert closed["lost_in_flight"] == {"calls": 3, "reserved_usd": 0.75}
+    assert closed["lost_in_flight"] == {"calls": 0, "unpriced_calls": 0, "reserved_usd": 0.0}
     assert closed["batches_in_flight"] == ["batch_1", "file-2"]
+    handed = BatchJournal(tmp_path / "runs" / "qa-new" / "work")
+    assert list(handed.open) == ["batch_1"] and handed.open["batch_1"]["keys"] == ["k1", "k2"]
+    assert list(handed.uploaded) == ["file-2"] and handed.open["batch_1"]["adopted_from"] == "qa-old"
     assert orjson.loads((run / "manifest.json").read_bytes())["status"] == "abandoned"
     shown = job_summary({"job": "qa", "run_id": "qa-new", "rows": 0, "computed": 0, "reused": 0, "valid": 0,
                          "statuses": {}, "cost_usd": 0.0, "calls": 0, "metrics": {"valid_share": 1.0, "fields": {}},
                          "abandoned_runs": [closed], "wall_time_s": 1.0, "records_path": "r", "catalog": "c"})
-    assert "batches batch_1, file-2 were never collected" in shown and "3 sent when it was killed" in shown
+    assert "its batches in flight (batch_1, file-2) were handed to this run" in shown

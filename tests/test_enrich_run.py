@@ -596,6 +596,31 @@ def test_a_killed_run_whose_input_changed_is_closed_as_abandoned_with_what_it_pa
     assert again["abandoned_runs"] == [] and again["computed"] == 0
 
 
+def test_a_killed_batch_run_whose_input_changed_hands_its_batch_to_the_new_run(sim, tmp_path):
+    """A job run killed with a batch in flight, then superseded by tomorrow's file, never
+    collected that batch: the provider billed it and the new run submitted those rows again
+    (audit 28: $0.158 billed for $0.105 of work). The new run polls the old batch instead."""
+    pool = yaml.safe_load(SIM_POOL.read_text())
+    for provider in pool["providers"].values():
+        provider.update(mode="batch", batch_poll_s=0.2, batch_collect_s=0.3)
+    pool_path = tmp_path / "batch-pool.yaml"
+    pool_path.write_text(yaml.safe_dump(pool))
+    sim.set_faults(batch_delay_s=3.0)
+    path = variant(QA_JOB, tmp_path, "qa_batch", rows=questions(40), pool=str(pool_path))
+    data = tmp_path / "data"
+    run_dir = kill_when_journaled(["job", "run", path, "--quiet"], data, lines=2, journal="work/batches.jsonl")
+    assert run_dir is not None, "the run ended before it submitted its batch"
+    assert sim.log()["batches_created"] == 1
+    pq.write_table(questions(39), tmp_path / "input.parquet")  # tomorrow's file: one row fewer
+    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"valid\s+39 \(100.0%\)", r.stdout), r.stdout
+    assert f"interrupted run {run_dir.name}" in r.stdout and "were handed to this run" in r.stdout, r.stdout
+    log = sim.log()
+    assert log["batches_created"] == 1 and set(log["batch_submissions"].values()) == {1}  # paid once
+    assert log["total"] == 0  # and nothing asked online
+
+
 def test_planned_mode_refuses_rows_a_plan_gives_to_a_worker_too_small_for_them(sim, tmp_path):
     pool = yaml.safe_load(SIM_POOL.read_text())
     for w in pool["workers"]:

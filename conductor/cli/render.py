@@ -83,8 +83,8 @@ def job_summary(s: dict[str, Any]) -> str:
                                   f"there" + (f", and {lost['calls']} sent when it was killed whose answers were never "
                                               f"recorded (up to ${lost['reserved_usd']:.6f})"
                                               if lost.get("calls") else "")
-                     + (f"; its batches {', '.join(a['batches_in_flight'])} were never collected: the provider "
-                        f"bills them and this run asked their rows again (cancel them with the provider)"
+                     + (f"; its batches in flight ({', '.join(a['batches_in_flight'])}) were handed to this run: "
+                        f"the rows it asks again are answered from them, paid once (here)"
                         if a.get("batches_in_flight") else "")
                      + " (status abandoned; this run reused its answers from the cache)"))
     rows += _lost_in_flight(s)

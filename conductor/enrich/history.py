@@ -58,30 +58,38 @@ def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict
             continue
         state = load_state(folder / "work")
         lost = list(state.unsettled.values())  # sent when it was killed, answers never logged
-        batches = _open_batches(folder / "work")
+        batches = _hand_over_batches(folder, Path(data_dir) / "runs" / run_id / "work")
         summary = {"job": job_name, "run_id": folder.name, "cost_usd": round(sum(state.spent.values()), 9),
                    "calls": len(state.paid), "superseded_by": run_id,
-                   "lost_in_flight": {
-                       "calls": len(lost) + sum(len(b.get("keys") or ()) for b in batches),
-                       "reserved_usd": round(sum(u for _, _, u in lost) + sum(b.get("reserved") or 0.0
-                                                                               for b in batches), 9)},
+                   "lost_in_flight": {"calls": len(lost), "unpriced_calls": sum(u is None for _, _, u in lost),
+                                      "reserved_usd": round(sum(u or 0.0 for _, _, u in lost), 9)},
                    "batches_in_flight": [b.get("batch_id") or b.get("input_file_id") for b in batches]}
         RunDir(data_dir, folder.name).set_status(ABANDONED, summary=summary)
         closed.append(summary)
     return closed
 
 
-def _open_batches(work: Path) -> list[dict[str, Any]]:
-    """Batches the killed run submitted (or uploaded) and never collected: the provider runs and
-    bills them, and their answers reach no cache, so the new run asks those rows again."""
+def _hand_over_batches(folder: Path, new_work: Path) -> list[dict[str, Any]]:
+    """Batches the killed run submitted (or uploaded) and never collected, journaled again in the
+    new run's batch journal: the provider runs and bills them, so the new run polls them for the
+    rows it asks again (the same requests) instead of paying for those rows a second time."""
     from conductor.errors import ConductorError
     from conductor.execute.batchfiles import BatchJournal
 
     try:
-        journal = BatchJournal(work)
+        journal = BatchJournal(folder / "work")
     except ConductorError:  # a damaged journal is named where a run reads it; closing goes on
         return []
-    return [*journal.open.values(), *journal.uploaded.values()]
+    batches = [*journal.open.values(), *journal.uploaded.values()]
+    if batches:
+        new_work.mkdir(parents=True, exist_ok=True)
+        mine = BatchJournal(new_work)
+        try:
+            for b in batches:
+                mine.adopt(b, folder.name)
+        finally:
+            mine.close()
+    return batches
 
 
 def failed_before(data_dir: Path, job: Job, definition: str, exclude: str, hashes: dict[str, str]) -> set[str]:

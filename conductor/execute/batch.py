@@ -74,9 +74,12 @@ class Batches:
     def __init__(self, ex: Executor):
         self.ex = ex
         self.journal = BatchJournal(ex.journal.folder)
-        self._open: dict[str, OpenBatch] = {b: OpenBatch(r) for b, r in self.journal.open.items()}
-        self._by_key: dict[str, str] = {k: b for b, r in self.journal.open.items() for k in r["keys"]}
-        self._unconfirmed: dict[str, str] = {k: f for f, r in self.journal.uploaded.items() for k in r["keys"]}
+        # A batch handed over by an abandoned run (adopted_from) may name a worker this pool lacks: left alone.
+        opened = {b: r for b, r in self.journal.open.items() if ex.pool.has(r["worker"])}
+        uploaded = {f: r for f, r in self.journal.uploaded.items() if ex.pool.has(r["worker"])}
+        self._open: dict[str, OpenBatch] = {b: OpenBatch(r) for b, r in opened.items()}
+        self._by_key: dict[str, str] = {k: b for b, r in opened.items() for k in r["keys"]}
+        self._unconfirmed: dict[str, str] = {k: f for f, r in uploaded.items() for k in r["keys"]}
         self._lookups: dict[str, asyncio.Task] = {}  # input file id -> finding its batch
         self._pending: dict[tuple[str, str | None], list[tuple[str, Waiter]]] = {}
         self._collectors: dict[tuple[str, str | None], asyncio.Task] = {}

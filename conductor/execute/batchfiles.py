@@ -70,6 +70,11 @@ class BatchJournal:
         """An upload whose batch the provider does not have: its keys are free to go in a new one."""
         self._line({"event": "not_created", "input_file_id": file_id})
 
+    def adopt(self, line: dict[str, Any], run_id: str) -> None:
+        """A batch (or upload) an abandoned run never collected, as if this run had made it."""
+        row = {k: v for k, v in line.items() if k not in ("_seq",)}
+        self._line({**row, "adopted_from": run_id})
+
     def done(self, batch_id: str, status: str) -> None:
         self._line({"event": "done", "batch_id": batch_id, "status": status})
 
