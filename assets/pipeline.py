@@ -19,6 +19,7 @@ from dagster import (
     AssetExecutionContext,
     Backoff,
     Config,
+    DagsterExecutionInterruptedError,
     Failure,
     Jitter,
     MaterializeResult,
@@ -117,6 +118,12 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
             results = runner.execute_stage(run, progress=sent)
     except ConductorError as e:
         raise Failure(str(e), allow_retries=False) from None
+    except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+        # Terminated (the UI's Terminate, SIGINT): Dagster retries an interrupted step that has a retry
+        # policy, which would send the very calls the user stopped.
+        raise Failure("interrupted: the run was terminated, so no new call was sent (the calls in flight "
+                      "were awaited and kept); materialize the partition again to resume it from its journal",
+                      allow_retries=False) from None
     t = pq.read_table(results, columns=["status", "cost_usd", "calls"])
     return Output(plans, metadata={
         **table_metadata(results, ["plan_id", "status", "cost_usd", "calls", "final_answer"]),

@@ -191,6 +191,38 @@ def test_a_user_error_in_executions_fails_at_once_instead_of_retrying(tmp_path, 
     assert "CONDUCTOR_TEST_UNSET_KEY is not set" in str(failure.event_specific_data.error.message)
 
 
+def test_a_terminated_executions_step_is_not_retried(tmp_path, fresh_sim, sample_queries):
+    """Dagster retries an interrupted step that has a retry policy: the UI's Terminate made
+    `executions` resume at once and send the calls the user had stopped (audit 31)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",), providers={"sim": {"max_concurrency": 2}})
+    res = resources.from_env(conductor_env(tmp_path, pool))
+
+    def terminate_once_calls_flow():
+        while fresh_sim.log()["total"] < 4:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)  # what Dagster's Terminate sends the step
+
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "small", sample_queries)
+        assert materialize(ASSETS, selection=["query_set", "plans"], partition_key="small", instance=inst,
+                           resources=res).success
+        threading.Thread(target=terminate_once_calls_flow, daemon=True).start()
+        result = materialize(ASSETS, selection=["executions"], partition_key="small", instance=inst, resources=res,
+                             raise_on_error=False)
+    assert not result.success
+    assert "STEP_UP_FOR_RETRY" not in step_events(result, "executions")
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "the run was terminated" in str(failure.event_specific_data.error.message)
+    sent = fresh_sim.log()["total"]
+    time.sleep(1.0)
+    assert fresh_sim.log()["total"] == sent < 60  # stopped: nothing sent after, most plans left
+
+
 def test_a_provider_down_fails_the_failed_share_check_and_a_rematerialization_finishes(
         tmp_path, fresh_sim, sample_queries):
     """Every call dropped: executions materializes with every plan failed, its blocking
