@@ -145,18 +145,26 @@ def _step_process_gone(instance, run_id: str, step_key: str) -> bool:
     records = instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_START, ascending=False).records
     pids = [r.event_log_entry.dagster_event.pid for r in records
             if r.event_log_entry.dagster_event and r.event_log_entry.dagster_event.step_key == step_key]
-    if not pids or not pids[0]:
-        return False
+    return bool(pids and pids[0]) and process_gone(pids[0])
+
+
+def process_gone(pid: int) -> bool:
+    """Whether the process has exited (or is a zombie: killed, not yet reaped by its parent)."""
     try:
-        os.kill(pids[0], 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
         return False
-    try:  # killed but not yet reaped by its parent: a zombie
-        return Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+def is_local(instance) -> bool:
+    """A SQLite instance: its runs' processes are on this machine, where their pids can be checked."""
+    return _is_sqlite(instance)
 
 
 def _is_sqlite(instance) -> bool:

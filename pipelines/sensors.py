@@ -1,5 +1,6 @@
 """The inbox sensor: a query-set file dropped into the inbox becomes a partition
-and a run.
+and a run. And the dead-run sensor: a run whose worker process is gone is failed,
+so that the instance's run retries resume it.
 
 Each tick, every settled file in the inbox is validated with
 `conductor.queries.load_queries`:
@@ -19,11 +20,22 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dagster import DefaultSensorStatus, RunRequest, SensorEvaluationContext, SensorResult, sensor
+from dagster import (
+    DagsterEventType,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
 
 from conductor.errors import InputError
 from conductor.queries import file_digest, load_queries
 from pipelines.jobs import run_query_set
+from assets.concurrency import is_local, process_gone
 from assets.partitions import query_sets
 from assets.resources import PARTITION_KEY_RE, QueryFilesResource
 
@@ -114,3 +126,33 @@ def query_set_inbox(context: SensorEvaluationContext, query_files: QueryFilesRes
                       for key, digest in scan.accepted.items()],
         dynamic_partitions_requests=[query_sets.build_add_request(new_keys)] if new_keys else [],
     )
+
+
+def fail_dead_runs(instance) -> list[str]:
+    """Fail the STARTED runs whose worker process (the one that started the run) is gone: with
+    `dagster dev` killed, its runs' workers die with it and nothing else ever ends those runs.
+    They stayed STARTED for good, never retried, each holding one of the instance's concurrent
+    runs, until the queue stopped. Only for a local (SQLite) instance, whose pids are this machine's."""
+    if not is_local(instance):
+        return []
+    failed = []
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED])):
+        records = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.RUN_START).records
+        pids = [r.event_log_entry.dagster_event.pid for r in records if r.event_log_entry.dagster_event]
+        if pids and pids[0] and process_gone(pids[0]):
+            instance.report_run_failed(run, f"the run's worker process {pids[0]} is gone (dagster dev or the "
+                                            f"machine stopped while it ran): failed so that run retries resume it "
+                                            f"from its journal")
+            failed.append(run.run_id)
+    return failed
+
+
+@sensor(minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
+        description="Fails runs left STARTED by a worker process that is gone (dagster dev killed mid-run), so "
+                    "that the instance's run retries resume them and they stop holding a concurrent-run slot.")
+def dead_runs(context: SensorEvaluationContext) -> SkipReason:
+    failed = fail_dead_runs(context.instance)
+    for run_id in failed:
+        context.log.warning(f"failed run {run_id}: its worker process is gone")
+    return SkipReason(f"failed {len(failed)} run(s) whose worker was gone: {', '.join(failed)}" if failed
+                      else "every STARTED run's worker is alive")

@@ -414,6 +414,37 @@ def test_a_slot_held_by_a_killed_run_is_freed_by_the_next_run(instance, tmp_path
     assert not instance.event_log_storage.get_concurrency_info("provider-x").claimed_slots
 
 
+def test_a_run_whose_worker_died_is_failed_by_the_sensor_and_a_live_one_is_left(instance, tmp_path):
+    """With `dagster dev` killed mid-run its runs' workers die with it and the runs stayed
+    STARTED for good: never retried, each holding a concurrent-run slot (audit 31)."""
+    from pipelines.sensors import dead_runs
+
+    runs = []
+    for name in ("dead", "alive"):
+        script, held = tmp_path / f"{name}.py", tmp_path / f"{name}.txt"
+        script.write_text(HOLDING_RUN.replace("provider-x", f"provider-{name}"))
+        proc = subprocess.Popen([sys.executable, str(script), str(held)], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        deadline = time.monotonic() + 60
+        while not held.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the holding run did not start"
+            time.sleep(0.05)
+        runs.append((proc, held.read_text()))
+    (dead_proc, dead), (alive_proc, alive) = runs
+    try:
+        dead_proc.kill()
+        dead_proc.wait(30)
+        assert instance.get_run_by_id(dead).status.value == "STARTED"
+        skipped = dead_runs(build_sensor_context(instance=instance))
+        assert f"failed 1 run(s) whose worker was gone: {dead}" in skipped.skip_message
+        assert instance.get_run_by_id(dead).status.value == "FAILURE"
+        assert instance.get_run_by_id(alive).status.value == "STARTED"  # its worker lives
+        assert "every STARTED run's worker is alive" in dead_runs(build_sensor_context(instance=instance)).skip_message
+    finally:
+        alive_proc.kill()
+        alive_proc.wait(30)
+
+
 def test_a_waiting_step_says_how_to_free_a_slot_held_by_a_live_run(instance):
     """A holder that is not a run of this instance is left alone; the message says how to free it."""
     storage = instance.event_log_storage
