@@ -137,8 +137,12 @@ def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> Ass
         desc += "; " + "; ".join(f"worker {g['worker']} at {g['url']}: {g['failure']} x{g['plans']}: "
                                  f"{_rematerialize(g)}"
                                  for g in groups[:_SHOW])
+    passed = total > 0 and share <= threshold
+    if not passed and groups:
+        desc += ("; materialize the partition again to retry (Re-execute from failure reruns only this check, "
+                 "which reads the same results)")
     return AssetCheckResult(
-        passed=total > 0 and share <= threshold, description=desc,
+        passed=passed, description=desc,
         metadata={"failed_share": share, "threshold": threshold, "failed_plans": failed,
                   "failures": MetadataValue.md(markdown_table(groups, ["worker", "url", "failure", "plans",
                                                                       "retried_on_rerun", "example"])

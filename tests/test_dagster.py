@@ -243,6 +243,8 @@ def test_a_provider_down_fails_the_failed_share_check_and_a_rematerialization_fi
         assert not check.passed
         assert "60 of 60 plans failed" in check.description
         assert f"worker fast at {fresh_sim.url}: connection" in check.description
+        # Dagster's default button for a failed run reruns only the check: the way out is named.
+        assert "materialize the partition again to retry (Re-execute from failure reruns only" in check.description
 
         md = {e.asset_key.to_user_string(): e.materialization.metadata
               for e in result.get_asset_materialization_events()}["executions"]
