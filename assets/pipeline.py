@@ -135,6 +135,7 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
         # A rematerialization resumes the run: what this one sent, beside the run's totals above
         "new_cost_usd": round(sent.c.usd - sent.c.usd_resumed, 9),
         "new_calls": sent.c.calls,
+        "new_requests": sent.c.requests,  # new_calls and the attempts that failed: what the provider saw
         "pools": MetadataValue.json(held),
     })
 

@@ -18,6 +18,7 @@ class Counters:
     plans_done: int = 0
     plans_resumed: int = 0  # done before this process started: not in its rate
     calls: int = 0
+    requests: int = 0  # requests sent (batch lines included), answered or not
     cache_hits: int = 0
     errors: int = 0
     retries: int = 0

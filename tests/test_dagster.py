@@ -248,6 +248,8 @@ def test_a_provider_down_fails_the_failed_share_check_and_a_rematerialization_fi
 
         md = {e.asset_key.to_user_string(): e.materialization.metadata
               for e in result.get_asset_materialization_events()}["executions"]
+        # Nothing paid, but every attempt was sent: an outage shows as requests with no calls.
+        assert md["new_calls"].value == 0 and md["new_requests"].value >= 60
         run_dir = Path(md["traces_path"].value).parent
         assert md["run_id"].value == run_dir.name and md["parquet_path"].value == str(run_dir / "results.parquet")
 

@@ -231,6 +231,7 @@ class Batches:
         batch = OpenBatch(record, {key: w for key, w, _ in lines}, reservation=reservation)
         self._open[made.id] = batch
         self.submissions += 1
+        ex.progress.c.requests += len(lines)
         batch.task = asyncio.current_task()
         await self._follow(batch, worker, provider, lambda: ex._durably(self.journal.submitted, record))
 

@@ -548,6 +548,7 @@ class Executor:
                             rid = self._durably(self.journal.reservation, key, provider.id, worst)
                         t = time.monotonic()
                         self._sending += 1
+                        self.progress.c.requests += 1
                         try:
                             resp = await complete(req, api_key, sent)
                         finally:
