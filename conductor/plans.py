@@ -39,6 +39,9 @@ from conductor.errors import PlanError
 from conductor.pool import Pool
 
 DEFAULT_MAX_STEPS = 5
+# Far above any instruction that restates a question, far below one that costs dollars to send:
+# a planner's runaway text is refused before a worker is paid to read it.
+MAX_INSTRUCTION_CHARS = 100_000
 CONDITIONS = ("disagree", "no_majority")
 
 
@@ -140,12 +143,20 @@ def validate_plan(raw: Any, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> P
         instruction = s.get("instruction")
         if not isinstance(instruction, str) or not instruction.strip():
             raise PlanError(f"step {i}: instruction must be a non-empty string")
+        if len(instruction) > MAX_INSTRUCTION_CHARS:
+            raise PlanError(f"step {i}: instruction is {len(instruction):,} characters long; "
+                            f"at most {MAX_INSTRUCTION_CHARS:,} are allowed")
+        if bad := _SURROGATE.search(instruction):
+            # JSON allows "\ud800" escapes, but a lone surrogate is no text: it cannot be stored or sent.
+            raise PlanError(f"step {i}: instruction holds a lone surrogate \\u{ord(bad.group()):04x}, "
+                            f"which is not valid Unicode")
         when = s.get("when", s.get("if", s.get("condition")))
         steps.append(Step(worker, instruction.strip(), _resolve_access(s.get("access", []), i),
                           _resolve_condition(when, i)))
     return Plan(tuple(steps))
 
 
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _CALL = re.compile(r"^\s*([a-z_ ]+?)\s*\(\s*(.*?)\s*\)\s*$", re.I)
 
 
@@ -154,6 +165,8 @@ def _resolve_condition(raw: Any, i: int) -> Condition | None:
     "disagree(0, 1)", or null / "" / "none" for no condition."""
     if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null", "always")):
         return None
+    if i == 0:
+        raise PlanError("step 0: the first step cannot have a condition (a condition reads earlier steps)")
     if isinstance(raw, str):
         m = _CALL.match(raw)
         if not m:
@@ -203,7 +216,9 @@ def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
         if ref.isdigit() and int(ref) < len(ids):
             return ids[int(ref)]
         raise PlanError(f"step {i}: worker {ref!r} is not in the pool (known: {', '.join(ids)})")
-    raise PlanError(f"step {i}: worker is missing")
+    if ref is None:
+        raise PlanError(f"step {i}: worker is missing")
+    raise PlanError(f"step {i}: worker must be an id or a whole number, not {ref!r}")
 
 
 def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
@@ -233,7 +248,8 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
 
 
 def _parse_json(text: str) -> Any:
-    """Find a JSON plan in text: the whole text, a fenced block, or the last object with 'steps'."""
+    """Find a JSON plan in text: the whole text, a fenced block, the text from its first { to its last },
+    or else the last object that starts with "steps" (a model may write a draft, then the plan)."""
     candidates = [text.strip()]
     candidates += re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.S)
     start = text.find("{")
@@ -245,12 +261,28 @@ def _parse_json(text: str) -> Any:
             data = json.loads(c, strict=False)
         except (ValueError, RecursionError):
             continue
-        # {"kind": "disagree", "steps": [0, 1]} in a fourth list also has "steps": not a plan.
-        if isinstance(data, dict) and "steps" in data and not _is_condition(data):
+        if _is_plan(data) or (isinstance(data, list) and data
+                              and all(isinstance(s, dict) and "worker" in s for s in data)):
             return data
-        if isinstance(data, list) and data and all(isinstance(s, dict) and "worker" in s for s in data):
+    # Several objects (a draft, then the plan): each '{"steps": ...' alone, the last first.
+    decoder = json.JSONDecoder(strict=False)
+    for m in list(_STEPS_OBJECT.finditer(text))[::-1][:_MAX_OBJECTS]:
+        try:
+            data = decoder.raw_decode(text, m.start())[0]
+        except (ValueError, RecursionError):
+            continue
+        if _is_plan(data):
             return data
     return None
+
+
+_STEPS_OBJECT = re.compile(r'\{\s*"steps"\s*:')
+_MAX_OBJECTS = 20  # each try may read to the text's end: bounded, for a reply full of them
+
+
+def _is_plan(data: Any) -> bool:
+    # {"kind": "disagree", "steps": [0, 1]} in a fourth list also has "steps": not a plan.
+    return isinstance(data, dict) and "steps" in data and not _is_condition(data)
 
 
 def _is_condition(data: dict) -> bool:

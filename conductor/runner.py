@@ -251,6 +251,8 @@ def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> lis
                     plan = parse_plan(d.text, run.pool, run.config.max_steps)
                 except PlanError as e:
                     error = str(e)
+                    if d.info.get("truncated"):
+                        error += f" (the planner's answer was cut off at max_tokens={d.info.get('max_tokens')})"
             rows.append({
                 "run_id": run.dir.run_id, "plan_id": f"{q.query_id}#{k}", "query_id": q.query_id,
                 "query_index": q.index, "sample": k, "task": q.task, "planner": planner_name,

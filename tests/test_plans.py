@@ -85,10 +85,40 @@ def test_round_trip_json():
     ("model_id = [0]\nsubtasks = ['a']", "missing access_list"),
     ("model_id = [0\nsubtasks = ['a']\naccess_list = [[]]", "model_id: the list is not closed"),
     ("model_id = [0]\nsubtasks = [a b c]\naccess_list = [[]]", "subtasks: not a valid list literal"),
+    ('{"steps": [{"worker": 1.0, "instruction": "x", "access": []}]}',
+     "step 0: worker must be an id or a whole number, not 1.0"),
+    ('{"steps": [{"worker": "big", "instruction": "x", "access": [], "when": {"disagree": [0, 1]}}]}',
+     "step 0: the first step cannot have a condition"),
+    # Valid JSON, but a lone surrogate is no text: the plan could be neither stored nor sent.
+    ('{"steps": [{"worker": "big", "instruction": "x \\ud800", "access": []}]}',
+     r"step 0: instruction holds a lone surrogate \\ud800, which is not valid Unicode"),
+    ("model_id = [0]\nsubtasks = ['x \\udfff']\naccess_list = [[]]",
+     r"step 0: instruction holds a lone surrogate \\udfff"),
 ])
 def test_every_validation_error_is_named(text, message):
     with pytest.raises(PlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_plan(text, POOL)
+
+
+def test_an_instruction_over_the_limit_is_refused_with_its_length():
+    from conductor.plans import MAX_INSTRUCTION_CHARS
+
+    step = '{"worker": "big", "instruction": "%s", "access": []}'
+    assert MAX_INSTRUCTION_CHARS == 100_000
+    assert parse_plan('{"steps": [%s]}' % (step % ("x" * 100_000)), POOL).steps[0].instruction == "x" * 100_000
+    with pytest.raises(PlanError, match=r"^step 1: instruction is 3,000,000 characters long; at most 100,000 are "
+                                        r"allowed$"):
+        parse_plan('{"steps": [%s, %s]}' % (step % "x", step % ("y" * 3_000_000)), POOL)
+    with pytest.raises(PlanError, match="step 0: instruction is 100,001 characters long"):
+        parse_plan(f"model_id = [0]\nsubtasks = ['{'z' * 100_001}']\naccess_list = [[]]", POOL)
+
+
+def test_the_last_of_several_json_plans_is_the_plan():
+    draft = '{"steps": [{"worker": "gpt-9", "instruction": "x", "access": []}]}'
+    final = '{"steps": [{"worker": "big", "instruction": "y", "access": []}]}'
+    assert parse_plan(f"Draft:\n{draft}\nFixed:\n{final}", POOL).workers == ["big"]
+    with pytest.raises(PlanError, match="worker 'gpt-9' is not in the pool"):  # the last one, as written
+        parse_plan(f"{final}\n{draft}", POOL)
 
 
 def test_max_steps_is_configurable():
@@ -96,3 +126,28 @@ def test_max_steps_is_configurable():
     assert len(parse_plan(text, POOL, max_steps=3).steps) == 3
     with pytest.raises(PlanError, match="at most 2"):
         parse_plan(text, POOL, max_steps=2)
+
+
+def test_a_plan_cut_off_at_max_tokens_says_so(tmp_path, sample_queries):
+    """A vLLM plan truncated by max_tokens was recorded as "no plan found", with the cause
+    only in info_json (audit 32)."""
+    import pyarrow.parquet as pq
+
+    from conductor.planners.base import PlanDraft
+    from conductor.runner import RunConfig, run_all
+    from tests.conftest import write_pool
+
+    class CutOff:
+        name = "cutoff"
+
+        def plan(self, queries, pool, samples):
+            return [[PlanDraft(text='{"steps": [{"worker": "fa', info={"truncated": True, "max_tokens": 20})]
+                    * samples for _ in queries]
+
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, 2), queries)
+    pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")
+    summary = run_all(RunConfig(queries=queries, pool=pool, data_dir=tmp_path / "data", progress=False),
+                      planner=CutOff())
+    plans = pq.read_table(tmp_path / "data" / "runs" / summary["run_id"] / "plans.parquet").to_pylist()
+    assert all("cut off at max_tokens=20" in p["error"] for p in plans), plans[0]["error"]

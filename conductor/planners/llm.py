@@ -269,7 +269,8 @@ class LLMPlanner(PlannerBackEnd):
                                                accept=lambda e: got.append(e))
                 except StepFailed as f:
                     failures.append(f)
-                    return _invalid(prompt_text, str(f), {**info, "status": f.status})
+                    return _invalid(prompt_text, f"planning call failed: {f}",
+                                    {**info, "status": f.status, "failure": f.kind})
                 finally:
                     progress.c.plans_done += 1
                     progress.tick()
@@ -290,14 +291,30 @@ class LLMPlanner(PlannerBackEnd):
             progress.close()
             if tmp is not None:
                 tmp.cleanup()
-        if failures:
-            blocked = sum(f.status == "budget_exhausted" for f in failures)
-            why = (f"{blocked} stopped by a budget (raise it in the pool file or with --budget)"
-                   if blocked else f"first error: {failures[0]}")
-            raise ConductorError(
-                f"LLM planner: {len(failures)} of {len(drafts)} planning call(s) failed, {why}; rerun the same "
-                f"command to plan them again (finished planning calls are kept and not paid again)")
+        _stop_on(failures, len(drafts))
         return [list(drafts[i * samples:(i + 1) * samples]) for i in range(len(queries))]
+
+
+# Failures that a rerun may cure (the executor already retried them) stop planning; those of
+# the planner's setup stop it at once; any other (a malformed answer, a refused request) is
+# an invalid plan for its query, so one bad reply never holds back the rest of the batch.
+RERUN_KINDS = {"rate_limit", "server", "timeout", "connection", "budget"}
+SETUP_KINDS = {"auth", "not_found", "config"}
+
+
+def _stop_on(failures: list[StepFailed], n: int) -> None:
+    """Raise for the planning failures that must stop the run (see RERUN_KINDS, SETUP_KINDS)."""
+    if setup := [f for f in failures if f.kind in SETUP_KINDS]:
+        raise ConductorError(f"LLM planner: cannot plan: {setup[0]}")
+    rerun = [f for f in failures if f.kind in RERUN_KINDS]
+    if not rerun:
+        return
+    blocked = sum(f.kind == "budget" for f in rerun)
+    why = (f"{blocked} stopped by a budget (raise it in the pool file or with --budget)"
+           if blocked else f"first error: {rerun[0]}")
+    raise ConductorError(
+        f"LLM planner: {len(rerun)} of {n} planning call(s) failed, {why}; rerun the same "
+        f"command to plan them again (finished planning calls are kept and not paid again)")
 
 
 def _supported_params(model: str) -> list[str] | None:
