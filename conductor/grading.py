@@ -21,6 +21,7 @@ row never stops an evaluation.
 from __future__ import annotations
 
 import ast
+import bisect
 import json
 import re
 import string
@@ -39,6 +40,7 @@ _MV_TIMEOUT_S = 2
 _MV_MAX_CHARS = 200
 _MV_MAX_DEPTH = 12
 _REL_TOL = Fraction(1, 10**6)
+_LONG_DECIMAL = 6  # decimal places from which a number may be a float's rendering of a rounder one
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,11 @@ def _extract(text: str | None, task: str | None) -> str | None:
     if span is None:
         return None
     if task == "literal":
-        return span.strip().strip("`").strip() or None
+        value = span.strip().strip("`").strip()
+        if not value or value.startswith("```"):  # the answer is a fenced block: its last one
+            blocks = _FENCE.findall(text)
+            value = blocks[-1][1].strip() if blocks else ""
+        return value or None
     if task == "exact":
         # "[]", "''" or "." normalize to nothing: keep them as written rather than lose them.
         return _normalize_text(span) or span.strip() or None
@@ -150,7 +156,7 @@ def _extract(text: str | None, task: str | None) -> str | None:
 
 
 _NOTHING = object()
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
+_FENCE = re.compile(r"```[ \t]*+([A-Za-z0-9_+-]*+)[^\n`]*+\n(.*?)```", re.S)
 
 
 def _literal_value(text: str | None):
@@ -173,8 +179,26 @@ def _same_literal(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same_literal(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same_literal(a[k], b[k]) for k in a)
+        keys = {_typed(k): k for k in b}
+        return (len(a) == len(b) and all(_typed(k) in keys for k in a)
+                and all(_same_literal(v, b[keys[_typed(k)]]) for k, v in a.items()))
+    if isinstance(a, (set, frozenset)):
+        return {_typed(x) for x in a} == {_typed(x) for x in b}
     return a == b
+
+
+def _typed(x):
+    """A hashable key under which two set members or dict keys are the same exactly when
+    `_same_literal` would say so: True and 1 differ, 1 and 1.0 do not."""
+    if isinstance(x, bool):
+        return ("bool", x)
+    if isinstance(x, (int, float, complex)):
+        return ("number", x)
+    if isinstance(x, tuple):
+        return ("tuple", tuple(_typed(y) for y in x))
+    if isinstance(x, frozenset):
+        return ("frozenset", frozenset(_typed(y) for y in x))
+    return (type(x).__name__, x)
 
 
 def _code_of(text: str) -> str | None:
@@ -207,7 +231,12 @@ def _check_task(task: str | None) -> None:
 
 _ANSWER_LINE = re.compile(
     r"(?im)^[#>*_\-\t ]*(?:final[\t ]+|correct[\t ]+)?answer[*_]*[\t ]*(?:is[\t ]*)?[:：][*_]*[\t ]*(.*)$")
-_ANSWER_IS = re.compile(r"(?i)\banswer\s+is\b[\s:]*(.+)")
+_ANSWER_IS = re.compile(r"(?i)\banswer\s+is\b[\s:]*")
+_CORRECTION = re.compile(
+    r"(?i)\b(?:wait|actually|on (?:second thought|reflection|closer (?:look|inspection))|correction|"
+    r"i made (?:a|an) (?:mistake|error)|(?:that|this) (?:is|was) (?:wrong|incorrect)|let me (?:re-?check|reconsider|correct)|"
+    r"re-?(?:examin|consider|evaluat)|no,|hmm)")
+_NEXT_LINE = re.compile(r"\s*+([^\n]*)")
 _JSON_KEY = re.compile(r'(?i)"answer"\s*:\s*')
 
 
@@ -222,10 +251,42 @@ def _final_span(text: str) -> str | None:
     boxed = _boxed_contents(text)
     if boxed:
         return boxed[-1]
-    found = _ANSWER_IS.findall(text)
-    if found:
-        return _first_sentence(found[-1])
-    return None
+    return _stated_last(text, _ANSWER_IS, _rest_of_sentence)
+
+
+def _rest_of_sentence(m: re.Match) -> str | None:
+    """The sentence after an "answer is", read no further than 1,000 characters, so that
+    many statements on one huge line cost linear time."""
+    text, start = m.string, m.end()
+    end = text.find("\n", start, start + 1000)
+    return _first_sentence(text[start:end if end >= 0 else start + 1000]) or None
+
+
+def _stated_last(text: str, marker: re.Pattern, read) -> str | None:
+    """The answer a response settles on among its "the answer is ..." statements.
+
+    A later statement of a different answer replaces the current one only when the
+    text between them takes it back ("wait", "actually", "on reflection", "I made a
+    mistake", ...). Without that, a later different answer is most often the model
+    running on into other questions (a few-shot prompt's examples, "combining all
+    the answers"), and the first is its answer to this one, as the benchmarks' own
+    extraction rules have it."""
+    answer, end, cues = None, 0, None
+    for m in marker.finditer(text):
+        got = read(m)
+        if not got:
+            continue
+        if answer is not None and got != answer:
+            if cues is None:  # found once, so that many statements cost one pass
+                cues = [c.start() for c in _CORRECTION.finditer(text)]
+            i = bisect.bisect_left(cues, end)
+            if i < len(cues) and cues[i] < m.start():
+                answer = got
+        elif answer is None:
+            answer = got
+        if got == answer:
+            end = m.end()
+    return answer
 
 
 def _answer_lines(text: str) -> list[str]:
@@ -234,7 +295,8 @@ def _answer_lines(text: str) -> list[str]:
     for m in _ANSWER_LINE.finditer(text):
         span = m.group(1).strip()
         if not span:
-            span = _last_line(text[m.end():].strip().split("\n", 1)[0]) or ""
+            nxt = _NEXT_LINE.search(text, m.end())
+            span = nxt.group(1).strip() if nxt else ""
         if span:
             out.append(span)
     return out
@@ -288,17 +350,47 @@ def _is_filled(value: object) -> bool:
     return value is not None and bool(re.search(r"\w", str(value).replace("_", "")))
 
 
+_BOX_TOKEN = re.compile(r"\\(?:boxed|fbox)\s*+\{|[{}]")
+
+
 def _boxed_contents(text: str) -> list[str]:
-    """Contents of every \\boxed{...} / \\fbox{...}, nested braces respected."""
-    out = []
-    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[m.end():i - 1].strip())
+    """Contents of every outermost \\boxed{...} / \\fbox{...}, nested braces respected,
+    with the box markers of any box inside it removed: \\boxed{\\frac{1}{\\boxed{2}}}
+    gives \\frac{1}{2}. One pass over the text with a stack of open braces."""
+    if "box" not in text:
+        return []
+    out: list[str] = []
+    stack: list[tuple[bool, int, int]] = []  # open braces: (a box's, its marker's start, its content's start)
+    boxes = 0                                # how many of them are boxes'
+    inner: list[tuple[int, int, int]] = []   # closed boxes inside the open outermost box: marker, content, end
+    for m in _BOX_TOKEN.finditer(text):
+        if m.group(0) != "}":
+            box = m.group(0) != "{"
+            if box and not boxes:
+                inner = []
+            stack.append((box, m.start(), m.end()))
+            boxes += box
+        elif stack:
+            box, start, content = stack.pop()
+            if not box:
+                continue
+            boxes -= 1
+            if boxes:  # a box inside a box: its markers go when the outermost one closes
+                inner.append((start, content, m.start()))
+            else:
+                out.append(_unwrap(text, content, m.start(), inner))
     return out
+
+
+def _unwrap(text: str, start: int, end: int, inner: list[tuple[int, int, int]]) -> str:
+    """text[start:end] without the markers and closing braces of the boxes in `inner`."""
+    cuts = sorted([(s, c) for s, c, _ in inner] + [(e, e + 1) for _, _, e in inner])
+    parts, pos = [], start
+    for a, b in cuts:
+        parts.append(text[pos:a])
+        pos = b
+    parts.append(text[pos:end])
+    return "".join(parts).strip()
 
 
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "no", "approx", "etc", "prof"}
@@ -338,6 +430,9 @@ _LETTER = re.compile(r"""^(?:[\s*_`"'$}:]|\\[(\[]|\\(?:boxed|text|textbf|mathrm)
        ([A-J])(?=$|[\s*_`"'$}]*$|[.:)\]}]|\s*\\[)\]]|\s*[-–—]\s|,(?!\s*\(?[A-J]\b)))""", re.X)
 
 
+_CHOICE_IS = re.compile(r"(?i)\banswer\s+is\b(?=[\s:]*(.{0,40}))", re.S)
+
+
 def _choice_from_span(span: str) -> str | None:
     """The letter an answer span starts with: "C", "(C) text", "C. text", "**C**", "\\boxed{C}"."""
     m = _LETTER.match(span)
@@ -356,7 +451,9 @@ def _choice_answer(text: str) -> str | None:
         letter = _choice_from_span(span)
         if letter:
             return letter
-    for m in re.finditer(r"(?i)\banswer\s+is\b(?=[\s:]*(.{0,40}))", text, re.S):
+    # The first "the answer is" naming a letter, as MMLU-Pro's own rule reads it (and its labels
+    # were made): 5-shot replies run on into other questions; a take-back is not read here (math does).
+    for m in _CHOICE_IS.finditer(text):
         letter = _choice_from_span(m.group(1))
         if letter:
             return letter
@@ -376,10 +473,12 @@ def _choice_answer(text: str) -> str | None:
 
 # ---------------------------------------------------------------- math
 
-_NUM = r"[-−]?(?:\d+(?:\.\d+)?|\.\d+)"
+_NUM = r"[-−]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d{1,3}(?![\d.]))?"  # "2.5e6": at most 3 exponent digits
 _PLAIN = re.compile(rf"^{_NUM}(?:/{_NUM})?$")  # an integer, a decimal or a simple fraction
 _WITH_UNIT = re.compile(rf"^({_NUM}(?:/{_NUM})?)\s*%?\s*[^\d\s=+*^\\(][^\d=+*^\\]*$")
 _FIRST = re.compile(rf"(?<![\w.]){_NUM}(?:/\d+(?![\d.]))?")
+_HEDGE = re.compile(rf"(?i){_NUM}\s*[()]?\s*,?\s*\(?\s*(?:or|and/or)\s*\(?\s*{_NUM}"
+                    rf"|\b(?:between|either)\b[^\d\n]{{0,20}}{_NUM}[^\d\n]{{0,20}}\b(?:and|or)\b")
 _MATH_CHARS = re.compile(r"[\w\s+\-*/^()\[\]{}.,×÷·√π\\|!<>]*")
 _CURRENCY = re.compile(r"[$€£¥₹₩₽¢]")
 
@@ -424,6 +523,8 @@ def _math_answer(span: str | None, lead: bool = True) -> str | None:
     found = [m.group(0) for m in _FIRST.finditer(s)]
     if not found:
         return None
+    if len({_canonical(x) for x in found}) > 1 and _HEDGE.search(s):  # "5 (or 6)": two answers, none given
+        return None
     return _canonical(found[0] if lead else found[-1])
 
 
@@ -444,12 +545,46 @@ def _canonical(num: str) -> str:
 
 
 def _math_equal(ref: str, answer: str) -> bool:
-    """Plain numbers and fractions compare exactly (to a relative 1e-6); anything
+    """Plain numbers and fractions compare by value (see `_numbers_equal`); anything
     else goes to math-verify."""
     a, b = _fraction(ref), _fraction(answer)
     if a is not None and b is not None:
-        return abs(a - b) <= _REL_TOL * max(1, abs(a))
+        return _numbers_equal(a, b)
     return _verify(ref, answer)
+
+
+def _numbers_equal(a: Fraction, b: Fraction) -> bool:
+    """Exact equality, with one allowance for rounding.
+
+    Integers and decimals are exact values: 1000001 is not 1000000, 1000000.5 is
+    not 1000000 and 0.0000001 is not 0, however close. The one allowance is where
+    one number is plausibly a rounded form of the other: the more precise one has
+    at least 6 decimal places (a float's rendering such as 0.30000000000000004 or
+    2.9999999999999996, or a fraction such as 1/3 that no decimal ends), the other
+    has fewer, is the first cut to that many places (rounded or truncated: at most
+    one unit in its last place away), and they are within a relative 1e-6. So 0.3
+    matches 0.30000000000000004, 3 matches 2.9999999999999996 and 0.333333 matches
+    1/3, but 0.33 does not match 1/3 and two integers never match unless equal.
+    """
+    if a == b:
+        return True
+    if abs(a - b) > _REL_TOL * max(abs(a), abs(b)):  # relative: nothing but 0 is close to 0
+        return False
+    short, long_ = sorted((_decimal_places(a), _decimal_places(b)))
+    return long_ >= _LONG_DECIMAL and short < long_ and abs(a - b) <= Fraction(1, 10**short)
+
+
+def _decimal_places(x: Fraction) -> int | float:
+    """How many decimal places `x` takes written out: inf for 1/3, which never ends."""
+    den = x.denominator
+    twos = fives = 0
+    while den % 2 == 0:
+        den //= 2
+        twos += 1
+    while den % 5 == 0:
+        den //= 5
+        fives += 1
+    return float("inf") if den != 1 else max(twos, fives)
 
 
 def _fraction(s: str) -> Fraction | None:

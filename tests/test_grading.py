@@ -79,6 +79,9 @@ def test_math_without_any_number_is_unparsed():
     ("Answer: (5 + 4 + 2) * 7", "77"),
     ("Answer: 2x + 2", "2(x+1)"),
     ('{"answer": "$1,596"}', "1,596"),
+    ("Answer: 0.30000000000000004", "0.3"),  # a float's rendering of the rounded reference
+    ("Answer: 2.9999999999999996", "3"),
+    ("Answer: 0.333333", "1/3"),
 ])
 def test_math_equivalent_answers_are_correct(response, reference):
     g = grade("math", response, reference)
@@ -91,6 +94,8 @@ def test_math_equivalent_answers_are_correct(response, reference):
     ("Answer: 120.71", "120.70"),
     ("Answer: 2x + 3", "2(x+1)"),
     ("Answer: 5/0", "5"),
+    ("Answer: 1e-9", "0"),
+    ("Answer: 0.33", "1/3"),
 ])
 def test_math_different_answers_are_wrong(response, reference):
     g = grade("math", response, reference)
@@ -138,6 +143,7 @@ def test_math_grading_works_outside_the_main_thread():
     ("The closest option is J. So the answer is J", "J"),
     # 5-shot chain of thought that runs on into made-up next questions: the first answer counts
     ("... The answer is (B).\nThe answer is (D).\nThe answer is (A).", "B"),
+    ("The answer is (D).\n\nNow, combining all the answers:\nThe answer is (B).", "D"),
     ("Option E is the best supported by the reasoning above.\nAnswer: E", "E"),
 ])
 def test_choice_extraction_forms(response, expected):
@@ -247,6 +253,9 @@ def test_extracting_again_from_an_answer_line_gives_it_back(task, response):
     ("Answer: '1'", "1", False),
     ("Answer: `'hello'`", "'hello'", True),
     ("Answer: [1, 2", "[1, 2]", False),  # not a literal: wrong, not a crash
+    ("Answer: {1.0: 'a'}", "{1: 'a'}", True),
+    ("Answer: {1.0, 2}", "{1, 2}", True),
+    ("Answer: {'a': [1, 2], 'b': {3}}", "{'b': {3}, 'a': [1, 2]}", True),
 ])
 def test_literal_compares_python_values(response, reference, correct):
     assert grade("literal", response, reference).correct is correct
@@ -282,3 +291,92 @@ def test_math_reads_boxed_and_plain_answer_lines():
     assert grade("math", "Answer: 3", "3").correct
     assert grade("math", "Answer: 1234567890123456789012345678901234567890",
                  "1234567890123456789012345678901234567890").correct
+
+
+# ------------------------------------------------------------------ audit 32: exactness, corrections, scale
+
+@pytest.mark.parametrize("response, reference", [
+    ("Answer: 1000001", "1000000"),
+    ("Answer: 999999", "1000000"),
+    ("Answer: 12,345,679", "12345678"),
+    ("Answer: 1000000.5", "1000000"),
+    ("Answer: 0.0000001", "0"),
+    ("Answer: 1234567890123456789012345678901234567902", "1234567890123456789012345678901234567901"),
+])
+def test_math_numbers_close_but_not_equal_are_wrong(response, reference):
+    assert grade("math", response, reference).correct is False
+
+
+def test_math_cascade_sees_nearby_integers_disagree():
+    assert not answers_agree("math", "1000000", "1000001")
+    assert not answers_agree("math", "Answer: 123456789", "Answer: 123456700")
+
+
+@pytest.mark.parametrize("response, reference", [
+    ("Answer: 2.5e6", "2500000"),
+    ("Answer: 1e3", "1000"),
+])
+def test_math_rounding_and_scientific_notation_are_correct(response, reference):
+    assert grade("math", response, reference).correct is True
+
+
+@pytest.mark.parametrize("task, response, reference, answer", [
+    ("math", "The answer is 5. Wait, actually the answer is 6.", "6", "6"),
+    # choice reads the first "the answer is", as MMLU-Pro's rule and its labels do: a correction
+    # read as the answer cost agreement with them (5-shot replies run on into other questions)
+    ("choice", "The answer is A.\nOn reflection, the answer is C.", "C", "A"),
+    ("choice", "The answer is A. Hmm, no: the answer is C.", "A", "A"),
+])
+def test_a_corrected_answer_is_the_one_graded_in_math_and_the_first_in_choice(task, response, reference, answer):
+    g = grade(task, response, reference)
+    assert g.answer == answer and g.correct is (answer == reference)
+
+
+@pytest.mark.parametrize("response", ["Answer: 5 (or 6)", "Answer: 5 or 6", "Answer: between 5 and 6",
+                                      "Answer: either 5 or 6 apples"])
+def test_math_hedge_is_not_credited(response):
+    assert grade("math", response, "5").correct is False
+    assert grade("math", response, "6").correct is False
+
+
+def test_nested_boxes_read_as_the_outer_box():
+    assert grade("math", "\\boxed{\\frac{1}{\\boxed{2}}}", "0.5").correct is True
+    assert grade("math", "\\boxed{\\boxed{42}}", "42").correct is True
+    assert grade("math", "\\boxed{42} and later \\boxed{43}", "43").correct is True
+
+
+@pytest.mark.parametrize("response", ["```\n[1, 2]\n```", "```python\n[1, 2]\n```", "Answer:\n```\n[1, 2]\n```",
+                                      "The output is:\n```\n[1, 2]\n```", "```\n[0]\n```\nso:\n```\n[1, 2]\n```"])
+def test_literal_reads_a_fenced_answer(response):
+    g = grade("literal", response, "[1, 2]")
+    assert (g.answer, g.correct) == ("[1, 2]", True)
+
+
+@pytest.mark.parametrize("response, reference, correct", [
+    ("Answer: {True: 1}", "{1: 1}", False),
+    ("Answer: {True}", "{1}", False),
+    ("Answer: {(True, 2)}", "{(1, 2)}", False),
+])
+def test_literal_dict_keys_and_set_members_compare_by_kind(response, reference, correct):
+    assert grade("literal", response, reference).correct is correct
+
+
+_MB = 250_000  # a quarter of a megabyte: the old quadratic scans took many minutes on these
+
+
+@pytest.mark.parametrize("shape", [
+    "Let me see \\boxed{" * (_MB // 17),
+    "\\boxed{" * (_MB // 8) + "5" + "}" * (_MB // 8),
+    "\\boxed{5} " * (_MB // 10),
+    "Answer:\n" * (_MB // 8),
+    "the answer is A. " + "the answer is B. " * (_MB // 17),
+    "```" + "a" * _MB,
+])
+@pytest.mark.parametrize("task", ["math", "choice", "literal", None])
+def test_a_large_adversarial_response_grades_promptly(shape, task):
+    # Each took many minutes when a scan restarted at every marker; linear, each
+    # takes well under a second. 30 s leaves a loaded machine ample room.
+    start = time.perf_counter()
+    g = grade(task, shape, "5")
+    assert time.perf_counter() - start < 30
+    assert g.detail is None or not g.detail.startswith("grader error")
