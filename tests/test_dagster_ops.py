@@ -385,20 +385,25 @@ with DagsterInstance.get() as instance:
 """
 
 
-def test_a_slot_held_by_a_killed_run_is_freed_by_the_next_run(instance, tmp_path):
-    """kill -9 leaves the run STARTED and its slot claimed; the next run to wait for
-    the pool sees the holder's process is gone, frees the slot and goes on."""
-    script, held = tmp_path / "holding_run.py", tmp_path / "held.txt"
-    script.write_text(HOLDING_RUN)
+def start_holding_run(tmp_path, pool: str = "provider-x") -> tuple[subprocess.Popen, str]:
+    """A run in its own process holding `pool` until killed: (its process, its run id)."""
+    script, held = tmp_path / f"{pool}.py", tmp_path / f"{pool}.txt"
+    script.write_text(HOLDING_RUN.replace("provider-x", pool))
     proc = subprocess.Popen([sys.executable, str(script), str(held)], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 60
     while not held.exists():
         assert time.monotonic() < deadline and proc.poll() is None, "the holding run did not start"
         time.sleep(0.05)
+    return proc, held.read_text()
+
+
+def test_a_slot_held_by_a_killed_run_is_freed_by_the_next_run(instance, tmp_path):
+    """kill -9 leaves the run STARTED and its slot claimed; the next run to wait for
+    the pool sees the holder's process is gone, frees the slot and goes on."""
+    proc, dead = start_holding_run(tmp_path)
     proc.kill()
     proc.wait(30)
-    dead = held.read_text()
     assert instance.get_run_by_id(dead).status.value == "STARTED"
     assert [s.run_id for s in instance.event_log_storage.get_concurrency_info("provider-x").claimed_slots] == [dead]
 
@@ -419,18 +424,8 @@ def test_a_run_whose_worker_died_is_failed_by_the_sensor_and_a_live_one_is_left(
     STARTED for good: never retried, each holding a concurrent-run slot (audit 31)."""
     from pipelines.sensors import dead_runs
 
-    runs = []
-    for name in ("dead", "alive"):
-        script, held = tmp_path / f"{name}.py", tmp_path / f"{name}.txt"
-        script.write_text(HOLDING_RUN.replace("provider-x", f"provider-{name}"))
-        proc = subprocess.Popen([sys.executable, str(script), str(held)], cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
-        deadline = time.monotonic() + 60
-        while not held.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "the holding run did not start"
-            time.sleep(0.05)
-        runs.append((proc, held.read_text()))
-    (dead_proc, dead), (alive_proc, alive) = runs
+    (dead_proc, dead), (alive_proc, alive) = start_holding_run(tmp_path, "provider-dead"), \
+        start_holding_run(tmp_path, "provider-alive")
     try:
         dead_proc.kill()
         dead_proc.wait(30)
