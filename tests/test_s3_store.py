@@ -13,6 +13,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import orjson
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO, run_cli, write_pool
@@ -111,10 +112,10 @@ def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path
     held = lease(objects)  # left behind by the killed worker: it lapses 4 intervals after its last renewal
     assert held["pid"] == first.pid, held
     fresh_sim.reset()
-    # Started at once, as a scheduler retries: it watches the lease until it lapses, then takes it over.
+    # Started at once, as a scheduler retries: it watches the lease until it lapses (if it has not
+    # already: it lapses 2 s after the kill here), then takes it over.
     r = run_cli(*run_args(sample_queries, pool, tmp_path / "machine-b", store), env=SYNC)
     assert r.returncode == 0, r.stderr
-    assert f"its lease is held by process {first.pid} on host {held['host']}" in r.stderr, r.stderr
     assert f"taking over its lease, lapsed at {held['expires_at']} (host {held['host']}, process {first.pid})" \
         in r.stderr, r.stderr
     # What the store held was not asked for again (answers uploaded with the run's own cache
@@ -193,6 +194,30 @@ def test_a_run_whose_lapsed_lease_was_taken_over_stops_and_leaves_the_store_to_t
     err = first.stderr.read()
     assert "process 4242 on host machine-b took the run over" in err, err
     assert lease(objects) == other  # theirs, not deleted by the process that lost it
+
+
+@pytest.mark.slow
+def test_a_lease_that_is_never_renewed_is_waited_for_and_taken_over(tmp_path, s3, fresh_sim, sample_queries):
+    """A scheduler retrying a killed worker at once found the dead holder's lease not yet lapsed
+    and was refused; it watches the lease instead, and takes it over once it lapses."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    store = "s3://conductor-test/watched"
+    objects = ObjectStore(store)
+    objects.ensure_bucket()
+    now = datetime.now(timezone.utc)
+    dead = {"run_id": "s3run", "host": "machine-a", "pid": 4242, "token": "killed",
+            "started_at": now.isoformat(), "renewed_at": now.isoformat(),
+            "expires_at": (now + timedelta(seconds=8)).isoformat()}  # never renewed again
+    with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
+        out.write(orjson.dumps(dead))
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, 4), queries)
+    r = run_cli(*run_args(queries, slow_pool(tmp_path, fresh_sim), tmp_path / "machine-b", store), env=SYNC)
+    assert r.returncode == 0, r.stderr
+    assert "its lease is held by process 4242 on host machine-a" in r.stderr, r.stderr
+    assert f"taking over its lease, lapsed at {dead['expires_at']}" in r.stderr, r.stderr
+    assert lease(objects) is None  # released at the end
 
 
 def test_an_uploaded_journal_never_holds_a_finished_plan_without_its_steps(tmp_path, s3, monkeypatch):
