@@ -76,3 +76,30 @@ def test_a_paid_step_line_never_reaches_the_disk_before_its_answer(tmp_path, mon
         asyncio.run(one_turn(ex))
         assert (tmp_path / "work" / "steps.jsonl").read_bytes()  # the turn was written
     assert seen_at_commit and all(b'"request_key":"k"' not in lines for lines in seen_at_commit)
+
+
+def test_ctrl_c_as_the_run_winds_down_is_an_interrupt_not_a_silent_finish(tmp_path):
+    """A Ctrl-C that came after the last plan ended was swallowed: the run went on to grade and
+    exited 0 (seen beside a busy core, a SIGINT at the end of the execute stage)."""
+    import asyncio
+    import os
+    import signal
+
+    import pytest
+
+    from conductor.execute.context import ExecutionContext
+    from conductor.execute.engine import ExecOptions
+    from conductor.execute.journal import ResumeState
+    from conductor.pool import parse_pool
+
+    pool = parse_pool({"workers": [{"id": "w", "model": "openai/m", "api_base": "http://127.0.0.1:9/v1"}]})
+
+    def jobs():
+        os.kill(os.getpid(), signal.SIGINT)  # as the last job is taken
+        return
+        yield
+
+    with ExecutionContext(tmp_path / "work", pool, ExecOptions(run_id="r"), state=ResumeState()) as ex:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(ex.run(jobs()))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's again

@@ -174,10 +174,11 @@ class Executor:
         # heap this size it alone takes longer than a cached rerun of thousands of steps.)
         gc.freeze()
         restore = self._stop_gently_on_ctrl_c()
+        interrupted = False
         try:
             await self._run(jobs, resume)
         finally:
-            restore()
+            interrupted = restore()
             gc.unfreeze()
             # Interrupted (Ctrl-C): stop the plans still running before closing their sessions,
             # or one of them opens a new session that nobody closes.
@@ -185,11 +186,14 @@ class Executor:
                 task.cancel()
             await asyncio.gather(*self._plan_tasks, return_exceptions=True)
             await self.close_connections()
+        if interrupted:  # Ctrl-C came after the last plan ended: still an interrupt, not a silent finish
+            raise KeyboardInterrupt()
 
-    def _stop_gently_on_ctrl_c(self) -> Callable[[], None]:
+    def _stop_gently_on_ctrl_c(self) -> Callable[[], bool]:
         """Ctrl-C stops sending and waits up to `drain_s` for the calls already sent, whose answers
         are then kept: cancelled, they would be billed and sent again by the rerun. A second Ctrl-C
-        stops at once. Then the run raises KeyboardInterrupt, as before. Returns what undoes it."""
+        stops at once. Then the run raises KeyboardInterrupt, as before. Returns what undoes it,
+        which says whether Ctrl-C came."""
         import signal
         import sys
         import threading
@@ -197,7 +201,7 @@ class Executor:
         loop = asyncio.get_running_loop()
         previous = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
-            return lambda: None
+            return lambda: False
 
         def stop_plans() -> None:
             for task in self._plan_tasks:
@@ -219,14 +223,22 @@ class Executor:
                   file=sys.stderr, flush=True)
             drains.append(loop.create_task(drain()))
 
-        drains: list[asyncio.Task] = []
-        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+        # A Python-level handler, not loop.add_signal_handler: it records the signal the moment it
+        # comes, so one that comes while the run winds down is seen by restore() and not lost.
+        came: list[int] = []
 
-        def restore() -> None:
-            loop.remove_signal_handler(signal.SIGINT)
-            signal.signal(signal.SIGINT, previous)
+        def on_signal(signum, frame) -> None:
+            came.append(signum)
+            loop.call_soon_threadsafe(on_ctrl_c)
+
+        drains: list[asyncio.Task] = []
+        signal.signal(signal.SIGINT, on_signal)
+
+        def restore() -> bool:
+            signal.signal(signal.SIGINT, previous)  # from here a Ctrl-C is asyncio's again
             for task in drains:
                 task.cancel()
+            return bool(came)
 
         return restore
 
