@@ -1,5 +1,7 @@
 """The run journal survives a kill mid-line and restores what a resume needs."""
 
+import os
+
 import orjson
 
 from conductor.execute.journal import Journal, load_state
@@ -80,26 +82,35 @@ def test_a_paid_step_line_never_reaches_the_disk_before_its_answer(tmp_path, mon
 
 def test_ctrl_c_as_the_run_winds_down_is_an_interrupt_not_a_silent_finish(tmp_path):
     """A Ctrl-C that came after the last plan ended was swallowed: the run went on to grade and
-    exited 0 (seen beside a busy core, a SIGINT at the end of the execute stage)."""
-    import asyncio
-    import os
+    exited 0 (seen beside a busy core, a SIGINT at the end of the execute stage). Run in its own
+    process: signal handlers belong to a main thread, which a test worker's may not be."""
     import signal
+    import subprocess
+    import sys
 
-    import pytest
+    script = f"""
+import asyncio, os, signal
+from pathlib import Path
+from conductor.execute.context import ExecutionContext
+from conductor.execute.engine import ExecOptions
+from conductor.execute.journal import ResumeState
+from conductor.pool import parse_pool
 
-    from conductor.execute.context import ExecutionContext
-    from conductor.execute.engine import ExecOptions
-    from conductor.execute.journal import ResumeState
-    from conductor.pool import parse_pool
+pool = parse_pool({{"workers": [{{"id": "w", "model": "openai/m", "api_base": "http://127.0.0.1:9/v1"}}]}})
 
-    pool = parse_pool({"workers": [{"id": "w", "model": "openai/m", "api_base": "http://127.0.0.1:9/v1"}]})
+def jobs():
+    os.kill(os.getpid(), signal.SIGINT)  # as the last job is taken
+    return
+    yield
 
-    def jobs():
-        os.kill(os.getpid(), signal.SIGINT)  # as the last job is taken
-        return
-        yield
-
-    with ExecutionContext(tmp_path / "work", pool, ExecOptions(run_id="r"), state=ResumeState()) as ex:
-        with pytest.raises(KeyboardInterrupt):
-            asyncio.run(ex.run(jobs()))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's again
+with ExecutionContext(Path({str(tmp_path / "work")!r}), pool, ExecOptions(run_id="r"), state=ResumeState()) as ex:
+    try:
+        asyncio.run(ex.run(jobs()))
+        print("finished")
+    except KeyboardInterrupt:
+        print("interrupted", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    assert r.stdout.strip() == "interrupted True", r.stdout + r.stderr  # and Ctrl-C is Python's again

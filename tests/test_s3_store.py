@@ -44,7 +44,10 @@ def start_run(queries, pool, data_dir, store):
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **SYNC}
     return subprocess.Popen([sys.executable, "-m", "conductor", *map(str, run_args(queries, pool, data_dir, store))],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True, text=True)
+                            start_new_session=True, text=True,
+                            # as from a terminal: a suite started in the background ignores SIGINT, and
+                            # its children would inherit that
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def slow_pool(tmp_path, sim):
