@@ -27,13 +27,13 @@ assets that claim pools carry the tag `conductor/pools: provider`.
 from __future__ import annotations
 
 import fcntl
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from conductor.pool import Pool, provider_from_model
+from conductor.store import process_gone
 
 PROVIDER_PREFIX = "provider-"
 PLANNER_PREFIX = "planner-"
@@ -146,20 +146,6 @@ def _step_process_gone(instance, run_id: str, step_key: str) -> bool:
     pids = [r.event_log_entry.dagster_event.pid for r in records
             if r.event_log_entry.dagster_event and r.event_log_entry.dagster_event.step_key == step_key]
     return bool(pids and pids[0]) and process_gone(pids[0])
-
-
-def process_gone(pid: int) -> bool:
-    """Whether the process has exited (or is a zombie: killed, not yet reaped by its parent)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def is_local(instance) -> bool:

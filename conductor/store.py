@@ -83,18 +83,23 @@ def replacing(path: Path) -> Iterator[Path]:
     os.replace(tmp, path)
     for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         pid = stale.name[len(path.name) + 2:-len(".tmp")]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and process_gone(int(pid)):
             stale.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
+    """Whether the process has exited (or is a zombie: killed, not yet reaped by its parent);
+    another user's process counts as alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
+        return True
+    except PermissionError:
         return False
-    except OSError:
-        return True  # someone else's
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -34,8 +34,9 @@ from dagster import (
 
 from conductor.errors import InputError
 from conductor.queries import file_digest, load_queries
+from conductor.store import process_gone
 from pipelines.jobs import run_query_set
-from assets.concurrency import is_local, process_gone
+from assets.concurrency import is_local
 from assets.partitions import query_sets
 from assets.resources import PARTITION_KEY_RE, QueryFilesResource
 
