@@ -27,6 +27,9 @@ Every llm or planner worker whose model is `openai/<name>` is served as model
     require_key_env: NAME of an env var holding the key the server demands
     fail_status:     answer every request with this HTTP error status (400-599),
                      to test how clients treat statuses the other faults don't make
+    refusal_rate:    fraction of requests answered 200 with `content: null` and a
+                     `refusal`, as a safety refusal or a content filter answers; billed
+                     like any answer, and decided per request, so a repeat refuses again
     malformed_json:  fraction of structured (JSON record) replies that are broken,
                      half so they do not parse, half so they break the schema;
                      decided per request, so a repeated request breaks the same way
@@ -61,8 +64,8 @@ from conductor.pool import Pool
 
 SKILL_TASKS = ("math", "choice", "exact", "record", "default")
 DEFAULT_SKILL = 0.5
-RATE_KEYS = ("error_rate", "rate_limit_rate", "hang_rate", "drop_rate", "malformed_json", "batch_expire",
-             "batch_line_error_rate", "batch_fail_rate")
+RATE_KEYS = ("error_rate", "rate_limit_rate", "hang_rate", "drop_rate", "refusal_rate", "malformed_json",
+             "batch_expire", "batch_line_error_rate", "batch_fail_rate")
 # Flat fault names, as used by overrides (CLI flags, start_sim kwargs, /admin/faults).
 FAULT_KEYS = ("rpm", "rpm_window_s", *RATE_KEYS, "hang_s", "latency_ms", "latency_sd_ms", "per_token_ms",
               "fail_status", "retry_after_ms", "usage_factor", "batch_delay_s")
@@ -70,7 +73,7 @@ FAULT_DEFAULTS: dict[str, float | None] = {
     "rpm": None, "rpm_window_s": 60.0, "error_rate": 0.0, "rate_limit_rate": 0.0,
     "hang_rate": 0.0, "drop_rate": 0.0, "hang_s": 30.0,
     "latency_ms": 20.0, "latency_sd_ms": 5.0, "per_token_ms": 0.0, "fail_status": None,
-    "retry_after_ms": 1000.0, "malformed_json": 0.0, "usage_factor": 1.0,
+    "retry_after_ms": 1000.0, "refusal_rate": 0.0, "malformed_json": 0.0, "usage_factor": 1.0,
     "batch_expire": 0.0, "batch_line_error_rate": 0.0, "batch_delay_s": 0.0,
     "batch_fail_rate": 0.0,
 }
@@ -99,6 +102,7 @@ class Faults:
     per_token_ms: float
     fail_status: float | None
     retry_after_ms: float
+    refusal_rate: float
     malformed_json: float
     usage_factor: float
     batch_expire: float

@@ -24,6 +24,7 @@ _FAULT_HELP = {
     "per_token_ms": "extra latency per completion token in ms",
     "fail_status": "answer every request with this HTTP error status (400-599)",
     "retry_after_ms": "the wait that --rate-limit-rate's 429s ask for (default 1000)",
+    "refusal_rate": "fraction of requests answered 200 with content null and a refusal (billed, as a content filter)",
     "malformed_json": "fraction of structured (JSON record) replies broken: unparseable or schema-invalid",
     "usage_factor": "reported usage = billed tokens x this (negative or huge to test usage lies; default 1)",
     "batch_expire": "fraction of each batch's lines left undone; the batch then ends 'expired'",

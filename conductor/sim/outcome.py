@@ -11,6 +11,7 @@ from typing import Any
 from conductor.sim.config import Faults
 
 FINGERPRINT = "conductor-sim"
+REFUSAL = "I'm sorry, but I can't help with that request. (simulated)"
 
 
 @dataclass(frozen=True)
@@ -42,18 +43,20 @@ class Answer:
     prompt_tokens: int
     completion_tokens: int
     request_hash: str
+    refused: bool = False  # content null, the refusal in `content`'s place (still billed)
 
     def payload(self, model: str, created: int, usage_factor: float) -> dict[str, Any]:
         """The chat completion body; usage as reported (billed tokens x usage_factor)."""
         reported = [int(n * usage_factor) for n in (self.prompt_tokens, self.completion_tokens)]
+        message = ({"role": "assistant", "content": None, "refusal": self.content} if self.refused
+                   else {"role": "assistant", "content": self.content})
         return {
             "id": f"chatcmpl-sim-{self.request_hash[:24]}",
             "object": "chat.completion",
             "created": created,
             "model": model,
             "system_fingerprint": FINGERPRINT,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.content},
-                         "logprobs": self.logprobs, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "logprobs": self.logprobs, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": reported[0], "completion_tokens": reported[1],
                       "total_tokens": sum(reported)},
         }

@@ -28,8 +28,8 @@ from conductor.sim.batch import BatchAPI
 from conductor.sim.config import (ModelSpec, SimConfigError, check_overrides, effective_faults,
                                   Faults)
 from conductor.sim.index import QueryIndex
-from conductor.sim.outcome import (FINGERPRINT, Answer, Rejection, failed_status, rate_limited, server_error,
-                                   unauthorized)
+from conductor.sim.outcome import (FINGERPRINT, REFUSAL, Answer, Rejection, failed_status, rate_limited,
+                                   server_error, unauthorized)
 from conductor.sim.planner import plan_reply, token_logprobs
 from conductor.sim.structured import StructuredRequest, StructuredRequestError, parse_request, record_reply
 from conductor.tokens import tokenizer_tokens
@@ -269,9 +269,12 @@ class SimServer(LocalServer):
         else:
             known = self.index.find(texts)
             content, _ = reply(known, spec.skill_for(known.task if known else None), rng, self.index)
+        refused = f.refusal_rate > 0 and draw(self.seed, model, request_hash + "/refusal").random() < f.refusal_rate
+        if refused:
+            content, logprobs, kinds = REFUSAL, None, ()
         return Answer(content=content, logprobs=logprobs, query_id=known.query_id if known else None,
                       kinds=kinds, prompt_tokens=sum(map(tokenizer_tokens, texts)),
-                      completion_tokens=tokenizer_tokens(content), request_hash=request_hash)
+                      completion_tokens=tokenizer_tokens(content), request_hash=request_hash, refused=refused)
 
     def count_answer(self, answer: Answer, log: SimLog | None = None) -> None:
         """Counts a delivered answer by known query and structured kind (in `log`: the log
