@@ -151,7 +151,8 @@ def finalize_journal(run: RunDir) -> None:
                    p.wall_time_s, p.started_at, p.ended_at
             FROM plan_rows p LEFT JOIN (
                 SELECT plan_id, sum(cost_usd) AS cost_usd,
-                       count(*) FILTER (WHERE cost_usd IS NULL AND attempts > 0 AND status = 'ok') AS unpriced,
+                       count(*) FILTER (WHERE cost_usd IS NULL AND attempts > 0
+                                       AND (status = 'ok' OR prompt_tokens IS NOT NULL)) AS unpriced,
                        sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens,
                        count(*) FILTER (WHERE attempts > 0) AS calls,
                        count(*) FILTER (WHERE cache_hit) AS cache_hits

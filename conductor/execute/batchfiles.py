@@ -121,7 +121,7 @@ def line_result(row: dict, waiter: Waiter | None, api_key: str | None = None) ->
         try:
             return read_answer(req, response.get("body"), {})
         except CallFailure as f:
-            return CallFailure(f.kind, _cut(redact(str(f), api_key)), f.status, f.retry_after)
+            return f.reworded(_cut(redact(str(f), api_key)))
         except Exception as e:  # whatever else a malformed line raises fails this line only
             return CallFailure("malformed", _cut(redact(f"malformed response: {type(e).__name__}: {e}", api_key), 200))
     if isinstance(code, int):

@@ -12,8 +12,9 @@ import asyncio
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from conductor.tokens import estimate_tokens, max_prompt_tokens, tokens_from_chars  # noqa: F401  (re-exported)
 
@@ -88,6 +89,17 @@ class CallFailure(Exception):
         self.retry_after = retry_after
         self.rate: Any = None  # x-ratelimit-* headers sent with the failure (openai_http.RateHeaders)
         self.headers_seen = False  # True when the response's headers were read (the direct client)
+        # (prompt, completion) tokens a 200 without a usable answer reported (a refusal, a content
+        # filter): the provider bills them, so the executor charges them though nothing is kept
+        self.usage: tuple[int, int] | None = None
+        self.cost_usd: float | None = None  # what the server says that answer cost (x-conductor-cost-usd)
+
+    def reworded(self, message: str) -> "CallFailure":
+        """The same failure with another message (redacted again), keeping what it carries."""
+        again = CallFailure(self.kind, message, self.status, self.retry_after)
+        again.rate, again.headers_seen = self.rate, self.headers_seen
+        again.usage, again.cost_usd = self.usage, self.cost_usd
+        return again
 
     @property
     def retryable(self) -> bool:
@@ -122,7 +134,7 @@ async def complete(req: CallRequest, api_key: str | None, sent: Callable[[], Non
     try:
         return _read_response(req, resp)
     except CallFailure as f:  # a refusal's text may echo the request's headers
-        raise CallFailure(f.kind, _cut(redact(str(f), api_key)), f.status, f.retry_after) from None
+        raise f.reworded(_cut(redact(str(f), api_key))) from None
     except Exception as e:  # whatever else a malformed answer raises fails this call only
         raise CallFailure("malformed", _cut(redact(f"malformed response: {type(e).__name__}: {e}", api_key),
                                             200)) from None
@@ -143,6 +155,19 @@ def answer_text(content: Any, why_none: Any = None) -> str:
     return content
 
 
+@contextmanager
+def billed_if_unusable(prompt_tokens: int | None, completion_tokens: int | None, cost_header: Any) -> Iterator[None]:
+    """A 200 whose answer cannot be kept still reported what it used: the CallFailure
+    carries that usage (and any server-reported cost), so the call is charged."""
+    try:
+        yield
+    except CallFailure as f:
+        if prompt_tokens is not None and completion_tokens is not None:
+            f.usage = (prompt_tokens, completion_tokens)
+        f.cost_usd = _usd(cost_header)
+        raise
+
+
 def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     """The response's text and usage, after checking its shape: a provider answering
     200 with no choices, no message or non-text content is a classified failure."""
@@ -153,12 +178,13 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     message = getattr(choice, "message", None)
     if message is None:
         raise CallFailure("malformed", "malformed response: choice 0 has no message")
-    content = getattr(message, "content", None)
-    text = answer_text(content, getattr(message, "refusal", None) or getattr(choice, "finish_reason", None))
     usage = getattr(resp, "usage", None)
     pt = _tokens(getattr(usage, "prompt_tokens", None)) if usage else None
     ct = _tokens(getattr(usage, "completion_tokens", None)) if usage else None
     headers = (getattr(resp, "_hidden_params", None) or {}).get("additional_headers") or {}
+    with billed_if_unusable(pt, ct, headers.get("llm_provider-x-conductor-cost-usd")):
+        text = answer_text(getattr(message, "content", None),
+                           getattr(message, "refusal", None) or getattr(choice, "finish_reason", None))
     # A server that only estimated the usage it reports says so (the replay server does).
     estimated = pt is None or ct is None or headers.get("llm_provider-x-conductor-usage-estimated") == "1"
     reported = pt is not None and ct is not None

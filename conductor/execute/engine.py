@@ -90,6 +90,14 @@ class ExecOptions:
 FunctionRunner = Callable[[str, Step, list[str], "str | None"], str]
 
 
+@dataclass(frozen=True)
+class Billed:
+    """What a call that failed was billed for (see Executor._billed)."""
+
+    cost: float | None  # None: no known price
+    tokens: tuple[int, int]  # prompt, completion
+
+
 @dataclass
 class ReplanRequest:
     """A step assigned to a worker of kind "planner": write the workflow that does its work."""
@@ -359,10 +367,7 @@ class Executor:
                 rows[i] = await self._run_step(job, plan, i, outputs, restored, path, depth)
                 outputs[i] = rows[i]["response_text"]
             except StepFailed as f:
-                logged = f.row if f.row is not None else self._log_step(
-                    job, path, depth, step, status=f.status, error=str(f), attempts=f.attempts, extra=f.extra,
-                    failure=f.kind)
-                rows[i] = {**logged, "failure": f.kind}
+                rows[i] = {**self.log_failure(job, path, depth, step, f), "failure": f.kind}
             except Aborted:
                 raise
             except STORAGE_ERRORS as e:
@@ -566,14 +571,25 @@ class Executor:
                         finally:
                             self._sending -= 1
                 except CallFailure as f:
-                    limiter.settle_tokens(est_tokens, 0)
+                    billed = self._billed(worker, f, messages, params)
+                    limiter.settle_tokens(est_tokens, sum(billed.tokens) if billed else 0)
                     self._observe(limiter, provider, f.rate)
+                    if billed is not None:  # an answer that cannot be kept, paid all the same
+                        if reservation is not None:
+                            await self.ledger.settle(reservation, billed.cost or 0.0)
+                            reservation = None
+                        elif billed.cost:
+                            self.ledger.record(provider.id, billed.cost)
+                        self.progress.c.usd += billed.cost or 0.0
+                        self._durably(self.journal.settled, rid, billed.cost or 0.0)
+                        rid = None
                     too_long = f.retry_after is not None and f.retry_after > self.opt.max_wait_s
                     if too_long and f.kind == "rate_limit" and not f.headers_seen:
                         self._hold(provider, f.retry_after, "asked to retry in")  # the whole provider is out
-                    if not f.retryable or attempt >= provider.max_attempts or too_long:
+                    if not f.retryable or attempt >= provider.max_attempts or too_long or billed is not None:
                         raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
-                                         attempt, kind="not_found" if f.status == 404 else f.kind) from None
+                                         attempt, kind="not_found" if f.status == 404 else f.kind,
+                                         cost=billed and billed.cost, tokens=billed and billed.tokens) from None
                     self.progress.c.retries += 1
                     await asyncio.sleep(self._backoff(attempt, f, limiter))
                     continue
@@ -638,6 +654,18 @@ class Executor:
                        completion_tokens=min(resp.completion_tokens, ct_max if isinstance(ct_max, int)
                                              else resp.completion_tokens),
                        usage_estimated=True, warning="reported usage clamped: " + "; ".join(over))
+
+    def _billed(self, worker: Worker, f: CallFailure, messages: list[dict[str, str]],
+                params: dict[str, Any]) -> Billed | None:
+        """What a failed call was billed: a 200 whose answer could not be kept (a refusal, a
+        content filter, an answer past the limits) that reported its usage or cost; None
+        for a failure the provider does not bill (an error status, a dropped connection)."""
+        if f.usage is None and f.cost_usd is None:
+            return None
+        pt, ct = f.usage if f.usage is not None else (0, 0)
+        resp = self._clamped(CallResponse("", pt, ct, False, False, cost_usd=f.cost_usd,
+                                          usage_reported=f.usage is not None), messages, params)
+        return Billed(self._cost(worker, resp), (resp.prompt_tokens, resp.completion_tokens))
 
     def _cost(self, worker: Worker, resp: CallResponse) -> float | None:
         """The call's cost: what the server reported (a recorded cost), else tokens x price."""
@@ -759,8 +787,10 @@ class Executor:
             try:
                 sub = await self.replanner(self, req)
             except StepFailed as f:
+                billed = f.row is None  # else the planning call's own row holds what it cost
                 raise StepFailed(f.status, f"worker {step.worker}: re-planning step {path} failed: {f}",
-                                 f.attempts, kind=f.kind) from None
+                                 f.attempts, kind=f.kind, cost=f.cost if billed else None,
+                                 tokens=f.tokens if billed else None) from None
             except Exception as e:  # a bad sub-plan fails this step, not the batch
                 raise StepFailed("error", f"worker {step.worker}: re-planning step {path} failed: "
                                           f"{type(e).__name__}: {e}") from None
@@ -816,8 +846,10 @@ class Executor:
                   request_key: str | None = None, entry: Entry | None = None, cost: float | None = None,
                   started: float | None = None, ended: float | None = None, cache_hit: bool = False,
                   extra: dict[str, Any] | None = None, model: str | None = None,
-                  failure: str | None = None, out: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Write a step's trace row (or add it to `out`, for the caller to write with others)."""
+                  failure: str | None = None, out: list[dict[str, Any]] | None = None,
+                  tokens: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Write a step's trace row (or add it to `out`, for the caller to write with others).
+        `tokens`: a failed call's billed usage, when there is no entry."""
         worker = worker or self.pool.worker(step.worker)
         now = ended or time.time()
         if status not in ("ok", "skipped"):
@@ -830,8 +862,8 @@ class Executor:
             "worker": worker.id, "model": model or worker.model, "provider": worker.provider,
             "status": status, "error": error and mask(error, *self._keys), "attempts": attempts,
             "cache_hit": cache_hit,
-            "prompt_tokens": entry.prompt_tokens if entry else None,
-            "completion_tokens": entry.completion_tokens if entry else None,
+            "prompt_tokens": entry.prompt_tokens if entry else tokens and tokens[0],
+            "completion_tokens": entry.completion_tokens if entry else tokens and tokens[1],
             "usage_estimated": entry.usage_estimated if entry else None,
             "cost_usd": cost,
             "original_cost_usd": entry.cost_usd if entry else None,
@@ -850,6 +882,15 @@ class Executor:
         else:
             out.append(row)
         return row
+
+    def log_failure(self, job: PlanJob, path: str, depth: int, step: Step, f: StepFailed,
+                    worker: Worker | None = None) -> dict[str, Any]:
+        """The trace row of a step that failed (written unless the failure already wrote it),
+        with what its call was billed."""
+        if f.row is not None:
+            return f.row
+        return self._log_step(job, path, depth, step, worker=worker, status=f.status, error=str(f),
+                              attempts=f.attempts, extra=f.extra, failure=f.kind, cost=f.cost, tokens=f.tokens)
 
     def _stamp(self, t: float) -> str:
         """`_ts(t)`, remembered for the last few times: rows served from the cache in

@@ -134,9 +134,11 @@ class Journal:
 
 
 def unpriced_calls(folder: Path) -> int:
-    """Calls sent with no known price (their cost is unknown, not $0), e.g. an LLM planner's."""
-    return sum(1 for row in (_read(folder / STEPS_FILE) if (folder / STEPS_FILE).exists() else ())
-               if row.get("attempts") and row.get("cost_usd") is None and not row.get("cache_hit"))
+    """Calls billed with no known price (their cost is unknown, not $0), e.g. an LLM planner's:
+    answered, or failed with the usage of an answer that could not be kept."""
+    return sum(1 for row in _read(folder / STEPS_FILE)
+               if row.get("attempts") and row.get("cost_usd") is None and not row.get("cache_hit")
+               and (row["status"] == "ok" or row.get("prompt_tokens") is not None))
 
 
 def retries_used_up(folder: Path) -> set[str]:

@@ -21,7 +21,7 @@ import orjson
 
 from conductor.execute.call import (MAX_ANSWER_BYTES, MAX_ERROR_BODY_BYTES, MAX_ERROR_CHARS, CallFailure,
                                     CallRequest, CallResponse, RETRYABLE_STATUS, _cut, _retry_after, _tokens, _usd,
-                                    answer_text, completion_logprob, estimate_tokens, redact)
+                                    answer_text, billed_if_unusable, completion_logprob, estimate_tokens, redact)
 
 
 def direct_model(api_base: str | None, model: str | None) -> str | None:
@@ -112,7 +112,7 @@ class OpenAIEndpoint:
         try:
             return read_answer(req, doc, resp_headers)
         except CallFailure as f:  # a refusal's text may echo the request's headers
-            raise CallFailure(f.kind, _cut(redact(str(f), self._api_key)), f.status, f.retry_after) from None
+            raise f.reworded(_cut(redact(str(f), self._api_key))) from None
         except Exception as e:  # whatever else a malformed answer raises fails this call only
             raise CallFailure("malformed", _cut(redact(f"malformed response: {type(e).__name__}: {e}",
                                                        self._api_key), 200)) from None
@@ -246,11 +246,11 @@ def read_answer(req: CallRequest, doc: Any, headers: Any) -> CallResponse:
     message = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(message, dict):
         raise CallFailure("malformed", "malformed response: choice 0 has no message")
-    content = message.get("content")
-    text = answer_text(content, message.get("refusal") or choice.get("finish_reason"))
     usage = doc.get("usage")
     pt = _tokens(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
     ct = _tokens(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+    with billed_if_unusable(pt, ct, headers.get("x-conductor-cost-usd")):
+        text = answer_text(message.get("content"), message.get("refusal") or choice.get("finish_reason"))
     reported = pt is not None and ct is not None
     estimated = not reported or headers.get("x-conductor-usage-estimated") == "1"
     if pt is None:
