@@ -42,6 +42,7 @@ class Planner:
     def __init__(self, questions: list[str]):
         self.questions = questions
         self.replies: dict[int, tuple[int, bytes]] = {}
+        self.asked: dict[int, int] = {}  # question -> requests for it
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -52,6 +53,7 @@ class Planner:
                 body = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 user = body["messages"][-1]["content"]
                 i = next(i for i, q in enumerate(owner.questions) if q in user)
+                owner.asked[i] = owner.asked.get(i, 0) + 1
                 status, reply = owner.replies.get(i, (200, completion(plan(owner.questions[i]))))
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -131,3 +133,37 @@ def test_a_server_error_still_stops_planning_for_a_rerun_and_counts_only_those(s
     planner.replies = {1: (200, b"<html>oops</html>")}  # the server is back: the rerun finishes planning
     _, plans = run(tmp_path, sim, planner, queries, run_id="r")
     assert [p["query_index"] for p in plans if not p["valid"]] == [1]
+
+
+def test_a_query_the_planner_always_fails_is_final_after_three_reruns(sim, tmp_path, queries, planner):
+    """A question the provider answers 503 every time cannot hold the job back for ever:
+    the first run and three reruns stop planning for a rerun; the fourth plans it as
+    invalid, for good, and runs the rest."""
+    planner.replies = {0: (503, b'{"error": {"message": "overloaded"}}')}
+    for attempt in range(1, 4):
+        with pytest.raises(ConductorError, match="rerun the same command"):
+            run(tmp_path, sim, planner, queries, run_id="r")
+        assert planner.asked[0] == attempt
+    summary, plans = run(tmp_path, sim, planner, queries, run_id="r")
+    assert planner.asked[0] == 4
+    bad = [p for p in plans if not p["valid"]]
+    assert [p["query_index"] for p in bad] == [0]
+    assert "failed on 4 runs" in bad[0]["error"] and "overloaded" in bad[0]["error"]
+    assert "final" in bad[0]["error"]
+    assert summary["statuses"].get("ok", 0) > 0  # the other queries ran
+    assert all(n == 1 for i, n in planner.asked.items() if i != 0)  # finished planning is never asked again
+
+
+def test_a_refused_planning_call_is_charged_what_it_used(sim, tmp_path, queries, planner):
+    """A 200 with no content (a refusal, a content filter) is billed: the plan is invalid,
+    and planning's cost holds the call's usage at the planner's price."""
+    planner.replies = {0: (200, completion(None))}  # usage: 10 prompt, 5 completion tokens
+    summary, plans = run(tmp_path, sim, planner, queries)
+    price = plannersim.PLANNER_PRICE
+    one = (10 * price["input_per_mtok"] + 5 * price["output_per_mtok"]) / 1e6
+    refused = next(p for p in plans if p["query_index"] == 0)
+    assert not refused["valid"] and "no text content" in refused["error"]
+    assert orjson.loads(refused["info_json"])["cost_usd"] == pytest.approx(one)
+    good = sum(orjson.loads(p["info_json"])["cost_usd"] for p in plans if p["valid"])
+    assert good > 0
+    assert summary["planning_cost_usd"] == pytest.approx(good + one, rel=1e-9)

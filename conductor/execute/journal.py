@@ -141,6 +141,13 @@ def unpriced_calls(folder: Path) -> int:
                and (row["status"] == "ok" or row.get("prompt_tokens") is not None))
 
 
+def transient_failures(folder: Path) -> Counter[str]:
+    """Plan id -> calls of it that failed transiently, over every run that wrote this journal
+    (an LLM planner's calls, which have no plan lines of their own)."""
+    return Counter(row["plan_id"] for row in _read(folder / STEPS_FILE)
+                   if row["status"] == "error" and row.get("failure") in TRANSIENT_KINDS - {"budget"})
+
+
 def retries_used_up(folder: Path) -> set[str]:
     """Plans whose transient failures a rerun no longer retries: counted as load_state counts them."""
     transient: Counter[str] = Counter()

@@ -36,7 +36,7 @@ from conductor.errors import ConductorError, PoolError
 from conductor.execute.cache import Entry
 from conductor.execute.context import ExecutionContext
 from conductor.execute.engine import ExecOptions, PlanJob, StepFailed
-from conductor.execute.journal import load_state
+from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, load_state, transient_failures
 from conductor.planners import prompt as prompts
 from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema
@@ -252,6 +252,7 @@ class LLMPlanner(PlannerBackEnd):
         provider = exec_pool.provider_of(worker)
         slots = asyncio.Semaphore(c.max_in_flight or max(8, 2 * provider.max_concurrency))
         failures: list[StepFailed] = []
+        failed_before = transient_failures(work)  # by earlier runs of this planning
 
         async def one(q: Query, k: int) -> PlanDraft:
             msgs = prompts.messages(q, pool, mode, c.max_steps, instruction_chars=c.instruction_chars,
@@ -268,9 +269,14 @@ class LLMPlanner(PlannerBackEnd):
                                                params={**params, "seed": base_seed + k},
                                                accept=lambda e: got.append(e))
                 except StepFailed as f:
-                    failures.append(f)
-                    return _invalid(prompt_text, f"planning call failed: {f}",
-                                    {**info, "status": f.status, "failure": f.kind})
+                    ex.log_failure(job, "plan", 0, step, f, worker=worker)  # what it cost; counted on reruns
+                    info.update(status=f.status, failure=f.kind, cost_usd=f.cost)
+                    tries = failed_before[job.plan_id] + 1
+                    if f.kind not in TRANSIENT_KINDS - {"budget"} or tries <= RETRY_TRANSIENT:
+                        failures.append(f)
+                        return _invalid(prompt_text, f"planning call failed: {f}", info)
+                    return _invalid(prompt_text, f"planning call failed on {tries} runs, the last time with: {f} "
+                                                 f"(final: reruns no longer plan this query)", info)
                 finally:
                     progress.c.plans_done += 1
                     progress.tick()
@@ -295,9 +301,11 @@ class LLMPlanner(PlannerBackEnd):
         return [list(drafts[i * samples:(i + 1) * samples]) for i in range(len(queries))]
 
 
-# Failures that a rerun may cure (the executor already retried them) stop planning; those of
-# the planner's setup stop it at once; any other (a malformed answer, a refused request) is
-# an invalid plan for its query, so one bad reply never holds back the rest of the batch.
+# Failures that a rerun may cure (the executor already retried them) stop planning, on the
+# first RETRY_TRANSIENT reruns; then they are final, as a worker's are (journal.TRANSIENT_KINDS),
+# so one query the provider always fails cannot hold the job back for ever. Those of the
+# planner's setup stop it at once; any other (a malformed answer, a refused request) is an
+# invalid plan for its query, so one bad reply never holds back the rest of the batch.
 RERUN_KINDS = {"rate_limit", "server", "timeout", "connection", "budget"}
 SETUP_KINDS = {"auth", "not_found", "config"}
 
