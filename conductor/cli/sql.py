@@ -2,7 +2,8 @@
 
 Read only: the catalog is opened read-only and refreshed only when the set of
 views changed; statements other than queries (COPY ... TO, INSTALL, ATTACH,
-CREATE, SET) are refused, and extensions are never installed or loaded. When
+CREATE, SET, and EXPLAIN ANALYZE of any of them, which would run it) are
+refused, and extensions are never installed or loaded. When
 another process holds the catalog file, the same views are built in memory
 over the run files, and the answer says so in one line.
 """
@@ -10,22 +11,25 @@ over the run files, and the answer says so in one line.
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 from pathlib import Path
 
 from conductor.cli import options
 from conductor.errors import ConductorError
 
-ALLOWED = ("SELECT", "EXPLAIN")  # duckdb.StatementType names: queries only
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sql", help="run a SQL query over the outputs (views plans, traces, results, rewards, runs)")
-    p.add_argument("query", help='e.g. "SELECT status, count(*) FROM results GROUP BY ALL"')
+    p.add_argument("query", help='e.g. "SELECT status, count(*) FROM results GROUP BY ALL"; '
+                                 '"-" reads it from stdin (for a query too long for the command line)')
     options.data_dir(p)
     p.add_argument("--store", metavar="s3://BUCKET/PREFIX",
                    help="query the runs kept on object storage instead (default: $CONDUCTOR_STORE)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--max-rows", type=options.int_in(1, 10 ** 9), default=100, help="rows shown in table format")
+    p.add_argument("--max-width", type=options.int_in(40, 10 ** 6), default=200,
+                   help="characters a row may take in table format (columns past it are left out)")
     p.set_defaults(func=main)
 
 
@@ -34,6 +38,7 @@ def main(args: argparse.Namespace) -> int:
 
     from conductor.execute.shared.objects import ObjectStore, catalog, store_url
 
+    query = sys.stdin.read() if args.query == "-" else args.query
     store = store_url(getattr(args, "store", None))
     if store is not None:
         try:
@@ -48,15 +53,14 @@ def main(args: argparse.Namespace) -> int:
         con.execute("SET TimeZone = 'UTC'")
         con.execute("SET autoinstall_known_extensions = false")
         con.execute("SET autoload_known_extensions = false")
+        con.execute("SET lock_configuration = true")  # nothing the query does can turn them back on
         try:
-            statements = con.extract_statements(args.query)
+            statements = con.extract_statements(query)
         except duckdb.Error as e:
             raise ConductorError(f"SQL error: {e}") from None
         if not statements:
             raise ConductorError("no SQL statement given (an empty string or only a comment)")
-        # Named by their first word as written (DuckDB files INSTALL under LOAD).
-        refused = sorted({(st.query.split() or [st.type.name])[0].upper() for st in statements
-                          if st.type.name not in ALLOWED})
+        refused = sorted({word for st in statements if (word := _refused(con, st))})
         if refused:
             raise ConductorError(f"conductor sql runs queries only (SELECT, WITH, DESCRIBE, SHOW, EXPLAIN); "
                                  f"refused: {', '.join(refused)} (the run files under DATA_DIR/runs are "
@@ -64,17 +68,12 @@ def main(args: argparse.Namespace) -> int:
         if len(statements) > 1:
             raise ConductorError(f"conductor sql runs one query at a time; got {len(statements)} statements "
                                  f"(only the last one's rows would be shown)")
-        rel = con.sql(args.query)
-        if rel is None:
-            return 0
-        if args.format == "csv":
-            print(_csv(rel))
-        elif args.format == "json":
-            cols = rel.columns
-            for row in rel.fetchall():
-                print(_json(dict(zip(cols, row))))
+        if args.format == "table":
+            rel = con.sql(query)
+            if rel is not None:
+                rel.show(max_rows=args.max_rows, max_width=args.max_width)
         else:
-            rel.show(max_rows=args.max_rows, max_width=200)
+            _stream(con.execute(query), args.format)
     except duckdb.Error as e:
         raise ConductorError(f"SQL error: {e}") from None
     finally:
@@ -98,8 +97,6 @@ def _open(data_dir: Path):
     try:
         return duckdb.connect(str(db), read_only=True)
     except duckdb.Error as e:
-        import sys
-
         if "lock" not in str(e).lower():
             raise ConductorError(f"cannot open {db} ({e}); it holds no data, only views over the runs' files: "
                                  f"delete it and rerun") from None
@@ -111,15 +108,77 @@ def _open(data_dir: Path):
         return con
 
 
-def _csv(rel) -> str:
-    import csv
-    import io
+def _refused(con, statement) -> str | None:
+    """The first word of a statement that is not a query, else None. EXPLAIN ANALYZE runs
+    the statement it wraps, so an EXPLAIN is a query only when what it wraps is one."""
+    import duckdb
 
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(rel.columns)
-    w.writerows([_json(v) if isinstance(v, (list, dict, tuple)) else v for v in row] for row in rel.fetchall())
-    return buf.getvalue().rstrip("\n")
+    word = (statement.query.split() or [statement.type.name])[0].upper()  # as written: DuckDB files INSTALL under LOAD
+    if statement.type.name == "SELECT":
+        return None
+    if statement.type.name != "EXPLAIN":
+        return word
+    inner = _explained(statement.query)
+    try:
+        wrapped = con.extract_statements(inner) if inner is not None else []
+    except duckdb.Error:
+        wrapped = []
+    if len(wrapped) == 1 and wrapped[0].type.name == "SELECT":
+        return None
+    first = (inner or "").split()
+    return f"EXPLAIN {first[0].upper()}" if first else "EXPLAIN"
+
+
+_BLANKS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.S)  # blanks and comments
+
+
+def _explained(text: str) -> str | None:
+    """What `EXPLAIN [ANALYZE] [(options)]` wraps, or None when the text is not of that form."""
+    def skip(i: int) -> int:
+        return _BLANKS.match(text, i).end()
+
+    i = skip(0)
+    if not text[i:i + 7].upper() == "EXPLAIN":
+        return None
+    i = skip(i + 7)
+    if (m := re.match(r"ANALY[SZ]E\b", text[i:], re.I)) is not None:
+        i = skip(i + m.end())
+    if text[i:i + 1] == "(":
+        close = text.find(")", i)
+        if close < 0:
+            return None
+        i = skip(close + 1)
+    return text[i:]
+
+
+def _stream(result, fmt: str) -> None:
+    """Write the rows as they come, in batches: an export of millions of rows never holds
+    them all in memory."""
+    cols = [d[0] for d in result.description]
+    out = sys.stdout
+    if fmt == "csv":
+        out.write(",".join(_csv_field(c) for c in cols) + "\n")
+    while batch := result.fetchmany(10_000):
+        if fmt == "csv":
+            out.write("".join(",".join(_csv_field(v) for v in row) + "\n" for row in batch))
+        else:
+            out.write("".join(_json(dict(zip(cols, row))) + "\n" for row in batch))
+
+
+def _csv_field(value) -> str:
+    """One CSV field: NULL is empty and the empty string is "", so the two stay apart;
+    booleans are true/false, as DuckDB and most readers write them; lists, structs and
+    maps are JSON text."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict, tuple)):
+        value = _json(value)
+    text = str(value)
+    if text == "" or any(c in text for c in ',"\n\r') or text != text.strip():
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def _json(value) -> str:

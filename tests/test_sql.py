@@ -1,0 +1,81 @@
+"""`conductor sql` as a user drives it: queries only (EXPLAIN ANALYZE runs what it
+wraps, so it may wrap only a query), exports that stream, CSV that keeps NULL apart
+from the empty string, and queries too long for the command line read from stdin."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, cli
+
+
+@pytest.fixture
+def data(tmp_path):
+    (tmp_path / "runs").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("wrapped", [
+    "EXPLAIN ANALYZE COPY (SELECT 42 AS x) TO '{out}'",
+    "explain analyse COPY (SELECT 42 AS x) TO '{out}'",
+    "/* first */ EXPLAIN -- a comment\n ANALYZE /* another */ COPY (SELECT 42 AS x) TO '{out}'",
+    "EXPLAIN (ANALYZE) COPY (SELECT 42 AS x) TO '{out}'",
+    "EXPLAIN (ANALYZE, FORMAT json) COPY (SELECT 42 AS x) TO '{out}'",
+])
+def test_explain_analyze_cannot_run_a_write(data, wrapped):
+    out = data / "written.csv"
+    r = cli("sql", wrapped.format(out=out), "--data-dir", data)
+    assert r.returncode == 2 and "runs queries only" in r.stderr and "refused: EXPLAIN COPY" in r.stderr, r
+    assert not out.exists()
+
+
+# A local file for INSTALL: were it ever run, it must not try to download anything.
+@pytest.mark.parametrize("statement", ["INSTALL '/nonexistent/x.duckdb_extension'", "CHECKPOINT", "SET threads = 1",
+                                       "CREATE TABLE t AS SELECT 1"])
+def test_explain_analyze_of_other_statements_is_refused(data, statement):
+    r = cli("sql", f"EXPLAIN ANALYZE {statement}", "--data-dir", data)
+    assert r.returncode == 2 and f"refused: EXPLAIN {statement.split()[0]}" in r.stderr, r
+
+
+def test_explain_of_a_query_still_works(data):
+    for q in ("EXPLAIN SELECT 1", "EXPLAIN ANALYZE SELECT 1", "/* c */ explain (format json) select 1"):
+        r = cli("sql", q, "--data-dir", data, "--format", "csv")
+        assert r.returncode == 0 and r.stdout.startswith("explain_key,explain_value\n"), (q, r)
+
+
+def test_csv_keeps_null_apart_from_the_empty_string(data):
+    q = "SELECT NULL AS n, '' AS e, true AS t, false AS f, ' pad' AS p, 'a,b' AS c, 'say \"hi\"' AS q, 1.5 AS x"
+    r = cli("sql", q, "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0, r
+    assert r.stdout.splitlines() == ["n,e,t,f,p,c,q,x", ',"",true,false," pad","a,b","say ""hi""",1.5']
+
+
+def test_exports_stream_every_row(data):
+    n = 123_457  # more than one batch
+    for fmt in ("csv", "json"):
+        r = cli("sql", f"SELECT range AS i FROM range({n})", "--data-dir", data, "--format", fmt)
+        lines = r.stdout.splitlines()
+        assert r.returncode == 0 and len(lines) == n + (fmt == "csv"), (fmt, len(lines))
+        assert lines[-1] == (str(n - 1) if fmt == "csv" else f'{{"i":{n - 1}}}')
+
+
+def test_a_query_too_long_for_the_command_line_is_read_from_stdin(data):
+    ids = ",".join(f"'p{i}'" for i in range(30_000))  # ~240 kB: over Linux's 128 kB for one argument
+    query = f"SELECT count(*) AS n FROM (SELECT unnest([{ids}]) AS id)"
+    r = subprocess.run([sys.executable, "-m", "conductor", "sql", "-", "--data-dir", str(data), "--format", "csv"],
+                       input=query, capture_output=True, text=True, cwd=REPO, timeout=60,
+                       env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert r.returncode == 0 and r.stdout.split() == ["n", "30000"], r.stderr
+
+
+def test_table_width_can_be_widened(data):
+    q = "SELECT " + ", ".join(f"'{'v' * 20}' AS column_{i}" for i in range(12))
+    narrow = cli("sql", q, "--data-dir", data)
+    wide = cli("sql", q, "--data-dir", data, "--max-width", "1000")
+    assert narrow.returncode == wide.returncode == 0
+    assert "column_5" not in narrow.stdout and "shown)" in narrow.stdout  # the middle columns left out
+    assert all(f"column_{i} " in wide.stdout for i in range(12)) and "shown)" not in wide.stdout
