@@ -644,6 +644,33 @@ def test_ctrl_c_or_sigterm_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_s
     assert "lost in flight" not in r.stdout
 
 
+def test_calls_waiting_to_retry_at_ctrl_c_are_not_counted_as_lost_in_flight(tmp_path, fresh_sim, sample_queries):
+    """Calls whose first attempt failed and that waited for a slot to retry were counted, after
+    Ctrl-C, as sent and maybe billed: the resume reported them lost in flight."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    fresh_sim.set_faults("flaky", error_rate=1.0)  # every request a 5xx: each call waits to retry
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("flaky",),
+                      providers={"sim": {"max_concurrency": 4, "rpm": 30, "max_attempts": 3}})
+    cmd = [sys.executable, "-m", "conductor", "run", str(_queries(tmp_path, sample_queries, 3)), "--pool", str(pool),
+           "--data-dir", str(tmp_path / "data"), "--quiet", "--no-cache"]
+    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(fresh_sim, 2)  # two calls failed once; the next slot is 2 s away
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "waiting up to 20 s for 0 call(s) in flight" in err, err
+    fresh_sim.clear_faults()
+    r = run_cli(*cmd[3:])
+    assert r.returncode == 0 and "(resumed)" in r.stdout, r.stdout + r.stderr
+    assert "lost in flight" not in r.stdout, r.stdout
+
+
 # ---- 5. one process per run ---------------------------------------------------
 
 def test_a_second_process_on_the_same_run_refuses_naming_the_first(tmp_path, fresh_sim, sample_queries):

@@ -545,6 +545,7 @@ class Executor:
         try:
             while True:
                 attempt += 1
+                sending = False  # this attempt's request may have left: if cut off now, maybe billed
                 if self._abort is not None:
                     raise Aborted()
                 try:
@@ -566,6 +567,7 @@ class Executor:
                         t = time.monotonic()
                         self._sending += 1
                         self.progress.c.requests += 1
+                        sending = True
                         try:
                             resp = await complete(req, api_key, sent)
                         finally:
@@ -594,8 +596,9 @@ class Executor:
                     await asyncio.sleep(self._backoff(attempt, f, limiter))
                     continue
                 except asyncio.CancelledError:
-                    rid = None  # interrupted, the call maybe sent and paid: left unsettled, a resume counts it
-                    raise
+                    if sending:  # maybe sent and paid: left unsettled, a resume counts it as lost in flight
+                        rid = None
+                    raise  # else it waited for a slot to retry: its failed attempts were not billed
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
                 self._observe(limiter, provider, resp.rate)
                 resp = self._clamped(resp, messages, params)
