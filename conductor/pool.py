@@ -81,6 +81,9 @@ class Worker:
     function: str | None = None
     simulate: dict[str, Any] | None = None
     context_tokens: int | None = None  # the model's context window, when litellm does not know it
+    # The most one call can be charged when tokens x price cannot bound it: a replay worker's
+    # largest recorded cost_usd, which is charged as recorded. Budgets reserve at least this.
+    max_call_usd: float | None = None
 
     def max_tokens(self) -> int:
         """The completion cap of its calls: the executor counts no more completion tokens."""
@@ -360,6 +363,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     if simulate is not None and not isinstance(simulate, dict):
         raise PoolError(f"{at}.simulate: must be a mapping")
     context = _num(w, "context_tokens", at, positive=True)
+    max_call = _num(w, "max_call_usd", at, minimum=0.0)
     return Worker(
         id=wid,
         provider=provider,
@@ -374,6 +378,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         function=function,
         simulate=simulate,
         context_tokens=None if context is None else int(context),
+        max_call_usd=None if max_call is None else float(max_call),
     )
 
 

@@ -139,6 +139,7 @@ def rollouts(args: argparse.Namespace) -> int:
         raise ConductorError(f"--policy {args.policy}: no policy artifact there for this pool")
     explore = args.explore if args.explore is not None else (0.2 if learned else 1.0)
     options = {"candidates": "bandit", "explore": explore, "policy": str(learned) if learned else "none"}
+    _check_references(args.queries)
     _check_recorded(pool, args.queries)
     samples = _samples(args.samples, pool, args.queries)
     if args.samples == "all":
@@ -185,6 +186,19 @@ def _check_resume(args: argparse.Namespace, policy: str) -> None:
     raise ConductorError(f"run {args.run_id} was planned with the policy {named(used)}, but --policy {args.policy} "
                          f"now resolves to {named(policy)}; to resume the run pass --policy {used}, or choose "
                          f"another --run-id for a new run")
+
+
+def _check_references(queries: Path) -> None:
+    """Refused before any plan runs: with no reference nothing is graded, and training would
+    find no example after the whole run (a table without gold answers, such as RouterBench's)."""
+    from conductor.queries import load_queries
+
+    refs = load_queries(queries).column("reference").to_pylist()
+    if not any(r is not None and r.strip() for r in refs):
+        raise ConductorError(f"{queries}: no query has a reference, so no plan could be graded and "
+                             f"`conductor policy train` would find no training examples (not graded: no "
+                             f"reference); a table without gold answers evaluates routing by its labels "
+                             f"(`conductor eval`) but cannot train the learned policy")
 
 
 def _check_recorded(pool, queries: Path) -> None:

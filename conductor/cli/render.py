@@ -107,7 +107,11 @@ def eval_report(report: Any, *, learned: bool = False) -> str:
         head = f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers\n"
     else:
         agrees = (f"grader agrees with the labels on {m['agreement']:.1%} of {m['graded_rows']} rows"
-                  if m["agreement"] is not None else "no reference: accuracy from the recorded labels only")
+                  if m["agreement"] is not None else "no reference: accuracy from the recorded labels only"
+                  if not m.get("graded_queries", 1) else "no labelled row to compare our grader with")
+        if m.get("unlabelled_rows"):  # a missing label is left out, never counted as wrong
+            agrees += (f"; {m['unlabelled_rows']} row(s) with no label: {m['queries'] - m['labelled_queries']} "
+                       f"queries left out of accuracy (labels)")
         tasks = ", ".join(f"{t} {k}" for t, k in m["tasks"].items())
         head = (f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers "
                 f"(tasks: {tasks}; {agrees}; recorded cost_usd on {m['recorded_cost_rows']} of {m['rows']} rows)\n")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--models", nargs="+", metavar="MODEL", help="only these models (default: every column with a "
                                                                  "response column beside it)")
     c.add_argument("--threshold", type=float, default=None,
-                   help="correct = score >= THRESHOLD; required when scores lie strictly between 0 and 1")
+                   help="correct = score >= THRESHOLD (above 0, at most 1); required when scores lie strictly "
+                        "between 0 and 1")
     c.add_argument("--task", choices=TASKS, default=None, help="the task of the rows --task-map leaves (all rows without --task-map)")
     c.add_argument("--task-map", action="append", default=[], metavar="PREFIX=TASK",
                    help="rows whose category starts with PREFIX get TASK (repeatable; the longest prefix wins), "
@@ -108,17 +110,21 @@ def queries(args: argparse.Namespace) -> int:
     import orjson
     import pyarrow.parquet as pq
 
-    from conductor.queries import load_queries
+    from conductor.queries import load_queries, validate
     from conductor.replay.build import query_table, task_counts
+    from conductor.store import replacing
 
     spec = _spec(args)
+    _writable(args.out, **{"--table": spec.path})
     table = query_table(spec, args.split)
-    _writable(args.out)
-    pq.write_table(table, args.out)
+    validate(table, f"written from {spec.path}")  # before writing: a bad table must not replace a good file
+    with replacing(args.out) as tmp:
+        pq.write_table(table, tmp)
     table = load_queries(args.out)  # read back through the check every consumer uses
     splits = Counter(orjson.loads(m)["split"] for m in table.column("metadata").to_pylist())
     print(f"{args.out}  {table.num_rows} queries ({spec.name}, {task_counts(table)}; "
           + ", ".join(f"{k} {v}" for k, v in sorted(splits.items())) + ")")
+    _shared_note(spec.path)
     return 0
 
 
@@ -126,40 +132,77 @@ def pool(args: argparse.Namespace) -> int:
     from conductor.pool import load_pool
     from conductor.replay.build import DEFAULT_URL, pool_document, write_pool
 
-    doc = pool_document(_spec(args), args.models, args.api_base or DEFAULT_URL)
-    _writable(args.out)
+    spec = _spec(args)
+    _writable(args.out, **{"--table": spec.path, "--prices": spec.prices})
+    if args.out.suffix.lower() == ".parquet":  # a pool file is YAML: likely the table's name given twice
+        raise ConductorError(f"--out {args.out}: a pool file is YAML; give a .yaml name "
+                             f"(e.g. data/pools/replay-{spec.name}.yaml)")
+    doc = pool_document(spec, args.models, args.api_base or DEFAULT_URL)
     write_pool(args.out, doc)
     loaded = load_pool(args.out)  # the file must load as any pool does
     n = sum(1 for w in loaded.workers if w.kind == "llm")
     r = doc["replay"]
     print(f"{args.out}  {n} recorded models + vote, extract; {r['dataset']}, task {r['task']}; "
           f"table {r['table']}; costs: {r['costs']}")
+    if "left out" in r["skills"]:  # rows with no `correct` label: no evidence, not counted as wrong
+        print(f"skills: {r['skills']}")
+    _shared_note(spec.path)
     print(f"serve it with: conductor replay serve --pool {args.out}")
     return 0
 
 
 def convert(args: argparse.Namespace) -> int:
-    from conductor.replay.convert import WideLayout, convert_wide, parse_task_map
+    from conductor.replay.convert import WideLayout, convert_wide, dropped_models, parse_task_map, read_wide
+    from conductor.store import replacing
 
     layout = WideLayout(id_column=args.id_column, prompt_column=args.prompt_column,
                         reference_column=args.reference_column, category_column=args.category_column or None,
                         response_suffix=args.response_suffix, cost_suffix=args.cost_suffix or None)
-    _writable(args.out)
+    _writable(args.out, **{"--wide": args.wide})
+    wide = read_wide(args.wide)
     long = convert_wide(args.wide, layout, models=args.models, threshold=args.threshold, task=args.task,
-                        task_map=parse_task_map(args.task_map))
-    long.write_parquet(args.out, compression="zstd")
+                        task_map=parse_task_map(args.task_map), wide=wide)
+    with replacing(args.out) as tmp:
+        long.write_parquet(tmp, compression="zstd")
     models = long.get_column("model").n_unique()
     questions = long.get_column("question_id").n_unique()
     costed = long.height - long.get_column("cost_usd").null_count()
     print(f"{args.out}  {long.height} rows: {questions} questions x {models} models; cost_usd on {costed} rows; "
           f"reference {'from ' + args.reference_column if args.reference_column else 'none (correct from the score)'}")
+    dropped = [] if args.models else dropped_models(wide.columns, layout)
+    if dropped:
+        print(f"not converted, a cost column but no response column M{layout.response_suffix}: {', '.join(dropped)} "
+              f"(name theirs so, or pick models with --models)")
+    unscored = long.get_column("correct").null_count()
+    if unscored:  # a response without a score: no label, left out of every figure by the labels
+        print(f"{unscored} row(s) with a response but no score: correct is empty (no label) there")
     print(f"next: conductor replay pool --table {args.out} --out data/pools/replay-{args.out.stem}.yaml")
     return 0
 
 
-def _writable(path: Path) -> None:
+def _shared_note(path: Path) -> None:
+    """Says which ids share a question text (with one reference and task: others are refused),
+    since the replay server, seeing only the text, answers all of them with the first id's rows."""
+    import polars as pl
+
+    from conductor.replay.tables import shared_texts
+
+    groups = shared_texts(pl.read_parquet(path, columns=["question_id", "question"]).cast(pl.String))
+    if groups:
+        shown = "; ".join(", ".join(g) for g in groups[:3]) + (f" and {len(groups) - 3} more" if len(groups) > 3 else "")
+        print(f"note: {len(groups)} question text(s) recorded under more than one id ({shown}): the replay server "
+              f"answers each text with its first id's recorded responses, for all its ids")
+
+
+def _writable(path: Path, **inputs: Path | None) -> None:
+    """A file --out may write: not a folder, and never one of the command's inputs (flag -> path),
+    which would be lost."""
     if path.exists() and path.is_dir():
         raise ConductorError(f"--out {path}: is a folder; give a file name")
+    for flag, src in inputs.items():
+        if src is not None and path.exists() and Path(src).exists() and os.path.samefile(path, src):
+            raise ConductorError(f"--out {path}: is the same file as {flag} {src}; it would be overwritten, "
+                                 f"write to another file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -120,21 +120,28 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
     else:
         select_ids, selection = ids, "the evaluated queries themselves"
     matrix = build_matrix(pool, queries, set(ids) | set(select_ids))
+    labelled = len(matrix.labelled_ids.intersection(ids))
+    if not labelled and not matrix.graded_ids.intersection(ids):
+        raise ConductorError(f"query set {cfg.queries}: nothing to judge the answers by: no query has a reference "
+                             f"and none has a `correct` label on every row of {source.table}")
     policies = table_policies(matrix, ids, select_ids)
     evaluated = matrix.rows.filter(pl.col("question_id").is_in(ids))
-    judged = evaluated.filter(pl.col("grader").is_not_null())
+    judged = evaluated.filter(pl.col("grader").is_not_null() & pl.col("label").is_not_null())
     tasks = queries.column("task").to_pylist()
     meta: dict[str, Any] = {
         "dataset": source.dataset, "split": cfg.split, "queries": len(ids), "pool": str(cfg.pool),
         "queries_path": str(cfg.queries), "table": str(source.table), "workers": len(matrix.workers),
         "task": matrix.task, "tasks": {t: tasks.count(t) for t in sorted(set(tasks), key=str)},
         "graded_queries": len(matrix.graded_ids.intersection(ids)),
+        # Queries with a row whose `correct` is null are left out of the labels' figures (and counted).
+        "labelled_queries": labelled, "unlabelled_rows": int(evaluated.get_column("unlabelled").sum()),
         "selection": selection, "grading_s": round(matrix.grading_s, 2),
-        # Agreement of our grader with the labels, on the rows it can judge (None: no reference anywhere).
+        # Agreement of our grader with the labels, on the labelled rows it can judge (None: no such row).
         "agreement": (judged.select((pl.col("grader") == pl.col("label")).mean()).item()
                       if judged.height else None),
         "rows": evaluated.height, "graded_rows": judged.height,
         "recorded_cost_rows": int(evaluated.get_column("cost_recorded").sum()),
+        "shared_texts": [g for g in matrix.shared if not set(ids).isdisjoint(g)],
         "recorded_cost_by_task": {t: int(n) for t, n in evaluated.filter(pl.col("cost_recorded"))
                                   .group_by("task").len().sort("task").iter_rows()},
     }
@@ -299,11 +306,13 @@ def _cost_basis(meta: dict[str, Any]) -> str:
     return "recorded cost_usd where present, else tokens x prices"
 
 
-def _subset_reference(ps: list[Policy]) -> dict[str, Any]:
+def _subset_reference(ps: list[Policy]) -> dict[str, Any] | None:
     """The table policies on the planner's subset, by our grader (by the labels when nothing has a reference)."""
     by = "grader" if any(p.kind == "oracle" and p.info["correct_by"] == "grader" for p in ps) else "label"
-    best = next(p for p in ps if p.kind == "best_single" and p.info["chosen_by"] == by)
-    oracle = next(p for p in ps if p.kind == "oracle" and p.info["correct_by"] == by)
+    best = next((p for p in ps if p.kind == "best_single" and p.info["chosen_by"] == by), None)
+    oracle = next((p for p in ps if p.kind == "oracle" and p.info["correct_by"] == by), None)
+    if best is None or oracle is None:  # nothing on the subset to judge by
+        return None
     rnd = next(p for p in ps if p.kind == "random")
     if by == "label":
         return {"by": by, "best_single": best.worker, "best_single_accuracy": best.accuracy_labels,

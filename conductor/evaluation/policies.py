@@ -14,8 +14,9 @@ Table policies choose rows of the recorded matrix (see `table`):
 
 Two accuracies, never mixed: `accuracy` is our grader's, over the queries that
 have a reference (`graded` of them); `accuracy_labels` is the recorded labels',
-over all queries. A table without references has no grader figures at all, and
-no policy chosen by our grader.
+over the queries whose rows all have a label (all of them, unless some `correct`
+is null). A table without references has no grader figures at all, and no policy
+chosen by our grader; one without labels, none by the labels.
 
 The embedded planner runs through the real pipeline instead (`planner`).
 """
@@ -36,7 +37,7 @@ class Policy:
     kind: str  # single | best_single | oracle | random | planner | learned | fixed | fixed_cascade
     name: str
     accuracy: float | None  # graded by conductor.grading, over the `graded` queries; None when none is
-    accuracy_labels: float | None  # the recorded `correct` labels, over all queries; None when not defined
+    accuracy_labels: float | None  # the recorded `correct` labels, over the labelled queries; None when none is
     usd_per_query: float | None
     calls_per_query: float
     tokens_per_query: float
@@ -82,14 +83,18 @@ METRICS = {"grader": "our grader", "label": "labels"}
 def table_policies(m: Matrix, eval_ids: list[str], select_ids: list[str]) -> list[Policy]:
     n = len(eval_ids)
     g = len(m.graded_ids.intersection(eval_ids))
+    nl = len(m.labelled_ids.intersection(eval_ids))
     rows = m.rows.filter(pl.col("question_id").is_in(eval_ids))
-    singles = _singles(rows, m.workers, n, g)
+    singles = _singles(rows, m.workers, n, g, nl)
     out = list(singles.values())
     g_sel = len(m.graded_ids.intersection(select_ids))
-    chosen = _singles(m.rows.filter(pl.col("question_id").is_in(select_ids)), m.workers, len(select_ids), g_sel)
+    nl_sel = len(m.labelled_ids.intersection(select_ids))
+    chosen = _singles(m.rows.filter(pl.col("question_id").is_in(select_ids)), m.workers, len(select_ids), g_sel,
+                      nl_sel)
+    judged = {"grader": (g, g_sel), "label": (nl, nl_sel)}
     for metric, said in METRICS.items():
-        if metric == "grader" and not (g and g_sel):
-            continue  # no reference to grade by: nothing is chosen by our grader
+        if not all(judged[metric]):
+            continue  # no reference to grade by (no label): nothing is chosen by our grader (the labels)
         best = max(chosen.values(), key=lambda p: (_acc(p, metric), -(p.usd_per_query or 0.0)))
         pick = singles[best.worker]
         out.append(Policy("best_single", f"best single ({said}): {pick.worker}", pick.accuracy,
@@ -99,10 +104,10 @@ def table_policies(m: Matrix, eval_ids: list[str], select_ids: list[str]) -> lis
                                 "chosen_accuracy": _acc(best, metric), "chosen_usd": best.usd_per_query},
                           outcomes=_outcomes(rows, pick.worker, m.graded_ids.intersection(eval_ids))))
     for metric, said in METRICS.items():
-        if metric == "grader" and not g:
+        if not judged[metric][0]:
             continue
-        out.append(_oracle(rows, n, g, metric, said))
-    out.append(_random(rows, n, g))
+        out.append(_oracle(rows, n, g, nl, metric, said))
+    out.append(_random(rows, n, g, nl))
     return out
 
 
@@ -117,35 +122,36 @@ def _acc(p: Policy, metric: str) -> float:
     return (p.accuracy if metric == "grader" else p.accuracy_labels) or 0.0
 
 
-def _singles(rows: pl.DataFrame, workers: list[str], n: int, g: int) -> dict[str, Policy]:
+def _singles(rows: pl.DataFrame, workers: list[str], n: int, g: int, nl: int) -> dict[str, Policy]:
     agg = {r["worker"]: r for r in rows.group_by("worker").agg(
         pl.col("grader").sum().alias("g"), pl.col("label").sum().alias("l"),
         pl.col("cost").sum().alias("usd"), pl.col("tokens").sum().alias("tok"), pl.len().alias("k")).to_dicts()}
     out = {}
     for w in workers:
         r = agg.get(w, {"g": 0, "l": 0, "usd": 0.0, "tok": 0, "k": 0})
-        out[w] = Policy("single", w, r["g"] / g if g else None, r["l"] / n if n else None,
+        out[w] = Policy("single", w, r["g"] / g if g else None, r["l"] / nl if nl else None,
                         r["usd"] / n if n else None, 1.0, r["tok"] / n if n else 0.0, n,
                         worker=w, coverage=r["k"] / n if n else None, graded=g)
     return out
 
 
-def _oracle(rows: pl.DataFrame, n: int, g: int, metric: str, said: str) -> Policy:
+def _oracle(rows: pl.DataFrame, n: int, g: int, nl: int, metric: str, said: str) -> Policy:
     """Per question the cheapest row correct by `metric`; its accuracy by the other way of
     judging is reported in that way's own column."""
     best = (rows.filter(pl.col(metric)).sort(["question_id", "cost", "tokens", "worker"])
             .group_by("question_id", maintain_order=True).first())
     k = best.height
     by_grader = (k if metric == "grader" else best.get_column("grader").sum()) / g if g else None
-    by_label = (k if metric == "label" else best.get_column("label").sum()) / n
+    by_label = (k if metric == "label" else best.get_column("label").sum()) / nl if nl else None
     return Policy("oracle", f"oracle ({said})", by_grader, by_label, best.get_column("cost").sum() / n, k / n,
                   best.get_column("tokens").sum() / n, n, info={"correct_by": metric}, graded=g)
 
 
-def _random(rows: pl.DataFrame, n: int, g: int) -> Policy:
+def _random(rows: pl.DataFrame, n: int, g: int, nl: int) -> Policy:
     per_q = rows.group_by("question_id").agg(
         pl.col("grader").cast(pl.Float64).mean(), pl.col("label").cast(pl.Float64).mean(),
         pl.col("cost").mean(), pl.col("tokens").cast(pl.Float64).mean())
     s = per_q.select(pl.col("grader", "label", "cost", "tokens").sum()).row(0, named=True)
-    return Policy("random", "uniform random (expected)", s["grader"] / g if g else None, s["label"] / n,
+    return Policy("random", "uniform random (expected)", s["grader"] / g if g else None,
+                  s["label"] / nl if nl else None,
                   s["cost"] / n, per_q.height / n, s["tokens"] / n, n, graded=g)

@@ -47,6 +47,7 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
         f"- table: `{meta['table']}`",
         *_accuracy_lines(meta),
         *_cost_lines(meta),
+        *_shared_lines(meta),
         f"- best single worker: chosen on {meta['selection']}.",
         "- oracle: the cheapest correct recorded response per question; none correct: no call, no cost.",
         "- uniform random: the exact expected value of a worker drawn uniformly among those that "
@@ -100,9 +101,16 @@ def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
     if len(tasks) > 1:
         lines.append("- tasks: " + ", ".join(f"{t} {k}" for t, k in tasks.items())
                      + "; every recorded response is graded with its own question's task.")
+    nl = meta.get("labelled_queries", n)
+    over = "all the queries" if nl == n else f"the {nl} of the {n} queries whose rows all have one"
+    left = ("" if nl == n else f" {meta.get('unlabelled_rows')} row(s) have no label: their {n - nl} queries "
+                               f"are left out of it, never counted as wrong.")
     labels = ("*accuracy (labels)* judges the same recorded responses by the table's own `correct` label "
-              "instead, over all the queries (the shared README's reference figures use the labels); a "
-              "policy's name says which of the two chose it.")
+              f"instead, over {over} (the shared README's reference figures use the labels)"
+              + (f";{left} A" if left else "; a") + " policy's name says which of the two chose it.")
+    if nl == 0:
+        labels = (f"No query has a `correct` label on every row ({meta.get('unlabelled_rows')} row(s) with no "
+                  f"label), so there is no *accuracy (labels)*: a missing label is never counted as wrong.")
     if g == 0:
         lines.append("- accuracy: no query has a reference, so `conductor.grading` can judge nothing: every "
                      "figure here comes from the recorded labels (*accuracy (labels)*), and policies that run "
@@ -116,6 +124,17 @@ def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
     lines.append("- *accuracy (our grader)*: graded by `conductor.grading` (the grader the pipeline's rewards use, "
                  f"the only one that can judge a vote's output).{where} " + labels + agrees)
     return lines
+
+
+def _shared_lines(meta: dict[str, Any]) -> list[str]:
+    """Ids recorded under one question text: the pipeline and the table policies see different rows."""
+    groups = meta.get("shared_texts") or []
+    if not groups:
+        return []
+    shown = "; ".join(", ".join(g) for g in groups[:3]) + (f" and {len(groups) - 3} more" if len(groups) > 3 else "")
+    return [f"- {len(groups)} question text(s) are recorded under more than one id ({shown}), with one reference "
+            f"and task: the replay server sees only the text, so a plan for any of those ids gets the first id's "
+            f"recorded answers (a cache hit after the first), while the table policies use each id's own rows."]
 
 
 def _cost_lines(meta: dict[str, Any]) -> list[str]:

@@ -5,7 +5,9 @@ Every table-based policy (single workers, best single, oracle, random) is a
 choice of rows of this matrix, so each is a vectorized polars expression.
 Each row is graded with its own task (a table may mix tasks); a row whose
 question has no reference cannot be graded (`grader` is null) and counts by its
-label only. Tokens are what the replay server reports: recorded counts when the
+label only. A row with no label (`correct` null) is no evidence either way: its
+question is left out of every figure by the labels (`label` is null on all its
+rows), never counted as wrong. Tokens are what the replay server reports: recorded counts when the
 table has them, else characters / 4 (rounded up, conductor.tokens) of the question and
 of the response, the completion at most the worker's max_tokens as the executor
 counts it. Cost is the row's recorded `cost_usd` when it has one, else those tokens
@@ -15,7 +17,7 @@ times the pool's prices.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
@@ -23,18 +25,25 @@ import pyarrow as pa
 from conductor.errors import ConductorError
 from conductor.grading import grade
 from conductor.pool import Pool
-from conductor.replay.tables import COST_COLUMN, MIXED, read_table, replay_source, replay_workers, with_tokens
+from conductor.replay.tables import (COST_COLUMN, MIXED, read_table, replay_source, replay_workers, shared_texts,
+                                     with_tokens)
 
 
 @dataclass(frozen=True)
 class Matrix:
-    # question_id, worker, split, task, graded, grader, label, tokens, cost, cost_recorded
+    # question_id, worker, split, task, graded, grader, label, unlabelled, tokens, cost, cost_recorded
     rows: pl.DataFrame
     task: str | None  # the one task of the rows, or "mixed"
     dataset: str
     workers: list[str]  # the pool's replay workers, in pool order
     grading_s: float
     graded_ids: frozenset[str]  # questions with a reference, which our grader can judge
+    # Questions whose rows all have a `correct` label: the denominator of every figure by the labels
+    # (a missing label is no evidence; `label` is null on every row of the other questions).
+    labelled_ids: frozenset[str] = frozenset()
+    # Ids recorded under one question text (replay.tables.shared_texts) with one of them evaluated:
+    # the pipeline gets the first id's answers for all, the table policies each id's own rows.
+    shared: list[list[str]] = field(default_factory=list)
 
 
 def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matrix:
@@ -53,6 +62,7 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
     t = source.tasks(read_table(source.table, ["question_id", "question", "reference", "model", "response",
                                                "correct"]))
     _check_queries(queries, t, source.table)
+    shared = [g for g in shared_texts(t) if not question_ids.isdisjoint(g)]
     by_model = pl.DataFrame({"worker": list(workers), "model": list(workers.values()),
                              "p_in": [prices[w].input for w in workers], "p_out": [prices[w].output for w in workers],
                              "cap": [pool.worker(w).max_tokens() for w in workers]})
@@ -62,6 +72,9 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
     # Completion tokens as the executor counts them on the same replayed answer: at most max_tokens,
     # so a single worker here costs what it costs when a plan runs it.
     t = with_tokens(t).with_columns(pl.min_horizontal("tokens_out", "cap").alias("tokens_out"))
+    # A question with an unlabelled row is left out of the labels' figures altogether, so that
+    # every policy's accuracy by the labels is over the same questions.
+    t = t.with_columns(pl.col("correct").is_not_null().all().over("question_id").alias("labelled"))
     priced = pl.col("tokens_in") * pl.col("p_in") + pl.col("tokens_out") * pl.col("p_out")
     recorded = pl.col(COST_COLUMN) if COST_COLUMN in t.columns else pl.lit(None, dtype=pl.Float64)
     t = t.with_columns(recorded.alias("recorded_cost"))
@@ -73,15 +86,17 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
         "question_id", "worker", "split", "task",
         pl.col("reference").is_not_null().alias("graded"),
         pl.Series("grader", verdicts, dtype=pl.Boolean),
-        pl.col("correct").fill_null(False).alias("label"),
+        pl.when(pl.col("labelled")).then(pl.col("correct")).alias("label"),
+        pl.col("correct").is_null().alias("unlabelled"),
         (pl.col("tokens_in") + pl.col("tokens_out")).alias("tokens"),
         pl.coalesce(pl.col("recorded_cost"), priced).alias("cost"),
         pl.col("recorded_cost").is_not_null().alias("cost_recorded"),
     )
     tasks = sorted(set(t.get_column("task").to_list()))
     graded = frozenset(t.filter(pl.col("reference").is_not_null()).get_column("question_id").to_list())
+    labelled = frozenset(t.filter(pl.col("labelled")).get_column("question_id").to_list())
     return Matrix(rows, tasks[0] if len(tasks) == 1 else (MIXED if tasks else source.task), source.dataset,
-                  list(workers), grading_s, graded)
+                  list(workers), grading_s, graded, labelled, shared)
 
 
 def _check_queries(queries: pa.Table, table: pl.DataFrame, path) -> None:

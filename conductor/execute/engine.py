@@ -527,8 +527,10 @@ class Executor:
         est_tokens = est_in + params["max_tokens"]
         reservation = rid = None
         price = self.prices[worker.id]
-        # UTF-8 bytes bound the prompt's tokens in any script (chars/4 undercounts CJK 4x)
-        worst = None if price is None else max_prompt_tokens(messages) * price.input + params["max_tokens"] * price.output
+        # UTF-8 bytes bound the prompt's tokens in any script (chars/4 undercounts CJK 4x); a recorded
+        # cost (replay) is charged as it is, unclamped, so its largest bounds the call too
+        worst = None if price is None else max(max_prompt_tokens(messages) * price.input
+                                               + params["max_tokens"] * price.output, worker.max_call_usd or 0.0)
         if provider.id in self._budgeted:
             if price is None:
                 raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "

@@ -26,7 +26,8 @@ import yaml
 from conductor.errors import ConductorError
 from conductor.queries import SCHEMA
 from conductor.replay.tables import (COST_COLUMN, MIXED, SPLIT_SALT, SPLITS, TASK_COLUMN, TRAIN_FRACTION, TableSpec,
-                                     read_prices, read_table, table_columns, with_tasks, with_tokens)
+                                     check_shared_texts, read_prices, read_table, table_columns, with_tasks,
+                                     with_tokens)
 
 DEFAULT_URL = "${CONDUCTOR_REPLAY_URL:-http://127.0.0.1:8912/v1}"
 SOURCES = {
@@ -42,6 +43,7 @@ def query_table(spec: TableSpec, split: str = "all") -> pa.Table:
     cols = ["question_id", "question", "reference"]
     t = read_table(spec.path, cols + (["category"] if "category" in table_columns(spec.path) else []))
     t = with_tasks(t, spec.task, spec.path)
+    check_shared_texts(t, spec.path)
     qs = t.unique(subset=["question_id"], keep="first", maintain_order=True)
     if split != "all":
         qs = qs.filter(pl.col("split") == split)
@@ -67,8 +69,8 @@ def effective_prices(t: pl.DataFrame) -> dict[str, tuple[float, int]]:
     model's train-split rows that have one, divided by the sum of those rows' tokens
     (recorded, else characters / 4, as the replay server reports them). A model with
     no costed train row is measured on all its costed rows. Budgets reserve with it
-    and the prior planner estimates with it; each call is still charged its own
-    recorded cost."""
+    (at least the model's largest recorded cost, the worker's `max_call_usd`) and the
+    prior planner estimates with it; each call is still charged its own recorded cost."""
     if COST_COLUMN not in t.columns:
         return {}
     costed = t.filter(pl.col(COST_COLUMN).is_not_null())
@@ -87,11 +89,12 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
     """The pool file's content: workers for the recorded models, priced, with train-split skills per task."""
     path = spec.path
     prices = read_prices(spec.prices) if spec.prices else {}
-    raw = read_table(path, ["question", "response", "model", "correct"])
+    raw = read_table(path, ["question", "reference", "response", "model", "correct"])
     # Whether some rows name no task of their own (they take spec.task): recorded for mixed tables.
     untasked = TASK_COLUMN not in raw.columns or raw.select(
         (pl.col(TASK_COLUMN).str.strip_chars() != "").not_().fill_null(True).any()).item()
     t = with_tokens(with_tasks(raw, spec.task, path))
+    check_shared_texts(t, path)
     recorded = t.get_column("model").unique(maintain_order=True).to_list()
     if models:
         unknown = [m for m in models if m not in recorded]
@@ -102,6 +105,9 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
     else:
         chosen = sorted(recorded, key=str.lower)
     effective = effective_prices(t)
+    # Each call is charged its recorded cost, unclamped: budgets must reserve the largest one.
+    largest = (dict(t.group_by("model").agg(pl.col(COST_COLUMN).max()).drop_nulls().iter_rows())
+               if COST_COLUMN in t.columns else {})
     unpriced = [m for m in chosen if m not in prices and m not in effective]
     if unpriced:
         where = f"the price table {spec.prices}" if spec.prices else "no price table (--prices)"
@@ -110,8 +116,10 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
                              f"record {COST_COLUMN}, or leave them out with --models")
     # Expected accuracy per task from the train split only, never from test: the report is on test.
     tasks_of = {m: sorted(ts) for m, ts in t.group_by("model").agg(pl.col("task").unique()).iter_rows()}
+    # A row with no label is no evidence: left out (and counted), never taken for wrong.
     train = (t.filter(pl.col("split") == "train").group_by("model", "task")
-             .agg(pl.col("correct").fill_null(False).mean().alias("acc"), pl.len().alias("n")))
+             .agg(pl.col("correct").mean().alias("acc"), pl.col("correct").count().alias("n")))
+    unlabelled = t.filter((pl.col("split") == "train") & pl.col("correct").is_null()).height
     skill = {(r["model"], r["task"]): (r["acc"], r["n"]) for r in train.to_dicts()}
     source = SOURCES.get(spec.name) or f"the replay table {path.name}"
     workers, ids = [], set()
@@ -136,6 +144,7 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
             "description": desc,
             "skills": {task: round(float(acc), 4) if acc is not None else None for task, (acc, _) in skills.items()},
             "price": {"input_per_mtok": _sig(p_in), "output_per_mtok": _sig(p_out)},
+            **({"max_call_usd": float(largest[m])} if m in largest else {}),
         })
     workers.append({"id": "vote", "kind": "function", "function": "vote",
                     "description": "majority final answer among the granted outputs; a tie goes to the "
@@ -150,7 +159,8 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
     if spec.prices:
         replay["prices"] = str(Path(spec.prices).resolve())
     replay["split"] = {"salt": SPLIT_SALT, "train_fraction": TRAIN_FRACTION}
-    replay["skills"] = "train split, recorded correct labels, per task"
+    replay["skills"] = "train split, recorded correct labels, per task" + (
+        f"; {unlabelled} train row(s) with no label left out" if unlabelled else "")
     n_cost = t.height - t.get_column(COST_COLUMN).null_count() if COST_COLUMN in t.columns else 0
     replay["costs"] = (f"recorded {COST_COLUMN} on {n_cost} of {t.height} rows, else tokens x price" if n_cost
                        else "tokens x price (no recorded cost_usd)")
@@ -184,6 +194,7 @@ HEADER = """\
 # sum of those rows' tokens (recorded, else characters / 4), the same for input and
 # output. Budgets reserve and the planner estimates with it; each call is charged
 # its row's recorded cost_usd, which the replay server sends with the response.
+# max_call_usd: the model's largest recorded cost_usd; a call reserves at least it.
 """
 
 

@@ -70,12 +70,22 @@ def parse_task_map(items: list[str]) -> dict[str, str]:
     return out
 
 
+def dropped_models(columns: list[str], layout: WideLayout = WideLayout()) -> list[str]:
+    """Columns M that look like a model's (a cost column M<cost-suffix> beside them) but have no
+    response column M<response-suffix>: not converted, and more often renamed than meant."""
+    cols = set(columns)
+    if not layout.cost_suffix:
+        return []
+    return [c for c in columns if f"{c}{layout.cost_suffix}" in cols and f"{c}{layout.response_suffix}" not in cols]
+
+
 def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[str] | None = None,
                  threshold: float | None = None, task: str | None = None,
-                 task_map: dict[str, str] | None = None) -> pl.DataFrame:
-    """The long replay table of a wide table (see the module's docstring)."""
+                 task_map: dict[str, str] | None = None, wide: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The long replay table of a wide table (see the module's docstring); `wide`: the table
+    at `path`, when the caller has read it already."""
     path = Path(path)
-    wide = read_wide(path)
+    wide = read_wide(path) if wide is None else wide
     cols = set(wide.columns)
     flags = {"--id-column": layout.id_column, "--prompt-column": layout.prompt_column,
              "--reference-column": layout.reference_column, "--category-column": layout.category_column}
@@ -101,6 +111,13 @@ def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[
             _numeric(wide, f"{m}{layout.cost_suffix}", path, "USD")
             _within(wide, f"{m}{layout.cost_suffix}", path, "USD, at least 0", 0.0, math.inf)
     ids = _text(wide, layout.id_column)
+    for flag, col in (("--id-column", layout.id_column), ("--prompt-column", layout.prompt_column)):
+        # Named here, by the wide table's rows: the long table's would point at rows the user never wrote.
+        blank = wide.select((_text(wide, col).str.strip_chars() == "").fill_null(True).alias("b")).get_column("b")
+        if blank.any():
+            rows = [str(i + 1) for i in blank.arg_true().to_list()]
+            raise ConductorError(f"--wide {path}: column {col!r} ({flag}) is empty at row(s) {_few(rows)} "
+                                 f"(counting the first data row as 1)")
     dup = wide.select(ids.is_duplicated().alias("d")).get_column("d")
     if dup.any():
         shown = wide.filter(dup).select(ids).to_series().unique(maintain_order=True).to_list()
@@ -111,6 +128,9 @@ def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[
                              f"pass --threshold T (correct = score >= T)")
     if threshold is not None and not math.isfinite(threshold):
         raise ConductorError(f"--threshold must be a finite number (got {threshold}): correct = score >= it")
+    if threshold is not None and not 0 < threshold <= 1:  # else every answer is wrong, or every one right
+        raise ConductorError(f"--threshold must be above 0 and at most 1, as scores lie from 0 to 1 (got {threshold}): "
+                             f"correct = score >= it")
     cut = 1.0 if threshold is None else float(threshold)
     base = [pl.col("_row"), ids.alias("question_id"), _text(wide, layout.prompt_column).alias("question"),
             (_text(wide, layout.reference_column) if layout.reference_column

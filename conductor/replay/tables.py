@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass, replace
@@ -127,7 +128,14 @@ def table_columns(path: Path) -> dict[str, pl.DataType]:
     try:
         return dict(pl.read_parquet_schema(path))
     except Exception as e:  # polars raises several types for a bad file
-        raise ConductorError(f"replay table {path}: not a readable Parquet file ({e})") from None
+        reader = {".csv": "read_csv", ".tsv": "read_csv", ".jsonl": "read_ndjson", ".ndjson": "read_ndjson",
+                  ".json": "read_json"}.get(Path(path).suffix.lower())
+        hint = ("" if reader is None else
+                f"; replay tables are read as Parquet only: convert it first, e.g. python -c \"import polars as pl; "
+                f"pl.{reader}('{path}'{', infer_schema_length=None' if reader != 'read_json' else ''}"
+                f"{', separator=chr(9)' if Path(path).suffix.lower() == '.tsv' else ''})"
+                f".write_parquet('{Path(path).with_suffix('.parquet').name}')\"")
+        raise ConductorError(f"replay table {path}: not a readable Parquet file ({e}){hint}") from None
 
 
 def read_table(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
@@ -135,9 +143,10 @@ def read_table(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
 
     Always brings question_id and whichever optional columns the table has (task,
     tokens, cost_usd), and adds `split`. Keeps the table's row order, which fixes
-    which row answers a question asked twice under two ids (the first). A missing
-    or mistyped column is an error naming the file and the column; bad values name
-    the question ids."""
+    which row answers a question asked twice under two ids (the first; see
+    `shared_texts`). Every required column is checked, whichever are asked for. A
+    missing or mistyped column is an error naming the file and the column; bad values
+    name the question ids."""
     path = Path(path)
     schema = table_columns(path)
     missing = [c for c in REQUIRED_COLUMNS if c not in schema]
@@ -149,13 +158,16 @@ def read_table(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
     absent = [c for c in wanted if c not in schema]
     if absent:
         raise ConductorError(f"replay table {path}: missing column(s) {', '.join(absent)}")
-    for c in wanted:
+    for c in dict.fromkeys([*REQUIRED_COLUMNS, *wanted]):
         _check_type(path, c, schema[c])
-    table = pl.read_parquet(path, columns=wanted)
+    # Every command checks the same values, whatever columns it uses: a table that one step takes
+    # must not fail a later one. Only the responses (the bulk of a table) are left unread.
+    checked = list(dict.fromkeys([*wanted, *(c for c in REQUIRED_COLUMNS if c != "response")]))
+    table = pl.read_parquet(path, columns=checked)
     if table.is_empty():
         raise ConductorError(f"replay table {path}: has no rows (a replay table holds one row per question "
                              f"and model: {', '.join(REQUIRED_COLUMNS)})")
-    table = _normalize(path, table)
+    table = _normalize(path, table).select(wanted)
     ids = table.get_column("question_id").unique()
     splits = pl.DataFrame({"question_id": ids, "split": [split_of(q) for q in ids.to_list()]},
                           schema={"question_id": pl.String, "split": pl.String})
@@ -176,7 +188,10 @@ def _check_type(path: Path, col: str, dtype: pl.DataType) -> None:
     if col in ("question_id", "reference") and not (text or dtype.is_integer()):
         raise bad("strings (or integers)")
     if col == "correct" and not (dtype in (pl.Boolean, pl.Null) or dtype.is_numeric()):
-        raise bad("booleans or 0/1 numbers")
+        hint = ("" if not text else "; make text labels booleans first, e.g. with polars "
+                "pl.col('correct').str.strip_chars().str.to_lowercase().is_in(['true', 'yes', '1'])")
+        raise ConductorError(f"replay table {path}: column 'correct' must hold booleans or 0/1 numbers, "
+                             f"not {dtype}{hint}")
     if col in _NUMBERS and not (dtype == pl.Null or dtype.is_numeric()):
         raise bad("numbers")
 
@@ -188,10 +203,11 @@ def _normalize(path: Path, t: pl.DataFrame) -> pl.DataFrame:
     if "reference" in t.columns:  # an empty reference is no reference: nothing to grade by
         t = t.with_columns(pl.when(pl.col("reference").str.strip_chars() != "").then(pl.col("reference"))
                            .alias("reference"))
-    for c in ("question_id", "question", "model"):
-        if c in t.columns and t.get_column(c).null_count():
-            where = (f"at row(s) {_show([str(i) for i in t.with_row_index().filter(pl.col(c).is_null())['index']])}"
-                     if c == "question_id" else f"for question id(s) {_ids(t, pl.col(c).is_null())}")
+    for c in ("question_id", "question", "model"):  # "" or blanks are as empty as null: nothing to ask or serve
+        blank = pl.col(c).is_null() | (pl.col(c).str.strip_chars() == "")
+        if c in t.columns and t.select(blank.any()).item():
+            where = (f"at row(s) {_show([str(i) for i in t.with_row_index().filter(blank)['index']])}"
+                     if c == "question_id" else f"for question id(s) {_ids(t, blank)}")
             raise ConductorError(f"replay table {path}: column '{c}' is empty {where}")
     # One answer per model and question, one text per question: else rows would be dropped (the
     # server and the evaluation keep one) while the pool's skills counted them all.
@@ -254,6 +270,42 @@ def with_tasks(t: pl.DataFrame, fallback: str | None, path: Path) -> pl.DataFram
     return t
 
 
+def shared_texts(t: pl.DataFrame) -> list[list[str]]:
+    """Ids (in table order) whose questions are one text to the replay server: equal but for
+    leading and trailing whitespace, which plan parsing trims. The server sees only the text,
+    so it answers all of them with the first id's recorded responses."""
+    groups: dict[str, list[str]] = {}
+    for qid, q in t.select("question_id", "question").unique("question_id", maintain_order=True).iter_rows():
+        groups.setdefault(q.strip(), []).append(qid)
+    return [ids for ids in groups.values() if len(ids) > 1]
+
+
+def check_shared_texts(t: pl.DataFrame, path: Path) -> list[list[str]]:
+    """`shared_texts` of `t` (with reference and task), refused when the ids of one text differ in
+    reference or task: the server's answer (the first id's) would be graded against another
+    id's reference, or another way. Returns the groups that agree, where only which recorded
+    answer is served differs (the shared MMLU-Pro table has 7 such pairs)."""
+    groups = shared_texts(t)
+    if not groups:
+        return []
+    ids = {q for g in groups for q in g}
+    keyed = {qid: (question, ref, task) for qid, question, ref, task in
+             t.filter(pl.col("question_id").is_in(list(ids))).unique("question_id", maintain_order=True)
+             .select("question_id", "question", "reference", "task").iter_rows()}
+    bad = [g for g in groups if len({keyed[q][1:] for q in g}) > 1]
+    if bad:
+        shown = "; ".join(f"{', '.join(g)} ({' '.join(keyed[g[0]][0].split())[:60]!r})" for g in bad[:_SHOW])
+        more = f" and {len(bad) - _SHOW} more" if len(bad) > _SHOW else ""
+        raise ConductorError(
+            f"replay table {path}: question ids {shown}{more} share one question text (but for leading and "
+            f"trailing whitespace) with different references or tasks; the replay server tells questions apart "
+            f"only by their text, so it would answer each of them with the first id's recorded responses. Keep "
+            f"one id per text, e.g. python -c \"import polars as pl; t = pl.read_parquet('{path}'); "
+            f"t.filter(pl.col('question_id') == pl.col('question_id').first().over(pl.col('question').str.strip_chars()))"
+            f".write_parquet('{path.stem}-one-id-per-text.parquet')\"")
+    return groups
+
+
 def with_tokens(t: pl.DataFrame) -> pl.DataFrame:
     """Add tokens_in, tokens_out (recorded, else characters / 4 of the question and of the
     response) and tokens_estimated (either was estimated), as the replay server reports them."""
@@ -286,17 +338,37 @@ def read_prices(path: Path) -> dict[str, tuple[float, float, str]]:
     if not path.is_file():
         raise ConductorError(f"price table {path} not found")
     out: dict[str, tuple[float, float, str]] = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
+    seen: dict[str, int] = {}
+    # utf-8-sig: spreadsheets save "CSV UTF-8" with a byte order mark before the first column's name.
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
         need = {"model", "input_usd_per_mtok", "output_usd_per_mtok"}
-        if not need <= set(reader.fieldnames or ()):
-            raise ConductorError(f"price table {path}: needs columns {', '.join(sorted(need))}")
-        for line, row in enumerate(reader, start=2):
+        if not need <= set(header):
+            raise ConductorError(f"price table {path}: needs columns {', '.join(sorted(need))} "
+                                 f"(its header: {', '.join(header) or 'none'})")
+        col = {h: i for i, h in reversed(list(enumerate(header)))}
+        for cells in reader:
+            line = reader.line_num
+            row = {h: (cells[i].strip() if i < len(cells) else "") for h, i in col.items()}
+            if not any(row.values()):
+                continue  # a blank line, or one of empty cells as spreadsheets leave
+            model = row["model"]
+            if not model:
+                raise ConductorError(f"price table {path}, line {line}: no model name")
+            if model in seen:  # which of the two is meant cannot be guessed
+                raise ConductorError(f"price table {path}, lines {seen[model]} and {line}: model {model!r} is "
+                                     f"listed twice; keep one price per model")
+            seen[model] = line
             try:
-                out[row["model"]] = (float(row["input_usd_per_mtok"]), float(row["output_usd_per_mtok"]),
-                                     (row.get("basis") or "").strip())
-            except (TypeError, ValueError):
-                raise ConductorError(f"price table {path}, line {line}: prices must be numbers") from None
+                p_in, p_out = float(row["input_usd_per_mtok"]), float(row["output_usd_per_mtok"])
+            except ValueError:
+                raise ConductorError(f"price table {path}, line {line}: prices must be numbers (model {model!r}: "
+                                     f"{row['input_usd_per_mtok']!r}, {row['output_usd_per_mtok']!r})") from None
+            if not (math.isfinite(p_in) and math.isfinite(p_out) and p_in >= 0 and p_out >= 0):
+                raise ConductorError(f"price table {path}, line {line}: prices must be finite and at least 0 "
+                                     f"(model {model!r}: {p_in:g}, {p_out:g})")
+            out[model] = (p_in, p_out, row.get("basis", ""))
     return out
 
 
