@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from conductor.execute.journal import STEPS_FILE, load_state, unpriced_calls
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
-from conductor.failures import failure_groups, invalid_plan_groups
+from conductor.failures import failed_plans, failure_groups, invalid_plan_groups, too_many_failed
 from conductor.planners import make_planner
 from conductor.planners.base import UNUSED_SLOT, Planner, PlannerBackEnd, Query
 from conductor.planners.replan import BaseReplanner, make_replanner
@@ -40,7 +41,8 @@ from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
 from conductor.queries import file_digest, input_columns, load_queries
 from conductor.rewards import RewardScheme, group_advantages, score
-from conductor.store import CatalogHeld, RunDir, finalize_journal, refresh_catalog, rows_to_table, write_atomic, write_table
+from conductor.store import (CatalogHeld, RunDir, damage_advice, file_damage, finalize_journal, refresh_catalog,
+                             rows_to_table, write_atomic, write_table)
 from conductor.stats import run_totals
 
 
@@ -65,6 +67,7 @@ class RunConfig:
     progress: bool = True
     retry_failed: bool = False  # rerun every failed plan, not only those whose failure was transient
     store: str | None = None  # s3://bucket/prefix: the run is kept there too (conductor.execute.shared.objects)
+    max_failed_share: float | None = None  # `conductor run`: its exit status is kept in the summary (exit_code)
 
 
 @dataclass
@@ -106,10 +109,11 @@ def prepare(cfg: RunConfig) -> Run:
     }
     fingerprint = {**legacy, "pool_planning": pool.planning_hash()}
     digest, old_digest = _digest(fingerprint), _digest(legacy)
-    run_id = cfg.run_id or f"{Path(cfg.queries).stem}-{digest[:10]}"
+    stem = run_id_stem(Path(cfg.queries).stem)
+    run_id = cfg.run_id or f"{stem}-{digest[:10]}"
     if not cfg.run_id and not RunDir(cfg.data_dir, run_id).exists():
         # A run begun before skills and prices were part of its id resumes under its old id.
-        earlier = RunDir(cfg.data_dir, f"{Path(cfg.queries).stem}-{old_digest[:10]}")
+        earlier = RunDir(cfg.data_dir, f"{stem}-{old_digest[:10]}")
         if earlier.exists() and _made_before_planning_hash(earlier, old_digest):
             run_id = earlier.run_id
     if not valid_run_id(run_id):
@@ -148,6 +152,16 @@ def prepare(cfg: RunConfig) -> Run:
         raise
 
 
+def run_id_stem(stem: str) -> str:
+    """The query file's name as the start of a default run id: unchanged when it is a valid id
+    (runs on disk resume under the same id); else other characters become '_'. `my q (v2)`
+    was refused, blaming a --run-id the user never gave."""
+    if valid_run_id(f"{stem}-{'0' * 10}"):
+        return stem
+    cleaned = re.sub(r"_{2,}", "_", "".join(c if c.isalnum() or c in "-_." else "_" for c in stem))
+    return cleaned.lstrip("._")[:128 - 11].rstrip("_") or "queries"
+
+
 def _shown_options(options: dict[str, Any]) -> dict[str, Any]:
     """Planner options as the manifest keeps them: a password or token typed into a URL
     (`api_base=https://user:TOKEN@host`, `?api_key=`) is masked, as everywhere else."""
@@ -164,12 +178,13 @@ def plan_stage(run: Run, planner: Planner | None = None) -> Path:
     """Write plans.parquet: K drafts per query, parsed and validated. Reused if present."""
     out = run.dir.table("plans")
     if out.exists():
+        check_readable(out)
         return out
     cfg = run.config
     own = planner is None
     planner = planner or configured_planner(cfg)
     try:
-        with run_lock(run.dir.work, run.dir.run_id):
+        with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir):
             return _plan(run, planner, out)
     finally:
         if own:
@@ -272,8 +287,27 @@ def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> lis
 
 def execute_stage(run: Run, **kw: Any) -> Path:
     """`_execute_stage` holding the run's lock: a second process on the same run refuses."""
-    with run_lock(run.dir.work, run.dir.run_id):
+    with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir):
         return _execute_stage(run, **kw)
+
+
+INTERRUPTED = "interrupted"
+
+
+@contextlib.contextmanager
+def noting_interrupt(run_dir: RunDir) -> Iterator[None]:
+    """A stage stopped by Ctrl-C or SIGTERM marks the run `interrupted`: it stayed `executing`
+    for good, like a live run. The rerun that resumes it sets its status again."""
+    try:
+        yield
+    except BaseException as e:
+        # KeyboardInterrupt (SIGTERM takes Ctrl-C's path), DuckDB's own for Ctrl-C, Dagster's Terminate
+        if (isinstance(e, KeyboardInterrupt) or type(e).__name__ in ("InterruptException",
+                                                                     "DagsterExecutionInterruptedError")
+                or str(e).startswith("Query interrupted")) and run_dir.exists():
+            with contextlib.suppress(Exception):
+                run_dir.set_status(INTERRUPTED)
+        raise
 
 
 def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
@@ -294,6 +328,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
                 f"run {run.dir.run_id} is complete and its work folder {run.dir.work} (the journal of what was "
                 f"done) was deleted, so its failed plans cannot be told apart to retry; start a new run with "
                 f"another --run-id (answers in the shared response cache are not paid again)")
+        check_readable(run.dir.table("traces"), run.dir.table("results"))
         return run.dir.table("results")
     check_ready(run, plans_path)
     state = load_state(run.dir.work, retry_failed=cfg.retry_failed)
@@ -367,6 +402,15 @@ def carry_columns(run: Run) -> None:
     write_table(path, results)
 
 
+def check_readable(*paths: Path) -> None:
+    """A run's table that a rerun does not write again must read (its footer): a damaged one
+    ended the rerun in a pyarrow traceback."""
+    for path in paths:
+        why = file_damage(path)
+        if why is not None:
+            raise ConductorError(f"{path} is damaged ({why}); {damage_advice(path)}")
+
+
 def check_work(run: Run) -> None:
     """A work folder deleted while the run executed took its journal with it: say so."""
     if not (run.dir.work / "steps.jsonl").exists():
@@ -429,6 +473,11 @@ def _jobs(run: Run, plans_path: Path, record=None, refresh: frozenset[str] = fro
 
 def grade_stage(run: Run) -> Path:
     """Write rewards.parquet from results.parquet and the query set's references."""
+    with noting_interrupt(run.dir):
+        return _grade(run)
+
+
+def _grade(run: Run) -> Path:
     cfg = run.config
     refs = run.queries.select(["query_id", "task", "reference"]).to_pylist()
     results = pq.read_table(run.dir.table("results"),
@@ -489,6 +538,8 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         planning_unpriced = before.get("planning_calls_without_price") or 0
     cost = t.cost_usd + planning
     statuses = t.statuses
+    failed, total = failed_plans(statuses)
+    threshold = run.config.max_failed_share
     if wall_time_s is not None and before.get("wall_time_s") is not None:
         wall_time_s = round(before["wall_time_s"] + wall_time_s, 3)  # every command that worked on the run
     summary = {
@@ -514,6 +565,11 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "outputs": str(run.dir.path),
         "failures": failure_groups(run.dir.table("traces"), run.pool),
         "invalid_plans": invalid_plan_groups(run.dir.table("plans")),
+        # A run whose plans mostly failed is `complete` all the same (no budget stopped it): these tell
+        # it apart. exit_code is `conductor run`'s (None from Dagster and the other callers).
+        "failed_plans": failed,
+        "failed_share": failed / total if total else None,
+        "exit_code": None if threshold is None else exit_code(statuses, threshold),
     }
     write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     complete = "budget_exhausted" not in statuses
@@ -522,11 +578,20 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     return summary
 
 
+def exit_code(statuses: dict[str, int], max_failed_share: float) -> int:
+    """`conductor run`'s exit status for a run that finished: 4 when more than `max_failed_share`
+    of its plans failed, 3 when a budget stopped some, else 0."""
+    if too_many_failed(statuses, max_failed_share):
+        return 4
+    return 3 if statuses.get("budget_exhausted") else 0
+
+
 def catalog_line(data_dir: str | Path) -> str:
     """Refresh the catalog for the summary's line; a catalog that cannot be refreshed does not
-    fail a run whose outputs are complete: the line says why."""
+    fail a run whose outputs are complete: the line says why, and which damaged files it left out."""
+    notes: list[str] = []
     try:
-        return str(refresh_catalog(data_dir, attempts=4))
+        return "; ".join([str(refresh_catalog(data_dir, attempts=4, warn=notes.append)), *notes])
     except CatalogHeld:
         return (f"not refreshed (another process holds {Path(data_dir) / 'conductor.duckdb'}); "
                 f"`conductor sql` refreshes it when it is free")

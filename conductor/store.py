@@ -16,12 +16,16 @@ data/conductor.duckdb    views plans, traces, results, rewards, runs over every 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
+import re
+import shlex
+import sys
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import duckdb
 import orjson
@@ -55,7 +59,13 @@ class RunDir:
         return self.manifest_path.exists()
 
     def read_manifest(self) -> dict[str, Any]:
-        return orjson.loads(self.manifest_path.read_bytes())
+        """The run's manifest; a damaged one (cut short, overwritten) is named with what to do,
+        where it ended `conductor run` in a traceback."""
+        try:
+            return load_manifest(self.manifest_path)
+        except ValueError as e:
+            raise ConductorError(f"run {self.run_id}: its manifest {self.manifest_path} is damaged ({e}); "
+                                 f"{damage_advice(self.manifest_path)}") from None
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         manifest["updated_at"] = _now()
@@ -111,6 +121,61 @@ def write_table(path: Path, table: pa.Table) -> None:
     """Write zstd Parquet under a temporary name, then rename."""
     with replacing(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """A manifest.json as a dict; ValueError saying why when it is not a JSON object."""
+    try:
+        manifest = orjson.loads(Path(path).read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise ValueError("not a JSON object")
+    return manifest
+
+
+def damage_advice(path: Path) -> str:
+    """What to do about a damaged file of a run folder: rerun the run where the rerun rewrites
+    the file, else move the folder out of runs/ (renamed inside it, it is still read)."""
+    path = Path(path)
+    folder = path.parent
+    aside = folder.parent.parent / "damaged"
+    away = (f"move the run folder out of {folder.parent} "
+            f"(mkdir -p {shlex.quote(str(aside))} && mv {shlex.quote(str(folder))} {shlex.quote(str(aside))}/)")
+    rerun = f"rerun the `conductor run` command that made run {folder.name}, with --run-id {folder.name}"
+    # A job run (conductor.enrich) is not resumed by its id: each `conductor job run` makes a new one
+    job = (folder / "queries.parquet").exists() or (folder / "records.parquet").exists()
+    if path.name == "rewards.parquet" and not job:
+        return f"{rerun}: it grades the run again and rewrites the file; or {away}"
+    if path.name in ("traces.parquet", "results.parquet") and not job and (folder / "work" / "steps.jsonl").exists():
+        return f"{rerun}: it rewrites the file from the run's work/ journal and pays for nothing again; or {away}"
+    return (f"{away}; rerunning the command that made the run then makes it again (answers in the response "
+            f"cache are not paid again)")
+
+
+_RUN_FILE = re.compile(r"""['"]((?:[^'"]*/)?runs/[^/'"]+/[^/'"]+\.(?:parquet|json))['"]""")
+
+
+def damaged_file_advice(message: str) -> str | None:
+    """For a DuckDB error naming a file of a run folder (damaged since the catalog last checked
+    the footers): which file, and what to do. None when the message names no such file."""
+    found = _RUN_FILE.search(message)
+    if found is None:
+        return None
+    path = Path(found.group(1))
+    return f"{path} is damaged or not readable; {damage_advice(path)}"
+
+
+def file_damage(path: Path) -> str | None:
+    """Why a run's Parquet file (its footer only, not its data) or manifest does not read; None if it does."""
+    try:
+        if path.suffix == ".json":
+            load_manifest(path)
+        else:
+            pq.read_metadata(path)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        return (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
+    return None
 
 
 def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -191,9 +256,10 @@ def _check_schema(path: Path, schema: pa.Schema) -> None:
     write_table(path, table)
 
 
-def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
+def refresh_catalog(data_dir: str | Path, attempts: int = 20, warn: Callable[[str], None] | None = None) -> Path:
     """(Re)create the catalog's views over every run's Parquet files. The catalog
-    holds no data, so rebuilding it is always safe."""
+    holds no data, so rebuilding it is always safe. Damaged files are left out and
+    `warn` (default: standard error) names them."""
     data_dir = Path(data_dir).resolve()
     db = data_dir / CATALOG
     runs = data_dir / "runs"
@@ -215,14 +281,17 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20) -> Path:
     # `conductor sql` refreshes), never a stamp newer than the views
     signature = views_signature(data_dir)
     try:
-        create_views(con, runs)
-    except duckdb.Error as e:  # a damaged file under runs/: name it, the runs' own outputs are fine
-        raise ConductorError(f"the catalog {db} cannot read the runs' files ({e}); move the damaged file "
-                             f"away and rerun `conductor sql`") from None
+        left_out = create_views(con, runs, warn)
+    except duckdb.Error as e:  # a file under runs/ whose footer reads but whose schema does not: name it
+        advice = damaged_file_advice(str(e)) or "move the damaged file away and rerun `conductor sql`"
+        raise ConductorError(f"the catalog {db} cannot read the runs' files ({e}); {advice}") from None
     finally:
         con.close()
     try:
-        (data_dir / VIEWS_STAMP).write_text(signature)
+        if left_out:  # no stamp: every `conductor sql` checks again and says so, until the files are fixed
+            (data_dir / VIEWS_STAMP).unlink(missing_ok=True)
+        else:
+            (data_dir / VIEWS_STAMP).write_text(signature)
     except OSError:
         pass  # only an optimization: `conductor sql` refreshes again next time
     return db
@@ -236,13 +305,24 @@ VIEWS_STAMP = ".conductor.duckdb.views"  # which views the catalog holds, so `co
 
 
 def views_signature(data_dir: Path) -> str:
-    """The views the catalog should hold: the tables that have files, and the enrichment jobs."""
+    """The views the catalog should hold: the tables that have files, the files with their size
+    and time (a new or rewritten file is checked once, the first time `conductor sql` sees it),
+    and the enrichment jobs."""
     runs = Path(data_dir).resolve() / "runs"
-    have = [n for n in schemas.TABLES if any(runs.glob(f"*/{n}.parquet"))]
-    have += ["runs"] if any(runs.glob("*/manifest.json")) else []
+    files = catalog_files(runs)
+    listing = "\n".join(f"{f} {_stat(f)}" for fs in files.values() for f in fs)
     # The views name files by absolute path: a data folder copied or moved must rebuild them.
-    return orjson.dumps({"root": str(runs), "views": have, "jobs": job_runs(runs)}, default=str,
-                        option=orjson.OPT_SORT_KEYS).decode()
+    return orjson.dumps({"root": str(runs), "views": [n for n, fs in files.items() if fs],
+                         "files": hashlib.sha256(listing.encode()).hexdigest(), "jobs": job_runs(runs)},
+                        default=str, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _stat(path: Path) -> str:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:  # a run folder deleted meanwhile
+        return "gone"
+    return f"{st.st_size} {st.st_mtime_ns}"
 
 
 def catalog_is_current(data_dir: Path) -> bool:
@@ -251,23 +331,73 @@ def catalog_is_current(data_dir: Path) -> bool:
     return (data_dir / CATALOG).exists() and stamp.exists() and stamp.read_text() == views_signature(data_dir)
 
 
-def create_views(con: duckdb.DuckDBPyConnection, runs: Path) -> None:
-    """The catalog's views over every run's files, in `con` (the catalog file, or memory)."""
+def catalog_files(runs: Path) -> dict[str, list[Path]]:
+    """The files of each view: every run's table, and its manifest for `runs` (os.scandir: every
+    `conductor sql` lists them, and pathlib's glob took 10 times as long)."""
+    view_of = {f"{name}.parquet": name for name in schemas.TABLES} | {"manifest.json": "runs"}
+    files: dict[str, list[str]] = {name: [] for name in view_of.values()}
+    try:
+        folders = [e.path for e in os.scandir(runs) if e.is_dir()]
+    except FileNotFoundError:
+        folders = []
+    for folder in folders:
+        try:
+            with os.scandir(folder) as entries:
+                for e in entries:
+                    if e.name in view_of and e.is_file():
+                        files[view_of[e.name]].append(e.path)
+        except (FileNotFoundError, NotADirectoryError):  # deleted meanwhile
+            continue
+    return {name: [Path(f) for f in sorted(fs)] for name, fs in files.items()}
+
+
+def create_views(con: duckdb.DuckDBPyConnection, runs: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
+    """The catalog's views over every run's files, in `con` (the catalog file, or memory).
+
+    One damaged file made its whole view fail, for every run: a file whose Parquet footer (or
+    manifest) does not read is left out, and `warn` (default: standard error) names it and what
+    to do. Returns the files left out."""
     con.execute("SET TimeZone = 'UTC'")
-    for name in schemas.TABLES:
-        pattern = runs / "*" / f"{name}.parquet"
-        if any(runs.glob(f"*/{name}.parquet")):
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS "
-                        f"SELECT * FROM read_parquet({_q(pattern)}, union_by_name = true)")
-        else:
+    left_out: list[tuple[Path, str]] = []
+    for name, files in catalog_files(runs).items():
+        good = []
+        for f in files:
+            why = file_damage(f)
+            if why is None:
+                good.append(f)
+            elif f.exists():  # not a run folder deleted meanwhile
+                left_out.append((f, why))
+        if not good:
             con.execute(f"DROP VIEW IF EXISTS {name}")
-    if any(runs.glob("*/manifest.json")):
-        con.execute(f"""CREATE OR REPLACE VIEW runs AS
-            SELECT run_id, status, created_at, updated_at, inputs, summary
-            FROM read_json({_q(runs / '*' / 'manifest.json')}, format='auto', union_by_name=true,
-                           columns={{run_id: 'VARCHAR', status: 'VARCHAR', created_at: 'TIMESTAMPTZ',
-                                     updated_at: 'TIMESTAMPTZ', inputs: 'JSON', summary: 'JSON'}})""")
-    _job_views(con, runs)
+            continue
+        # The pattern while every file reads, so other DuckDB clients see new runs without a refresh
+        source = (_q(runs / "*" / files[0].name) if len(good) == len(files)
+                  else "[" + ", ".join(_q(f) for f in good) + "]")
+        if name == "runs":
+            con.execute(f"""CREATE OR REPLACE VIEW runs AS
+                SELECT run_id, status, created_at, updated_at, inputs, summary
+                FROM read_json({source}, format='auto', union_by_name=true,
+                               columns={{run_id: 'VARCHAR', status: 'VARCHAR', created_at: 'TIMESTAMPTZ',
+                                         updated_at: 'TIMESTAMPTZ', inputs: 'JSON', summary: 'JSON'}})""")
+        else:
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({source}, union_by_name = true)")
+    left_out += _job_views(con, runs)
+    if left_out:
+        (warn or _warn)(left_out_note(left_out))
+    return [f for f, _ in left_out]
+
+
+def left_out_note(left_out: list[tuple[Path, str]], shown: int = 10) -> str:
+    """Which damaged files the catalog left out, why, and what to do about each."""
+    lines = [f"  {f} ({why}): {damage_advice(f)}" for f, why in left_out[:shown]]
+    if len(left_out) > shown:
+        lines.append(f"  and {len(left_out) - shown} more")
+    return (f"the catalog leaves out {len(left_out)} damaged file(s), so the views lack their runs' rows "
+            f"until each is fixed:\n" + "\n".join(lines))
+
+
+def _warn(note: str) -> None:
+    print(f"conductor: {note}", file=sys.stderr)
 
 
 def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
@@ -281,14 +411,14 @@ def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
         if not (m.parent / "records.parquet").exists():
             continue
         try:
-            manifest = orjson.loads(m.read_bytes())
-        except orjson.JSONDecodeError:
+            manifest = load_manifest(m)
+        except (OSError, ValueError):  # left out of the runs view, and named, by create_views
             continue
         job = manifest.get("job")
         if not isinstance(job, dict) or not job.get("name"):
             continue
         entry = jobs.setdefault(job["name"], {"id_column": None, "files": []})
-        entry["files"].append((manifest.get("created_at") or "", str(m.parent / "records.parquet"),
+        entry["files"].append((str(manifest.get("created_at") or ""), str(m.parent / "records.parquet"),
                                job.get("definition"), job.get("id_column")))
     for entry in jobs.values():
         newest = max(entry["files"])
@@ -297,13 +427,21 @@ def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
     return jobs
 
 
-def _job_views(con: duckdb.DuckDBPyConnection, runs: Path) -> None:
-    """One view per enrichment job: the records of its newest run."""
+def _job_views(con: duckdb.DuckDBPyConnection, runs: Path) -> list[tuple[Path, str]]:
+    """One view per enrichment job: the records of its newest run. A job whose newest records
+    are damaged gets none (its older runs' would pass for today's); returns those files."""
+    left_out = []
     for name, entry in job_runs(runs).items():
         if name in schemas.TABLES or name == "runs" or not entry["id_column"]:
             continue
+        damaged = [(Path(f), why) for f in entry["files"] if (why := file_damage(Path(f))) is not None]
+        if damaged:
+            left_out += damaged
+            con.execute(f'DROP VIEW IF EXISTS "{name}"')
+            continue
         files = "[" + ", ".join(_q(f) for f in entry["files"]) + "]"
         con.execute(f"""CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM read_parquet({files})""")
+    return left_out
 
 
 def _q(path: Path | str) -> str:

@@ -635,6 +635,8 @@ def test_ctrl_c_or_sigterm_stops_quietly_and_the_rerun_resumes(tmp_path, fresh_s
     _, err = p.communicate(timeout=60)
     assert p.returncode == code and f"{said}; rerun the same command to resume" in err, err
     assert "Unclosed" not in err and "Traceback" not in err, err  # the HTTP sessions were closed
+    manifest = next((tmp_path / "data").glob("runs/*/manifest.json"))
+    assert orjson.loads(manifest.read_bytes())["status"] == "interrupted"  # not `executing`, as if it ran
     assert "waiting up to 20 s for" in err and "call(s) in flight so their answers are kept" in err, err
     r = run_cli(*cmd[3:])
     assert r.returncode == 0 and "(resumed)" in r.stdout, r.stdout + r.stderr
@@ -867,7 +869,8 @@ def test_dagster_endpoint_down_mid_run_fails_the_check_and_rematerializing_finis
 
 def test_a_damaged_run_file_or_catalog_is_named_and_runs_still_finish(tmp_path, fresh_sim, sample_queries):
     """A truncated Parquet under runs/ broke every later run at the catalog refresh (after its
-    work was done) and every `conductor sql`; a garbage catalog file was called 'held'."""
+    work was done) and every `conductor sql`; a garbage catalog file was called 'held'. The
+    catalog now leaves the file out and names it (audit 33)."""
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
     data = tmp_path / "data"
     broken = data / "runs" / "broken"
@@ -875,9 +878,10 @@ def test_a_damaged_run_file_or_catalog_is_named_and_runs_still_finish(tmp_path, 
     (broken / "plans.parquet").write_bytes(b"PAR1x")
     r = run_cli("run", _queries(tmp_path, sample_queries, 4), "--pool", pool, "--data-dir", data, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr  # the run's own outputs are complete
-    assert "not refreshed: the catalog" in r.stdout and "move the damaged file away" in r.stdout
-    r = run_cli("sql", "SELECT 1", "--data-dir", data)
-    assert r.returncode == 2 and "broken/plans.parquet" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "leaves out 1 damaged file(s)" in r.stdout and "broken/plans.parquet" in r.stdout, r.stdout
+    r = run_cli("sql", "SELECT count(*) FROM plans", "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.split() == ["count_star()", "4"], r.stdout + r.stderr
+    assert "broken/plans.parquet" in r.stderr and "mv " in r.stderr and "Traceback" not in r.stderr, r.stderr
     (broken / "plans.parquet").unlink()
     broken.rmdir()
     (data / "conductor.duckdb").write_bytes(b"not a database at all" * 100)

@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from conductor.cli.render import run_summary
-    from conductor.failures import failed_plans, format_failures, max_failed_share, too_many_failed
+    from conductor.failures import failed_plans, format_failures, max_failed_share
     from conductor.rewards import RewardScheme
     from conductor.runner import RunConfig, run_all
 
@@ -71,15 +71,15 @@ def main(args: argparse.Namespace) -> int:
         planner_options["model"] = args.planner_model
     if args.planner == "vllm" and "model" not in planner_options:
         raise ConductorError("--planner vllm needs --planner-model (a model path or name vLLM can load)")
+    threshold = max_failed_share(args.max_failed_share)
     cfg = RunConfig(
         queries=args.queries, pool=args.pool, data_dir=args.data_dir, run_id=args.run_id,
         samples=args.samples, planner=args.planner, planner_options=planner_options, seed=args.seed,
         max_steps=args.max_steps, max_depth=args.max_depth, cache=not args.no_cache, refresh=args.refresh,
         budget_usd=args.budget, retry_failed=args.retry_failed,
         rewards=RewardScheme(cost_penalty=args.cost_penalty), progress=not args.quiet,
-        store=store_url(args.store),
+        store=store_url(args.store), max_failed_share=threshold,
     )
-    threshold = max_failed_share(args.max_failed_share)
     summary = run_all(cfg)
     print(run_summary(summary))
     if summary.get("failures"):
@@ -87,14 +87,14 @@ def main(args: argparse.Namespace) -> int:
     if summary.get("invalid_plans"):
         print("\ninvalid plans (no step ran), most common reasons:\n" + "\n".join(
             f"  {g['plans']} plan(s): {g['error']}" for g in summary["invalid_plans"]))
-    if too_many_failed(summary["statuses"], threshold):
+    if summary["exit_code"] == 4:  # decided, and kept in the summary, by the run (runner.exit_code)
         failed, total = failed_plans(summary["statuses"])
         print(f"\nconductor: {failed} of {total} plans failed ({failed / total:.1%}, more than "
               f"{threshold:.1%}). Fix the cause above and rerun the same command: finished steps are kept, and "
               f"transient failures are retried (each plan on up to 3 reruns; then --retry-failed).", file=sys.stderr)
         return 4
-    blocked = summary["statuses"].get("budget_exhausted", 0)
-    if blocked:
+    if summary["exit_code"] == 3:
+        blocked = summary["statuses"].get("budget_exhausted", 0)
         print(f"\n{blocked} plan(s) stopped by a budget. Raise it (pool file or --budget) and rerun the "
               f"same command: finished work is kept and only those plans run.")
         return 3

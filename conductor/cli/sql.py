@@ -74,8 +74,11 @@ def main(args: argparse.Namespace) -> int:
                 rel.show(max_rows=args.max_rows, max_width=args.max_width)
         else:
             _stream(con.execute(query), args.format)
-    except duckdb.Error as e:
-        raise ConductorError(f"SQL error: {e}") from None
+    except duckdb.Error as e:  # a file damaged since the catalog last read its footer: say which, and what to do
+        from conductor.store import damaged_file_advice
+
+        advice = damaged_file_advice(str(e))
+        raise ConductorError(f"SQL error: {e}" + (f"; {advice}" if advice else "")) from None
     finally:
         con.close()
     return 0
