@@ -293,6 +293,21 @@ def test_a_complete_run_removes_its_journal_unless_asked_to_keep_it(sim, tmp_pat
     assert (kept_dir / "work" / "steps.jsonl").exists()
 
 
+def test_a_damaged_manifest_of_an_earlier_run_stops_the_job_clearly(sim, tmp_path):
+    """The next run reads earlier runs' manifests to find records to reuse: a damaged one ended
+    `conductor job run` in a traceback. Skipping it could pay for those rows again unseen."""
+    data = tmp_path / "data"
+    path = variant(QA_JOB, tmp_path, "qa_damaged", rows=questions(10))
+    first = run_job(load_job(path), data_dir=data, progress=False)
+    manifest = data / "runs" / first["run_id"] / "manifest.json"
+    manifest.write_text('{"run_id": "cut sh')
+    sim.reset()
+    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{manifest} is damaged (not JSON" in r.stderr and "move the run folder out of" in r.stderr, r.stderr
+    assert sim.log()["total"] == 0  # nothing paid again
+
+
 def test_a_second_run_of_the_same_job_is_refused_while_the_first_runs(sim, tmp_path):
     """Two runs of one job on one data folder would both compute, and pay for, the same rows."""
     import os

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor.enrich.job import Job
+from conductor.errors import ConductorError
+from conductor.store import damage_advice, load_manifest
 
 OK = "ok"  # a valid record
 ABANDONED = "abandoned"  # an interrupted run a later run of other rows superseded
@@ -26,7 +27,7 @@ def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> st
         folder = m.parent
         if (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
             continue
-        manifest = orjson.loads(m.read_bytes())
+        manifest = _manifest(m)
         if manifest.get("job") == info and manifest.get("status") != ABANDONED:
             found.append((manifest.get("created_at") or "", folder))
     for _, folder in sorted(found, reverse=True):
@@ -34,6 +35,15 @@ def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> st
         if ids == todo:
             return folder.name
     return None
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    """A run's manifest, or a clear error: skipping a damaged one could miss the run to resume or
+    the records to reuse, and pay for those rows again without a word."""
+    try:
+        return load_manifest(path)
+    except ValueError as e:
+        raise ConductorError(f"{path} is damaged ({e}); {damage_advice(path)}") from None
 
 
 def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict[str, Any]]:
@@ -51,8 +61,8 @@ def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict
         if folder.name == run_id or (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
             continue
         try:
-            manifest = orjson.loads(m.read_bytes())
-        except orjson.JSONDecodeError:  # a damaged manifest is named by the catalog refresh, not here
+            manifest = load_manifest(m)
+        except ValueError:  # a damaged manifest is named by the catalog refresh, not here
             continue
         if (manifest.get("job") or {}).get("name") != job_name or manifest.get("status") == ABANDONED:
             continue
@@ -112,7 +122,7 @@ def _newest_records(data_dir: Path, job: Job, definition: str, exclude: str) -> 
     for m in runs.glob("*/manifest.json") if runs.exists() else ():
         if m.parent.name == exclude or not (m.parent / "records.parquet").exists():
             continue
-        manifest = orjson.loads(m.read_bytes())
+        manifest = _manifest(m)
         info = manifest.get("job") or {}
         if info.get("name") == job.name and info.get("definition") == definition:
             found.append((manifest.get("created_at") or "", m.parent.name, m.parent / "records.parquet"))
