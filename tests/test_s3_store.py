@@ -100,6 +100,29 @@ def test_a_run_writes_its_tables_to_the_store_and_sql_answers_from_them(tmp_path
 
 
 @pytest.mark.slow
+def test_a_damaged_object_on_the_store_is_left_out_and_named(tmp_path, s3, fresh_sim, sample_queries):
+    """One damaged object made `conductor sql --store` fail for every run."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    store = "s3://conductor-test/damaged"
+    assert run_cli(*run_args(sample_queries, pool, tmp_path / "machine-a", store)).returncode == 0
+    objects = ObjectStore(store)
+    bad = tmp_path / "garbage"
+    bad.write_bytes(b"not parquet at all")
+    objects.put(bad, "runs", "other", "results.parquet")
+    bad.write_bytes(b'{"run_id": "oth')
+    objects.put(bad, "runs", "other", "manifest.json")
+    q = run_cli("sql", "SELECT run_id, count(*) AS n FROM results GROUP BY ALL", "--store", store, "--format", "csv",
+                "--data-dir", tmp_path / "elsewhere")
+    assert q.returncode == 0 and q.stdout.splitlines() == ["run_id,n", "s3run,60"], q.stdout + q.stderr
+    assert "leaves out 2 damaged object(s)" in q.stderr and "other/results.parquet" in q.stderr, q.stderr
+    assert "other/manifest.json (not JSON" in q.stderr, q.stderr
+    q = run_cli("sql", "SELECT run_id FROM runs", "--store", store, "--format", "csv")
+    assert q.returncode == 0 and q.stdout.splitlines() == ["run_id", "s3run"], q.stdout + q.stderr
+
+
+@pytest.mark.slow
 def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path, s3, fresh_sim, sample_queries):
     from conductor.execute.shared.objects import ObjectStore
 

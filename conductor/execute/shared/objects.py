@@ -389,16 +389,30 @@ def catalog(store: ObjectStore):
 
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
+    left_out: list[str] = []  # one damaged object must not take its whole view down for every run
     for name, paths in store.table_files().items():
-        schemas = [pq.read_schema(p, filesystem=store.fs) for p in paths]
-        con.register(name, ds.dataset(paths, schema=pa.unify_schemas(schemas, promote_options="permissive"),
-                                      filesystem=store.fs, format="parquet"))
+        schemas, good = [], []
+        for p in paths:
+            try:
+                schemas.append(pq.read_schema(p, filesystem=store.fs))
+                good.append(p)
+            except (OSError, pa.ArrowException) as e:
+                left_out.append(f"{p} ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})")
+        if good:
+            con.register(name, ds.dataset(good, schema=pa.unify_schemas(schemas, promote_options="permissive"),
+                                          filesystem=store.fs, format="parquet"))
     manifests = []
     sel = store._pafs.FileSelector(store.path("runs"), recursive=True, allow_not_found=True)
     for info in store.fs.get_file_info(sel):
         if info.path.endswith("/manifest.json") and info.path.count("/") == store.path("runs").count("/") + 2:
             with store.fs.open_input_stream(info.path) as f:
-                m = orjson.loads(f.read())
+                try:
+                    m = orjson.loads(f.read())
+                except orjson.JSONDecodeError as e:
+                    m = f"not JSON: {e}"
+            if not isinstance(m, dict):
+                left_out.append(f"{info.path} ({m if isinstance(m, str) else 'not a JSON object'})")
+                continue
             manifests.append({"run_id": m.get("run_id"), "status": m.get("status"),
                               "created_at": m.get("created_at"), "updated_at": m.get("updated_at"),
                               "inputs": orjson.dumps(m.get("inputs")).decode(),
@@ -408,4 +422,10 @@ def catalog(store: ObjectStore):
         con.execute("""CREATE VIEW runs AS SELECT run_id, status, created_at::TIMESTAMPTZ AS created_at,
             updated_at::TIMESTAMPTZ AS updated_at, inputs::JSON AS inputs, summary::JSON AS summary
             FROM _manifests""")
+    if left_out:
+        import sys
+
+        print(f"conductor: the store's catalog leaves out {len(left_out)} damaged object(s), so the views lack "
+              f"their runs' rows; replace or delete each: " + "; ".join(left_out[:10])
+              + (f"; and {len(left_out) - 10} more" if len(left_out) > 10 else ""), file=sys.stderr)
     return con
