@@ -194,11 +194,18 @@ def finalize_journal(run: RunDir) -> None:
         (run.work / name).touch()
     con = _scratch(run)
     try:
+        # A step tried again (a rerun, --retry-failed) keeps its latest row, charged what every try of it
+        # was billed: a refused or invalid answer before is paid all the same. A paid call of unknown
+        # price stays null.
         con.execute(f"""
             CREATE TEMP VIEW steps AS
-            SELECT * EXCLUDE (_seq) FROM read_json({_q(run.work / STEPS_FILE)}, format='newline_delimited',
-                maximum_object_size={MAX_LINE_BYTES},
-                columns={_struct(steps_cols)}, ignore_errors=true)
+            SELECT * EXCLUDE (_seq, _paid) REPLACE (
+                CASE WHEN cost_usd IS NULL AND attempts > 0 AND (status = 'ok' OR prompt_tokens IS NOT NULL)
+                     THEN NULL ELSE _paid END AS cost_usd)
+            FROM (SELECT *, sum(cost_usd) OVER (PARTITION BY plan_id, step_path) AS _paid
+                  FROM read_json({_q(run.work / STEPS_FILE)}, format='newline_delimited',
+                                 maximum_object_size={MAX_LINE_BYTES},
+                                 columns={_struct(steps_cols)}, ignore_errors=true))
             QUALIFY row_number() OVER (PARTITION BY plan_id, step_path ORDER BY _seq DESC) = 1""")
         con.execute(f"""
             CREATE TEMP VIEW plan_rows AS

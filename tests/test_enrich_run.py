@@ -217,6 +217,25 @@ def test_malformed_json_every_row_valid_or_explicit_failure(sim, tmp_path):
     assert set(rec.column("status").to_pylist()) == {"ok"}
 
 
+def test_a_refused_repair_keeps_what_the_first_reply_cost(sim, tmp_path):
+    """A repair call refused (billed, no content) was written under the first call's path,
+    replacing its row: the paid invalid first reply dropped out of the job's cost."""
+    from conductor.pool import load_pool
+
+    job = load_job(variant(QA_JOB, tmp_path, "qa_refused_repairs", rows=questions(40)))
+    sim.set_faults("*", malformed_json=1.0, refusal_rate=0.5)
+    s = run_job(job, data_dir=tmp_path / "data", progress=False)
+    traces = pq.read_table(Path(s["records_path"]).with_name("traces.parquet")).to_pylist()
+    refused = [t for t in traces if t["step_path"].endswith(".repair") and t["status"] == "error"]
+    assert refused and all("no text content" in t["error"] and t["cost_usd"] > 0 for t in refused)
+    first = {(t["plan_id"], t["step_path"]) for t in traces if t["status"] == "invalid"}
+    assert {(t["plan_id"], t["step_path"][:-len(".repair")]) for t in refused} <= first
+    prices = {w.model.split("/", 1)[1]: w.price for w in load_pool(SIM_POOL).workers if w.price and w.model}
+    billed = sum(p * prices[m].input + c * prices[m].output for m, (p, c) in sim.log()["billed_tokens"].items())
+    assert sum(t["cost_usd"] or 0 for t in traces) == pytest.approx(billed, rel=1e-9)
+    assert s["cost_usd"] == pytest.approx(billed, rel=1e-9)
+
+
 # ---- incremental runs -------------------------------------------------------------
 
 def test_rerun_sends_only_new_rows_template_change_and_full_refresh_send_all(sim, tmp_path):

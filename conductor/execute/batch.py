@@ -114,10 +114,9 @@ class Batches:
                 return resp, attempts + 1, time.monotonic() - t0
             except CallFailure as f:
                 attempts += 1
-                if not f.retryable or attempts >= provider.max_attempts or f.usage is not None:
+                if not f.retryable or attempts >= provider.max_attempts or f.charged is not None:
                     raise StepFailed("error", ex._failure_message(worker, provider, f, attempts), attempts,
-                                     kind="not_found" if f.status == 404 else f.kind,
-                                     cost=f.cost_usd if f.usage is not None else None, tokens=f.usage) from None
+                                     kind="not_found" if f.status == 404 else f.kind, billed=f.charged) from None
                 ex.progress.c.retries += 1
                 if provider.batch_retry == "online":
                     return await ex._call_with_retries(worker, messages, params, key, attempts_before=attempts)
@@ -444,10 +443,10 @@ class Batches:
                     if batch.reservation is None and cost:
                         ex.ledger.record(provider.id, cost)
             elif isinstance(got, CallFailure) and waiter is not None:
-                billed = ex._billed(worker, got, waiter.messages, waiter.params)
+                billed = ex._billed(worker, got, waiter.messages, waiter.params, key)
                 if billed is not None:  # an answer that cannot be kept, billed all the same
                     cost = None if billed.cost is None else billed.cost * provider.batch_price_factor
-                    got.usage, got.cost_usd = billed.tokens, cost
+                    got.charged = replace(billed, cost=cost)
                     paid += cost or 0.0
                     ex.progress.c.usd += cost or 0.0
                     if batch.reservation is None and cost:

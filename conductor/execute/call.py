@@ -89,16 +89,19 @@ class CallFailure(Exception):
         self.retry_after = retry_after
         self.rate: Any = None  # x-ratelimit-* headers sent with the failure (openai_http.RateHeaders)
         self.headers_seen = False  # True when the response's headers were read (the direct client)
-        # (prompt, completion) tokens a 200 without a usable answer reported (a refusal, a content
-        # filter): the provider bills them, so the executor charges them though nothing is kept
+        # A 200 without a usable answer (a refusal, a content filter, an answer past the limits) was
+        # billed all the same: the executor charges it though nothing is kept, at the usage it
+        # reported (prompt, completion), else at the request's bounds, as an answer without usage.
+        self.billed = False
         self.usage: tuple[int, int] | None = None
         self.cost_usd: float | None = None  # what the server says that answer cost (x-conductor-cost-usd)
+        self.charged: Any = None  # what the executor charged for it (failure.Billed), for batch lines
 
     def reworded(self, message: str) -> "CallFailure":
         """The same failure with another message (redacted again), keeping what it carries."""
         again = CallFailure(self.kind, message, self.status, self.retry_after)
         again.rate, again.headers_seen = self.rate, self.headers_seen
-        again.usage, again.cost_usd = self.usage, self.cost_usd
+        again.billed, again.usage, again.cost_usd, again.charged = self.billed, self.usage, self.cost_usd, self.charged
         return again
 
     @property
@@ -157,11 +160,12 @@ def answer_text(content: Any, why_none: Any = None) -> str:
 
 @contextmanager
 def billed_if_unusable(prompt_tokens: int | None, completion_tokens: int | None, cost_header: Any) -> Iterator[None]:
-    """A 200 whose answer cannot be kept still reported what it used: the CallFailure
-    carries that usage (and any server-reported cost), so the call is charged."""
+    """A 200 whose answer cannot be kept was billed: the CallFailure says so, with the usage it
+    reported (and any server-reported cost), so the call is charged."""
     try:
         yield
     except CallFailure as f:
+        f.billed = True
         if prompt_tokens is not None and completion_tokens is not None:
             f.usage = (prompt_tokens, completion_tokens)
         f.cost_usd = _usd(cost_header)

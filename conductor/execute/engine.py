@@ -40,7 +40,7 @@ from conductor.execute.limits import ProviderLimiter
 from conductor.execute.openai_http import OpenAIEndpoint, direct_model
 from conductor.execute.prices import call_cost, resolve_price
 from conductor.execute.reserve import SpaceReserve
-from conductor.execute.failure import Aborted, StepFailed
+from conductor.execute.failure import Aborted, Billed, StepFailed
 from conductor.execute.structured import combine_records, records_agree, structured_call
 from conductor.grading import answers_agree
 from conductor.masking import mask
@@ -88,14 +88,6 @@ class ExecOptions:
 
 # A worker of kind "function" runs locally: (function name, step, granted outputs in order, task) -> text.
 FunctionRunner = Callable[[str, Step, list[str], "str | None"], str]
-
-
-@dataclass(frozen=True)
-class Billed:
-    """What a call that failed was billed for (see Executor._billed)."""
-
-    cost: float | None  # None: no known price
-    tokens: tuple[int, int]  # prompt, completion
 
 
 @dataclass
@@ -575,7 +567,7 @@ class Executor:
                         finally:
                             self._sending -= 1
                 except CallFailure as f:
-                    billed = self._billed(worker, f, messages, params)
+                    billed = self._billed(worker, f, messages, params, key)
                     limiter.settle_tokens(est_tokens, sum(billed.tokens) if billed else 0)
                     self._observe(limiter, provider, f.rate)
                     if billed is not None:  # an answer that cannot be kept, paid all the same
@@ -593,7 +585,7 @@ class Executor:
                     if not f.retryable or attempt >= provider.max_attempts or too_long or billed is not None:
                         raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
                                          attempt, kind="not_found" if f.status == 404 else f.kind,
-                                         cost=billed and billed.cost, tokens=billed and billed.tokens) from None
+                                         billed=billed) from None
                     self.progress.c.retries += 1
                     await asyncio.sleep(self._backoff(attempt, f, limiter))
                     continue
@@ -661,16 +653,18 @@ class Executor:
                        usage_estimated=True, warning="reported usage clamped: " + "; ".join(over))
 
     def _billed(self, worker: Worker, f: CallFailure, messages: list[dict[str, str]],
-                params: dict[str, Any]) -> Billed | None:
+                params: dict[str, Any], key: str) -> Billed | None:
         """What a failed call was billed: a 200 whose answer could not be kept (a refusal, a
-        content filter, an answer past the limits) that reported its usage or cost; None
-        for a failure the provider does not bill (an error status, a dropped connection)."""
-        if f.usage is None and f.cost_usd is None:
+        content filter, an answer past the limits), charged as an answer would be: its
+        reported usage, clamped, else the request's bounds; None for a failure the provider
+        does not bill (an error status, a dropped connection)."""
+        if not f.billed:
             return None
         pt, ct = f.usage if f.usage is not None else (0, 0)
         resp = self._clamped(CallResponse("", pt, ct, False, False, cost_usd=f.cost_usd,
                                           usage_reported=f.usage is not None), messages, params)
-        return Billed(self._cost(worker, resp), (resp.prompt_tokens, resp.completion_tokens))
+        return Billed(self._cost(worker, resp), (resp.prompt_tokens, resp.completion_tokens),
+                      resp.usage_estimated, key)
 
     def _cost(self, worker: Worker, resp: CallResponse) -> float | None:
         """The call's cost: what the server reported (a recorded cost), else tokens x price."""
@@ -792,10 +786,9 @@ class Executor:
             try:
                 sub = await self.replanner(self, req)
             except StepFailed as f:
-                billed = f.row is None  # else the planning call's own row holds what it cost
+                # the planning call's own row, if written, holds what it cost
                 raise StepFailed(f.status, f"worker {step.worker}: re-planning step {path} failed: {f}",
-                                 f.attempts, kind=f.kind, cost=f.cost if billed else None,
-                                 tokens=f.tokens if billed else None) from None
+                                 f.attempts, kind=f.kind, billed=f.billed if f.row is None else None) from None
             except Exception as e:  # a bad sub-plan fails this step, not the batch
                 raise StepFailed("error", f"worker {step.worker}: re-planning step {path} failed: "
                                           f"{type(e).__name__}: {e}") from None
@@ -852,9 +845,9 @@ class Executor:
                   started: float | None = None, ended: float | None = None, cache_hit: bool = False,
                   extra: dict[str, Any] | None = None, model: str | None = None,
                   failure: str | None = None, out: list[dict[str, Any]] | None = None,
-                  tokens: tuple[int, int] | None = None) -> dict[str, Any]:
+                  tokens: tuple[int, int] | None = None, usage_estimated: bool | None = None) -> dict[str, Any]:
         """Write a step's trace row (or add it to `out`, for the caller to write with others).
-        `tokens`: a failed call's billed usage, when there is no entry."""
+        `tokens`, `usage_estimated`: a failed call's billed usage, when there is no entry."""
         worker = worker or self.pool.worker(step.worker)
         now = ended or time.time()
         if status not in ("ok", "skipped"):
@@ -869,7 +862,7 @@ class Executor:
             "cache_hit": cache_hit,
             "prompt_tokens": entry.prompt_tokens if entry else tokens and tokens[0],
             "completion_tokens": entry.completion_tokens if entry else tokens and tokens[1],
-            "usage_estimated": entry.usage_estimated if entry else None,
+            "usage_estimated": entry.usage_estimated if entry else usage_estimated,
             "cost_usd": cost,
             "original_cost_usd": entry.cost_usd if entry else None,
             "latency_s": round(entry.latency_s, 6) if entry else None,
@@ -894,8 +887,11 @@ class Executor:
         with what its call was billed."""
         if f.row is not None:
             return f.row
+        b = f.billed
         return self._log_step(job, path, depth, step, worker=worker, status=f.status, error=str(f),
-                              attempts=f.attempts, extra=f.extra, failure=f.kind, cost=f.cost, tokens=f.tokens)
+                              attempts=f.attempts, extra=f.extra, failure=f.kind,
+                              **({} if b is None else {"cost": b.cost, "tokens": b.tokens, "request_key": b.request_key,
+                                                       "usage_estimated": b.estimated}))
 
     def _stamp(self, t: float) -> str:
         """`_ts(t)`, remembered for the last few times: rows served from the cache in

@@ -76,8 +76,13 @@ async def structured_call(ex: "Executor", job: "PlanJob", path: str, depth: int,
         if f.status != "invalid" or "text" not in bad:
             raise
     fix = repair_messages(msgs, bad["text"], bad["error"], spec.schema)
-    return await ex.call_worker(job, f"{path}.repair", depth, step, worker, fix, params=params,
-                                accept=accept("the repaired reply was still not a valid record"))
+    try:
+        return await ex.call_worker(job, f"{path}.repair", depth, step, worker, fix, params=params,
+                                    accept=accept("the repaired reply was still not a valid record"))
+    except StepFailed as f:  # its own row: under the step's path it would replace the first call's, and its cost
+        if f.row is None:
+            f.row = ex.log_failure(job, f"{path}.repair", depth, step, f, worker=worker)
+        raise
 
 
 def combine_records(name: str, outputs: list[str | None]) -> str:
