@@ -210,7 +210,7 @@ def bind_planner(run: Run, planner: Any) -> None:
         cfg = run.config
         planner.bind(work_dir=planning_dir(run), cache_path=_cache_path(cfg) if cfg.cache else None,
              run_id=run.dir.run_id, seed=cfg.seed, refresh=cfg.refresh, budget_usd=cfg.budget_usd,
-             progress=cfg.progress)
+             progress=cfg.progress, retry_failed=cfg.retry_failed)
 
 
 def close_planner(planner: Any) -> None:

@@ -154,6 +154,20 @@ def test_a_query_the_planner_always_fails_is_final_after_three_reruns(sim, tmp_p
     assert all(n == 1 for i, n in planner.asked.items() if i != 0)  # finished planning is never asked again
 
 
+def test_a_query_whose_planning_failed_for_good_is_not_asked_again_by_a_rerun(sim, tmp_path, queries, planner):
+    """While another query's 503 keeps planning unfinished, each rerun asked (and paid for) the
+    refused query again."""
+    planner.replies = {0: (200, completion(None)), 1: (503, b'{"error": {"message": "overloaded"}}')}
+    for attempt in range(1, 4):
+        with pytest.raises(ConductorError, match="rerun the same command"):
+            run(tmp_path, sim, planner, queries, run_id="r")
+        assert planner.asked == {**{i: 1 for i in range(len(planner.questions)) if i != 1}, 1: attempt}
+    summary, plans = run(tmp_path, sim, planner, queries, run_id="r")
+    assert planner.asked[0] == 1 and planner.asked[1] == 4
+    errors = {p["query_index"]: p["error"] for p in plans if not p["valid"]}
+    assert set(errors) == {0, 1} and "no text content" in errors[0] and "final" in errors[0]
+
+
 def test_a_refused_planning_call_is_charged_what_it_used(sim, tmp_path, queries, planner):
     """A 200 with no content (a refusal, a content filter) is billed: the plan is invalid,
     and planning's cost holds the call's usage at the planner's price."""

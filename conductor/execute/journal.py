@@ -141,11 +141,16 @@ def unpriced_calls(folder: Path) -> int:
                and (row["status"] == "ok" or row.get("prompt_tokens") is not None))
 
 
-def transient_failures(folder: Path) -> Counter[str]:
-    """Plan id -> calls of it that failed transiently, over every run that wrote this journal
-    (an LLM planner's calls, which have no plan lines of their own)."""
-    return Counter(row["plan_id"] for row in _read(folder / STEPS_FILE)
-                   if row["status"] == "error" and row.get("failure") in TRANSIENT_KINDS - {"budget"})
+def step_failures(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """Plan id -> its failed step rows since its last answered one, over every run that wrote this
+    journal (an LLM planner's calls, which have no plan lines of their own)."""
+    failed: dict[str, list[dict[str, Any]]] = {}
+    for row in _read(folder / STEPS_FILE):
+        if row["status"] == "ok":
+            failed.pop(row["plan_id"], None)
+        elif row["status"] != "skipped":
+            failed.setdefault(row["plan_id"], []).append(row)
+    return failed
 
 
 def retries_used_up(folder: Path) -> set[str]:

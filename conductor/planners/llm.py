@@ -36,7 +36,7 @@ from conductor.errors import ConductorError, PoolError
 from conductor.execute.cache import Entry
 from conductor.execute.context import ExecutionContext
 from conductor.execute.engine import ExecOptions, PlanJob, StepFailed
-from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, load_state, transient_failures
+from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, load_state, step_failures
 from conductor.planners import prompt as prompts
 from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema
@@ -98,6 +98,7 @@ class Binding:
     refresh: bool = False
     budget_usd: float | None = None
     progress: bool = False
+    retry_failed: bool = False  # ask again the queries whose planning failed for good
 
 
 class LLMPlanner(PlannerBackEnd):
@@ -252,7 +253,7 @@ class LLMPlanner(PlannerBackEnd):
         provider = exec_pool.provider_of(worker)
         slots = asyncio.Semaphore(c.max_in_flight or max(8, 2 * provider.max_concurrency))
         failures: list[StepFailed] = []
-        failed_before = transient_failures(work)  # by earlier runs of this planning
+        failed_before = {} if b.retry_failed else step_failures(work)  # by earlier runs of this planning
 
         async def one(q: Query, k: int) -> PlanDraft:
             msgs = prompts.messages(q, pool, mode, c.max_steps, instruction_chars=c.instruction_chars,
@@ -263,6 +264,9 @@ class LLMPlanner(PlannerBackEnd):
             got: list[Entry] = []
             info: dict[str, Any] = {"mode": mode, "worker": worker.id, "model": worker.model,
                                     "seed": base_seed + k}
+            if (final := _final_failure(failed_before.get(job.plan_id, []))) is not None:
+                progress.c.plans_done += 1  # failed for good before: not asked (and paid) again
+                return _invalid(prompt_text, final[0], {**info, "status": "error", "failure": final[1]})
             async with slots:
                 try:
                     row = await ex.call_worker(job, "plan", 0, step, worker, msgs,
@@ -271,12 +275,11 @@ class LLMPlanner(PlannerBackEnd):
                 except StepFailed as f:
                     ex.log_failure(job, "plan", 0, step, f, worker=worker)  # what it cost; counted on reruns
                     info.update(status=f.status, failure=f.kind, cost_usd=f.cost)
-                    tries = failed_before[job.plan_id] + 1
-                    if f.kind not in TRANSIENT_KINDS - {"budget"} or tries <= RETRY_TRANSIENT:
+                    tries = 1 + sum(r.get("failure") in RETRIED for r in failed_before.get(job.plan_id, []))
+                    if f.kind not in RETRIED or tries <= RETRY_TRANSIENT:
                         failures.append(f)
                         return _invalid(prompt_text, f"planning call failed: {f}", info)
-                    return _invalid(prompt_text, f"planning call failed on {tries} runs, the last time with: {f} "
-                                                 f"(final: reruns no longer plan this query)", info)
+                    return _invalid(prompt_text, _final_message(tries, str(f)), info)
                 finally:
                     progress.c.plans_done += 1
                     progress.tick()
@@ -308,6 +311,29 @@ class LLMPlanner(PlannerBackEnd):
 # invalid plan for its query, so one bad reply never holds back the rest of the batch.
 RERUN_KINDS = {"rate_limit", "server", "timeout", "connection", "budget"}
 SETUP_KINDS = {"auth", "not_found", "config"}
+
+
+RETRIED = TRANSIENT_KINDS - {"budget"}  # counted towards RETRY_TRANSIENT: a budget stop never ends planning
+
+
+def _final_failure(failed: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """Why (and of what kind) a query's planning failed for good in an earlier run, from its
+    failed rows since its last answer; None when a rerun asks again: a failure a rerun may cure
+    (a transient one, on its first RETRY_TRANSIENT reruns; a budget; a key or model fixed since)."""
+    if not failed:
+        return None
+    last = failed[-1]
+    tries = sum(r.get("failure") in RETRIED for r in failed)
+    if last.get("failure") in RETRIED and tries > RETRY_TRANSIENT:
+        return _final_message(tries, last.get("error") or ""), last["failure"]
+    if last["status"] == "error" and last.get("failure") not in TRANSIENT_KINDS | SETUP_KINDS:
+        return f"planning call failed: {last.get('error')} (final: reruns do not ask again)", last.get("failure")
+    return None
+
+
+def _final_message(tries: int, error: str) -> str:
+    return (f"planning call failed on {tries} runs, the last time with: {error} (final: reruns no longer plan "
+            f"this query)")
 
 
 def _stop_on(failures: list[StepFailed], n: int) -> None:
