@@ -67,6 +67,16 @@ def fresh_sim(sim):
     return sim
 
 
+PRICE_IN, PRICE_OUT = 1.0e-6, 2.0e-6  # worker()'s prices, per token
+
+
+def first_queries(tmp_path_factory, sample_queries: Path, n: int) -> Path:
+    """The first n queries of the sample set, for a module's runs."""
+    out = tmp_path_factory.mktemp(f"first{n}") / f"q{n}.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, n), out)
+    return out
+
+
 def worker(name: str, url: str, provider: str = "sim", **extra) -> dict:
     return {"id": name, "model": f"openai/{name}", "provider": provider, "api_base": url,
             "description": f"simulated {name}", "price": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},

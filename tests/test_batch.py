@@ -14,16 +14,11 @@ import yaml
 
 from conductor.errors import PoolError
 from conductor.pool import load_pool
-from tests.conftest import kill_when_journaled, run_cli, worker
-
-PRICE_IN, PRICE_OUT = 1.0e-6, 2.0e-6  # conftest.worker's prices, per token
-
+from tests.conftest import PRICE_IN, PRICE_OUT, first_queries, kill_when_journaled, run_cli, worker
 
 @pytest.fixture(scope="module")
 def queries(tmp_path_factory, sample_queries):
-    out = tmp_path_factory.mktemp("batchq") / "q20.parquet"
-    pq.write_table(pq.read_table(sample_queries).slice(0, 20), out)
-    return out
+    return first_queries(tmp_path_factory, sample_queries, 20)
 
 
 def batch_pool(path, url, **provider):
