@@ -112,12 +112,13 @@ TRACES_TABLE = Table("traces", [
     Column('completion_tokens', I64, 'as reported by the provider'),
     Column('usage_estimated', BOOL, 'tokens estimated (chars/4)'),
     Column('cost_usd', F64, 'paid for this step (0 for a cache hit or a step skipped by its condition; null when '
-                            'the price is unknown or no answer came: an error, `budget_exhausted`, or skipped after '
-                            'a failed step). A failed step whose answer could not be kept (a refusal or content '
-                            "filter's `content: null`) was billed: it is charged its reported usage, else the "
-                            "request's bounds (`usage_estimated`), with its `prompt_tokens` and `completion_tokens`. "
-                            'A step tried again by a rerun (`--retry-failed`) keeps its latest row, charged what '
-                            'every try of it was billed'),
+                            'the price is unknown or nothing was billed: an error with no answer, '
+                            '`budget_exhausted`, or skipped after a failed step). A failed step whose 200 answer '
+                            "could not be kept (a refusal or content filter's `content: null`, an answer past the "
+                            'size limits) was billed: it is charged its reported usage, clamped to what the request '
+                            "could use, else (none, or none to believe) the request's bounds, with `usage_estimated`, "
+                            '`prompt_tokens` and `completion_tokens`. A step tried again by a rerun '
+                            '(`--retry-failed`) keeps its latest row, charged what every try of it was billed'),
     Column('original_cost_usd', F64, 'what the answer cost when it was first paid for'),
     Column('latency_s', F64, 'duration of the successful request'),
     Column('started_at', TS, 'step start (UTC)'),

@@ -138,6 +138,8 @@ def test_invalid_plans_say_why(tmp_path, fresh_sim, sample_queries):
                 "--planner-model", "openai/fast", "--planner-option", f"api_base={fresh_sim.url}")
     assert r.returncode == 4, r.stdout + r.stderr
     assert "invalid plans (no step ran), most common reasons:\n  3 plan(s): no plan found" in r.stdout, r.stdout
+    # a rerun keeps the plans: the exit message must not promise that rerunning mends them
+    assert "3 of them are invalid plans, which a rerun does not plan again" in r.stderr, r.stderr
 
 
 @pytest.mark.slow  # whole runs through the CLI

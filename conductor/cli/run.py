@@ -89,9 +89,14 @@ def main(args: argparse.Namespace) -> int:
             f"  {g['plans']} plan(s): {g['error']}" for g in summary["invalid_plans"]))
     if summary["exit_code"] == 4:  # decided, and kept in the summary, by the run (runner.exit_code)
         failed, total = failed_plans(summary["statuses"])
+        invalid = summary["statuses"].get("invalid_plan", 0)
+        # a rerun does not plan again (the plans are kept), so it cannot mend an invalid plan
+        unplanned = (f" {invalid} of them are invalid plans, which a rerun does not plan again: fix the cause and "
+                     f"start a new run (another --run-id)." if invalid else "")
         print(f"\nconductor: {failed} of {total} plans failed ({failed / total:.1%}, more than "
               f"{threshold:.1%}). Fix the cause above and rerun the same command: finished steps are kept, and "
-              f"transient failures are retried (each plan on up to 3 reruns; then --retry-failed).", file=sys.stderr)
+              f"transient failures are retried (each plan on up to 3 reruns; then --retry-failed).{unplanned}",
+              file=sys.stderr)
         return 4
     if summary["exit_code"] == 3:
         blocked = summary["statuses"].get("budget_exhausted", 0)
