@@ -195,17 +195,18 @@ def finalize_journal(run: RunDir) -> None:
     con = _scratch(run)
     try:
         # A step tried again (a rerun, --retry-failed) keeps its latest row, charged what every try of it
-        # was billed: a refused or invalid answer before is paid all the same. A paid call of unknown
-        # price stays null.
+        # was billed: a refused or invalid answer before is paid all the same. `_unpriced`: some try was
+        # a billed call of unknown price, so the sum is unknown too (null).
         con.execute(f"""
             CREATE TEMP VIEW steps AS
-            SELECT * EXCLUDE (_seq, _paid) REPLACE (
-                CASE WHEN cost_usd IS NULL AND attempts > 0 AND (status = 'ok' OR prompt_tokens IS NOT NULL)
-                     THEN NULL ELSE _paid END AS cost_usd)
-            FROM (SELECT *, sum(cost_usd) OVER (PARTITION BY plan_id, step_path) AS _paid
+            SELECT * EXCLUDE (_seq, _paid) REPLACE (CASE WHEN _unpriced THEN NULL ELSE _paid END AS cost_usd)
+            FROM (SELECT *, sum(cost_usd) OVER w AS _paid,
+                         bool_or(cost_usd IS NULL AND attempts > 0 AND (status = 'ok' OR prompt_tokens IS NOT NULL))
+                             OVER w AS _unpriced
                   FROM read_json({_q(run.work / STEPS_FILE)}, format='newline_delimited',
-                                 maximum_object_size={MAX_LINE_BYTES},
-                                 columns={_struct(steps_cols)}, ignore_errors=true))
+                                 maximum_object_size={MAX_LINE_BYTES}, columns={_struct(steps_cols)},
+                                 ignore_errors=true)
+                  WINDOW w AS (PARTITION BY plan_id, step_path))
             QUALIFY row_number() OVER (PARTITION BY plan_id, step_path ORDER BY _seq DESC) = 1""")
         con.execute(f"""
             CREATE TEMP VIEW plan_rows AS
@@ -213,7 +214,8 @@ def finalize_journal(run: RunDir) -> None:
                 maximum_object_size={MAX_LINE_BYTES},
                 columns={_struct(plan_cols)}, ignore_errors=true)
             QUALIFY row_number() OVER (PARTITION BY plan_id ORDER BY _seq DESC) = 1""")
-        _copy(con, "SELECT * FROM steps ORDER BY query_index, sample, step_path", run.table("traces"))
+        _copy(con, "SELECT * EXCLUDE (_unpriced) FROM steps ORDER BY query_index, sample, step_path",
+              run.table("traces"))
         _copy(con, """
             SELECT p.run_id, p.plan_id, p.query_id, p.query_index, p.sample, p.status, p.final_answer, p.error,
                    CASE WHEN coalesce(s.unpriced, 0) > 0 THEN NULL ELSE coalesce(s.cost_usd, 0) END AS cost_usd,
@@ -222,9 +224,7 @@ def finalize_journal(run: RunDir) -> None:
                    coalesce(s.calls, 0)::INTEGER AS calls, coalesce(s.cache_hits, 0)::INTEGER AS cache_hits,
                    p.wall_time_s, p.started_at, p.ended_at
             FROM plan_rows p LEFT JOIN (
-                SELECT plan_id, sum(cost_usd) AS cost_usd,
-                       count(*) FILTER (WHERE cost_usd IS NULL AND attempts > 0
-                                       AND (status = 'ok' OR prompt_tokens IS NOT NULL)) AS unpriced,
+                SELECT plan_id, sum(cost_usd) AS cost_usd, count(*) FILTER (WHERE _unpriced) AS unpriced,
                        sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens,
                        count(*) FILTER (WHERE attempts > 0) AS calls,
                        count(*) FILTER (WHERE cache_hit) AS cache_hits
