@@ -150,6 +150,31 @@ def test_a_reservation_of_a_killed_process_is_charged_in_full_when_its_lease_end
     asyncio.run(go())
 
 
+def test_a_reservation_kept_waiting_says_why(redis_server, caplog):
+    """Near the cap, a killed process's reservation holds the room until its lease ends
+    (minutes): the survivors waited without a word, like a hang."""
+    from conductor.execute.shared.governor import RedisGovernor, SharedLedger
+
+    async def go():
+        provider = Provider("p", budget_usd=1.0, timeout_s=0.1, max_attempts=1)
+        dead = SharedLedger(RedisGovernor(redis_server.url), {"p": provider}, None)
+        dead._lease["p"] = 1.5  # dies holding 0.7 for 1.5 s
+        await dead.reserve("p", 0.7)
+        alive = SharedLedger(RedisGovernor(redis_server.url), {"p": provider}, None)
+        alive.notice_s = 0.3
+        r = await alive.reserve("p", 0.25)  # fits beside it
+        await alive.settle(r, 0.25)
+        with caplog.at_level("WARNING", logger="conductor.governor"):
+            with pytest.raises(BudgetExhausted):  # room only once the lease ends and it is charged
+                await alive.reserve("p", 0.1)
+        said = [m for m in caplog.messages if "waiting for room in its shared budget" in m]
+        assert len(said) == 1 and "$0.250000 spent and $0.700000 reserved of $1.000000" in said[0], caplog.messages
+
+    from conductor.execute.budget import BudgetExhausted
+
+    asyncio.run(go())
+
+
 def test_the_run_summary_shows_the_shared_budget_a_run_drew_on(tmp_path, fresh_sim, sample_queries, redis_server):
     import re
 

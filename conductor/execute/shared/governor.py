@@ -298,6 +298,8 @@ class SharedLedger(Ledger):
         self.gov = gov
         self.limits = {p: prov.budget_usd for p, prov in providers.items()}
         self._lease = {p: prov.timeout_s * prov.max_attempts + 600.0 for p, prov in providers.items()}
+        self.notice_s = 30.0  # a reservation waiting this long says why, once per provider
+        self._noticed: set[str] = set()
 
     def _keys(self, provider: str) -> list[str]:
         base = self.gov.key("budget", self.gov.budget_scope, provider)
@@ -310,6 +312,7 @@ class SharedLedger(Ledger):
             return SharedReservation(local, provider, None)
         rid = f"{self.gov.id}:{uuid.uuid4().hex[:12]}"
         pause = 0.02
+        since = time.monotonic()
         try:
             while True:
                 status, spent, reserved = await self.gov.run(
@@ -318,6 +321,13 @@ class SharedLedger(Ledger):
                     return SharedReservation(local, provider, rid)
                 if int(status) == -1:
                     raise BudgetExhausted(f"provider {provider} (shared)", limit, float(spent), amount)
+                if time.monotonic() - since > self.notice_s and provider not in self._noticed:
+                    # Silent, a wait on a killed process's reservation looked like a hang.
+                    self._noticed.add(provider)
+                    log.warning("provider %s: waiting for room in its shared budget ($%.6f spent and $%.6f "
+                                "reserved of $%.6f, by every process using it); a killed process's "
+                                "reservations are held until their lease ends, at most %.0f s, then charged "
+                                "in full", provider, float(spent), float(reserved), limit, self._lease[provider])
                 await asyncio.sleep(pause * (0.5 + random.random()))
                 pause = min(0.5, pause * 1.5)
         except BaseException:
