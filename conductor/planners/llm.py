@@ -273,13 +273,13 @@ class LLMPlanner(PlannerBackEnd):
                                                params={**params, "seed": base_seed + k},
                                                accept=lambda e: got.append(e))
                 except StepFailed as f:
-                    ex.log_failure(job, "plan", 0, step, f, worker=worker)  # what it cost; counted on reruns
+                    logged = ex.log_failure(job, "plan", 0, step, f, worker=worker)  # its cost; read by reruns
                     info.update(status=f.status, failure=f.kind, cost_usd=f.cost)
-                    tries = 1 + sum(r.get("failure") in RETRIED for r in failed_before.get(job.plan_id, []))
-                    if f.kind not in RETRIED or tries <= RETRY_TRANSIENT:
+                    final = _final_failure([*failed_before.get(job.plan_id, []), logged])
+                    if final is None:  # a rerun may cure it
                         failures.append(f)
                         return _invalid(prompt_text, f"planning call failed: {f}", info)
-                    return _invalid(prompt_text, _final_message(tries, str(f)), info)
+                    return _invalid(prompt_text, final[0], info)
                 finally:
                     progress.c.plans_done += 1
                     progress.tick()
@@ -325,15 +325,11 @@ def _final_failure(failed: list[dict[str, Any]]) -> tuple[str, str] | None:
     last = failed[-1]
     tries = sum(r.get("failure") in RETRIED for r in failed)
     if last.get("failure") in RETRIED and tries > RETRY_TRANSIENT:
-        return _final_message(tries, last.get("error") or ""), last["failure"]
+        return (f"planning call failed on {tries} runs, the last time with: {last.get('error')} (final: reruns "
+                f"no longer plan this query)"), last["failure"]
     if last["status"] == "error" and last.get("failure") not in TRANSIENT_KINDS | SETUP_KINDS:
         return f"planning call failed: {last.get('error')} (final: reruns do not ask again)", last.get("failure")
     return None
-
-
-def _final_message(tries: int, error: str) -> str:
-    return (f"planning call failed on {tries} runs, the last time with: {error} (final: reruns no longer plan "
-            f"this query)")
 
 
 def _stop_on(failures: list[StepFailed], n: int) -> None:
