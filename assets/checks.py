@@ -9,10 +9,13 @@ output must not flow on):
   share of failed plans is at most the threshold (a provider that was down must
   not be graded as a model that answered wrong; re-materializing retries them);
 - rewards: plan ids are unique.
+- executions: no plan was stopped by a budget. The run is unfinished (the CLI
+  exits 3), and an unattended job must not publish rewards and an accuracy
+  over the plans that happened to fit as if they were the run; a rerun with a
+  higher budget finishes it without paying twice, and materializing `rewards`
+  and `run_report` alone grades the run as it stands.
 Not blocking, severity ERROR: spend <= budget. The money is spent by then; the
 report must still be written so that the overspend is visible.
-Not blocking, severity WARN: no plan was stopped by a budget (the CLI exits 3
-there); the run is graded as it stands and can be finished with a higher budget.
 
 The checks are partitioned like their assets: each evaluates one query set's
 run, and the UI shows their result per partition. Each is a plain function of
@@ -155,9 +158,10 @@ def evaluate_budget_stop(results_path: Path) -> AssetCheckResult:
     stopped = pc.sum(pc.fill_null(pc.equal(status, "budget_exhausted"), False).cast("int64")).as_py() or 0
     desc = (f"{stopped} of {len(status)} plans stopped by a budget (budget_exhausted); to finish them, raise the "
             f"run's budget_usd (query_set run config) or the provider's budget_usd in the pool file and "
-            f"rematerialize the partition: finished plans are not paid again" if stopped
+            f"rematerialize the partition: finished plans are not paid again; to grade the run as it stands, "
+            f"materialize rewards and run_report alone" if stopped
             else f"no plan of {len(status)} stopped by a budget")
-    return AssetCheckResult(passed=not stopped, severity=AssetCheckSeverity.WARN, description=desc,
+    return AssetCheckResult(passed=not stopped, description=desc,
                             metadata={"budget_exhausted": stopped, "plans": len(status)})
 
 
@@ -228,9 +232,9 @@ def executions_failed_share(executions: runner.RunConfig) -> AssetCheckResult:
     return evaluate_failed_share(run, Path(executions.pool), failed_share_threshold())
 
 
-@asset_check(partitions_def=query_sets, asset="executions", name="no_budget_stop", blocking=False,
-             description="No plan stopped by a budget (budget_exhausted); warns that the run is unfinished: raise "
-                         "the budget and rematerialize.")
+@asset_check(partitions_def=query_sets, asset="executions", name="no_budget_stop", blocking=True,
+             description="No plan stopped by a budget (budget_exhausted); blocks grading an unfinished run: raise "
+                         "the budget and rematerialize, or materialize rewards and run_report alone.")
 def executions_budget_stop(executions: runner.RunConfig) -> AssetCheckResult:
     return evaluate_budget_stop(_run_dir(executions).table("results"))
 

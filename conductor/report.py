@@ -32,5 +32,11 @@ def preview(path: Path, columns: Sequence[str], n: int = 5) -> str:
 
 
 def summary_markdown(s: dict[str, Any]) -> str:
-    rows = [{"metric": k, "value": v} for k, v in s.items() if not isinstance(v, (dict, list))]
+    """The summary's scalars, and its flat counts (statuses) on one line each: a run the budget
+    stopped must say so where the report is read. Nested groups have tables of their own."""
+    def flat(v: Any) -> bool:
+        return isinstance(v, dict) and not any(isinstance(x, (dict, list)) for x in v.values())
+
+    rows = [{"metric": k, "value": ", ".join(f"{n} {c}" for n, c in v.items()) if flat(v) else v}
+            for k, v in s.items() if flat(v) or not isinstance(v, (dict, list))]
     return markdown_table(rows, ["metric", "value"], width=120)

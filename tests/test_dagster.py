@@ -422,24 +422,37 @@ def test_a_bad_max_failed_share_fails_before_any_call(tmp_path, fresh_sim, sampl
     assert fresh_sim.log()["total"] == 0
 
 
-def test_a_budget_stopped_run_warns_how_to_finish_it(tmp_path, fresh_sim, sample_queries):
+def test_a_budget_stopped_run_fails_and_a_rerun_with_room_finishes_it(tmp_path, fresh_sim, sample_queries):
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
     res = resources.from_env(conductor_env(tmp_path, pool))
     with DagsterInstance.ephemeral() as inst:
         add_partition(inst, res, "small", small_queries(tmp_path, sample_queries, 20))
         result = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res,
-                             run_config={"ops": {"query_set": {"config": {"budget_usd": 0.0002}}}})
-        assert result.success  # a warning: the run is graded and reported as it stands
-        stopped = {e.asset_key.to_user_string(): e.materialization.metadata for e in
-                   result.get_asset_materialization_events()}["executions"]["statuses"].value["budget_exhausted"]
+                             run_config={"ops": {"query_set": {"config": {"budget_usd": 0.002}}}},
+                             raise_on_error=False)
+        assert not result.success  # unattended: an unfinished run must not look green
+        done = {e.asset_key.to_user_string(): e.materialization.metadata for e in
+                result.get_asset_materialization_events()}
+        assert "rewards" not in done and "run_report" not in done  # no accuracy over the plans that fit
+        stopped = done["executions"]["statuses"].value["budget_exhausted"]
         [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "no_budget_stop"]
-        assert not check.passed and check.severity == AssetCheckSeverity.WARN
+        assert not check.passed and check.severity == AssetCheckSeverity.ERROR
         assert f"{stopped} of 20 plans stopped by a budget" in check.description
         assert "budget_usd" in check.description and "finished plans are not paid again" in check.description
+        assert "materialize rewards and run_report alone" in check.description
+        as_it_stands = materialize(ASSETS, selection=["rewards", "run_report"], partition_key="small",
+                                   instance=inst, resources=res)
+        report = {e.asset_key.to_user_string(): e.materialization.metadata for e in
+                  as_it_stands.get_asset_materialization_events()}["run_report"]
+        calls = fresh_sim.log()["total"]
+        [statuses] = [line for line in report["summary"].value.splitlines() if line.startswith("| statuses |")]
+        assert f"budget_exhausted {stopped}" in statuses and 0 < stopped < 20, statuses  # says why it is partial
+        assert f"| graded | {20 - stopped} |" in report["summary"].value
         finished = materialize(ASSETS + checks.ALL, partition_key="small", instance=inst, resources=res,
                                run_config={"ops": {"query_set": {"config": {"budget_usd": 1.0}}}})
         [check] = [e for e in finished.get_asset_check_evaluations() if e.check_name == "no_budget_stop"]
         assert check.passed
+        assert fresh_sim.log()["total"] - calls == stopped  # only the stopped plans were paid for
 
 
 def test_bad_numeric_settings_name_the_variable_and_fail_only_what_uses_them(tmp_path, sample_queries):
