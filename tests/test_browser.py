@@ -3,64 +3,26 @@ query-set partition materialized with the CLI against the same instance, and
 the lineage page in headless Chromium showing the assets, their latest
 materialization and their checks. The screenshot is kept in artifacts/."""
 
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance
 
 from pipelines.jobs import PIPELINE
+from tests import dagster_dev as dev
 from tests.conftest import REPO, write_pool
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
 ARTIFACTS = REPO / "artifacts"
-LOCATION = "pipelines.definitions"  # the code location's name, from workspace.yaml
 CHECKS_SHOWN = {"plans": "2 / 2 Passed", "executions": "5 / 5 Passed", "rewards": "1 / 1 Passed"}
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never a proxy
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def graphql(port: int, query: str) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with _OPENER.open(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def location_loaded(port: int) -> bool:
-    try:
-        data = graphql(port, "{ workspaceOrError { __typename ... on Workspace { locationEntries { name "
-                             "loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }")
-    except OSError:
-        return False
-    entries = data["data"]["workspaceOrError"].get("locationEntries") or []
-    for e in entries:
-        if e["locationOrLoadError"] and e["locationOrLoadError"]["__typename"] == "PythonError":
-            raise AssertionError(f"code location failed to load: {e['locationOrLoadError']['message']}")
-    return any(e["name"] == LOCATION and e["loadStatus"] == "LOADED"
-               and e["locationOrLoadError"]["__typename"] == "RepositoryLocation" for e in entries)
-
-
-def _default_signals() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture
@@ -82,23 +44,13 @@ def dagster_dev(tmp_path, monkeypatch, sim, sample_queries):
         instance.add_dynamic_partitions("query_sets", ["mixed-60"])
     ARTIFACTS.mkdir(exist_ok=True)
     log = open(ARTIFACTS / "dagster_dev.log", "w")
-    port = free_port()
+    port = dev.free_port()
     before = set(REPO.glob(".tmp_dagster_home_*"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=_default_signals)
+    proc = dev.start(env, port, log)
     try:
         yield port, env
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        except ProcessLookupError:
-            pass
+        dev.stop(proc)
         log.close()
         assert set(REPO.glob(".tmp_dagster_home_*")) == before
 
@@ -107,27 +59,24 @@ def test_lineage_page_shows_the_materialized_partition_and_its_checks(dagster_de
     from playwright.sync_api import sync_playwright
 
     port, env = dagster_dev
-    deadline = time.monotonic() + 120
-    while not location_loaded(port):
-        assert time.monotonic() < deadline, f"code location not loaded; see {ARTIFACTS / 'dagster_dev.log'}"
-        time.sleep(1)
+    dev.wait_loaded(port, ARTIFACTS / "dagster_dev.log")
 
     # The README's rerun command, against the same instance the UI shows.
     run = subprocess.run(
-        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", LOCATION,
+        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", dev.LOCATION,
          "--select", ",".join(PIPELINE), "--partition", "mixed-60"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "RUN_SUCCESS" in run.stdout + run.stderr
 
-    assert graphql(port, "mutation { setNuxSeen }")["data"]["setNuxSeen"] is True  # no first-visit dialog
-    assert graphql(port, "{ shouldShowNux }")["data"]["shouldShowNux"] is False
+    assert dev.graphql(port, "mutation { setNuxSeen }")["data"]["setNuxSeen"] is True  # no first-visit dialog
+    assert dev.graphql(port, "{ shouldShowNux }")["data"]["shouldShowNux"] is False
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1900, "height": 640}, device_scale_factor=2)
             page.add_init_script("window.localStorage.setItem('asset-graph-direction', '\"horizontal\"')")
-            page.goto(f"http://127.0.0.1:{port}/locations/{LOCATION}/asset-groups/conductor/lineage",
+            page.goto(f"http://127.0.0.1:{port}/locations/{dev.LOCATION}/asset-groups/conductor/lineage",
                       wait_until="networkidle", timeout=60_000)
             nodes = page.locator("foreignObject")
             page.wait_for_function(
