@@ -5,8 +5,9 @@
     enrich/<job>/published  the newest valid record per id, for downstream readers
 
 with blocking checks on `records`: the schema-valid share is at least the job's
-`quality.min_valid_share`, and ids are unique. A failing check stops `published`,
-so a bad run never replaces what readers see.
+`quality.min_valid_share`, ids are unique, and no budget stopped a row or left a
+record unjudged (the run is unfinished: `conductor job run` exits 3). A failing
+check stops `published`, so a bad or unfinished run never replaces what readers see.
 
 Job files are only glanced at (their `name`) when the code location loads; they
 are read and checked in full when a partition materializes, so one bad file
@@ -125,6 +126,12 @@ def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChec
     def unique_ids_check(records: dict) -> AssetCheckResult:
         return evaluate_unique_ids(Path(records["records_path"]), [records["id_column"]])
 
+    @asset_check(asset=records_key, partitions_def=days, name="no_budget_stop", blocking=True,
+                 description="No row stopped and no record left unjudged by a budget; else raise the job's "
+                             "budget_usd and rematerialize: finished rows are not paid again.")
+    def budget_stop_check(records: dict) -> AssetCheckResult:
+        return evaluate_job_budget_stop(records)
+
     @asset(key=AssetKey([PREFIX, name, "published"]), partitions_def=days, group_name=GROUP,
            ins={"records": AssetIn(key=records_key)},
            description=f"Job {path.name}: the records of its newest run (the catalog view), "
@@ -138,7 +145,7 @@ def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChec
                                           "published_path": MetadataValue.path(str(out)),
                                           "run_id": records["run_id"]})
 
-    return [records, published], [valid_share_check, unique_ids_check]
+    return [records, published], [valid_share_check, unique_ids_check, budget_stop_check]
 
 
 def all_job_assets(folder: Path | None = None, env=os.environ) -> tuple[list[AssetsDefinition],
@@ -171,6 +178,18 @@ def all_job_assets(folder: Path | None = None, env=os.environ) -> tuple[list[Ass
 
 
 # ---- what the assets and checks show --------------------------------------------
+
+def evaluate_job_budget_stop(records: dict) -> AssetCheckResult:
+    stopped = int((records.get("statuses") or {}).get("budget_exhausted") or 0)
+    unjudged = int(records.get("judge_budget_exhausted") or 0)
+    what = [f"{stopped} row(s) stopped by a budget" if stopped else "",
+            f"{unjudged} record(s) left unjudged by the budget" if unjudged else ""]
+    desc = ("; ".join(w for w in what if w) + ": the run is unfinished. Raise the job file's budget_usd (or the "
+            "provider's in the pool file) and rematerialize the day: finished rows are not paid again"
+            if stopped or unjudged else "no row stopped by a budget")
+    return AssetCheckResult(passed=not (stopped or unjudged), description=desc,
+                            metadata={"budget_exhausted": stopped, "judge_budget_exhausted": unjudged})
+
 
 def records_metadata(path: Path, summary: dict[str, Any], held: list[str]) -> dict:
     t = pq.read_table(path)

@@ -109,7 +109,8 @@ def test_job_asset_materializes_with_metadata_and_checks_and_a_rerun_pays_nothin
         t = pq.read_table(records_path)
         assert t.schema.field("amount").type == pa.float64() and t.schema.field("year").type == pa.int64()
         evals = {e.check_name: e for e in result.get_asset_check_evaluations()}
-        assert set(evals) == {"schema_valid_share", "unique_ids"} and all(e.passed for e in evals.values())
+        assert set(evals) == {"schema_valid_share", "unique_ids", "no_budget_stop"}
+        assert all(e.passed for e in evals.values())
         assert evals["schema_valid_share"].metadata["valid_share"].value == 1.0
         published = pq.read_table(mats["enrich/revenue_facts/published"]["published_path"].value)
         assert published.num_rows == N and len(set(published.column("doc_id").to_pylist())) == N
@@ -138,6 +139,36 @@ def test_failing_schema_validity_check_blocks_the_downstream_asset(tmp_path, job
     assert set(failed) == {"schema_valid_share"}
     assert failed["schema_valid_share"].metadata["valid_share"].value == 0.0
     assert not (tmp_path / "data" / "enrichment" / "revenue_facts.parquet").exists()
+
+
+def test_a_budget_stopped_job_fails_until_a_rerun_with_room_finishes_it(tmp_path, job_sim):
+    """`conductor job run` exits 3 there; the Dagster run must not go green and publish a
+    day with rows missing. The budget stops 1 to 3 rows of 30, so the schema-valid share (0.9)
+    alone would let the run through."""
+    job_path, sim = job_sim
+    doc = yaml.safe_load(job_path.read_text())
+    job_path.write_text(yaml.safe_dump({**doc, "budget_usd": 0.0033}, sort_keys=False))
+    with DagsterInstance.ephemeral() as inst:
+        result = run(job_path, tmp_path / "data", inst, raise_on_error=False)
+        assert not result.success
+        mats = {e.asset_key.to_user_string(): e.materialization.metadata
+                for e in result.get_asset_materialization_events()}
+        assert set(mats) == {"enrich/revenue_facts/records"}  # kept, but not published
+        stopped = mats["enrich/revenue_facts/records"]["statuses"].value["budget_exhausted"]
+        assert 0 < stopped <= 3
+        assert all(e.passed for e in result.get_asset_check_evaluations() if e.check_name != "no_budget_stop")
+        [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "no_budget_stop"]
+        assert not check.passed and check.metadata["budget_exhausted"].value == stopped
+        assert check.description.startswith(f"{stopped} row(s) stopped by a budget: the run is unfinished")
+        assert "finished rows are not paid again" in check.description
+        assert not (tmp_path / "data" / "enrichment" / "revenue_facts.parquet").exists()
+
+        sent = sim.log()["total"]
+        job_path.write_text(yaml.safe_dump({**doc, "budget_usd": 1.0}, sort_keys=False))
+        finished = run(job_path, tmp_path / "data", inst)
+        assert all(e.passed for e in finished.get_asset_check_evaluations())
+        assert sim.log()["total"] - sent == stopped  # only the stopped rows were sent
+    assert pq.read_table(tmp_path / "data" / "enrichment" / "revenue_facts.parquet").num_rows == N
 
 
 def test_threshold_above_one_share_fails_the_check_though_every_record_is_valid(tmp_path, job_sim):
