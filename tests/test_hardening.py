@@ -498,7 +498,8 @@ def _billed_usd(sim, model: str) -> float:
     return prompt * 1e-6 + completion * 2e-6
 
 
-@pytest.mark.parametrize("usage_factor", [1, -1, 1000], ids=["true-usage", "negative-usage", "huge-usage"])
+@pytest.mark.parametrize("usage_factor", [1, -1, 1000, 0], ids=["true-usage", "negative-usage", "huge-usage",
+                                                             "zero-usage"])
 def test_budget_holds_on_cjk_prompts_and_against_usage_lies(tmp_path, fresh_sim, usage_factor):
     """$0.05 on CJK prompts (about one token a character, which characters / 4 would
     under-reserve four times); the sim reports usage times `usage_factor`."""
@@ -520,6 +521,10 @@ def test_budget_holds_on_cjk_prompts_and_against_usage_lies(tmp_path, fresh_sim,
     if usage_factor == 1000:  # reported completion tokens far above max_tokens are clamped and flagged
         ok = [t for t in traces if t["status"] == "ok"]
         assert ok and all(t["completion_tokens"] <= 64 and "clamped" in t["error"] for t in ok)
+    if usage_factor == 0:  # 0 tokens for a prompt with text: counted at the request's bounds, and said
+        ok = [t for t in traces if t["status"] == "ok"]
+        assert ok and all(t["usage_estimated"] and t["completion_tokens"] == 64 and "0 tokens reported" in t["error"]
+                          for t in ok)
 
 
 def _cjk_queries(tmp_path, n=150):

@@ -593,9 +593,10 @@ class Executor:
                     if sending:  # maybe sent and paid: left unsettled, a resume counts it as lost in flight
                         rid = None
                     raise  # else it waited for a slot to retry: its failed attempts were not billed
-                limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
                 self._observe(limiter, provider, resp.rate)
                 resp = self._clamped(resp, messages, params)
+                # after clamping: a tpm bucket that believed 1,000x usage would stall the run for hours
+                limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
                 cost = self._cost(worker, resp)
                 if reservation is not None:
                     await self.ledger.settle(reservation, cost or 0.0)
@@ -636,10 +637,13 @@ class Executor:
         if resp.cost_usd is not None:  # a recorded cost is what is charged; its tokens may be of another prompt
             return resp
         pt_max, ct_max = max_prompt_tokens(messages), params.get("max_tokens")
-        if not resp.usage_reported and resp.cost_usd is None and isinstance(ct_max, int):
+        # 0 tokens for a prompt or an answer that has text cannot be: believed, budgets would never bind
+        zero = resp.usage_reported and (resp.prompt_tokens == 0 or (resp.completion_tokens == 0 and resp.text))
+        if (not resp.usage_reported or zero) and isinstance(ct_max, int):
             return replace(resp, prompt_tokens=pt_max, completion_tokens=ct_max, usage_estimated=True,
-                           warning="no valid usage in the answer: counted at the request's upper bound "
-                                   "(prompt UTF-8 bytes, max_tokens)")
+                           warning=("0 tokens reported for a prompt or answer with text" if zero else
+                                    "no valid usage in the answer") +
+                           ": counted at the request's upper bound (prompt UTF-8 bytes, max_tokens)")
         over = []
         if resp.prompt_tokens > pt_max:
             over.append(f"prompt_tokens {resp.prompt_tokens} > {pt_max} (the prompt's UTF-8 bytes)")
