@@ -615,7 +615,7 @@ def test_a_kill_leaves_unsettled_only_the_calls_that_were_sent(tmp_path, fresh_s
     summary = orjson.loads(next(data.glob("runs/*/summary.json")).read_bytes())
     assert summary["lost_in_flight"]["calls"] == len(lost)
     assert summary["lost_in_flight"]["reserved_usd"] == pytest.approx(sum(lost))
-    shown = re.search(rf"lost in flight +{len(lost)} call\(s\) a killed process sent", r.stdout)
+    shown = re.search(rf"lost in flight +{len(lost)} call\(s\) sent whose answers never came back", r.stdout)
     assert bool(shown) == bool(lost), r.stdout  # the line only when calls were lost
 
 
@@ -663,12 +663,12 @@ def test_calls_waiting_to_retry_at_ctrl_c_are_not_counted_as_lost_in_flight(tmp_
 
     fresh_sim.set_faults("flaky", error_rate=1.0)  # every request a 5xx: each call waits to retry
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("flaky",),
-                      providers={"sim": {"max_concurrency": 4, "rpm": 30, "max_attempts": 3}})
+                      providers={"sim": {"max_concurrency": 4, "rpm": 12, "max_attempts": 3}})
     cmd = [sys.executable, "-m", "conductor", "run", str(_queries(tmp_path, sample_queries, 3)), "--pool", str(pool),
            "--data-dir", str(tmp_path / "data"), "--quiet", "--no-cache"]
     p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(fresh_sim, 2)  # two calls failed once; the next slot is 2 s away
+    _wait_for(fresh_sim, 2)  # two calls failed once; the next slot is about 5 s away (room for a busy machine)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "waiting up to 20 s for 0 call(s) in flight" in err, err

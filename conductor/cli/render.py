@@ -49,9 +49,10 @@ def _lost_in_flight(s: dict[str, Any]) -> list[tuple[str, str]]:
     if not lost.get("calls"):
         return []
     unpriced = f", {lost['unpriced_calls']} of them with no known price" if lost.get("unpriced_calls") else ""
-    return [("lost in flight", f"{lost['calls']} call(s) a killed process sent, answers never received (the "
-                               f"provider may have billed them): up to ${lost['reserved_usd']:.6f} at their worst "
-                               f"case{unpriced}, in the budget lines, not in cost")]
+    return [("lost in flight", f"{lost['calls']} call(s) sent whose answers never came back (a killed process's, "
+                               f"or cut off by timeout_s; the provider may have billed them): up to "
+                               f"${lost['reserved_usd']:.6f} at their worst case{unpriced}, in the budget lines, "
+                               f"not in cost")]
 
 
 def job_summary(s: dict[str, Any]) -> str:

@@ -109,6 +109,11 @@ class CallFailure(Exception):
         return self.kind in ("rate_limit", "server", "timeout", "connection")
 
 
+def maybe_billed(f: CallFailure) -> bool:
+    """Cut off by timeout_s with no status: the provider may still answer, and bill, the request."""
+    return f.kind == "timeout" and f.status is None and not f.billed
+
+
 async def complete(req: CallRequest, api_key: str | None, sent: Callable[[], None] | None = None) -> CallResponse:
     """One attempt. A request whose `client` is a direct OpenAI-compatible client
     (openai_http.OpenAIEndpoint) goes through it, which calls `sent` once the request

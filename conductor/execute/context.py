@@ -45,7 +45,7 @@ class ExecutionContext:
         self.executor: Executor | None = None
         self._open: list[Any] = []
         # calls killed processes sent whose answers never came back: maybe billed, in no step's cost
-        self.lost_in_flight = lost_in_flight({})
+        self._lost_before = lost_in_flight({})
 
     def __enter__(self) -> Executor:
         try:
@@ -65,12 +65,12 @@ class ExecutionContext:
                 if key not in self.state.paid and key not in claimable and run_cache.get(key) is not None:
                     claimable.add(key)
                     continue
-                self.lost_in_flight["calls"] += 1
+                self._lost_before["calls"] += 1
                 if usd is None:  # no known price: how much it cost cannot be bounded
-                    self.lost_in_flight["unpriced_calls"] = self.lost_in_flight.get("unpriced_calls", 0) + 1
+                    self._lost_before["unpriced_calls"] = self._lost_before.get("unpriced_calls", 0) + 1
                     continue
                 spent[pid] = spent.get(pid, 0.0) + usd
-                self.lost_in_flight["reserved_usd"] += usd
+                self._lost_before["reserved_usd"] += usd
             journal = Journal(self.work, answers_first=run_cache.flush)
             self._open.append(journal)
             self.executor = Executor(self.pool, journal, self.options, cache=cache, run_cache=run_cache,
@@ -83,6 +83,16 @@ class ExecutionContext:
 
     def __exit__(self, *exc: Any) -> None:
         self._close()
+
+    @property
+    def lost_in_flight(self) -> dict[str, Any]:
+        """Calls sent whose answers never came back, maybe billed: those of killed processes,
+        and this process's requests cut off by timeout_s (their reservations stay unsettled,
+        so a resume counts them again from the journal, once)."""
+        lost = dict(self._lost_before)
+        for k, v in (self.executor.unanswered if self.executor is not None else {}).items():
+            lost[k] = lost.get(k, 0) + v
+        return lost
 
     def spend(self) -> list[dict[str, Any]]:
         """Each budget cap: what it allows and what was spent under it."""

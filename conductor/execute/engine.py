@@ -34,7 +34,7 @@ from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.cached import serve_cached
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
-                                    max_prompt_tokens)
+                                    max_prompt_tokens, maybe_billed)
 from conductor.execute.journal import Journal, ResumeState
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.openai_http import OpenAIEndpoint, direct_model
@@ -154,6 +154,9 @@ class Executor:
         self._held: dict[str, tuple[float, str]] = {}  # provider id -> (monotonic time its limit resets, why)
         self._abort: BaseException | None = None  # the storage error (or Ctrl-C) that stops the run
         self._sending = 0  # online calls sent whose answers have not come back
+        # requests cut off by timeout_s: maybe answered and billed, charged at their worst case
+        # (as a killed process's calls are); their reservations stay unsettled in the journal
+        self.unanswered: dict[str, Any] = {"calls": 0, "reserved_usd": 0.0}
         self._clients: dict[tuple[str, str | None], Any] = {}  # (api_base, key) -> client, for this run
         self._plan_tasks: set[asyncio.Task] = set()
         self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
@@ -528,12 +531,7 @@ class Executor:
                 raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
                                           f"cannot run under a budget; add price: {{input_per_mtok, "
                                           f"output_per_mtok}} to it in the pool file", kind="config")
-            try:
-                reservation = await self.ledger.reserve(provider.id, worst)
-            except BudgetExhausted as e:
-                raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
-            except GovernorUnavailable as e:
-                raise StepFailed("error", f"worker {worker.id}: {e}", kind="connection") from None
+            reservation = await self._reserve(worker, provider, worst)
         limiter = self.limiters[provider.id]
         attempt = attempts_before
         try:
@@ -578,7 +576,12 @@ class Executor:
                             self.ledger.record(provider.id, billed.cost)
                         self.progress.c.usd += billed.cost or 0.0
                         self._durably(self.journal.settled, rid, billed.cost or 0.0)
-                        rid = None
+                    elif maybe_billed(f):
+                        await self._charge_unanswered(provider, reservation, worst)
+                        reservation = None  # rid stays unsettled: a resume counts it as lost in flight
+                    elif rid is not None:  # not billed: settled now, so a kill during the wait below
+                        self._durably(self.journal.settled, rid, 0.0)  # counts nothing lost in flight
+                    rid = None
                     too_long = f.retry_after is not None and f.retry_after > self.opt.max_wait_s
                     if too_long and f.kind == "rate_limit" and not f.headers_seen:
                         self._hold(provider, f.retry_after, "asked to retry in")  # the whole provider is out
@@ -587,6 +590,8 @@ class Executor:
                                          attempt, kind="not_found" if f.status == 404 else f.kind,
                                          billed=billed) from None
                     self.progress.c.retries += 1
+                    if reservation is None and provider.id in self._budgeted:
+                        reservation = await self._reserve(worker, provider, worst)
                     await asyncio.sleep(self._backoff(attempt, f, limiter))
                     continue
                 except asyncio.CancelledError:
@@ -618,6 +623,28 @@ class Executor:
                     self.journal.settled(rid, 0.0)
                 except STORAGE_ERRORS:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
+
+    async def _reserve(self, worker: Worker, provider, worst: float) -> Any:
+        try:
+            return await self.ledger.reserve(provider.id, worst)
+        except BudgetExhausted as e:
+            raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
+        except GovernorUnavailable as e:
+            raise StepFailed("error", f"worker {worker.id}: {e}", kind="connection") from None
+
+    async def _charge_unanswered(self, provider, reservation: Any, worst: float | None) -> None:
+        """A request cut off by timeout_s may still be answered, and billed, by the provider:
+        charged at its worst case to the budgets, as a killed process's call is, so that a
+        provider that hangs cannot draw a budget past its cap."""
+        if reservation is not None:
+            await self.ledger.settle(reservation, worst or 0.0)
+        elif worst:
+            self.ledger.record(provider.id, worst)
+        self.unanswered["calls"] += 1
+        if worst is None:
+            self.unanswered["unpriced_calls"] = self.unanswered.get("unpriced_calls", 0) + 1
+        else:
+            self.unanswered["reserved_usd"] += worst
 
     def _client(self, worker: Worker, api_key: str | None, track_sent: bool = False) -> Any:
         """One direct client per OpenAI-compatible endpoint and key for the run (a worker
