@@ -93,3 +93,23 @@ def test_sigkill_at_any_moment_then_the_same_command_finishes_the_run(tmp_path, 
         again = [k for k in finished if sent.get(k) != sent_then.get(k)]
         assert again == [], f"{len(again)} call(s) finished before a kill were sent again after it"
     assert set(sent) == {t["request_key"] for t in got["traces"]}
+
+
+@pytest.mark.parametrize("flag", ["--refresh", "--no-cache"])
+def test_refresh_on_a_run_that_exists_says_that_finished_plans_keep_their_answers(tmp_path, fresh_sim,
+                                                                                  sample_queries, flag):
+    """The run id does not depend on the cache flags, so the same command with --refresh resumes
+    the finished run and sends nothing (audit38): a user refreshing after a provider changed a
+    model must be told, not shown the old answers as if fresh."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    data = tmp_path / "data"
+    assert run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data).returncode == 0
+    fresh_sim.reset()
+    again = run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data, flag)
+    assert again.returncode == 0, again.stderr
+    assert fresh_sim.log()["total"] == 0
+    assert f"{flag} applies only to the calls it sent" in again.stderr
+    assert f"start a new run: --run-id NEW {flag}" in again.stderr
+    fresh = run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data, flag, "--run-id", "anew")
+    assert fresh.returncode == 0 and "applies only" not in fresh.stderr
+    assert fresh_sim.log()["total"] > 0  # a new run asks again
