@@ -2,7 +2,9 @@
 (CONDUCTOR_JOBS_DIR, default `jobs/`) becomes a small group, partitioned by day:
 
     enrich/<job>/records    runs the job (only new or changed rows are paid for)
-    enrich/<job>/published  the newest valid record per id, for downstream readers
+    enrich/<job>/published  the job's newest run's records, one per id with its `status`
+                            (a row without a valid record has null fields; no older
+                            valid record stands in for it), for downstream readers
 
 with blocking checks on `records`: the schema-valid share is at least the job's
 `quality.min_valid_share`, ids are unique, and no budget stopped a row or left a

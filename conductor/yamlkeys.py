@@ -4,7 +4,9 @@
   `worker:` or `budget_usd:` appears twice would run with whichever came last. Both file
   loaders refuse them, naming the key and its two lines.
 - `1e-3` is a number (YAML 1.2, JSON and Python agree); PyYAML follows YAML 1.1, where
-  a float needs a dot (`1.0e-3`), and reads it as the string '1e-3'."""
+  a float needs a dot (`1.0e-3`), and reads it as the string '1e-3'.
+- A syntax error: PyYAML's message spans several lines and names the file "<unicode string>";
+  both loaders give `FILE:LINE:COL: problem` on one line instead."""
 
 from __future__ import annotations
 
@@ -52,6 +54,26 @@ def message(found: tuple[tuple, int, int]) -> str:
     return f"{'.'.join(map(str, key))}: given twice (lines {first} and {second}); keep one"
 
 
+def syntax_error(text: str, e: yaml.YAMLError) -> tuple[str, str]:
+    """(`:LINE:COL` or "", the problem on one line), for `FILE:LINE:COL: ...` as editors jump to it;
+    PyYAML's own text spans several lines and calls the file "<unicode string>". The context
+    (what was being read, from where) follows, since for an unclosed quote the problem is at
+    the end of the file."""
+    if isinstance(e, yaml.reader.ReaderError):  # a control character: it has a position, not a mark
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        char = e.character if isinstance(e.character, int) else ord(e.character)
+        return f":{line}:{column}", f"unacceptable character #x{char:04x}: {e.reason}"
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if mark is None or not problem:
+        return "", " ".join(str(e).split())
+    context, at = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context:
+        problem += f" ({context}" + (f" that starts at line {at.line + 1}, column {at.column + 1}" if at else "") + ")"
+    return f":{mark.line + 1}:{mark.column + 1}", problem
+
+
 def read_file(path: Path, what: str, error: type[Exception]) -> tuple[Any, yaml.Node | None]:
     """A pool or job file's document and node tree (for line numbers); a missing, unreadable
     or invalid file, or a key given twice, is an `error` naming `what` and the file."""
@@ -66,7 +88,8 @@ def read_file(path: Path, what: str, error: type[Exception]) -> tuple[Any, yaml.
         data = load(text)
         node = yaml.compose(text, Loader=Loader)
     except yaml.YAMLError as e:
-        raise error(f"{what} {path}: not valid YAML: {e}") from None
+        where, problem = syntax_error(text, e)
+        raise error(f"{what} {path}{where}: not valid YAML: {problem}") from None
     if (twice := duplicate_key(node)) is not None:
         raise error(f"{what} {path}:{twice[2]}: {message(twice)}")
     return data, node

@@ -213,10 +213,15 @@ def test_join_and_csv_input(folder):
     (folder / "in.csv").write_text("note_id,doc\nn1,d1\nn2,d9\n")
     with pytest.raises(InputError, match=r"no match on 'doc' \(keys 'd9'; ids 'n2'\)"):
         load_rows(job)
-    # Keys of two types (CSV numbers against JSON text) are named, not a polars SchemaError.
+    # A CSV is read as text: its keys written as numbers match text keys, and integer keys too.
     (folder / "in.csv").write_text("note_id,doc\nn1,1\nn2,2\n")
     pq.write_table(pa.table({"doc": ["1", "2"], "body": ["b1", "b2"]}), folder / "docs.parquet")
-    with pytest.raises(InputError, match=r"join .*docs.parquet: key 'doc' is Int64 in the input and String there"):
+    assert render_queries(job).column("prompt").to_pylist() == ["Doc: 1\nNote: b1", "Doc: 2\nNote: b2"]
+    pq.write_table(pa.table({"doc": [1, 2], "body": ["b1", "b2"]}), folder / "docs.parquet")
+    assert render_queries(job).column("prompt").to_pylist() == ["Doc: 1\nNote: b1", "Doc: 2\nNote: b2"]
+    # Keys of two types (CSV text such as 01 against integers) are named, not a polars SchemaError.
+    (folder / "in.csv").write_text("note_id,doc\nn1,01\nn2,02\n")
+    with pytest.raises(InputError, match=r"join .*docs.parquet: key 'doc' is String in the input and Int64 there"):
         load_rows(job)
 
 

@@ -93,7 +93,7 @@ def test_bad_yaml_and_missing_file_name_the_file(tmp_path):
         load_pool(tmp_path / "nope.yaml")
     f = tmp_path / "bad.yaml"
     f.write_text("workers: [\n")
-    with pytest.raises(PoolError, match=f"pool file {f}: not valid YAML"):
+    with pytest.raises(PoolError, match=f"pool file {f}:2:1: not valid YAML"):
         load_pool(f)
 
 

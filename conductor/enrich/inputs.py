@@ -1,11 +1,20 @@
 """A job's input table: Parquet, CSV or JSON Lines (by extension; a .json file may
 also hold one JSON array of objects), one file or a folder of them, left-joined
-with lookup tables. Read with polars."""
+with lookup tables. Read with polars.
+
+Values reach prompts and row hashes as they were written, so that a grown file
+does not change its old rows: CSV columns are read as text (no type inference:
+`00501` stays `00501`, and one `1.5` appended to a column of `7`s leaves the 7s
+alone), and where polars reads a JSON column holding 7 and 2.5 as floats, the
+values written as integers are kept beside it (`as_written`), so 7 renders `7`,
+not `7.0`. Parquet has types of its own and is read as it is."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import orjson
 import polars as pl
 
 from conductor.errors import InputError
@@ -31,16 +40,19 @@ def input_files(path: Path) -> list[Path]:
     return [path]
 
 
-def scan(path: Path, text: tuple[str, ...] = ()) -> pl.LazyFrame:
-    """`text`: CSV columns read as text whatever they look like (an id such as 007)."""
+# Beside a JSON column read as floats: its values written as integers (null for the others).
+_INT = "\0int:"
+
+
+def scan(path: Path) -> pl.LazyFrame:
+    """Every CSV column as text, exactly as written (an id such as 007, a code such as 00501)."""
     files = input_files(path)
     kind = FORMATS[files[0].suffix.lower()]
     try:
         if kind == "parquet":
             return pl.scan_parquet(files)
         if kind == "csv":
-            return pl.concat([pl.scan_csv(f, infer_schema_length=10_000, schema_overrides={c: pl.String for c in text})
-                              for f in files], how="diagonal_relaxed")
+            return pl.concat([pl.scan_csv(f, infer_schema=False) for f in files], how="diagonal_relaxed")
         return pl.concat([pl.read_json(f).lazy() if _json_array(f) else pl.scan_ndjson(f) for f in files],
                          how="diagonal_relaxed")
     except Exception as e:  # polars raises several types for unreadable files
@@ -56,13 +68,61 @@ def columns(path: Path) -> list[str]:
         raise _unreadable(path, input_files(path), e, "cannot read its columns") from None
 
 
-def read(path: Path, text: tuple[str, ...] = ()) -> pl.DataFrame:
+def read(path: Path) -> pl.DataFrame:
+    """The table, with the `as_written` integers of a JSON input's float columns beside them."""
     try:
-        return scan(path, text).collect()
+        df = scan(path).collect()
     except InputError:
         raise
     except Exception as e:
         raise _unreadable(path, input_files(path), e) from None
+    files = input_files(path)
+    return _json_integers(files, df) if FORMATS[files[0].suffix.lower()] == "ndjson" else df
+
+
+def as_written(df: pl.DataFrame, name: str) -> list[Any]:
+    """A column's values for prompts and hashes: a JSON float column's integers as integers."""
+    values = df.get_column(name).to_list()
+    if _INT + name not in df.columns:
+        return values
+    return [v if i is None else i for v, i in zip(values, df.get_column(_INT + name).to_list())]
+
+
+def kept_columns(right: pl.DataFrame, left: list[str]) -> list[str]:
+    """The columns a join takes from `right` (those `left` lacks), with what `as_written` needs of them."""
+    kept = [c for c in right.columns if c not in left and not c.startswith(_INT)]
+    return kept + [_INT + c for c in kept if _INT + c in right.columns]
+
+
+def _json_integers(files: list[Path], df: pl.DataFrame) -> pl.DataFrame:
+    """polars reads a JSON column holding 7 and 2.5 (in one file, or in two files of a folder) as
+    floats, and 7 would become 7.0 in prompts and hashes once 2.5 arrives: every row changed, sent
+    and paid again. Keep the integers as written beside such a column. Rows that cannot be told
+    apart (a line orjson cannot read) leave the table as polars read it."""
+    floats = [c for c, t in df.schema.items() if t.is_float()]
+    if not floats:
+        return df
+    try:
+        rows = [r for f in files for r in _json_values(f, floats)]
+    except (OSError, orjson.JSONDecodeError):
+        return df
+    if len(rows) != df.height:
+        return df
+    extra = []
+    for k, c in enumerate(floats):
+        ints = [v if type(v) is int and -2**63 <= v < 2**63 else None for v in (r[k] for r in rows)]
+        if any(v is not None for v in ints):
+            extra.append(pl.Series(_INT + c, ints, pl.Int64))
+    return df.with_columns(extra) if extra else df
+
+
+def _json_values(f: Path, names: list[str]) -> list[tuple]:
+    """Per object of a JSON Lines file (blank lines skipped, as polars does) or of a JSON array,
+    the values of `names` as JSON wrote them (7 an int, 7.0 a float)."""
+    data = f.read_bytes()
+    objects = orjson.loads(data) if _json_array(f) else (orjson.loads(line) for line in data.splitlines()
+                                                          if line.strip())
+    return [tuple(o.get(n) for n in names) if isinstance(o, dict) else (None,) * len(names) for o in objects]
 
 
 def _json_array(f: Path) -> bool:

@@ -3,9 +3,10 @@ output fields, references, pool and execution settings).
 
 `load_job` refuses a bad file before anything is sent, naming the file, the
 line and the key: an unknown column in the template, an unknown field type, an
-enum without values, a missing id or reference column, and so on. Duplicate ids
-are found when the input is read (`conductor.enrich.table.load_rows`), still
-before any call.
+enum without values, a missing id or reference column, a record column name that
+another one repeats in any case (SQL ignores case), and so on. Duplicate ids, and
+rows whose prompt is blank or too long to send, are found when the input is read
+and rendered (`conductor.enrich.table`), still before any call.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ TOP_KEYS = ("name", "description", "input", "prompt", "fields", "references", "p
 MODES = ("direct", "planned")
 STRUCTURED = ("auto", "response_format", "prompt")
 SCORES = ("exact", "numeric", "f1", "set", "tatqa")
-# Columns every record has; a field or carried column may not take these names.
-# A plain-text job (no fields) also writes `text`.
+# Columns every record has; no field, carried column or id may take these names, in any case
+# (SQL ignores case). A plain-text job (no fields) also writes `text`.
 RESERVED = ("status", "error", "cost_usd", "calls", "run_id", "reused", "row_hash", "updated_at", "score",
-            "judge_score", "judge_reason")
+            "judge_score", "judge_reason", "judge_hash")
 CATALOG_VIEWS = ("plans", "traces", "results", "rewards", "runs")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -157,31 +158,13 @@ def load_job(path: str | Path) -> Job:
     for i, c in enumerate(carry):
         if c not in all_cols:
             raise doc.error(("input", "carry", i), f"column {c!r} is not in the input (columns: {', '.join(all_cols)})")
-        if c in RESERVED:
-            raise doc.error(("input", "carry", i), f"column {c!r} clashes with a record column; rename it")
-    carry = [c for c in carry if c != id_column]
 
     prompt = _req(doc, raw, ("prompt",), str)
     names = _template_names(doc, prompt, all_cols)
 
     fields = _fields(doc, raw.get("fields"), ("fields",))
-    if not fields and "text" in carry:
-        raise doc.error(("input", "carry", carry.index("text")), "a job without fields writes its output as column "
-                                                                 "'text', which this carried column would clash with")
-    taken = {id_column, *carry}
-    confidence = {f"{f.name}_confidence": f.name for f in fields}  # a column per field, in the records
-    for f in fields:
-        if f.name in RESERVED or f.name in taken:
-            raise doc.error(("fields", f.name), f"field name {f.name!r} clashes with "
-                                                f"{'a record column' if f.name in RESERVED else 'an input column'}"
-                                                f"; rename it")
-        if f.name in confidence:
-            raise doc.error(("fields", f.name), f"field name {f.name!r} clashes with the confidence column of "
-                                                f"field {confidence[f.name]!r}; rename it")
-    for i, c in enumerate(carry):
-        if c in confidence:
-            raise doc.error(("input", "carry", i), f"column {c!r} clashes with the confidence column of field "
-                                                   f"{confidence[c]!r}; rename it")
+    _check_column_names(doc, id_column, carry, fields)
+    carry = [c for c in carry if c != id_column]
     references = _references(doc, raw.get("references"), fields, all_cols)
 
     pool_path = base / _req(doc, raw, ("pool",), str)
@@ -218,6 +201,39 @@ def load_job(path: str | Path) -> Job:
         planner=dict(planner), budget_usd=None if budget is None else float(budget), samples=samples,
         quality={**quality, "min_valid_share": float(share)}, structured=structured,
         max_steps=_int(doc, raw, "max_steps", 5), seed=_int(doc, raw, "seed", 0, minimum=0), raw=raw)
+
+
+def _check_column_names(doc: Located, id_column: str, carry: list[str], fields: tuple[Field, ...]) -> None:
+    """Every column of the records needs a name of its own, ignoring case: DuckDB (the catalog
+    view, and `published` read through it) takes `Status` and `status` for one name and renames
+    one of them, so `status` in SQL would read the wrong column. Refused at the later name's key."""
+    held: dict[str, tuple[str, tuple, str]] = {r: (r, (), f"the record column {r!r}") for r in RESERVED}
+    if not fields:
+        held["text"] = ("text", (), "the column 'text', where a job without fields writes its output")
+
+    def claim(name: str, key: tuple, what: str) -> None:
+        if (other := held.get(name.lower())) is not None:
+            if other[0] == name and other[1][:2] == key[:2] == ("input", "carry"):
+                raise doc.error(key, f"{what} is listed twice; keep one")
+            case = " (SQL ignores case)" if other[0] != name else ""
+            raise doc.error(key, f"{what} clashes with {other[2]}{case}; rename it")
+        held[name.lower()] = (name, key, what)
+
+    claim(id_column, ("input", "id"), f"id column {id_column!r}")
+    for i, c in enumerate(carry):
+        if c != id_column:  # carrying the id adds nothing: the records hold it anyway
+            claim(c, ("input", "carry", i), f"carried column {c!r}")
+    for f in fields:
+        claim(f.name, ("fields", f.name), f"field {f.name!r}")
+    for f in fields:  # each field also gets a confidence column
+        conf = f"{f.name}_confidence"
+        if (other := held.get(conf.lower())) is not None:
+            _, key, what = other
+            if key[:2] == ("input", "id") or not key:  # the id is named by the input: rename the field
+                raise doc.error(("fields", f.name), f"its confidence column {conf!r} clashes with {what}; "
+                                                    f"rename the field")
+            raise doc.error(key, f"{what} clashes with the confidence column of field {f.name!r}; rename it")
+        held[conf.lower()] = (conf, ("fields", f.name), f"the confidence column of field {f.name!r}")
 
 
 def template_env() -> jinja2.Environment:
@@ -292,6 +308,10 @@ def _fields(doc: Located, raw: Any, at: tuple) -> tuple[Field, ...]:
             values = tuple(v)
         elif "values" in spec:
             raise doc.error(fat + ("values",), f"only an enum takes values (this field is {t})")
+        for key, kind in (("items", "list"), ("fields", "object")):
+            if key in spec and t != kind:  # `type: string` where `list` or `object` was meant
+                raise doc.error(fat + (key,), f"only {'a list' if kind == 'list' else 'an object'} takes {key} "
+                                              f"(this field is {t})")
         items = spec.get("items", "string")
         if t == "list" and items not in ITEM_TYPES:
             raise doc.error(fat + ("items",), f"unknown item type {items!r} (allowed: {', '.join(ITEM_TYPES)})")

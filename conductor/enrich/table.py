@@ -15,13 +15,14 @@ from conductor.enrich import inputs
 from conductor.enrich.job import Job, template_env
 from conductor.enrich.score import reference_value
 from conductor.errors import InputError
+from conductor.plans import MAX_INSTRUCTION_CHARS
 
 _SHOW = 5
 
 
 def load_rows(job: Job) -> pl.DataFrame:
     """The input after joins, in input order; every problem named with the ids involved."""
-    df = _storable(_csv_ids(job, inputs.read(job.input_path, text=(job.id_column,))))
+    df = _storable(_csv_ids(job, inputs.read(job.input_path)))
     where = f"job {job.path}: input {job.input_path}"
     if df.height == 0:
         raise InputError(f"{where}: has no rows")
@@ -35,13 +36,14 @@ def load_rows(job: Job) -> pl.DataFrame:
         raise InputError(f"{where}: id column {job.id_column!r} holds floats; use strings or integers")
     for j in job.joins:
         right = _storable(inputs.read(j.path))
+        df, right = _text_key_as_integers(df, right, j.on)
         if (lt := df.get_column(j.on).dtype) != (rt := right.get_column(j.on).dtype):
             raise InputError(f"job {job.path}: join {j.path}: key {j.on!r} is {lt} in the input and {rt} there; "
                              f"give both the same type (e.g. text on both sides)")
         rdup = right.group_by(j.on).len().filter(pl.col("len") > 1).get_column(j.on).to_list()
         if rdup:
             raise InputError(f"job {job.path}: join {j.path}: key {j.on!r} repeats: {_list(rdup)}")
-        right = right.select([j.on] + [c for c in right.columns if c not in df.columns])
+        right = right.select([j.on] + inputs.kept_columns(right, df.columns))
         missing = df.join(right.select(j.on), on=j.on, how="anti")
         if missing.height:
             keys = missing.get_column(j.on).to_list()
@@ -56,12 +58,27 @@ def _csv_ids(job: Job, df: pl.DataFrame) -> pl.DataFrame:
     """A CSV id column is read as text, then made integers only when every id is written as
     one (no 007: that id would become 7 and join back to nothing)."""
     ids = df.get_column(job.id_column)
-    if ids.dtype != pl.String:
-        return df
-    as_int = ids.cast(pl.Int64, strict=False)
-    if as_int.null_count() == ids.null_count() and (as_int.cast(pl.String) == ids).fill_null(True).all():
-        return df.with_columns(as_int.alias(job.id_column))
-    return df
+    as_int = _integers(ids, pl.Int64) if ids.dtype == pl.String else None
+    return df if as_int is None else df.with_columns(as_int)
+
+
+def _integers(s: pl.Series, dtype: pl.DataType) -> pl.Series | None:
+    """Text as integers of `dtype` when every value is written as one (no 007, no 7.0), else None."""
+    as_int = s.cast(dtype, strict=False)
+    if as_int.null_count() == s.null_count() and (as_int.cast(pl.String) == s).fill_null(True).all():
+        return as_int
+    return None
+
+
+def _text_key_as_integers(df: pl.DataFrame, right: pl.DataFrame, on: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A CSV is read as text: its join key written as integers (1, 2) still matches the integer
+    key of a Parquet or JSON table. Keys such as 007 stay text, and the types are named."""
+    lt, rt = df.get_column(on).dtype, right.get_column(on).dtype
+    if lt == pl.String and rt.is_integer() and (k := _integers(df.get_column(on), rt)) is not None:
+        return df.with_columns(k), right
+    if rt == pl.String and lt.is_integer() and (k := _integers(right.get_column(on), lt)) is not None:
+        return df, right.with_columns(k)
+    return df, right
 
 
 def _storable(df: pl.DataFrame) -> pl.DataFrame:
@@ -77,10 +94,11 @@ def ids_of(job: Job, df: pl.DataFrame) -> list[str]:
 
 def render(job: Job, df: pl.DataFrame) -> list[str]:
     """The prompt of every row, without surrounding blank space (what is sent, verbatim);
-    a row the template cannot render is an error naming its id."""
+    a row the template cannot render, or renders as nothing or too long to send, is an error
+    naming its id, so `job check` finds it and `job run` stops before creating a run."""
     tmpl = template_env().from_string(job.prompt)
     names = list(job.template_names)
-    cols = [df.get_column(n).to_list() for n in names]
+    cols = [inputs.as_written(df, n) for n in names]
     ids = df.get_column(job.id_column).to_list()
     out = []
     for i, rid in enumerate(ids):
@@ -89,13 +107,34 @@ def render(job: Job, df: pl.DataFrame) -> list[str]:
         except Exception as e:  # jinja2 raises UndefinedError, TypeError, ... from user templates
             raise InputError(f"job {job.path}: prompt: cannot render the row with {job.id_column} {rid!r}: "
                              f"{type(e).__name__}: {e}") from None
+    _refuse_unsendable(job, ids, out)
     return out
+
+
+def _refuse_unsendable(job: Job, ids: list[Any], prompts: list[str]) -> None:
+    """Prompts no run can send: blank ones (the query set refuses them, stopping the whole run),
+    and ones over the plan instruction limit (each would fail as invalid_plan in every run: the
+    rendered prompt is a step's instruction in direct mode and in the embedded planner's plans)."""
+    where = f"job {job.path}: input {job.input_path}"
+    blank = [rid for rid, p in zip(ids, prompts) if not p]
+    if blank:
+        col = job.template_names[0] if job.template_names else "text"
+        raise InputError(f"{where}: {len(blank)} row(s) render an empty prompt ({job.id_column} {_list(blank)}); "
+                         f"filter them out of the input, or give the template a fallback for empty values, e.g. "
+                         f"{{{{ ({col} or '') | trim or '(empty)' }}}}")
+    long = [(rid, len(p)) for rid, p in zip(ids, prompts) if len(p) > MAX_INSTRUCTION_CHARS]
+    if long:
+        shown = ", ".join(f"{rid!r} ({n:,} characters)" for rid, n in long[:_SHOW])
+        more = f" and {len(long) - _SHOW} more" if len(long) > _SHOW else ""
+        raise InputError(f"{where}: {len(long)} row(s) render a prompt longer than {MAX_INSTRUCTION_CHARS:,} "
+                         f"characters, conductor's limit for the instruction of one step "
+                         f"({job.id_column} {shown}{more}); shorten their text or filter them out of the input")
 
 
 def row_hashes(job: Job, df: pl.DataFrame, definition: str) -> list[str]:
     """Hash of (job definition, values of the columns the template reads), per row."""
     names = list(job.template_names)
-    cols = [df.get_column(n).to_list() for n in names]
+    cols = [inputs.as_written(df, n) for n in names]
     prefix = definition.encode() + b"\0"
     out = []
     for i in range(df.height):
