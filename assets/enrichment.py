@@ -185,7 +185,7 @@ def evaluate_job_budget_stop(records: dict) -> AssetCheckResult:
     stopped = int((records.get("statuses") or {}).get("budget_exhausted") or 0)
     unjudged = int(records.get("judge_budget_exhausted") or 0)
     what = [f"{stopped} row(s) stopped by a budget" if stopped else "",
-            f"{unjudged} record(s) left unjudged by the budget" if unjudged else ""]
+            f"{unjudged} record(s) left unjudged (or not yet rescored) by the budget" if unjudged else ""]
     desc = ("; ".join(w for w in what if w) + ": the run is unfinished. Raise the job file's budget_usd (or the "
             "provider's in the pool file) and rematerialize the day: finished rows are not paid again"
             if stopped or unjudged else "no row stopped by a budget")

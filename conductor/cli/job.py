@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
               f"budget_usd or the pool file) and rerun: finished rows are kept and only those are sent.")
         return 3
     if summary.get("judge_budget_exhausted"):
-        print(f"\n{summary['judge_budget_exhausted']} record(s) left unjudged by the budget (the judge spends what "
-              f"the job's budget_usd leaves after extraction). Raise it and rerun: the rerun judges them.")
+        print(f"\n{summary['judge_budget_exhausted']} record(s) left unjudged by the budget, or not yet rescored "
+              f"under a changed judge (the judge spends what the job's budget_usd leaves after extraction). "
+              f"Raise it and rerun: the rerun judges them.")
         return 3
     share, floor = summary["metrics"]["valid_share"], job.quality["min_valid_share"]
     if share < floor:

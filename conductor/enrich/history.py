@@ -152,5 +152,6 @@ def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) ->
                 "record": {k: r[k] for k in names} if names else None, "text": r.get("text"),
                 "confidence": {k: r.get(f"{k}_confidence") for k in names} if names else None,
                 "judge_score": r.get("judge_score"), "judge_reason": r.get("judge_reason"),
+                "judge_hash": r.get("judge_hash"),  # None before the column existed: judged again
             }
     return out

@@ -3,11 +3,20 @@ by the rubric in the job file (`quality.judge: {worker, rubric}`).
 
 Its calls are a run of their own (`<run_id>-judge`) through the same executor,
 cache, budgets and traces; each answer is a validated record
-`{score: 0..1, reason}`. Reused records keep the score they were given.
+`{score: 0..1, reason}`. A score outside 0..1 (a judge that answers on a 1-10
+scale) is an invalid reply like any other: it gets the one repair, and if that is
+out of range too the record has no judge score, and `judge_reason` says why.
+Nothing is clamped.
+
+Each answer is stored with `judge_hash`, a digest of what decided the judge's
+request (see `judge_hash`): a reused record is judged again, and keeps its record,
+when its digest is not the current one (another rubric or judge worker, or null:
+never judged, its call failed, or written before the digest existed).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +27,21 @@ import pyarrow.parquet as pq
 
 from conductor.fields import Field, object_schema
 from conductor.enrich.job import Job
+from conductor.pool import Pool
 from conductor.records import RecordChecker
 from conductor.execute.structured import RecordSpec
 from conductor.store import RunDir, write_table
 
 FIELDS = (Field("score", "number", "how well the record meets the rubric, from 0 (not at all) to 1 (fully)", True),
           Field("reason", "string", "one sentence on the score", True))
+
+
+def judge_schema() -> dict[str, Any]:
+    """The judge's record, sent and checked: `score` bounded to 0..1, so a reply out of that
+    range is invalid (repaired once), and a structured-output provider keeps it in range."""
+    schema = object_schema(FIELDS, strict=True)
+    schema["properties"]["score"].update(minimum=0, maximum=1)
+    return schema
 
 
 def judge_prompt(rubric: str, prompt: str, record: dict[str, Any]) -> str:
@@ -33,12 +51,29 @@ def judge_prompt(rubric: str, prompt: str, record: dict[str, Any]) -> str:
             f"Score the record against the rubric.")
 
 
+def judge_hash(job: Job, pool: Pool) -> str:
+    """What decides the judge's request besides the row's own prompt and record: the rubric and
+    the prompt template (rendered around placeholders), the record schema and how it is asked
+    for (`structured`), and the judge worker's model, endpoint and parameters. A score given
+    under another digest is not this judge's: the record is judged again (not extracted again)."""
+    spec = job.quality["judge"]
+    w = pool.worker(spec["worker"])
+    ident = {"template": judge_prompt(spec.get("rubric") or "", "\x00prompt\x00", {"\x00record\x00": None}),
+             "schema": judge_schema(), "structured": job.structured,
+             "worker": [w.id, w.kind, w.model, w.api_base, w.params, w.system, w.function], "replay": pool.replay}
+    return hashlib.sha256(orjson.dumps(ident, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
 def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dict[str, Any]]],
           progress: bool, budget_usd: float | None = None, refresh: bool = False
-          ) -> tuple[dict[str, tuple[float | None, str | None]], float, int]:
-    """Score (id, prompt, record) items within `budget_usd`; returns (id -> (score, reason),
-    what the judge cost, items a budget stopped). `refresh` (--full-refresh) asks the judge
-    again rather than the response cache."""
+          ) -> tuple[dict[str, tuple[float | None, str, bool]], float, int]:
+    """Score (id, prompt, record) items within `budget_usd`; returns (id -> (score, reason,
+    answered), what the judge cost, items a budget stopped). An id a budget stopped is left out
+    of the mapping: it was not judged. `answered` is False when the call failed (an error, not
+    the judge's answer: the next run asks again); an answer that is not a valid record even after
+    the repair (a score outside 0..1, say) is the judge's answer, (None, why, True): asking the
+    same request again would get the same reply from the response cache. `refresh`
+    (--full-refresh) asks the judge again rather than the response cache."""
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, execute_stage, plan_stage, prepare
 
@@ -57,14 +92,24 @@ def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dic
                     budget_usd=budget_usd, progress=progress, refresh=refresh)
     prepared = prepare(cfg)
     plan_stage(prepared, DirectPlanner(spec["worker"]))
-    schema = object_schema(FIELDS, strict=True)
-    execute_stage(prepared, record=RecordSpec(f"{job.name}_judge", schema, RecordChecker(schema), job.structured))
-    results = pq.read_table(jrun.table("results"), columns=["query_id", "status", "final_answer", "cost_usd"])
+    schema = judge_schema()
     checker = RecordChecker(schema)
-    out: dict[str, tuple[float | None, str | None]] = {}
+    execute_stage(prepared, record=RecordSpec(f"{job.name}_judge", schema, checker, job.structured))
+    results = pq.read_table(jrun.table("results"), columns=["query_id", "status", "final_answer", "error",
+                                                             "cost_usd"])
+    out: dict[str, tuple[float | None, str, bool]] = {}
+    stopped = 0
     for r in results.to_pylist():
-        rec, _ = checker.check(r["final_answer"]) if r["status"] == "ok" else (None, None)
-        out[r["query_id"]] = ((min(1.0, max(0.0, float(rec["score"]))), rec["reason"]) if rec else (None, None))
-    stopped = sum(s == "budget_exhausted" for s in results.column("status").to_pylist())
+        status, error = r["status"], r["error"] or r["status"]
+        if status == "budget_exhausted":
+            stopped += 1
+            continue  # not judged: a record keeps what it had, and the next run judges it
+        rec, why = checker.check(r["final_answer"]) if status == "ok" else (None, error)
+        if rec is not None:
+            out[r["query_id"]] = (float(rec["score"]), rec["reason"], True)
+        elif status in ("ok", "invalid") or "not a valid record" in error:
+            out[r["query_id"]] = (None, f"no valid judge reply: {why}", True)
+        else:
+            out[r["query_id"]] = (None, f"the judge's call failed ({status}): {why}", False)
     jrun.set_status("incomplete" if stopped else "complete", judge_of=run.run_id)
     return out, pc.sum(results.column("cost_usd")).as_py() or 0.0, stopped

@@ -5,7 +5,8 @@ With references: per field, the mean score over rows whose reference is not null
 and f1, set's jaccard); overall, the mean over those rows of the row's score
 (the mean of its scored fields). Always: the share of rows with a valid record,
 per field the share of valid records where it is null, and the mean confidence
-where the workflow gave one.
+where the workflow gave one. With a judge: the mean judge score over records
+scored under the current judge definition.
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ def row_scores(job: Job, df: pl.DataFrame, records: list[dict[str, Any] | None])
     return out
 
 
-def metrics(job: Job, df: pl.DataFrame, records: list[dict[str, Any] | None], table: pa.Table) -> dict[str, Any]:
+def metrics(job: Job, df: pl.DataFrame, records: list[dict[str, Any] | None], table: pa.Table,
+            judge_hash: str | None = None) -> dict[str, Any]:
+    """The job's metrics. With a judge, `judge_hash` is the current judge definition's digest:
+    the mean judge score is over scores given under it, and scores kept from another definition
+    (a budget stopped their re-judging) are counted apart, as `stale_rows`."""
     n = table.num_rows
     valid = [r for r in records if r is not None]
     ok = pc.sum(pc.equal(table.column("status"), "ok").cast(pa.int64())).as_py() or 0
@@ -71,8 +76,14 @@ def metrics(job: Job, df: pl.DataFrame, records: list[dict[str, Any] | None], ta
                     m[extra] = fmean(vals)
         out["fields"][f.name] = m
     if "judge_score" in table.column_names:
-        judged = [s for s in table.column("judge_score").to_pylist() if s is not None]
-        out["judge"] = {"mean_score": fmean(judged) if judged else None, "judged_rows": len(judged)}
+        scores = table.column("judge_score").to_pylist()
+        hashes = (table.column("judge_hash").to_pylist() if judge_hash is not None and "judge_hash" in
+                  table.column_names else [judge_hash] * n)
+        judged = [s for s, h in zip(scores, hashes) if s is not None and h == judge_hash]
+        # Scores kept from another judge definition (a budget stopped their re-judging): not this judge's.
+        stale = sum(s is not None and h != judge_hash for s, h in zip(scores, hashes))
+        out["judge"] = {"mean_score": fmean(judged) if judged else None, "judged_rows": len(judged),
+                        "stale_rows": stale}
     if job.references:
         scores = [s for s in (table.column("score").to_pylist() if "score" in table.column_names else []) if s is not None]
         out["overall"] = fmean(scores) if scores else None

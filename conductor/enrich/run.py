@@ -8,7 +8,10 @@ journal and traces), so an enrichment run is also a run in the catalog. The
 run's records.parquet holds every input row: the id, the carried columns, one
 typed column per field, status, error, cost and calls, per-field confidence
 where the workflow had several record-producing steps, and the row's score
-where references exist.
+where references exist. With a judge, each valid record without a reference also
+gets `judge_score`, `judge_reason` and `judge_hash` (the digest of the judge
+definition that gave the score): a reused record whose digest is not the current
+judge's is judged again, without being extracted again.
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     now = datetime.now(timezone.utc)
 
     previous = {} if full_refresh else previous_records(data_dir, job, definition, exclude=run_id)
+    judging = bool(job.quality.get("judge") and job.fields)
+    current_judge = None
+    if judging:
+        from conductor.enrich.judge import judge_hash
+
+        current_judge = judge_hash(job, pool)
     retry = set() if full_refresh else failed_before(data_dir, job, definition, run_id, dict(zip(ids, hashes)))
     reuse = [i for i, (rid, h) in enumerate(zip(ids, hashes)) if previous.get(rid, {}).get("row_hash") == h]
     reused = set(reuse)
@@ -96,9 +105,9 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
         _write_rewards(job, df, ids, run, plans)
     elif not run.exists():
         run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
-    if job.quality.get("judge") and job.fields:
+    if judging:
         judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run, data_dir,
-                                           progress, full_refresh)
+                                           progress, current_judge, full_refresh)
 
     say("writing records")
     rows = _row_outcomes(ids, computed, previous, reused, run_id)
@@ -106,7 +115,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     table = _records_table(job, df, ids, hashes, rows, records, now)
     write_table(run.table("records"), table)
     summary = _summary(job, table, run, len(todo), len(reuse), time.monotonic() - t0,
-                       compute_metrics(job, df, records, table))
+                       compute_metrics(job, df, records, table, judge_hash=current_judge))
     summary["judge_cost_usd"] = judge_cost
     summary["judge_budget_exhausted"] = judge_stopped
     summary["failures"] = _failures(table)
@@ -203,10 +212,17 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
 
 def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int], computed: dict,
            reuse: list[int], previous: dict, run: RunDir, data_dir: Path, progress: bool,
-           refresh: bool = False) -> tuple[float, int]:
+           current: str, refresh: bool = False) -> tuple[float, int]:
     """Have the judge score the valid records of rows without any reference value: this run's,
-    and reused ones a budget kept from being judged before. The judge spends what the job's
-    budget_usd leaves after extraction. Returns (its cost, records a budget left unjudged)."""
+    and reused ones not judged under the current judge definition: their `judge_hash` differs
+    from `current` (the rubric, the judge worker or its model or parameters changed) or is null
+    (a budget or a failed call kept them from being judged, or they were written before
+    `judge_hash` existed, so their score cannot be told apart). Those are judged again, not
+    extracted again. A record the judge answered under `current`, even with an invalid reply,
+    is not asked again: the response cache holds the same reply. The judge spends what the
+    job's budget_usd leaves after extraction; a reused record it stops keeps the score it had,
+    with that score's digest, so the next run judges it. Returns (its cost, records a budget
+    left unjudged)."""
     from conductor.enrich.judge import judge
 
     gold = [df.get_column(r.column).to_list() for r in job.references.values()]
@@ -217,7 +233,7 @@ def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo:
             items.append((ids[i], prompts[i], c["record"]))
     for i in reuse:
         p = previous.get(ids[i])
-        if p and p["status"] == OK and p.get("judge_score") is None and all(g[i] is None for g in gold):
+        if p and p["status"] == OK and p.get("judge_hash") != current and all(g[i] is None for g in gold):
             items.append((ids[i], prompts[i], p["record"]))
     if not items:
         return 0.0, 0
@@ -226,9 +242,13 @@ def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo:
         spent = pq.read_table(run.table("results"), columns=["cost_usd"]).column(0) if todo else None
         budget = max(0.0, job.budget_usd - ((pc.sum(spent).as_py() or 0.0) if spent is not None else 0.0))
     scores, cost, stopped = judge(job, run, data_dir, items, progress, budget, refresh)
-    for rid, (score, reason) in scores.items():
-        target = computed.get(rid) or previous[rid]
-        target["judge_score"], target["judge_reason"] = score, reason
+    for rid, (score, reason, answered) in scores.items():  # a record the budget stopped is not in scores
+        if answered:
+            target = computed.get(rid) or previous[rid]
+            target["judge_score"], target["judge_reason"], target["judge_hash"] = score, reason, current
+        elif rid in computed:  # the call failed: no digest, so the next run asks again
+            computed[rid]["judge_score"], computed[rid]["judge_reason"] = None, reason
+        # a reused record whose call failed keeps the score it had, with its own digest
     return cost, stopped
 
 
@@ -317,7 +337,8 @@ def _row_outcomes(ids: list[str], computed: dict, previous: dict, reused: set[in
             p = previous[rid]
             rows.append({"record": p["record"], "text": p.get("text"), "status": p["status"], "error": p["error"],
                          "cost_usd": 0.0, "calls": 0, "confidence": p["confidence"], "run_id": p["run_id"],
-                         "reused": True, "judge_score": p.get("judge_score"), "judge_reason": p.get("judge_reason")})
+                         "reused": True, "judge_score": p.get("judge_score"), "judge_reason": p.get("judge_reason"),
+                         "judge_hash": p.get("judge_hash")})
         else:
             c = computed.get(rid) or {"record": None, "text": None, "status": "error", "confidence": None,
                                       "error": "no outcome recorded", "cost_usd": None, "calls": 0}
@@ -347,6 +368,7 @@ def _records_table(job: Job, df: pl.DataFrame, ids: list[str], hashes: list[str]
     if job.quality.get("judge") and job.fields:
         cols["judge_score"] = pa.array([r.get("judge_score") for r in rows], pa.float64())
         cols["judge_reason"] = pa.array([r.get("judge_reason") for r in rows], pa.string())
+        cols["judge_hash"] = pa.array([r.get("judge_hash") for r in rows], pa.string())
     cols.update({
         "status": pa.array([r["status"] for r in rows], pa.string()),
         "error": pa.array([r["error"] for r in rows], pa.string()),
