@@ -113,3 +113,35 @@ def test_refresh_on_a_run_that_exists_says_that_finished_plans_keep_their_answer
     fresh = run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data, flag, "--run-id", "anew")
     assert fresh.returncode == 0 and "applies only" not in fresh.stderr
     assert fresh_sim.log()["total"] > 0  # a new run asks again
+
+
+def test_an_answer_claimed_from_the_run_cache_is_not_counted_again_by_a_later_resume(tmp_path, fresh_sim,
+                                                                                    sample_queries):
+    """A process killed after the run cache kept an answer but before the journal logged it: the
+    resume records it as the paid call it was. Its reservation stayed unsettled, so every later
+    command on the run counted the same call again, as lost in flight."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    data = tmp_path / "data"
+    args = ("run", sample_queries, "--pool", pool, "--quiet", "--no-cache", "--data-dir", data)
+    assert run_cli(*args).returncode == 0
+    work = next((data / "runs").iterdir()) / "work"
+    steps = [orjson.loads(x) for x in (work / "steps.jsonl").read_bytes().splitlines()]
+    cut = next(s for s in reversed(steps) if s.get("attempts"))  # the kill took its row, its settling, its plan
+    (work / "steps.jsonl").write_bytes(b"".join(orjson.dumps(s) + b"\n" for s in steps if s is not cut))
+    reservations = [orjson.loads(x) for x in (work / "reservations.jsonl").read_bytes().splitlines()]
+    rid = next(r["id"] for r in reservations if r.get("key") == cut["request_key"])
+    (work / "reservations.jsonl").write_bytes(b"".join(
+        orjson.dumps(r) + b"\n" for r in reservations if not (r["id"] == rid and "settled" in r)))
+    plans = [orjson.loads(x) for x in (work / "plans.jsonl").read_bytes().splitlines()]
+    (work / "plans.jsonl").write_bytes(b"".join(
+        orjson.dumps(p) + b"\n" for p in plans if p["plan_id"] != cut["plan_id"]))
+    (next((data / "runs").iterdir()) / "results.parquet").unlink()
+    cost = orjson.loads((work.parent / "summary.json").read_bytes())["cost_usd"]
+    fresh_sim.reset()
+    for i in range(2):  # the resume claims the answer; the next command must not count it again
+        r = run_cli(*args)
+        assert r.returncode == 0 and "lost in flight" not in r.stdout, (i, r.stdout + r.stderr)
+        summary = orjson.loads((work.parent / "summary.json").read_bytes())
+        assert summary["lost_in_flight"]["calls"] == 0
+        assert summary["cost_usd"] == pytest.approx(cost)
+    assert fresh_sim.log()["total"] == 0  # answered from the run cache, never sent again

@@ -57,13 +57,13 @@ class ExecutionContext:
             spent = dict(self.state.spent)
             for pid, usd in self.spent_before.items():
                 spent[pid] = spent.get(pid, 0.0) + usd
-            claimable: set[str] = set()
-            for key, pid, usd in self.state.unsettled.values():
+            claimable: dict[str, str] = {}  # request key -> id of the reservation its answer settles
+            for rid, (key, pid, usd) in self.state.unsettled.items():
                 # Sent by a killed process, maybe paid: counted, unless its answer waits in the run
                 # cache with no step row yet (the resume claims and counts it, once per answer). A key
                 # a later process sent again and logged was paid twice: that row counts the other.
                 if key not in self.state.paid and key not in claimable and run_cache.get(key) is not None:
-                    claimable.add(key)
+                    claimable[key] = rid
                     continue
                 self._lost_before["calls"] += 1
                 if usd is None:  # no known price: how much it cost cannot be bounded
@@ -73,6 +73,11 @@ class ExecutionContext:
                 self._lost_before["reserved_usd"] += usd
             journal = Journal(self.work, answers_first=run_cache.flush)
             self._open.append(journal)
+            for rid in claimable.values():
+                # Settled here, since the claim's step row carries the answer's cost: left open, every
+                # later command would count the call again as lost in flight. Should this process die
+                # before logging the claim, the next one claims the answer from the run cache all the same.
+                journal.settled(rid, 0.0)
             self.executor = Executor(self.pool, journal, self.options, cache=cache, run_cache=run_cache,
                                      progress=self.progress, spent=spent, paid=self.state.paid,
                                      **self.executor_options)
