@@ -204,6 +204,26 @@ def planning_dir(run: Run) -> Path:
     return run.dir.work / "planner"
 
 
+def planning_spent(run: Run) -> tuple[dict[str, float], dict[str, Any]]:
+    """What planning spent, per provider, for the budgets of the execution: its logged calls,
+    and at their worst case those it sent and never saw answered (cut off by timeout_s, or
+    in flight when a planning process was killed), which the provider may have billed; and
+    those calls, to be counted in the run's lost-in-flight line."""
+    lost = lost_in_flight({})
+    if not planning_dir(run).exists():
+        return {}, lost
+    state = load_state(planning_dir(run))
+    spent = dict(state.spent)
+    for _, pid, usd in state.unsettled.values():
+        lost["calls"] += 1
+        if usd is None:
+            lost["unpriced_calls"] = lost.get("unpriced_calls", 0) + 1
+            continue
+        spent[pid] = spent.get(pid, 0.0) + usd
+        lost["reserved_usd"] += usd
+    return spent, lost
+
+
 def bind_planner(run: Run, planner: Any) -> None:
     """Give a planner back end the run's context (see PlannerBackEnd.bind)."""
     if isinstance(planner, PlannerBackEnd):
@@ -332,7 +352,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
         return run.dir.table("results")
     check_ready(run, plans_path)
     state = load_state(run.dir.work, retry_failed=cfg.retry_failed)
-    planning = load_state(planning_dir(run)).spent if planning_dir(run).exists() else {}
+    planning, planning_lost = planning_spent(run)
     own_planner = None
     if replanner is None and any(w.kind == "planner" for w in run.pool.workers):
         replanner = make_replanner(planner, run.pool, cfg.max_steps) if planner is not None else None
@@ -373,7 +393,10 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     progress.say("writing traces and results")
     finalize_journal(run.dir)
     carry_columns(run)
-    run.dir.set_status("executed", spend=context.spend(), lost_in_flight=context.lost_in_flight)
+    lost = context.lost_in_flight
+    for k, v in planning_lost.items():
+        lost[k] = lost.get(k, 0) + v
+    run.dir.set_status("executed", spend=context.spend(), lost_in_flight=lost)
     return run.dir.table("results")
 
 

@@ -289,3 +289,18 @@ def test_budgets_count_what_planning_spent(sim, tmp_path, queries, cap):
     run(tmp_path, path, queries, samples=2, planner_options=LLM, data="small", cache=False, run_id="s", **kw)
     assert all(sim.log()["by_request_key"][k] == 1 for k in paid)
     assert len(pq.read_table(small / "plans.parquet")) == 24
+
+
+def test_planning_calls_never_answered_count_against_the_execution_budget(sim, tmp_path, queries):
+    """A planning request cut off by timeout_s, or in flight when planning was killed, may have
+    been billed: its reservation stays unsettled in the planner's journal, and the execution under
+    the same budget must count it at its worst case, as it counts its own (it counted only the
+    planning calls logged)."""
+    pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=plannersim.planner_worker(sim.url))
+    summary, run_dir = run(tmp_path, pool, queries, samples=2, planner_options=LLM, budget_usd=100.0)
+    before = {c["cap"]: c["spent_usd"] for c in summary["spend"]}["run"]
+    with open(run_dir / "work" / "planner" / "reservations.jsonl", "ab") as f:  # sent, never answered
+        f.write(orjson.dumps({"id": "k:1:1", "key": "k", "provider": "sim", "usd": 0.25, "_seq": 1}) + b"\n")
+    summary, _ = run(tmp_path, pool, queries, samples=2, planner_options=LLM, budget_usd=100.0)
+    assert {c["cap"]: c["spent_usd"] for c in summary["spend"]}["run"] == pytest.approx(before + 0.25)
+    assert summary["lost_in_flight"] == {"calls": 1, "reserved_usd": 0.25}  # and said, in the summary
