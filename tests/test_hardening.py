@@ -668,7 +668,8 @@ def test_calls_waiting_to_retry_at_ctrl_c_are_not_counted_as_lost_in_flight(tmp_
            "--data-dir", str(tmp_path / "data"), "--quiet", "--no-cache"]
     p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(fresh_sim, 2)  # two calls failed once; the next slot is about 5 s away (room for a busy machine)
+    _wait_for(fresh_sim, 2)  # two calls failed once; the next slot is about 5 s away
+    time.sleep(1.0)  # the server logs a request before the client has read its 500: let the client read it
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "waiting up to 20 s for 0 call(s) in flight" in err, err
