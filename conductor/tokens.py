@@ -15,11 +15,14 @@ MESSAGE_FRAMING_TOKENS = 4  # role and separators a chat template adds per messa
 
 
 def tokens_from_chars(chars: Any) -> Any:
-    """Characters / 4, rounded half to even. Takes an int or a polars expression.
-    Budget reservations do not use it: they need a bound (max_prompt_tokens)."""
+    """Characters / 4, rounded half to even, and at least 1 for any text: a one-letter answer
+    ("B") is a token, and 0 for text is what the executor takes for lying usage. Takes an int
+    or a polars expression. Budget reservations do not use it: they need a bound (max_prompt_tokens)."""
     if isinstance(chars, int):
-        return round(chars / CHARS_PER_TOKEN)
-    return (chars / CHARS_PER_TOKEN).round(0).cast(int)
+        return max(round(chars / CHARS_PER_TOKEN), 1 if chars > 0 else 0)
+    import polars as pl
+
+    return pl.max_horizontal((chars / CHARS_PER_TOKEN).round(0).cast(int), (chars > 0).cast(int))
 
 
 def estimate_tokens(messages: list[dict[str, str]]) -> int:

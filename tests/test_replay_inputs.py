@@ -186,6 +186,28 @@ def test_a_budget_holds_when_recorded_costs_exceed_the_effective_price(tmp_path,
     assert spent >= 0.06 and summary["statuses"].get("budget_exhausted")  # the cap was reached, not avoided
 
 
+def test_one_character_answers_without_recorded_usage_cost_a_token_not_the_request_bound(tmp_path, monkeypatch):
+    """A recorded "4" with no token columns was estimated at 0 tokens (characters / 4, rounded), which
+    the executor takes for lying usage and charges at the request's bound: about 180x (audit40)."""
+    from conductor.replay.process import start_replay
+    from conductor.runner import RunConfig, run_all
+
+    t = _table().drop("cost_usd").with_columns(pl.lit("4").alias("response"))
+    table = _write(tmp_path, t)
+    prices = tmp_path / "prices.csv"
+    prices.write_text("model,input_usd_per_mtok,output_usd_per_mtok\n" + "".join(f"{m},1,2\n" for m in MODELS))
+    pool, queries = tmp_path / "pool.yaml", tmp_path / "q.parquet"
+    assert _replay("pool", "--table", str(table), "--prices", str(prices), "--out", str(pool), tmp_path=tmp_path) == 0
+    assert _replay("queries", "--table", str(table), "--out", str(queries), tmp_path=tmp_path) == 0
+    with start_replay(pool) as server:
+        monkeypatch.setenv("CONDUCTOR_REPLAY_URL", server.url)
+        run_all(RunConfig(queries=queries, pool=pool, data_dir=tmp_path / "data", run_id="short", progress=False))
+    traces = [r for r in pq.read_table(tmp_path / "data" / "runs" / "short" / "traces.parquet").to_pylist()
+              if r["status"] == "ok" and r["worker"] in MODELS]
+    assert traces and all(r["completion_tokens"] == 1 and "0 tokens" not in (r["error"] or "") for r in traces)
+    assert all(r["cost_usd"] == pytest.approx((r["prompt_tokens"] * 1 + 2) / 1e6) for r in traces)
+
+
 # ---------------------------------------------------------------- F2: one question text, two ids
 
 
