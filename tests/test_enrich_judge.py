@@ -26,12 +26,13 @@ TEXTS = [f"Invoice {i}: {100 + 7 * i} units of part {chr(65 + i)} shipped on day
 
 
 def write_job(folder: Path, url: str, *, rubric: str = "Be strict: every field must be in the text.",
-              judge_worker: str = "weak", budget_usd: float | None = None, concurrency: int = 32) -> Path:
+              judge_worker: str = "weak", budget_usd: float | None = None, concurrency: int = 32,
+              timeout_s: float = 10) -> Path:
     pq.write_table(pa.table({"id": IDS, "text": TEXTS}), folder / "input.parquet")
     # The judge's calls (weak's) are charged for their output only, at most 64 tokens: a call's
     # worst case, reserved against a budget, is JUDGE_WORST_USD.
     (folder / "pool.yaml").write_text(yaml.safe_dump({
-        "providers": {"sim": {"max_concurrency": concurrency, "timeout_s": 10}},
+        "providers": {"sim": {"max_concurrency": concurrency, "timeout_s": timeout_s}},
         "workers": [worker("fast", url), worker("weak", url, price={"input_per_mtok": 0, "output_per_mtok": 2.0},
                                                 params={"temperature": 0, "max_tokens": 64})]}, sort_keys=False))
     doc = {"name": "notes", "input": {"path": "input.parquet", "id": "id"}, "prompt": "Note: {{ text }}",
@@ -239,3 +240,21 @@ def test_a_judge_score_outside_0_to_1_is_an_invalid_reply_not_clamped(fake, tmp_
     else:
         assert s["metrics"]["judge"]["mean_score"] == pytest.approx(expected)
         assert all(r["judge_reason"] == f"said {repair}" for r in rec.values())
+
+
+def test_requests_cut_off_by_timeout_are_counted_for_the_job_and_within_its_budget(fresh_sim, tmp_path):
+    """Extraction's and the judge's requests cut off by timeout_s may be billed: the job's lost-in-flight
+    line counts both runs' (the judge's was counted nowhere), and the judge's budget is what extraction
+    left after its cost and those calls at their worst case (it left out the calls)."""
+    import time
+
+    sim, data = fresh_sim, tmp_path / "data"
+    sim.set_faults(hang_rate=0.3, hang_s=1.5)
+    budget = 0.004
+    summary = run_job(load_job(write_job(tmp_path, sim.url, budget_usd=budget, timeout_s=0.5)), data_dir=data,
+                      progress=False)
+    time.sleep(2)  # the server logs a request it hung on once it finds the client gone
+    hung = sim.log()["by_status"].get("499", 0)
+    lost = summary["lost_in_flight"]
+    assert hung > 0 and lost["calls"] == hung
+    assert summary["cost_usd"] + summary["judge_cost_usd"] + lost["reserved_usd"] <= budget + 1e-9

@@ -119,7 +119,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     summary["judge_cost_usd"] = judge_cost
     summary["judge_budget_exhausted"] = judge_stopped
     summary["failures"] = _failures(table)
-    summary["lost_in_flight"] = lost_in_flight(run.read_manifest())
+    summary["lost_in_flight"] = _lost_in_flight(run, RunDir(data_dir, f"{run_id}-judge"))
     summary["abandoned_runs"] = abandoned
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
@@ -210,6 +210,16 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     return _outcomes(job, pool, run)
 
 
+def _lost_in_flight(run: RunDir, judge_run: RunDir) -> dict[str, Any]:
+    """The job's calls sent and never answered (maybe billed): extraction's and the judge's, whose
+    run is its own and whose work folder a complete job removes."""
+    lost = lost_in_flight(run.read_manifest())
+    if judge_run.exists():
+        for k, v in lost_in_flight(judge_run.read_manifest()).items():
+            lost[k] = lost.get(k, 0) + v
+    return lost
+
+
 def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int], computed: dict,
            reuse: list[int], previous: dict, run: RunDir, data_dir: Path, progress: bool,
            current: str, refresh: bool = False) -> tuple[float, int]:
@@ -240,7 +250,9 @@ def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo:
     budget = None
     if job.budget_usd is not None:
         spent = pq.read_table(run.table("results"), columns=["cost_usd"]).column(0) if todo else None
-        budget = max(0.0, job.budget_usd - ((pc.sum(spent).as_py() or 0.0) if spent is not None else 0.0))
+        # extraction's calls never answered may be billed too: at their worst case, as its budget counted them
+        lost = lost_in_flight(run.read_manifest())["reserved_usd"] if todo else 0.0
+        budget = max(0.0, job.budget_usd - ((pc.sum(spent).as_py() or 0.0) if spent is not None else 0.0) - lost)
     scores, cost, stopped = judge(job, run, data_dir, items, progress, budget, refresh)
     for rid, (score, reason, answered) in scores.items():  # a record the budget stopped is not in scores
         if answered:
