@@ -303,6 +303,45 @@ def test_json_floats_written_as_floats_and_parquet_values_render_and_hash_as_bef
                       for i in range(2)]
 
 
+@pytest.mark.parametrize("template, column, how", [
+    ("double {{ amount * 2 }}", "amount", "in arithmetic"),
+    ("{{ -amount }}", "amount", "in arithmetic"),
+    ("{% if amount == 0 %}zero{% endif %}", "amount", "compared as a number"),
+    ("{% if 10 < amount %}big{% endif %}", "amount", "compared as a number"),
+    ("{{ zip }}\n{% if zip > note %}after{% endif %}", "zip", "compared as a number"),
+])
+def test_a_csv_column_computed_with_as_it_is_is_refused_at_its_line(folder, template, column, how):
+    """Read as text, `amount * 2` repeats '12.50' and `amount == 0` is never true: silently, and paid.
+    (Audit40: inferred as numbers before, such templates worked.)"""
+    (folder / "in.csv").write_text("id,zip,amount,note\n1,00501,12.50,hello\n")
+    text = CSV_JOB.replace("INPUT", "in.csv").replace(
+        '"ZIP {{ zip }} amount {{ amount }} note {{ note }}"', "|\n  " + template.replace("\n", "\n  "))
+    path = write(folder, text, "csv.yaml")
+    with pytest.raises(InputError) as e:
+        load_job(path)
+    line = line_of(text, "prompt:") + 1 + template.count("\n")
+    assert str(e.value).startswith(f"job file {path}:{line}: prompt: column {column!r} is {how}, but a CSV "
+                                   f"input is read as text"), str(e.value)
+    assert f"{{{{ {column} | float }}}}" in str(e.value)
+
+
+@pytest.mark.parametrize("template", [
+    "double {{ amount | float * 2 }}",
+    "{% if (amount | float) == 0 %}zero{% endif %}",
+    "{% if note == 'hello' %}hi{% endif %} {% if note %}{{ note }}{% endif %} {{ id * 1 }}",
+    "{{ zip ~ note }}",
+])
+def test_converted_text_comparisons_and_a_parquet_input_are_left_alone(folder, template):
+    (folder / "in.csv").write_text("id,zip,amount,note\n1,00501,12.50,hello\n")
+    text = CSV_JOB.replace('"ZIP {{ zip }} amount {{ amount }} note {{ note }}"', repr(template).replace("'", '"')
+                           if "'" not in template else '"' + template + '"')
+    load_job(write(folder, text.replace("INPUT", "in.csv"), "csv.yaml"))
+    pq.write_table(pa.table({"id": [1], "zip": ["00501"], "amount": [12.5], "note": ["hello"]}), folder / "p.parquet")
+    load_job(write(folder, CSV_JOB.replace("INPUT", "p.parquet").replace(
+        '"ZIP {{ zip }} amount {{ amount }} note {{ note }}"', '"{{ amount * 2 }} {% if amount == 0 %}z{% endif %}"'),
+        "pq.yaml"))
+
+
 def test_a_grown_csv_sends_only_its_new_row_and_carries_text(fresh_sim, tmp_path):
     """End to end over HTTP: the audit's case, where the appended 1.5 re-sent every row."""
     sim = fresh_sim

@@ -44,6 +44,12 @@ def input_files(path: Path) -> list[Path]:
 _INT = "\0int:"
 
 
+def is_csv(path: Path) -> bool:
+    """A CSV input (a file, or a folder of them): its columns are read as text."""
+    files = input_files(path)
+    return FORMATS[files[0].suffix.lower()] == "csv"
+
+
 def scan(path: Path) -> pl.LazyFrame:
     """Every CSV column as text, exactly as written (an id such as 007, a code such as 00501)."""
     files = input_files(path)

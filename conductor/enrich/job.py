@@ -138,6 +138,7 @@ def load_job(path: str | Path) -> Job:
     if not isinstance(join_raw, list):
         raise doc.error(("input", "join"), "must be a list of {path, on}")
     all_cols = list(cols)
+    text_cols = set(cols) if inputs.is_csv(input_path) else set()  # CSV is read as written: text
     for i, j in enumerate(join_raw):
         at = ("input", "join", i)
         if isinstance(j, dict) and True in j:  # YAML 1.1 reads a bare `on` key as true
@@ -150,6 +151,8 @@ def load_job(path: str | Path) -> Job:
         for where, have in (("the input", all_cols), (str(jpath), jcols)):
             if on not in have:
                 raise doc.error(at + ("on",), f"join column {on!r} is not in {where} (columns: {', '.join(have)})")
+        if inputs.is_csv(jpath):
+            text_cols |= {c for c in jcols if c not in all_cols}
         all_cols += [c for c in jcols if c not in all_cols]
         joins.append(Join(jpath, on))
     carry = inp.get("carry") or []
@@ -161,6 +164,7 @@ def load_job(path: str | Path) -> Job:
 
     prompt = _req(doc, raw, ("prompt",), str)
     names = _template_names(doc, prompt, all_cols)
+    _refuse_numbers_from_text(doc, prompt, text_cols - {id_column})
 
     fields = _fields(doc, raw.get("fields"), ("fields",))
     _check_column_names(doc, id_column, carry, fields)
@@ -265,6 +269,44 @@ def _template_names(doc: Located, prompt: str, columns: list[str]) -> set[str]:
         raise InputError(f"job file {doc.path}:{line}: prompt: template reads column {n!r}, which the input "
                          f"does not have{more} (columns: {', '.join(columns)})")
     return set(names)
+
+
+_ARITHMETIC = (jinja2.nodes.Add, jinja2.nodes.Sub, jinja2.nodes.Mul, jinja2.nodes.Div, jinja2.nodes.FloorDiv,
+               jinja2.nodes.Mod, jinja2.nodes.Pow, jinja2.nodes.Neg, jinja2.nodes.Pos)
+_ORDER = ("gt", "gteq", "lt", "lteq")
+
+
+def _refuse_numbers_from_text(doc: Located, prompt: str, text_cols: set[str]) -> None:
+    """A CSV column is text as written, so the template must convert it to compute with it: on
+    text, `amount * 2` repeats the string ('12.5012.50'), `qty == 0` is never true and `a > b`
+    compares letters, all silently. Refused where a CSV column is an operand as it is (not
+    through a filter such as `| float`), naming the column and the line."""
+    if not text_cols:
+        return
+    ast = template_env().parse(prompt)
+
+    def bare(node: jinja2.nodes.Node) -> str | None:
+        return node.name if isinstance(node, jinja2.nodes.Name) and node.name in text_cols else None
+
+    found: list[tuple[str, int, str]] = []
+    for node in ast.find_all(_ARITHMETIC):
+        for operand in (getattr(node, "left", None), getattr(node, "right", None), getattr(node, "node", None)):
+            if operand is not None and (name := bare(operand)):
+                found.append((name, node.lineno, "in arithmetic"))
+    for node in ast.find_all(jinja2.nodes.Compare):
+        sides = [node.expr, *(op.expr for op in node.ops)]
+        numeric = any(isinstance(x, jinja2.nodes.Const) and isinstance(x.value, (int, float))
+                      and not isinstance(x.value, bool) for x in sides)
+        ordered = any(op.op in _ORDER for op in node.ops)
+        for x in sides:
+            if (name := bare(x)) and (numeric or ordered):
+                found.append((name, node.lineno, "compared as a number"))
+    if found:
+        name, lineno, how = min(found, key=lambda f: f[1])
+        line = _prompt_line(doc) + lineno - 1
+        raise InputError(f"job file {doc.path}:{line}: prompt: column {name!r} is {how}, but a CSV input is read "
+                         f"as text, exactly as written; convert it in the template, e.g. {{{{ {name} | float }}}} "
+                         f"or {{{{ {name} | int }}}}")
 
 
 def _prompt_line(doc: Located) -> int:
