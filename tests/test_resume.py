@@ -95,7 +95,7 @@ def test_sigkill_at_any_moment_then_the_same_command_finishes_the_run(tmp_path, 
     assert set(sent) == {t["request_key"] for t in got["traces"]}
 
 
-@pytest.mark.parametrize("flag", ["--refresh", "--no-cache"])
+@pytest.mark.parametrize("flag", ["--refresh", "--no-cache", "--refresh --no-cache"])
 def test_refresh_on_a_run_that_exists_says_that_finished_plans_keep_their_answers(tmp_path, fresh_sim,
                                                                                   sample_queries, flag):
     """The run id does not depend on the cache flags, so the same command with --refresh resumes
@@ -105,12 +105,13 @@ def test_refresh_on_a_run_that_exists_says_that_finished_plans_keep_their_answer
     data = tmp_path / "data"
     assert run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data).returncode == 0
     fresh_sim.reset()
-    again = run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data, flag)
+    again = run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data, *flag.split())
     assert again.returncode == 0, again.stderr
     assert fresh_sim.log()["total"] == 0
     assert f"{flag} applies only to the calls it sent" in again.stderr
     assert f"start a new run: --run-id NEW {flag}" in again.stderr
-    fresh = run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data, flag, "--run-id", "anew")
+    fresh = run_cli("run", sample_queries, "--pool", pool, "--quiet", "--data-dir", data, *flag.split(), "--run-id",
+                    "anew")
     assert fresh.returncode == 0 and "applies only" not in fresh.stderr
     assert fresh_sim.log()["total"] > 0  # a new run asks again
 

@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
     summary = run_all(cfg)
     print(run_summary(summary))
     if summary.get("resumed") and (args.refresh or args.no_cache):
-        flag = "--refresh" if args.refresh else "--no-cache"
+        flag = " ".join(f for f, on in (("--refresh", args.refresh), ("--no-cache", args.no_cache)) if on)
         print(f"\nconductor: note: run {summary['run_id']} existed, so this command resumed it: {flag} applies only "
               f"to the calls it sent, and plans finished before keep their answers. To ask every call again, "
               f"start a new run: --run-id NEW {flag}.", file=sys.stderr)
