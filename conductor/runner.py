@@ -177,15 +177,18 @@ def _shown_options(options: dict[str, Any]) -> dict[str, Any]:
 def plan_stage(run: Run, planner: Planner | None = None) -> Path:
     """Write plans.parquet: K drafts per query, parsed and validated. Reused if present."""
     out = run.dir.table("plans")
+    cfg = run.config
+    failed: dict[str, int] = {}
     if out.exists():
         check_readable(out)
-        return out
-    cfg = run.config
+        failed = _failed_planning(out) if cfg.retry_failed else {}
+        if not failed:
+            return out
     own = planner is None
     planner = planner or configured_planner(cfg)
     try:
         with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir):
-            return _plan(run, planner, out)
+            return _replan(run, planner, out, failed) if failed else _plan(run, planner, out)
     finally:
         if own:
             close_planner(planner)
@@ -276,6 +279,36 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
     return out
 
 
+PLANNING_FAILED = "planning call failed"  # how the LLM planner's invalid plans begin when its call failed
+
+
+def _failed_planning(plans: Path) -> dict[str, int]:
+    """Plans whose planning call failed (plan id -> query index): `--retry-failed` asks again."""
+    t = pq.read_table(plans, columns=["plan_id", "query_index", "valid", "error"])
+    mask = pc.and_(pc.invert(t.column("valid")),
+                   pc.fill_null(pc.starts_with(t.column("error"), PLANNING_FAILED), False))
+    kept = t.filter(mask)
+    return dict(zip(kept.column("plan_id").to_pylist(), kept.column("query_index").to_pylist()))
+
+
+def _replan(run: Run, planner: Planner, out: Path, failed: dict[str, int]) -> Path:
+    """Ask the planner again for the queries of plans whose planning call failed, and put their
+    new plans in place of those; every other plan stays as it was (it may have run). Planning
+    calls that succeeded before come from the planner's run cache, not the provider. The
+    execution then runs a plan that became valid (journal: ResumeState.invalid)."""
+    bind_planner(run, planner)
+    indices = sorted(set(failed.values()))
+    rows = run.queries.take(indices).to_pylist()
+    queries = [Query(index=i, **row) for i, row in zip(indices, rows)]
+    drafts = planner.plan(queries, planning_pool(run.pool), run.config.samples)
+    fresh = [r for r in _plan_rows(run, planner.name, queries, drafts) if r["plan_id"] in failed]
+    table = pq.read_table(out)
+    kept = table.filter(pc.invert(pc.is_in(table.column("plan_id"), pa.array(list(failed), pa.string()))))
+    merged = pa.concat_tables([kept, rows_to_table(fresh, schemas.PLANS).cast(kept.schema)])
+    write_table(out, merged.sort_by([("query_index", "ascending"), ("sample", "ascending")]))
+    return out
+
+
 def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> list[dict[str, Any]]:
     rows = []
     for q, ds in zip(queries, drafts):
@@ -352,6 +385,8 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
         return run.dir.table("results")
     check_ready(run, plans_path)
     state = load_state(run.dir.work, retry_failed=cfg.retry_failed)
+    if state.invalid:  # invalid when they ran, valid now: planned again by --retry-failed
+        state.finished -= state.invalid & _valid_plans(plans_path)
     planning, planning_lost = planning_spent(run)
     own_planner = None
     if replanner is None and any(w.kind == "planner" for w in run.pool.workers):
@@ -398,6 +433,11 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
         lost[k] = lost.get(k, 0) + v
     run.dir.set_status("executed", spend=context.spend(), lost_in_flight=lost)
     return run.dir.table("results")
+
+
+def _valid_plans(plans_path: Path) -> set[str]:
+    t = pq.read_table(plans_path, columns=["plan_id", "valid"])
+    return set(t.filter(t.column("valid")).column("plan_id").to_pylist())
 
 
 def journal_deleted(run: Run) -> bool:

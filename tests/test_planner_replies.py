@@ -77,7 +77,7 @@ def planner(queries):
     p.close()
 
 
-def run(tmp_path, sim, planner, queries, name="data", run_id=None):
+def run(tmp_path, sim, planner, queries, name="data", run_id=None, retry_failed=False):
     """Plan with the fake planner (free mode: no response_format) and run the plans on the sim."""
     pool = plannersim.pool_file(
         tmp_path / f"{name}.yaml", sim.url,
@@ -85,7 +85,8 @@ def run(tmp_path, sim, planner, queries, name="data", run_id=None):
         providers={"sim": {"max_concurrency": 16, "timeout_s": 10}, "fp": {"max_attempts": 1, "timeout_s": 10}})
     cfg = RunConfig(queries=queries, pool=pool, data_dir=tmp_path / name, run_id=run_id, progress=False,
                     planner="llm",
-                    planner_options={"worker": "conductor", "structured": "off"}, cache=False)
+                    planner_options={"worker": "conductor", "structured": "off"}, cache=False,
+                    retry_failed=retry_failed)
     summary = run_all(cfg)
     return summary, pq.read_table(tmp_path / name / "runs" / summary["run_id"] / "plans.parquet").to_pylist()
 
@@ -181,3 +182,27 @@ def test_a_refused_planning_call_is_charged_what_it_used(sim, tmp_path, queries,
     good = sum(orjson.loads(p["info_json"])["cost_usd"] for p in plans if p["valid"])
     assert good > 0
     assert summary["planning_cost_usd"] == pytest.approx(good + one, rel=1e-9)
+
+
+def test_retry_failed_plans_again_a_query_whose_planning_failed_once_planning_has_finished(sim, tmp_path, queries,
+                                                                                          planner):
+    """A refused planning call makes a final invalid plan, and the run completes without it. Planning
+    had finished, so --retry-failed kept the invalid plan (a new --run-id was the only way): it now
+    asks the planner again for that query alone, runs the new plan, and leaves the others as they ran."""
+    planner.replies = {0: (200, completion(None))}
+    summary, plans = run(tmp_path, sim, planner, queries, run_id="r")
+    assert summary["statuses"]["invalid_plan"] == 1 and "--retry-failed does" in plans[0]["error"]
+    assert run(tmp_path, sim, planner, queries, run_id="r")[0]["statuses"]["invalid_plan"] == 1  # a plain rerun
+    assert planner.asked[0] == 1
+    planner.replies = {}  # the provider answers it now
+    sim.reset()
+    summary, plans = run(tmp_path, sim, planner, queries, run_id="r", retry_failed=True)
+    assert planner.asked[0] == 2 and all(n == 1 for i, n in planner.asked.items() if i != 0)
+    assert all(p["valid"] for p in plans) and len(plans) == len(planner.questions)
+    assert summary["statuses"].get("invalid_plan", 0) == 0
+    results = pq.read_table(tmp_path / "data" / "runs" / "r" / "results.parquet").to_pylist()
+    assert next(r for r in results if r["query_index"] == 0)["status"] == "ok"
+    assert sim.log()["total"] == 1  # only the new plan's one step was sent to the workers
+    sim.reset()
+    again = run(tmp_path, sim, planner, queries, run_id="r")[0]  # and a plain rerun finds nothing to do
+    assert again["statuses"] == summary["statuses"] and sim.log()["total"] == 0 and planner.asked[0] == 2

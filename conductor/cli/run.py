@@ -96,8 +96,9 @@ def main(args: argparse.Namespace) -> int:
         failed, total = failed_plans(summary["statuses"])
         invalid = summary["statuses"].get("invalid_plan", 0)
         # a rerun does not plan again (the plans are kept), so it cannot mend an invalid plan
-        unplanned = (f" {invalid} of them are invalid plans, which a rerun does not plan again: fix the cause and "
-                     f"start a new run (another --run-id)." if invalid else "")
+        unplanned = (f" {invalid} of them are invalid plans, which a rerun does not plan again: --retry-failed asks "
+                     f"the LLM planner again for those whose planning call failed; for the others, fix the cause "
+                     f"and start a new run (another --run-id)." if invalid else "")
         print(f"\nconductor: {failed} of {total} plans failed ({failed / total:.1%}, more than "
               f"{threshold:.1%}). Fix the cause above and rerun the same command: finished steps are kept, and "
               f"transient failures are retried (each plan on up to 3 reruns; then --retry-failed).{unplanned}",

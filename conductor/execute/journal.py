@@ -53,6 +53,9 @@ class ResumeState:
     # was paid by a process killed before it logged the call
     paid: set[str] = field(default_factory=set)
     steps_logged: int = 0
+    # plan ids whose latest row is invalid_plan: run again when their plan became valid since
+    # (`--retry-failed` asked the LLM planner again for a plan whose planning call had failed)
+    invalid: set[str] = field(default_factory=set)
     # reservation id -> (request key, provider, USD reserved or None) of calls sent by a process that never
     # settled them
     unsettled: dict[str, tuple[str, str, float | None]] = field(default_factory=dict)
@@ -176,6 +179,10 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
             state.finished.add(pid)
         else:
             state.finished.discard(pid)
+        if status == "invalid_plan":
+            state.invalid.add(pid)
+        else:
+            state.invalid.discard(pid)
     for row in _read(folder / STEPS_FILE):
         state.steps_logged += 1
         if row.get("cost_usd") and not row.get("cache_hit"):

@@ -325,10 +325,11 @@ def _final_failure(failed: list[dict[str, Any]]) -> tuple[str, str] | None:
     last = failed[-1]
     tries = sum(r.get("failure") in RETRIED for r in failed)
     if last.get("failure") in RETRIED and tries > RETRY_TRANSIENT:
-        return (f"planning call failed on {tries} runs, the last time with: {last.get('error')} (final: reruns "
-                f"no longer plan this query)"), last["failure"]
+        return (f"planning call failed on {tries} runs, the last time with: {last.get('error')} (final: a rerun "
+                f"no longer plans this query; --retry-failed does)"), last["failure"]
     if last["status"] == "error" and last.get("failure") not in TRANSIENT_KINDS | SETUP_KINDS:
-        return f"planning call failed: {last.get('error')} (final: reruns do not ask again)", last.get("failure")
+        return (f"planning call failed: {last.get('error')} (final: a rerun does not ask again; --retry-failed "
+                f"does)"), last.get("failure")
     return None
 
 
