@@ -20,6 +20,7 @@ from conductor.enrich.table import load_rows, render, row_hashes
 from conductor.errors import InputError, PoolError
 from conductor.plans import MAX_INSTRUCTION_CHARS
 from tests.conftest import cli, worker
+from tests.test_enrich_job import line_of, refused, write
 
 JOB = """\
 name: notes
@@ -47,22 +48,6 @@ def folder(tmp_path: Path) -> Path:
         "providers": {"sim": {"max_concurrency": 4}},
         "workers": [{"id": "fast", "model": "openai/fast", "provider": "sim", "api_base": "http://127.0.0.1:1/v1"}]}))
     return tmp_path
-
-
-def write(folder: Path, text: str, name: str = "job.yaml") -> Path:
-    p = folder / name
-    p.write_text(text)
-    return p
-
-
-def line_of(text: str, needle: str) -> int:
-    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
-
-
-def refused(folder: Path, text: str) -> str:
-    with pytest.raises(InputError) as e:
-        load_job(write(folder, text))
-    return str(e.value)
 
 
 # ---- F1: record column names, ignoring case --------------------------------------

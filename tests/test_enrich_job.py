@@ -51,8 +51,8 @@ def folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def write(folder: Path, text: str) -> Path:
-    p = folder / "job.yaml"
+def write(folder: Path, text: str, name: str = "job.yaml") -> Path:
+    p = folder / name
     p.write_text(text)
     return p
 
