@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
-from conductor.execute.context import ExecutionContext, lost_in_flight
+from conductor.execute.context import ExecutionContext, add_lost, lost_in_flight
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
 from conductor.execute.journal import STEPS_FILE, load_state, unpriced_calls
 from conductor.execute.prices import resolve_price
@@ -428,10 +428,8 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     progress.say("writing traces and results")
     finalize_journal(run.dir)
     carry_columns(run)
-    lost = context.lost_in_flight
-    for k, v in planning_lost.items():
-        lost[k] = lost.get(k, 0) + v
-    run.dir.set_status("executed", spend=context.spend(), lost_in_flight=lost)
+    run.dir.set_status("executed", spend=context.spend(),
+                       lost_in_flight=add_lost(context.lost_in_flight, planning_lost))
     return run.dir.table("results")
 
 

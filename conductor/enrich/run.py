@@ -35,7 +35,7 @@ from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.records import RecordChecker, parse_reply, typed_columns
 from conductor.enrich.table import ids_of, load_rows, references, render, row_hashes
 from conductor.errors import ConductorError
-from conductor.execute.context import lost_in_flight
+from conductor.execute.context import add_lost, lost_in_flight
 from conductor.execute.structured import RecordSpec
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
@@ -213,11 +213,8 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
 def _lost_in_flight(run: RunDir, judge_run: RunDir) -> dict[str, Any]:
     """The job's calls sent and never answered (maybe billed): extraction's and the judge's, whose
     run is its own and whose work folder a complete job removes."""
-    lost = lost_in_flight(run.read_manifest())
-    if judge_run.exists():
-        for k, v in lost_in_flight(judge_run.read_manifest()).items():
-            lost[k] = lost.get(k, 0) + v
-    return lost
+    judged = lost_in_flight(judge_run.read_manifest()) if judge_run.exists() else {}
+    return add_lost(lost_in_flight(run.read_manifest()), judged)
 
 
 def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int], computed: dict,

@@ -22,9 +22,18 @@ from conductor.progress import Progress
 
 
 def lost_in_flight(manifest: dict[str, Any]) -> dict[str, Any]:
-    """A run's calls sent by killed processes whose answers never came back, as its
-    manifest records them (none when it records nothing)."""
+    """A run's calls sent whose answers never came back (a killed process's, or cut off by
+    timeout_s), as its manifest records them (none when it records nothing)."""
     return manifest.get("lost_in_flight") or {"calls": 0, "reserved_usd": 0.0}
+
+
+def add_lost(*parts: dict[str, Any]) -> dict[str, Any]:
+    """Lost-in-flight counts of several sources (runs, processes), added key by key."""
+    total: dict[str, Any] = lost_in_flight({})
+    for part in parts:
+        for k, v in part.items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 class ExecutionContext:
@@ -94,10 +103,7 @@ class ExecutionContext:
         """Calls sent whose answers never came back, maybe billed: those of killed processes,
         and this process's requests cut off by timeout_s (their reservations stay unsettled,
         so a resume counts them again from the journal, once)."""
-        lost = dict(self._lost_before)
-        for k, v in (self.executor.unanswered if self.executor is not None else {}).items():
-            lost[k] = lost.get(k, 0) + v
-        return lost
+        return add_lost(self._lost_before, self.executor.unanswered if self.executor is not None else {})
 
     def spend(self) -> list[dict[str, Any]]:
         """Each budget cap: what it allows and what was spent under it."""
