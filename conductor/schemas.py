@@ -108,9 +108,15 @@ TRACES_TABLE = Table("traces", [
     Column('attempts', I32, 'requests sent for this step (0: cache hit, restored, or not sent)'),
     Column('cache_hit', BOOL, 'answered from the cache, or (also with `--no-cache`) by the same request sent '
                               'earlier in this run'),
-    Column('prompt_tokens', I64, 'as reported by the provider'),
-    Column('completion_tokens', I64, 'as reported by the provider'),
-    Column('usage_estimated', BOOL, 'tokens estimated (chars/4)'),
+    Column('prompt_tokens', I64, 'as reported by the provider; with usage_estimated, estimated or the bound '
+                                 'charged (see usage_estimated)'),
+    Column('completion_tokens', I64, 'as reported by the provider; with usage_estimated, estimated or the bound '
+                                     'charged (see usage_estimated)'),
+    Column('usage_estimated', BOOL, 'the token counts are not what the provider reported: no usage, or usage '
+                                    'no request could have (0 tokens for text, more than the prompt bytes or '
+                                    'max_tokens), counted at the request\'s bounds or clamped to them; or a '
+                                    'server that says it estimated (characters / 4, at least 1 for any text, '
+                                    'the replay server)'),
     Column('cost_usd', F64, 'paid for this step (0 for a cache hit or a step skipped by its condition; null when '
                             'the price is unknown or nothing was billed: an error with no answer, '
                             '`budget_exhausted`, or skipped after a failed step). A failed step whose 200 answer '

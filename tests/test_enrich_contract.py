@@ -294,6 +294,8 @@ def test_json_floats_written_as_floats_and_parquet_values_render_and_hash_as_bef
     ("{% if amount == 0 %}zero{% endif %}", "amount", "compared as a number"),
     ("{% if 10 < amount %}big{% endif %}", "amount", "compared as a number"),
     ("{{ zip }}\n{% if zip > note %}after{% endif %}", "zip", "compared as a number"),
+    ("{{ [amount, zip] | max }}", "amount", "ordered with `max`"),
+    ("{{ amount | sort }}", "amount", "ordered with `sort`"),
 ])
 def test_a_csv_column_computed_with_as_it_is_is_refused_at_its_line(folder, template, column, how):
     """Read as text, `amount * 2` repeats '12.50' and `amount == 0` is never true: silently, and paid.

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "the catalog view named after the job holds the newest record per id.")
     jsub = p.add_subparsers(dest="job_command", metavar="ACTION", required=True)
     r = jsub.add_parser("run", help="run a job: only new or changed rows call a provider",
-                        description="Exit status: 0 done, 2 bad input, 3 stopped by a budget (rerun to finish), "
+                        description="Exit status: 0 done, 2 bad input, 3 stopped by a budget, rows or the judge (rerun to finish), "
                                     "4 valid share below the job's quality.min_valid_share, 5 a storage error (free "
                                     "space and rerun), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun to resume.")
     r.add_argument("job", type=argtypes.path, help="job file (YAML)")

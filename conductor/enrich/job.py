@@ -274,12 +274,13 @@ def _template_names(doc: Located, prompt: str, columns: list[str]) -> set[str]:
 _ARITHMETIC = (jinja2.nodes.Add, jinja2.nodes.Sub, jinja2.nodes.Mul, jinja2.nodes.Div, jinja2.nodes.FloorDiv,
                jinja2.nodes.Mod, jinja2.nodes.Pow, jinja2.nodes.Neg, jinja2.nodes.Pos)
 _ORDER = ("gt", "gteq", "lt", "lteq")
+_ORDERING_FILTERS = ("max", "min", "sort")
 
 
 def _refuse_numbers_from_text(doc: Located, prompt: str, text_cols: set[str]) -> None:
     """A CSV column is text as written, so the template must convert it to compute with it: on
-    text, `amount * 2` repeats the string ('12.5012.50'), `qty == 0` is never true and `a > b`
-    compares letters, all silently. Refused where a CSV column is an operand as it is (not
+    text, `amount * 2` repeats the string ('12.5012.50'), `qty == 0` is never true, and `a > b`
+    and `[a, b] | max` compare letters, all silently. Refused where a CSV column is an operand as it is (not
     through a filter such as `| float`), naming the column and the line."""
     if not text_cols:
         return
@@ -293,6 +294,12 @@ def _refuse_numbers_from_text(doc: Located, prompt: str, text_cols: set[str]) ->
         for operand in (getattr(node, "left", None), getattr(node, "right", None), getattr(node, "node", None)):
             if operand is not None and (name := bare(operand)):
                 found.append((name, node.lineno, "in arithmetic"))
+    for node in ast.find_all(jinja2.nodes.Filter):  # `[a, b] | max` orders text as text too
+        if node.name in _ORDERING_FILTERS and node.node is not None:
+            items = node.node.items if isinstance(node.node, (jinja2.nodes.List, jinja2.nodes.Tuple)) else [node.node]
+            for item in items:
+                if name := bare(item):
+                    found.append((name, node.lineno, f"ordered with `{node.name}`"))
     for node in ast.find_all(jinja2.nodes.Compare):
         sides = [node.expr, *(op.expr for op in node.ops)]
         numeric = any(isinstance(x, jinja2.nodes.Const) and isinstance(x.value, (int, float))
