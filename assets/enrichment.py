@@ -213,6 +213,9 @@ def records_metadata(path: Path, summary: dict[str, Any], held: list[str]) -> di
         "statuses": MetadataValue.json(_jsonable(summary.get("statuses") or {})),
         "cost_usd": float(summary.get("cost_usd") or 0.0),
         "calls": summary.get("calls"),
+        # the judge is a run of its own: its spend is not in cost_usd and calls
+        "judge_cost_usd": float(summary.get("judge_cost_usd") or 0.0),
+        "judge_budget_exhausted": int(summary.get("judge_budget_exhausted") or 0),
         "overall_score": metrics.get("overall"),
         "null_share": MetadataValue.json(nulls),
         "metrics": MetadataValue.json(_jsonable(metrics)),

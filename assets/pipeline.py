@@ -119,11 +119,11 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
     except ConductorError as e:
         raise Failure(str(e), allow_retries=False) from None
     except (KeyboardInterrupt, DagsterExecutionInterruptedError):
-        # Terminated (the UI's Terminate, SIGINT): Dagster retries an interrupted step that has a retry
-        # policy, which would send the very calls the user stopped.
-        raise Failure("interrupted: the run was terminated, so no new call was sent (the calls in flight "
-                      "were awaited and kept); materialize the partition again to resume it from its journal",
-                      allow_retries=False) from None
+        # Terminated (the UI's Terminate, SIGINT, or SIGTERM when dagster dev is stopped): Dagster retries an
+        # interrupted step that has a retry policy, which would send the very calls the user stopped.
+        raise Failure("interrupted: the run was terminated, so no new call was sent; materialize the partition "
+                      "again to resume it from its journal (calls cut off in flight are sent again, and counted "
+                      "in the run's lost in flight)", allow_retries=False) from None
     t = pq.read_table(results, columns=["status", "cost_usd", "calls"])
     return Output(plans, metadata={
         **table_metadata(results, ["plan_id", "status", "cost_usd", "calls", "final_answer"]),

@@ -84,6 +84,8 @@ def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun wit
     """What the next rerun does with a failure group, in the front end's words (the CLI's by
     default; Dagster says rematerialization and its run config setting)."""
     used_up = g.get("retries_used_up", 0)
+    if g.get("failure") == "budget":  # the same budget stops them again
+        return f"a {rerun} with a larger budget finishes these"
     if not g["retried_on_rerun"]:
         return f"final ({redo})"
     if not used_up:

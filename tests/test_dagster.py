@@ -12,7 +12,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, Definitions, build_schedule_context, materialize
+from dagster import (AssetCheckSeverity, AssetKey, DagsterInstance, DagsterRunStatus, Definitions, RunsFilter,
+                     build_schedule_context, materialize)
 
 from assets.pipeline import executions, plans, query_set, rewards, run_report
 from assets import checks, resources
@@ -205,7 +206,9 @@ def test_a_terminated_executions_step_is_not_retried(tmp_path, fresh_sim, sample
     def terminate_once_calls_flow():
         while fresh_sim.log()["total"] < 4:
             time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGINT)  # what Dagster's Terminate sends the step
+        [run] = inst.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
+        inst.report_run_canceling(run)  # what Dagster's Terminate does, then it signals the step
+        os.kill(os.getpid(), signal.SIGINT)
 
     with DagsterInstance.ephemeral() as inst:
         add_partition(inst, res, "small", sample_queries)
@@ -440,6 +443,9 @@ def test_a_budget_stopped_run_fails_and_a_rerun_with_room_finishes_it(tmp_path, 
         assert f"{stopped} of 20 plans stopped by a budget" in check.description
         assert "budget_usd" in check.description and "finished plans are not paid again" in check.description
         assert "materialize rewards and run_report alone" in check.description
+        [share] = [e for e in result.get_asset_check_evaluations() if e.check_name == "failed_share"]
+        assert "budget" in share.description and "retries these" not in share.description  # the same budget would not
+        assert "a rematerialization with a larger budget finishes these" in share.description
         as_it_stands = materialize(ASSETS, selection=["rewards", "run_report"], partition_key="small",
                                    instance=inst, resources=res)
         report = {e.asset_key.to_user_string(): e.materialization.metadata for e in

@@ -171,6 +171,22 @@ def test_a_budget_stopped_job_fails_until_a_rerun_with_room_finishes_it(tmp_path
     assert pq.read_table(tmp_path / "data" / "enrichment" / "revenue_facts.parquet").num_rows == N
 
 
+def test_records_metadata_shows_what_the_judge_spent(tmp_path, job_sim):
+    """The judge is a run of its own: a day whose judge paid for every record showed cost 0 and 0 calls
+    when extraction was reused (audit42)."""
+    job_path, sim = job_sim
+    doc = yaml.safe_load(job_path.read_text())
+    job_path.write_text(yaml.safe_dump({**doc, "references": {}, "quality": {
+        "min_valid_share": 0.9, "judge": {"worker": "ext", "rubric": "every field must be in the report"}}},
+        sort_keys=False))
+    with DagsterInstance.ephemeral() as inst:
+        result = run(job_path, tmp_path / "data", inst)
+    md = {e.asset_key.to_user_string(): e.materialization.metadata
+          for e in result.get_asset_materialization_events()}["enrich/revenue_facts/records"]
+    judge_calls = sim.log()["total"] - N
+    assert judge_calls == N and md["judge_cost_usd"].value > 0 and md["judge_budget_exhausted"].value == 0
+
+
 def test_threshold_above_one_share_fails_the_check_though_every_record_is_valid(tmp_path, job_sim):
     """quality.min_valid_share is the job's; a share the run cannot reach blocks publishing."""
     job_path, sim = job_sim
