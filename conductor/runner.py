@@ -28,7 +28,7 @@ from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.context import ExecutionContext, add_lost, lost_in_flight
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
-from conductor.execute.journal import STEPS_FILE, load_state, unpriced_calls
+from conductor.execute.journal import STEPS_FILE, count_unanswered, load_state, unpriced_calls
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
@@ -218,12 +218,9 @@ def planning_spent(run: Run) -> tuple[dict[str, float], dict[str, Any]]:
     state = load_state(planning_dir(run))
     spent = dict(state.spent)
     for _, pid, usd in state.unsettled.values():
-        lost["calls"] += 1
-        if usd is None:
-            lost["unpriced_calls"] = lost.get("unpriced_calls", 0) + 1
-            continue
-        spent[pid] = spent.get(pid, 0.0) + usd
-        lost["reserved_usd"] += usd
+        count_unanswered(lost, usd)
+        if usd is not None:
+            spent[pid] = spent.get(pid, 0.0) + usd
     return spent, lost
 
 

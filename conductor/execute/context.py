@@ -15,7 +15,7 @@ from typing import Any
 
 from conductor.execute.cache import Cache
 from conductor.execute.engine import ExecOptions, Executor
-from conductor.execute.journal import Journal, ResumeState
+from conductor.execute.journal import Journal, ResumeState, count_unanswered
 from conductor.execute.shared.cache import open_cache
 from conductor.pool import Pool
 from conductor.progress import Progress
@@ -74,12 +74,9 @@ class ExecutionContext:
                 if key not in self.state.paid and key not in claimable and run_cache.get(key) is not None:
                     claimable[key] = rid
                     continue
-                self._lost_before["calls"] += 1
-                if usd is None:  # no known price: how much it cost cannot be bounded
-                    self._lost_before["unpriced_calls"] = self._lost_before.get("unpriced_calls", 0) + 1
-                    continue
-                spent[pid] = spent.get(pid, 0.0) + usd
-                self._lost_before["reserved_usd"] += usd
+                count_unanswered(self._lost_before, usd)
+                if usd is not None:
+                    spent[pid] = spent.get(pid, 0.0) + usd
             journal = Journal(self.work, answers_first=run_cache.flush)
             self._open.append(journal)
             for rid in claimable.values():

@@ -35,7 +35,7 @@ from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.cached import serve_cached
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
                                     max_prompt_tokens, maybe_billed)
-from conductor.execute.journal import Journal, ResumeState
+from conductor.execute.journal import Journal, ResumeState, count_unanswered
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.openai_http import OpenAIEndpoint, direct_model
 from conductor.execute.prices import call_cost, resolve_price
@@ -640,11 +640,7 @@ class Executor:
             await self.ledger.settle(reservation, worst or 0.0)
         elif worst:
             self.ledger.record(provider.id, worst)
-        self.unanswered["calls"] += 1
-        if worst is None:
-            self.unanswered["unpriced_calls"] = self.unanswered.get("unpriced_calls", 0) + 1
-        else:
-            self.unanswered["reserved_usd"] += worst
+        count_unanswered(self.unanswered, worst)
 
     def _client(self, worker: Worker, api_key: str | None, track_sent: bool = False) -> Any:
         """One direct client per OpenAI-compatible endpoint and key for the run (a worker

@@ -165,6 +165,16 @@ def retries_used_up(folder: Path) -> set[str]:
     return {pid for pid, n in transient.items() if n > RETRY_TRANSIENT}
 
 
+def count_unanswered(lost: dict[str, Any], usd: float | None) -> None:
+    """Tally one call sent whose answer never came back (maybe billed) in a lost-in-flight count:
+    `usd` is its worst case, None when its price is unknown (then it cannot be bounded)."""
+    lost["calls"] = lost.get("calls", 0) + 1
+    if usd is None:
+        lost["unpriced_calls"] = lost.get("unpriced_calls", 0) + 1
+    else:
+        lost["reserved_usd"] = lost.get("reserved_usd", 0.0) + usd
+
+
 def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
     state = ResumeState()
     transient: dict[str, int] = {}  # plan id -> transient failures logged
