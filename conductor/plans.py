@@ -151,8 +151,12 @@ def validate_plan(raw: Any, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> P
             raise PlanError(f"step {i}: instruction holds a lone surrogate \\u{ord(bad.group()):04x}, "
                             f"which is not valid Unicode")
         when = s.get("when", s.get("if", s.get("condition")))
-        steps.append(Step(worker, instruction.strip(), _resolve_access(s.get("access", []), i),
-                          _resolve_condition(when, i)))
+        access = _resolve_access(s.get("access", []), i)
+        if not access and (function := pool.worker(worker).function) is not None:
+            # A vote or extract reads nothing but the steps it may see: with none it can never run.
+            raise PlanError(f"step {i}: {worker} ({function}) combines earlier steps' answers, "
+                            f"so its access must list at least one earlier step")
+        steps.append(Step(worker, instruction.strip(), access, _resolve_condition(when, i)))
     return Plan(tuple(steps))
 
 

@@ -22,7 +22,7 @@ from conductor.grading import answers_agree
 from conductor.localserver import start_server
 from conductor.planners.base import PlanDraft
 from conductor.plans import Condition, Plan, Step, parse_plan
-from conductor.pool import parse_pool
+from conductor.pool import load_pool, parse_pool
 from conductor.replay.main import READY
 from conductor.replay.process import ReplayHandle
 from conductor.runner import RunConfig, run_all
@@ -124,6 +124,35 @@ def test_vote_and_extract_work_inside_a_cascade(served, monkeypatch):
     assert {q: r["final_answer"] for q, r in results.items()} == {
         "q-agree": "Answer: 4", "q-split": "Answer: 4", "q-chaos": "Answer: 1", "q-mute": "Answer: 7"}
     assert rewards["q-chaos"]["correct"] is False and rewards["q-split"]["correct"] is True
+
+
+def test_a_step_that_sees_only_skipped_steps_is_skipped_and_the_answer_stays(served, monkeypatch):
+    def plan(q):
+        ask = q.prompt
+        return [{"worker": "a", "instruction": ask, "access": []},
+                {"worker": "b", "instruction": ask, "access": []},
+                {"worker": "c", "instruction": ask, "access": [], "when": "disagree(0, 1)"},
+                {"worker": "vote", "instruction": "Vote.", "access": [2]},
+                {"worker": "extract", "instruction": "Extract.", "access": [3]}]
+    steps, results, _ = _run(served, monkeypatch, "vote-after-escalation", planner=Fixed(plan))
+    # The cheap pair agrees on q-agree: no escalation, so nothing for the vote and extract to read.
+    assert [steps["q-agree"][i]["status"] for i in range(5)] == ["ok", "ok", "skipped", "skipped", "skipped"]
+    assert steps["q-agree"][3]["error"] == "every step it may see (2) was skipped by its condition"
+    assert results["q-agree"]["status"] == "ok" and results["q-agree"]["final_answer"].endswith("Answer: 4")
+    assert results["q-agree"]["cost_usd"] == pytest.approx(COST["a"] + COST["b"])
+    assert [steps["q-split"][i]["status"] for i in range(5)] == ["ok"] * 5
+    assert results["q-split"]["final_answer"] == "Answer: 4"
+    assert all(r["status"] == "ok" for r in results.values())
+
+
+def test_a_vote_or_extract_that_sees_no_step_is_refused(served):
+    pool = load_pool(served["pool"])
+    for fn in ("vote", "extract"):
+        text = json.dumps({"steps": [{"worker": "a", "instruction": "Q", "access": []},
+                                     {"worker": fn, "instruction": "Combine.", "access": []}]})
+        with pytest.raises(PlanError, match=rf"step 1: {fn} \({fn}\) combines earlier steps' answers, so its "
+                                             r"access must list at least one earlier step"):
+            parse_plan(text, pool)
 
 
 def test_the_fourth_list_and_a_bad_condition(served, monkeypatch):

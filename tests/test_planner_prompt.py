@@ -128,6 +128,8 @@ def test_schema_accepts_good_plans():
     ({"steps": [dict(step(), extra=1)]}, "extra field"),
     ({"steps": [{"worker": "vote", "instruction": "x"}]}, "access missing"),
     ({"plan": []}, "wrong top-level key"),
+    ({"steps": [step("vote")]}, "a vote first: nothing to vote on"),
+    ({"steps": [step(), step("vote")]}, "a vote that sees no step"),
 ])
 def test_schema_rejects(doc, why):
     assert not VALIDATOR.is_valid(doc), why
@@ -140,11 +142,12 @@ def _random_doc(rng: random.Random, schema: dict) -> dict:
     chars = [chr(c) for c in range(0x20, 0x7F) if chr(c) not in '"\\']
     steps = []
     for i in range(n):
-        s = steps_schema["prefixItems"][i]["properties"]
+        s = rng.choice(steps_schema["prefixItems"][i].get("anyOf") or [steps_schema["prefixItems"][i]])["properties"]
         length = rng.randint(1, 40)
         instruction = rng.choice([c for c in chars if c != " "]) + "".join(rng.choices(chars, k=length - 1))
         acc = s["access"]
-        access = [rng.choice(acc["items"]["enum"]) for _ in range(rng.randint(0, acc["maxItems"]))] if i else []
+        n_access = rng.randint(acc.get("minItems", 0), acc["maxItems"]) if i else 0
+        access = [rng.choice(acc["items"]["enum"]) for _ in range(n_access)]
         steps.append(step(rng.choice(s["worker"]["enum"]), instruction, access))
         if "when" in s and rng.random() < 0.5:  # a condition the schema allows
             kind = rng.choice(s["when"]["anyOf"])["required"][0]

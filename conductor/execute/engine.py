@@ -6,7 +6,8 @@ Plans stream in from an iterator and at most `max_plans_in_flight` are held at
 once, so memory stays flat however large the run. Within a plan, a step starts
 as soon as every step it can see has finished. A step with a condition (`when`)
 waits for the steps it reads and runs only if it holds; otherwise it is
-`skipped` at no cost, and the plan's answer is the last output that ran.
+`skipped` at no cost, and the plan's answer is the last output that ran. A step
+that may see only skipped steps is skipped as well.
 
 A step given to a worker of kind "planner" re-plans: a `Replanner` writes a
 sub-workflow over the outputs the step sees, which runs one level deeper (trace
@@ -349,6 +350,13 @@ class Executor:
                                     for j in step.waits_for):
                 rows[i] = self._log_step(job, path, depth, step, status="skipped",
                                          error="an earlier step of this plan failed")
+                return
+            if step.access and all(rows[j].get("condition_false") for j in step.access):
+                # e.g. a vote over an escalation that was not needed: the answer stays the last that ran
+                rows[i] = {**self._log_step(job, path, depth, step, status="skipped", cost=0.0,
+                                            error=f"every step it may see ({', '.join(map(str, step.access))}) "
+                                                  f"was skipped by its condition"),
+                           "condition_false": True}
                 return
             if step.when is not None:
                 holds, why = condition_holds(step.when, outputs, job.task,

@@ -3,7 +3,9 @@
 Every document the schema admits is a plan `conductor.plans.validate_plan`
 accepts:
 
-- workers: an enum of the pool's ids;
+- workers: an enum of the pool's ids; a function worker (vote, extract) only
+  from step 1 on and with at least one access entry, as a second branch
+  (`anyOf`) of the step's schema, since it combines earlier answers;
 - 1..max_steps steps, one schema per position (`prefixItems`, no further
   items), so step i's access entries are an enum of 0..i-1 and "all": JSON
   schema cannot say "lower than my own index", a per-position enum can;
@@ -47,11 +49,13 @@ def plan_schema(pool: Pool, max_steps: int = 5, instruction_chars: int = 600, *,
     """JSON schema for {"steps": [...]} over the pool's workers of `kinds`."""
     if max_steps < 1:
         raise ValueError(f"max_steps must be at least 1 (got {max_steps})")
-    ids = [w.id for w in pool.workers if w.kind in kinds]
+    ids = [w.id for w in pool.workers if w.kind in kinds and w.kind != "function"]
+    functions = [w.id for w in pool.workers if w.kind in kinds and w.kind == "function"]
     if not ids:
-        raise ValueError(f"the pool has no workers of kind {', '.join(kinds)} to plan with")
+        raise ValueError(f"the pool has no workers of kind {', '.join(k for k in kinds if k != 'function')} "
+                         f"to plan with")
     pattern = instruction_pattern(instruction_chars)
-    steps = [_step_schema(i, ids, pattern) for i in range(max_steps)]
+    steps = [_step_schema(i, ids, functions, pattern) for i in range(max_steps)]
     return {
         "type": "object",
         "properties": {
@@ -63,12 +67,18 @@ def plan_schema(pool: Pool, max_steps: int = 5, instruction_chars: int = 600, *,
     }
 
 
-def _step_schema(i: int, ids: list[str], pattern: str) -> dict[str, Any]:
+def _step_schema(i: int, ids: list[str], functions: list[str], pattern: str) -> dict[str, Any]:
     if i == 0:
-        access: dict[str, Any] = {"type": "array", "maxItems": 0}
-    else:
-        # Up to i entries: enough to list every earlier step once.
-        access = {"type": "array", "items": {"enum": [*range(i), "all"]}, "maxItems": i}
+        return _one_step(i, ids, {"type": "array", "maxItems": 0}, pattern)
+    # Up to i entries: enough to list every earlier step once.
+    access = {"type": "array", "items": {"enum": [*range(i), "all"]}, "maxItems": i}
+    step = _one_step(i, ids, access, pattern)
+    if not functions:
+        return step
+    return {"anyOf": [step, _one_step(i, functions, {**access, "minItems": 1}, pattern)]}
+
+
+def _one_step(i: int, ids: list[str], access: dict[str, Any], pattern: str) -> dict[str, Any]:
     props: dict[str, Any] = {
         "worker": {"type": "string", "enum": ids},
         "instruction": {"type": "string", "pattern": pattern},
@@ -91,9 +101,11 @@ def max_plan_chars(pool: Pool, max_steps: int = 5, instruction_chars: int = 600,
                    kinds: Sequence[str] = WORKER_KINDS) -> int:
     """Length of the longest compact document `plan_schema` admits."""
     longest_id = max(len(w.id) for w in pool.workers if w.kind in kinds)
+    longest_first = max(len(w.id) for w in pool.workers if w.kind in kinds and w.kind != "function")
     total = len('{"steps":[') + len("]}")
     for i in range(max_steps):
-        total += len('{"worker":""') + longest_id + len(',"instruction":""') + instruction_chars
+        total += len('{"worker":""') + (longest_id if i else longest_first) + len(',"instruction":""')
+        total += instruction_chars
         total += len(',"access":[]}')
         if i:
             entry = max(len(str(i - 1)), len('"all"'))

@@ -79,6 +79,8 @@ class Recorded:
             for i, step in enumerate(plan.steps):
                 if step.when is not None and not condition_holds(step.when, outputs, self.task, self.agree)[0]:
                     continue
+                if step.access and not any(j in outputs for j in step.access):
+                    continue  # every step it may see was skipped (engine.run_steps)
                 if step.worker == "vote":
                     try:
                         outputs[i] = vote([outputs[j] for j in step.access if j in outputs], self.task)

@@ -131,7 +131,12 @@ def _is_plan_schema(schema: dict[str, Any]) -> bool:
     steps = (schema.get("properties") or {}).get("steps") or {}
     items = steps.get("prefixItems") or ([steps["items"]] if isinstance(steps.get("items"), dict) else [])
     return bool(items) and all(
-        {"worker", "instruction", "access"} <= set((s.get("properties") or {})) for s in items)
+        {"worker", "instruction", "access"} <= set((b.get("properties") or {})) for s in items for b in _branches(s))
+
+
+def _branches(step_schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """A step's alternatives (conductor's schema gives function workers their own branch)."""
+    return step_schema.get("anyOf") or [step_schema]
 
 
 def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str], question: str,
@@ -144,8 +149,9 @@ def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str]
     if prefix:
         most = min(most, len(prefix))
     least = steps_schema.get("minItems", 1)
-    ids = list(at(0)["properties"]["worker"].get("enum") or kinds or ["0"])
-    if most < 3 or "when" not in at(2)["properties"]:
+    enums = [b["properties"]["worker"].get("enum") or [] for i in range(most) for b in _branches(at(i))]
+    ids = list(dict.fromkeys(w for enum in enums for w in enum)) or list(kinds) or ["0"]
+    if most < 3 or "when" not in _branches(at(2))[0]["properties"]:
         cascade_rate = 0.0  # the schema cannot carry the escalation's condition
     steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, min(most, _MAX_STEPS),
                    cascade_rate)
@@ -153,7 +159,9 @@ def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str]
         steps.append(dict(steps[0]))
     out = []
     for i, s in enumerate(steps[:most]):
-        props = at(i)["properties"]
+        branches = _branches(at(i))
+        props = next((b["properties"] for b in branches
+                      if s["worker"] in (b["properties"]["worker"].get("enum") or ())), branches[0]["properties"])
         enum = props["worker"].get("enum")
         worker = s["worker"] if not enum or s["worker"] in enum else rng.choice(enum)
         step = {"worker": worker, "instruction": fit(s["instruction"], props["instruction"]),
