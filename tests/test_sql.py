@@ -54,6 +54,16 @@ def test_csv_keeps_null_apart_from_the_empty_string(data):
     assert r.stdout.splitlines() == ["n,e,t,f,p,c,q,x", ',"",true,false," pad","a,b","say ""hi""",1.5']
 
 
+def test_intervals_are_written_as_duckdb_writes_them(data):
+    # `ended_at - started_at` is an INTERVAL; Python's timedelta would print "30 days, 0:00:00" for a month
+    q = ("SELECT INTERVAL '1 month 2 days' AS i, 1 AS i, TIMESTAMP '2026-01-01 10:00:05' - "
+         "TIMESTAMP '2026-01-01 09:00:00' AS took, NULL::INTERVAL AS none")
+    r = cli("sql", q, "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["i,i,took,none", "1 month 2 days,1,01:00:05,"], r
+    r = cli("sql", q.replace("1 AS i", "1 AS n"), "--data-dir", data, "--format", "json")
+    assert r.returncode == 0 and r.stdout == '{"i":"1 month 2 days","n":1,"took":"01:00:05","none":null}\n', r
+
+
 def test_exports_stream_every_row(data):
     n = 123_457  # more than one batch
     for fmt in ("csv", "json"):

@@ -72,8 +72,8 @@ def main(args: argparse.Namespace) -> int:
             rel = con.sql(query)
             if rel is not None:
                 rel.show(max_rows=args.max_rows, max_width=args.max_width)
-        else:
-            _stream(con.execute(query), args.format)
+        elif (rel := con.sql(query)) is not None:
+            _stream(_intervals_as_text(rel), args.format)
     except duckdb.Error as e:  # a file damaged since the catalog last read its footer: say which, and what to do
         from conductor.store import damaged_file_advice
 
@@ -152,6 +152,16 @@ def _explained(text: str) -> str | None:
             return None
         i = skip(close + 1)
     return text[i:]
+
+
+def _intervals_as_text(rel):
+    """INTERVAL columns as DuckDB writes them (`1 month 2 days`): Python's timedelta, the
+    value DuckDB hands over, has no months and prints `30 days, 0:00:00`."""
+    if not any(str(t) == "INTERVAL" for t in rel.types):
+        return rel
+    quoted = ['"' + c.replace('"', '""') + '"' for c in rel.columns]
+    return rel.project(", ".join(f"CAST(#{i} AS VARCHAR) AS {q}" if str(t) == "INTERVAL" else f"#{i} AS {q}"
+                                 for i, (q, t) in enumerate(zip(quoted, rel.types), start=1)))
 
 
 def _stream(result, fmt: str) -> None:
