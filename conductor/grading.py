@@ -201,16 +201,36 @@ def _typed(x):
     return (type(x).__name__, x)
 
 
+_CODE_FENCE = re.compile(r"(```|~~~)[ \t]*+([A-Za-z0-9_+-]*+)[^\n`~]*+\n(.*?)\1", re.S)
+_PYTHON = ("python", "py", "python3", "py3")
+
+
 def _code_of(text: str) -> str | None:
-    """The answer's program: its last fenced Python block, else its last fenced block, else the text."""
-    blocks = _FENCE.findall(text)
-    python = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
-    code = (python or [body for _, body in blocks] or [text])[-1]
-    return code.strip() or None
+    """The answer's program: its fenced Python blocks (``` or ~~~) joined in order, since models often
+    define a function in one block and use it in the next (the last block alone, where the joined blocks
+    do not compile, as a draft followed by its fix); else its unlabeled fenced blocks, likewise; else its
+    last fenced block; else the text. A leading byte-order mark is dropped."""
+    blocks = [(lang.lower(), body) for _, lang, body in _CODE_FENCE.findall(text.lstrip("\ufeff"))]
+    python = [body for lang, body in blocks if lang in _PYTHON]
+    bare = [body for lang, body in blocks if not lang]
+    chosen = python or bare or [body for _, body in blocks][-1:] or [text]
+    code = "\n".join(b.lstrip("\ufeff") for b in chosen).lstrip("\ufeff").strip()
+    if len(chosen) > 1 and not _compiles(code):
+        code = chosen[-1].lstrip("\ufeff").strip()
+    return code or None
+
+
+def _compiles(code: str) -> bool:
+    try:
+        compile(code, "main.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, UnicodeError):
+        return False
+    return True
 
 
 def _grade_code(response: str | None, reference: str | None) -> Grade:
-    """Run the answer's code followed by the reference's tests (asserts) in the sandbox."""
+    """Run the answer's code, then the reference's tests (asserts), in the sandbox: correct only if the
+    tests ran to the end (see conductor.sandbox; exiting early or an always-equal `__eq__` does not pass)."""
     from conductor.sandbox import run_python
 
     code = _code_of(response or "") if response else None
@@ -218,7 +238,7 @@ def _grade_code(response: str | None, reference: str | None) -> Grade:
         return Grade(code, code is not None, None)
     if code is None:
         return Grade(None, False, False, "no code in the response")
-    result = run_python(f"{code}\n\n{reference}\n")
+    result = run_python(code, tests=reference)
     return Grade(code, True, result.ok, result.detail)
 
 

@@ -132,3 +132,176 @@ def test_an_output_flood_stops_at_the_file_size_limit():
     r = run_python("import sys\nb = b'x' * (1 << 20)\nwhile True:\n    sys.stdout.buffer.write(b)\n", FAST)
     assert not r.ok and not r.timed_out and "File too large" in r.stderr
     assert len(r.stdout) <= 4000
+
+
+# ------------------------------------------------------------------ audit 43
+
+FORK_EXEC = ("import _posixsubprocess, os\n"
+             "def spawn(argv):\n"
+             "    return _posixsubprocess.fork_exec(argv, [argv[0]], True, (), None, None, -1, -1, -1, -1, -1, -1,\n"
+             "                                      *os.pipe(), True, True, -1, None, None, None, -1, None, False)\n")
+
+
+def _namespaces_or_skip(r):
+    if r.isolation != "namespaces":
+        pytest.skip("no namespaces here")
+
+
+def test_the_hooks_state_is_out_of_the_answers_reach(monkeypatch, tmp_path):
+    """F3: `sys.modules['__main__']` was the child module; two assignments turned the audit hook off."""
+    from conductor import sandbox
+
+    target = tmp_path / "escaped.txt"
+    code = ("import sys, os\nM = sys.modules['__main__']\n"
+            "assert sys.argv == ['main.py'] and not hasattr(M, 'WORKDIR') and not hasattr(M, '_PROCESS')\n"
+            "M.WORKDIR = ''\nM._PROCESS = set()\nM.NO_SOCKETS = False\n"
+            "for attempt in (os.fork, lambda: open(%r, 'w')):\n"
+            "    try:\n        attempt()\n        raise SystemExit('not refused')\n"
+            "    except PermissionError:\n        pass\n" % str(target))
+    assert run_python(code, FAST).ok
+    monkeypatch.setattr(sandbox, "_isolation", lambda: "audit hook")
+    r = run_python(code, FAST)
+    assert r.ok and r.isolation == "audit hook", r.stderr
+    assert not target.exists()
+
+
+def test_unix_sockets_and_files_in_tmp_are_out_of_reach(tmp_path):
+    """F4, F7: the network namespace does not cover UNIX sockets on the host's filesystem, and the
+    answer read (and could print into the grade) any file; /tmp, /run and the home folders are now
+    empty tmpfs in its mount namespace (those that do not hold the interpreter)."""
+    import tempfile
+
+    from conductor import sandbox
+
+    covered = sandbox._covers(os.path.realpath(tempfile.gettempdir()))
+    if sandbox._isolation() != "namespaces" or not str(tmp_path.resolve()).startswith(covered):
+        pytest.skip("no namespaces here, or the temporary folder holds the interpreter")
+    path = tmp_path / "host.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(1)
+    secret = tmp_path / "key.env"
+    secret.write_text("OPENAI_API_KEY=sk-canary")
+    try:
+        r = run_python(f"import socket\nsocket.socket(socket.AF_UNIX).connect({str(path)!r})\n", FAST)
+        assert not r.ok and "FileNotFoundError" in r.stderr
+        server.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            server.accept()
+        r = run_python(f"print(open({str(secret)!r}).read())\n", FAST)
+        assert not r.ok and "sk-canary" not in r.stdout + r.stderr
+        for d in covered:  # empty, but for the sandbox's own folder
+            r = run_python(f"import os\nprint([f for f in os.listdir({d!r}) if f != os.path.basename(os.getcwd())])\n",
+                           FAST)
+            assert r.ok and r.stdout.strip() == "[]", d
+    finally:
+        server.close()
+
+
+def test_the_working_directory_is_a_size_limited_tmpfs():
+    """F8: the folder was on the host's disk, bounded only per file (2 GB in 5.6 s)."""
+    write = "b = b'x' * (4 << 20)\nfor i in range({n}):\n    open(f'f{{i}}', 'wb').write(b)\n"
+    r = run_python(write.format(n=1), Limits(timeout_s=5, cpu_s=5, disk_mb=8))
+    _namespaces_or_skip(r)
+    assert r.ok, r.stderr
+    r = run_python(write.format(n=4), Limits(timeout_s=5, cpu_s=5, disk_mb=8))
+    assert not r.ok and "No space left on device" in r.stderr
+
+
+def test_native_processes_stop_at_the_process_limit():
+    """F2: as root RLIMIT_NPROC binds nothing: a shell started natively ran 300 processes."""
+    code = FORK_EXEC + ("import time\n"
+                        "spawn([b'/bin/sh', b'-c', b'for i in $(seq 200); do sleep 3 & done 2>/dev/null; wait'])\n"
+                        "time.sleep(1.5)\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]))\n")
+    r = run_python(code, Limits(timeout_s=5, cpu_s=5, processes=32))
+    _namespaces_or_skip(r)
+    if "pids" not in r.cgroup:
+        pytest.skip("no pids cgroup could be made here")
+    assert r.ok, r.stderr
+    assert int(r.stdout.split()[-1]) <= 32
+
+
+def test_the_memory_limit_covers_all_processes_together():
+    """F2: RLIMIT_AS is per process: three processes held 2.1 GB under a 1 GB limit."""
+    code = FORK_EXEC + ("import sys\n"
+                        "hog = [sys.executable.encode(), b'-c',\n"
+                        "       b'import time; b = b\"x\" * (150 << 20); time.sleep(2)']\n"
+                        "pids = [spawn(hog) for _ in range(3)]\n"
+                        "print([os.waitpid(p, 0)[1] for p in pids])\n")
+    r = run_python(code, Limits(timeout_s=10, cpu_s=10, memory_mb=300))
+    if "memory" not in r.cgroup:
+        pytest.skip("no memory cgroup could be made here")
+    assert r.ok, r.stderr
+    statuses = eval(r.stdout.split("\n")[-2])
+    assert 9 in statuses and r.memory_killed  # the cgroup's OOM killer took at least one (SIGKILL)
+
+
+def _sandbox_processes(under: int | None = None) -> set[str]:
+    """The sandbox children alive now; with `under`, only those descended from that process (other tests
+    may grade at the same time, in other pytest workers)."""
+    parent, found = {}, set()
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/status") as f:
+                parent[pid] = next(line.split()[1] for line in f if line.startswith("PPid:"))
+        except (OSError, StopIteration):
+            continue
+        if b"sandbox_child.py" in cmd:
+            found.add(pid)
+    if under is None:
+        return found
+
+    def descends(pid: str) -> bool:
+        for _ in range(64):
+            if pid == str(under):
+                return True
+            pid = parent.get(pid, "0")
+        return False
+    return {pid for pid in found if descends(pid)}
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_an_interrupted_grader_leaves_nothing_running(sig):
+    """F5: a grader stopped by Ctrl-C or SIGTERM left the answer running (forever, if it slept) and, on
+    SIGTERM, its temporary folders. Now the process group is killed in a `finally`, the child dies with
+    the grader (PR_SET_PDEATHSIG), and in namespace mode there is no folder on the host to leave."""
+    import glob
+    import signal
+    import subprocess
+    import sys
+
+    from conductor import sandbox
+
+    if sandbox._isolation() != "namespaces":
+        pytest.skip("without namespaces a signalled grader leaves its folder behind (documented)")
+    before = set(glob.glob("/tmp/conductor-sandbox-*"))
+    sleeper = "from conductor.sandbox import Limits, run_python\n" \
+              "run_python('import time\\nwhile True:\\n    time.sleep(1)\\n', Limits(timeout_s=60))\n"
+    grader = subprocess.Popen([sys.executable, "-c", sleeper], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while len(_sandbox_processes(grader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        started = _sandbox_processes(grader.pid)
+        assert len(started) >= 2, "the sandbox never started"
+        grader.send_signal(getattr(signal, sig))
+        grader.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while started & _sandbox_processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started & _sandbox_processes() == set()
+        # A folder another worker's grading makes lasts well under a second; the grader's would stay.
+        deadline = time.monotonic() + 5
+        while set(glob.glob("/tmp/conductor-sandbox-*")) - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(glob.glob("/tmp/conductor-sandbox-*")) - before == set()
+    finally:
+        grader.kill()
+        grader.wait()
+    r = run_python("pass\n", FAST)  # sweeps the cgroups a signalled grader could not remove
+    assert r.ok
+    left = glob.glob(f"/sys/fs/cgroup/*/**/conductor-sandbox-{grader.pid}-*", recursive=True)
+    assert left == []
