@@ -674,6 +674,10 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
             store.push_run(run.dir)
         try:
             plan_stage(run, planner)
+            if own and not any(w.kind == "planner" for w in run.pool.workers):
+                # Nothing re-plans: free the engine now. Held through execution, a loaded vLLM engine
+                # outlived a kill -9 of this process in its own process (GPU memory held for good).
+                close_planner(planner)
             if store is not None:
                 from conductor.execute.shared.objects import JournalUploader
 

@@ -159,3 +159,114 @@ def test_pool_without_usable_workers_gives_invalid_drafts_without_loading_an_eng
     assert [len(d) for d in drafts] == [3, 3]
     assert "no workers of kind llm" in drafts[0][0].info["error"]
     assert planner.engine_calls == 0 and planner.load_seconds is None
+
+
+def test_the_default_instruction_length_plans_validly(engine):
+    """xgrammar refuses a repeat bound above 128: at the default 600 characters every request failed
+    and every plan was invalid ("empty planner output") until the pattern was written in blocks."""
+    model, llm = engine
+    options = {k: v for k, v in config().items() if k != "instruction_chars"}
+    planner = VLLMPlanner(VLLMPlannerConfig(model=model, **options), llm=llm)
+    assert planner.config.instruction_chars == P.DEFAULT_INSTRUCTION_CHARS > 128
+
+    drafts = planner.plan(queries(12), POOL, samples=2)
+
+    for ds in drafts:
+        for d in ds:
+            assert d.info["finish_reason"] == "stop", d.info
+            parse_plan(d.text, POOL, max_steps=5)
+
+
+def test_a_request_the_engine_fails_is_invalid_with_its_reason_and_no_logprob(engine, monkeypatch):
+    """A request vLLM ends with finish_reason "error" was recorded as "empty planner output" with
+    logprob 0.0: probability one, to RL training. The old pattern (one bound of 599) fails it."""
+    from conductor.planners import schema
+
+    model, llm = engine
+    monkeypatch.setattr(schema, "_at_most", lambda atom, most: f"{atom}{{0,{most}}}")
+    options = {k: v for k, v in config().items() if k != "instruction_chars"}
+    planner = VLLMPlanner(VLLMPlannerConfig(model=model, **options), llm=llm)
+
+    drafts = planner.plan(queries(2), POOL, samples=2)
+
+    for d in (d for ds in drafts for d in ds):
+        assert d.text == "" and d.logprob is None and d.info["finish_reason"] == "error"
+        assert d.info["error"].startswith("the engine failed this request (finish_reason error")
+
+
+@pytest.mark.parametrize("option, words", [
+    ("max_tokens=512.0", "max_tokens must be a whole number of at least 1 (or unset) (got 512.0)"),
+    ("temperature=-1", "temperature must be a number at least 0 (got -1)"),
+    ("top_p=0", "top_p must be a number above 0 and at most 1 (got 0)"),
+    ("max_tokens=0", "max_tokens must be a whole number of at least 1"),
+    ("instruction_chars=0", "instruction_chars must be a whole number of at least 1 (got 0)"),
+    ("chunk_size=abc", "chunk_size must be a whole number of at least 1 (or unset) (got 'abc')"),
+    ("engine_kwargs=foo", "engine_kwargs must be a mapping of vllm.LLM arguments"),
+    ("kinds=llm,robot", "kinds must list worker kinds among llm, function, planner"),
+    ("structured_backend=regex", "structured_backend must be one of xgrammar, guidance"),
+])
+def test_bad_options_are_refused_before_anything_is_written_or_loaded(tmp_path, option, words):
+    """They were found by the engine after its load (8-50 s), as a traceback and exit 1, leaving a run
+    folder that then refused the corrected command; max_tokens=512.0 hung the engine for good."""
+    from tests.conftest import REPO, SAMPLE, cli
+
+    data = tmp_path / "data"
+    r = cli("run", SAMPLE, "--pool", REPO / "data/pools/sim.yaml", "--planner", "vllm", "--planner-model",
+            tmp_path, "--planner-option", option, "--data-dir", data)
+    assert r.returncode == 2 and f"vLLM planner: {words}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (data / "runs").exists()
+
+
+def test_the_engine_is_freed_before_execution_so_a_killed_run_leaves_none(engine, tmp_path, fresh_sim,
+                                                                           sample_queries):
+    """Held through execution, the engine's own process outlived a kill -9 of conductor and kept its
+    memory (a GPU's, on a GPU) for good. With no planner worker in the pool, nothing re-plans: it is
+    closed once the plans are written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO, line_count, write_pool
+
+    model, _ = engine
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    fresh_sim.set_faults(latency_ms=200)
+    data = tmp_path / "data"
+    opts = [x for k, v in config().items() for x in ("--planner-option", f"{k}={str(v).lower()}")]
+    cmd = [sys.executable, "-m", "conductor", "run", str(sample_queries), "--pool", str(pool), "--planner", "vllm",
+           "--planner-model", model, *opts, "--data-dir", str(data), "--run-id", "killed", "--quiet"]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        journal = data / "runs" / "killed" / "work" / "steps.jsonl"
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and line_count(journal) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None and line_count(journal) >= 3, "the run did not reach execution"
+        os.kill(proc.pid, signal.SIGKILL)  # conductor alone, as an OOM killer or `kill -9` does
+        proc.wait(timeout=30)
+        time.sleep(3)
+        assert _session_processes(proc.pid) == []
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _session_processes(sid: int) -> list[str]:
+    """Command lines of the live processes of session `sid` (what conductor started, engines included)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(cmd)
+    return found

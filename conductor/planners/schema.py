@@ -13,8 +13,9 @@ accepts:
   and a set of 2..MAX_CONDITION_STEPS earlier steps, listed as an enum of the
   sorted sets (a plain array could repeat a step);
 - instructions: printable ASCII without `"` or `\\`, starting with a
-  non-space, at most `instruction_chars` long (a bounded regex; xgrammar does
-  not combine `pattern` with `maxLength`). No escapes means no control
+  non-space, at most `instruction_chars` long (a bounded regex, in blocks of
+  at most 100 repeats: xgrammar refuses bounds above 128, and does not
+  combine `pattern` with `maxLength`). No escapes means no control
   characters, and one character is at least one token, so
   `max_plan_chars` bounds the tokens a compact plan can take: give the engine
   that many and every plan closes.
@@ -38,10 +39,32 @@ _CHAR = r"[ !#-\[\]-~]"
 _FIRST = r"[!#-\[\]-~]"
 
 
+# xgrammar (0.2.8) refuses a repeat bound above 128, so longer bounds are written in blocks.
+_MAX_REPEAT = 100
+
+
 def instruction_pattern(instruction_chars: int) -> str:
     if instruction_chars < 1:
         raise ValueError(f"instruction_chars must be at least 1 (got {instruction_chars})")
-    return f"^{_FIRST}{_CHAR}{{0,{instruction_chars - 1}}}$"
+    return f"^{_FIRST}{_at_most(_CHAR, instruction_chars - 1)}$"
+
+
+def _at_most(atom: str, most: int) -> str:
+    """`atom{0,most}` with no repeat bound above _MAX_REPEAT: a length below q blocks is some full blocks
+    and a short tail; q full blocks take a tail of at most the remainder."""
+    if most <= _MAX_REPEAT:
+        return f"{atom}{{0,{most}}}"
+    q, r = divmod(most, _MAX_REPEAT)
+    block = f"(?:{atom}{{{_MAX_REPEAT}}})"
+    below = f"{_at_most(block, q - 1)}{atom}{{0,{_MAX_REPEAT - 1}}}"
+    return f"(?:{below}|{_exactly(block, q)}{atom}{{0,{r}}})"
+
+
+def _exactly(atom: str, n: int) -> str:
+    if n <= _MAX_REPEAT:
+        return f"{atom}{{{n}}}"
+    q, r = divmod(n, _MAX_REPEAT)
+    return f"(?:{_exactly(f'(?:{atom}{{{_MAX_REPEAT}}})', q)}{atom}{{{r}}})"
 
 
 def plan_schema(pool: Pool, max_steps: int = 5, instruction_chars: int = 600, *,

