@@ -27,7 +27,7 @@ WORKER_KINDS = ("llm", "function", "planner")
 GOVERNOR_SCHEMES = ("memory", "redis", "rediss")  # where limits and budgets are held (conductor.execute.shared)
 FUNCTION_NAMES = ("vote", "extract")
 DEFAULT_MAX_TOKENS = 1024  # a call's completion cap when its worker's params set none
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")  # fullmatch: "$" would let a final newline in
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -241,14 +241,14 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
 
 def _provider(pid: Any, cfg: Any) -> Provider:
     at = f"providers.{pid}"
-    if not isinstance(pid, str) or not _ID_RE.match(pid):
+    if not isinstance(pid, str) or not _ID_RE.fullmatch(pid):
         raise PoolError(f"{at}: provider id must be a plain name")
     cfg = cfg or {}
     if not isinstance(cfg, dict):
         raise PoolError(f"{at}: must be a mapping")
     _no_unknown(cfg, {f for f in Provider.__dataclass_fields__ if f != "id"}, at)
     key_env = cfg.get("api_key_env")
-    if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key_env)
+    if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key_env)
                                 or (looks_like_a_key(key_env) and key_env not in os.environ)):
         raise PoolError(f"{at}.api_key_env: must be the NAME of an environment variable, not a key (the value "
                         f"is not shown here; if it is a key, move it into a variable and revoke it)")
@@ -299,7 +299,7 @@ def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
         out["batch_retry"] = cfg["batch_retry"]
     if "batch_completion_window" in cfg:
         window = cfg["batch_completion_window"]
-        if not isinstance(window, str) or not re.match(r"^[0-9]+h$", window):
+        if not isinstance(window, str) or not re.match(r"^[0-9]+h\Z", window):
             raise PoolError(f"{at}.batch_completion_window: must be hours such as '24h' (got {window!r})")
         out["batch_completion_window"] = window
     return out
@@ -310,7 +310,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     if not isinstance(w, dict):
         raise PoolError(f"{at}: must be a mapping")
     wid = w.get("id")
-    if not isinstance(wid, str) or not _ID_RE.match(wid):
+    if not isinstance(wid, str) or not _ID_RE.fullmatch(wid):
         raise PoolError(f"{at}.id: required, letters, digits and _.:- only (got {wid!r})")
     at = f"workers[{i}] ({wid})"
     _no_unknown(w, set(Worker.__dataclass_fields__), at)

@@ -73,6 +73,10 @@ workers:
     (_pool(params={"max_tokens": "512"}), r"\.params.max_tokens: must be a whole number of tokens, at least 1 \(got '512'\)"),
     (_pool(params={"max_tokens": -5}), r"\.params.max_tokens: must be a whole number of tokens, at least 1 \(got -5\)"),
     ([1, 2], "the top level must be a mapping"),
+    # YAML's `id: |` block gives "abc\n": a regex `$` let it through, and structured plans named "abc"
+    ({"workers": [{"id": "abc\n", "model": "openai/x"}]}, r"workers\[0\].id: required, letters, digits"),
+    ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "KEY\n"}}},
+     r"providers.p.api_key_env: must be the NAME"),
 ])
 def test_bad_pool_names_the_field(raw, field):
     with pytest.raises(PoolError, match=field):

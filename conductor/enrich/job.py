@@ -38,8 +38,8 @@ SCORES = ("exact", "numeric", "f1", "set", "tatqa")
 RESERVED = ("status", "error", "cost_usd", "calls", "run_id", "reused", "row_hash", "updated_at", "score",
             "judge_score", "judge_reason", "judge_hash")
 CATALOG_VIEWS = ("plans", "traces", "results", "rewards", "runs")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 @dataclass(frozen=True)

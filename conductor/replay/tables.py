@@ -45,7 +45,7 @@ OPTIONAL_COLUMNS = (TASK_COLUMN, *TOKEN_COLUMNS, COST_COLUMN)
 SPLIT_SALT = "conductor-replay-split-v1"
 
 REPLAY_KEYS = {"dataset", "table", "task", "default_task", "prices", "split", "skills", "costs"}
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 _SHOW = 5  # question ids shown in an error message
 
 

@@ -81,7 +81,7 @@ ROLES = ("worker", "planner")
 SIMULATE_KEYS = ("role", "replan_rate", "cascade_rate", "skill", "latency_ms", "per_token_ms", "rpm",
                  "rpm_window_s", *RATE_KEYS,
                  "hang_s", "require_key_env", "fail_status", "retry_after_ms", "usage_factor", "batch_delay_s")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class SimConfigError(ConductorError):
