@@ -260,11 +260,15 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
     run.dir.set_status("planning")
     parts = []
     n = run.queries.num_rows
+    # A model planner may load an engine and generate for minutes with no counter: say what it does.
+    progress = Progress(label="plan", enabled=cfg.progress)
     for start in range(0, n, cfg.plan_chunk):
         part = run.dir.work / "plan_parts" / f"part-{start // cfg.plan_chunk:05d}.parquet"
         if not part.exists():
             chunk = run.queries.slice(start, cfg.plan_chunk)
             queries = [Query(index=start + i, **row) for i, row in enumerate(chunk.to_pylist())]
+            progress.say(f"planning queries {start + 1:,}-{start + len(queries):,} of {n:,} x {cfg.samples} "
+                         f"with the {planner.name} planner")
             drafts = planner.plan(queries, pool, cfg.samples)
             if len(drafts) != len(queries) or any(len(d) != cfg.samples for d in drafts):
                 raise ConductorError(f"planner {planner.name} returned the wrong number of plans")

@@ -235,10 +235,11 @@ def test_the_engine_is_freed_before_execution_so_a_killed_run_leaves_none(engine
     data = tmp_path / "data"
     opts = [x for k, v in config().items() for x in ("--planner-option", f"{k}={str(v).lower()}")]
     cmd = [sys.executable, "-m", "conductor", "run", str(sample_queries), "--pool", str(pool), "--planner", "vllm",
-           "--planner-model", model, *opts, "--data-dir", str(data), "--run-id", "killed", "--quiet"]
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+           "--planner-model", model, *opts, "--data-dir", str(data), "--run-id", "killed"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING")}
+    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", VLLM_CPU_KVCACHE_SPACE="1")
+    out, err = open(tmp_path / "stdout", "wb"), open(tmp_path / "stderr", "wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, start_new_session=True)
     try:
         journal = data / "runs" / "killed" / "work" / "steps.jsonl"
         deadline = time.monotonic() + 240
@@ -254,6 +255,12 @@ def test_the_engine_is_freed_before_execution_so_a_killed_run_leaves_none(engine
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        out.close()
+        err.close()
+    # The planning stage says what it does (the engine's load and generation had been silent), and
+    # vLLM's log stays out of stdout, where the summary goes.
+    assert "vllm" not in (tmp_path / "stdout").read_text().lower()
+    assert "[plan] planning queries 1-60 of 60 x 1 with the vllm planner" in (tmp_path / "stderr").read_text()
 
 
 def _session_processes(sid: int) -> list[str]:

@@ -16,6 +16,7 @@ once per planner and reused.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -129,6 +130,9 @@ class VLLMPlanner(PlannerBackEnd):
     def engine(self) -> Any:
         """The vllm.LLM, created on first use."""
         if self._llm is None:
+            # vLLM logs to stdout unless told otherwise: 2,866 lines mixed into the summary a script reads.
+            # Read when vllm is first imported, and by its engine process, which inherits the environment.
+            os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
             try:
                 from vllm import LLM
             except ImportError as e:
