@@ -321,7 +321,8 @@ def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> lis
                 except PlanError as e:
                     error = str(e)
                     if d.info.get("truncated"):
-                        error += f" (the planner's answer was cut off at max_tokens={d.info.get('max_tokens')})"
+                        cut = d.info.get("cut_by") or f"max_tokens={d.info.get('max_tokens')}"
+                        error += f" (the planner's answer was cut off at {cut})"
             rows.append({
                 "run_id": run.dir.run_id, "plan_id": f"{q.query_id}#{k}", "query_id": q.query_id,
                 "query_index": q.index, "sample": k, "task": q.task, "planner": planner_name,

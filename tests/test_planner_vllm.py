@@ -277,3 +277,25 @@ def _session_processes(sid: int) -> list[str]:
         if int(fields[3]) == sid and fields[0] != "Z":
             found.append(cmd)
     return found
+
+
+def test_a_plan_cut_by_the_model_length_says_so(engine):
+    """A prompt that fits with too little room left was blamed on max_tokens (96 of 100 plans)."""
+    model, llm = engine
+    planner = VLLMPlanner(VLLMPlannerConfig(model=model, **config()), llm=llm)
+    tokenizer = llm.get_tokenizer()
+
+    def prompt_tokens(words: int) -> int:
+        q = Query("long", "word " * words, "exact")
+        return len(tokenizer.encode(planner.prompt_text(q, POOL, tokenizer), add_special_tokens=False))
+
+    lo, hi = 0, MAX_MODEL_LEN
+    while lo < hi:  # the most words whose prompt leaves at least 8 tokens
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if prompt_tokens(mid) <= MAX_MODEL_LEN - 8 else (lo, mid - 1)
+    n_prompt = prompt_tokens(lo)
+
+    (draft,) = planner.plan([Query("long", "word " * lo, "exact")], POOL, samples=1)[0]
+
+    assert draft.info["finish_reason"] == "length" and draft.completion_tokens == MAX_MODEL_LEN - n_prompt
+    assert draft.info["cut_by"] == f"max_model_len={MAX_MODEL_LEN} (the prompt took {n_prompt} tokens)"

@@ -202,7 +202,7 @@ class VLLMPlanner(PlannerBackEnd):
                 completions = res.outputs[:samples]
                 decoded = tokenizer.batch_decode([list(o.token_ids) for o in completions], skip_special_tokens=True)
                 out[i] = self._drafts(completions, decoded, texts[i], len(token_ids[i]), samples,
-                                      params.max_tokens)
+                                      params.max_tokens, limit)
         return [d or [] for d in out]
 
     def prompt_text(self, query: Query, pool: Pool, tokenizer: Any) -> str:
@@ -247,7 +247,7 @@ class VLLMPlanner(PlannerBackEnd):
         return llm.generate(prompts_, params, use_tqdm=False)
 
     def _drafts(self, completions: list[Any], decoded: list[str], text: str, n_prompt: int, samples: int,
-                max_tokens: int) -> list[PlanDraft]:
+                max_tokens: int, model_len: int) -> list[PlanDraft]:
         drafts = []
         for comp, plan_text in zip(completions, decoded):
             if comp.finish_reason == "error":  # e.g. a grammar the structured-output back end could not compile
@@ -259,6 +259,8 @@ class VLLMPlanner(PlannerBackEnd):
             if comp.finish_reason == "length":  # cut at max_tokens or max_model_len
                 info["truncated"] = True
                 info["max_tokens"] = max_tokens
+                if len(comp.token_ids) < max_tokens and n_prompt + len(comp.token_ids) >= model_len:
+                    info["cut_by"] = f"max_model_len={model_len} (the prompt took {n_prompt} tokens)"
             drafts.append(PlanDraft(
                 text=plan_text, prompt=text, prompt_tokens=n_prompt,
                 completion_tokens=len(comp.token_ids), logprob=comp.cumulative_logprob,
