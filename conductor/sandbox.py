@@ -2,11 +2,11 @@
 that cannot hurt the machine it grades on, and say whether the tests passed.
 
 The verdict: the answer's code runs first, as module `main` (not `__main__`); the tests reach the child
-only afterwards, through a pipe, and it passes only if they ran to the end: the child then prints a random
-nonce, which the grader sent with them, as its last line and exits 0 at once. Exiting early (`sys.exit(0)`,
-`os._exit(0)`, atexit, an exit from a thread) or reading the tests' file no longer passes; `==` and `!=` in
-the tests' asserts compare the answer's own objects through their builtin base (an `__eq__` that is always
-true does not pass). See `sandbox_child` for both phases. All of that happens inside the answer's own
+only afterwards, over a socket, once the child proves the answer's part is over, and it passes only if they
+ran to the end: the child then prints a random nonce, as its last line, and exits 0 at once. Exiting early
+(`sys.exit(0)`, `os._exit(0)`, atexit, an exit from a thread) or reading the tests no longer passes; `==`
+and `!=` in the tests' asserts compare the answer's values through their builtin base (an `__eq__` that
+is always true does not pass). See `sandbox_child` for both phases. All of that happens inside the answer's own
 process, so it is not a security boundary: code written against it can find the nonce by introspection.
 
 Layers that confine it, each of which holds on its own:
@@ -52,6 +52,7 @@ import resource
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -114,7 +115,10 @@ def run_python(code: str, limits: Limits = Limits(), tests: str = "") -> Result:
     frames = [_frame(_marshal(settings)), _tests_frame(tests, nonce)]
     cgroups, enforced = _make_cgroups(limits)
     proc = writer = None
-    read_end, write_end = os.pipe()
+    # A socket pair, not a pipe: a pipe's read end can be reopened for writing through /proc/self/fd,
+    # which let an answer read its tests and put them back (audit45).
+    grader_end, child_end = (s.detach() for s in socket.socketpair())
+    read_end, write_end = child_end, grader_end
     try:
         env = {"PATH": "/usr/bin:/bin", "HOME": settings["workdir"], "TMPDIR": settings["workdir"],
                "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
@@ -129,7 +133,7 @@ def run_python(code: str, limits: Limits = Limits(), tests: str = "") -> Result:
                                     preexec_fn=lambda: _confine(limits, procs, parent, libc))
             os.close(read_end)
             read_end = -1
-            writer = threading.Thread(target=_send, args=(write_end, frames), daemon=True)
+            writer = threading.Thread(target=_send, args=(write_end, frames, nonce), daemon=True)
             write_end = -1  # the writer closes it
             writer.start()
             timed_out = False
@@ -204,19 +208,28 @@ def _frame(data: bytes) -> bytes:
 
 def _tests_frame(tests: str, nonce: bytes) -> bytes:
     """The tests, compiled with their asserts rewritten, behind an HMAC under the nonce (the answer, which
-    never sees the nonce in the pipe, cannot put its own tests in their place)."""
+    never sees the nonce on the socket, cannot put its own tests in their place)."""
     import hmac
     body = compile_tests(tests)
     return _frame(hmac.digest(nonce, body, "sha256") + body)
 
 
-def _send(fd: int, frames: list[bytes]) -> None:
-    """Write the frames to the child's pipe (a thread: more than a pipe's 64 KB blocks until read)."""
+def _send(fd: int, frames: list[bytes], nonce: bytes) -> None:
+    """Send the settings; then, only once the child proves the answer's code has run (an HMAC of
+    "ready" under the nonce, which the answer never sees on the socket), the tests. Sent earlier, they
+    sat on the socket while the answer ran: it could read them and replay them to the child through
+    a descriptor of its own (dup2). A thread: more than a socket buffer blocks until read."""
+    import hmac
+    settings, tests = frames
     try:
-        with open(fd, "wb", closefd=True) as f:
-            for frame in frames:
-                f.write(frame)
-    except OSError:  # the child died (or drained the pipe and closed it): its result says so
+        with socket.socket(fileno=fd) as sock:
+            sock.sendall(settings)
+            ready = b""
+            while len(ready) < 32 and (chunk := sock.recv(32 - len(ready))):
+                ready += chunk
+            if hmac.compare_digest(ready, hmac.digest(nonce, b"ready", "sha256")):
+                sock.sendall(tests)
+    except OSError:  # the child died (or closed its end): its result says so
         pass
 
 

@@ -1,10 +1,11 @@
 """The sandbox's child: confine itself, run the answer's code, then the tests, and say whether they passed.
 
-Started by `conductor.sandbox.run_python` as `python -I sandbox_child.py MODE FD`. FD is a pipe from the
+Started by `conductor.sandbox.run_python` as `python -I sandbox_child.py MODE FD`. FD is a socket to the
 grader carrying two length-prefixed frames: the first (settings, the answer's code, a random nonce) is read
-at start; the second (the tests, with an HMAC under the nonce) only after the answer's code has run, so the
-answer cannot read its tests (if it drains the pipe, the tests arrive incomplete and the run fails) nor
-slip in its own (the HMAC needs the nonce, which it never sees in the pipe).
+at start; the second (the tests, with an HMAC under the nonce) is sent by the grader only after this process
+answers an HMAC of "ready" under the nonce, once the answer's code has run. So the tests are nowhere the
+answer can read them while it runs, and it cannot slip in its own (both HMACs need the nonce, which it never
+sees on the socket).
 
 MODE "ns": started by `unshare` as PID 1 of its own namespaces. It covers the folders listed in the
 settings (/tmp, /run, /dev/shm, home folders: those not holding the interpreter) with empty tmpfs, puts
@@ -17,8 +18,9 @@ The worker runs two phases:
   run), registered in sys.modules (so its functions pickle). A SystemExit ends this phase and the tests still
   run; any other exception fails the answer, as before.
 - tests: compiled by the grader (`compile_tests`, which rewrites `==` and `!=` inside their asserts, see
-  `_comparer`), they run in their own namespace: a copy of the answer's, with the builtins as they were
-  before the answer ran (names the answer defines still shadow builtins, as in one script). After the
+  `_comparer`), they run in their own namespace, as `__main__`: a copy of the answer's, with the builtins
+  as they were before the answer ran (a name the answer defines that is also a builtin keeps its builtin
+  meaning there, so `def abs(x): return 0` cannot pass `assert abs(f(x) - y) < 1e-6`). After the
   answer has run, this process calls only functions taken at import. If the tests ran to the end, the
   nonce is written as the last line of stdout with the real os.write, and the process ends at once with
   the real os._exit(0): the grader passes the answer only on that line.
@@ -45,7 +47,7 @@ import _hashlib
 # Taken now, before any answer code can replace them (builtins and module attributes are shared with it).
 _WRITE, _READ, _EXIT, _CLOSE, _LOADS, _HMAC = os.write, os.read, os._exit, os.close, marshal.loads, _hashlib.hmac_digest
 _EXEC, _DICT, _LEN, _MIN, _INT, _BASE, _SYSEXIT = exec, dict, len, min, int, BaseException, SystemExit
-_OPEN, _TYPE, _DISPLAY = open, type, sys.__excepthook__
+_OPEN, _TYPE, _DISPLAY, _BLOCKING = open, type, sys.__excepthook__, os.set_blocking
 # <sys/mount.h>, <linux/prctl.h>, <linux/capability.h>
 _MS = {"ro": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -119,18 +121,22 @@ def _comparer():
     plain builtin value (a number, string, bytes, None, or a list/tuple/dict/set of them) and the other is
     not, the other is first turned into builtins: a subclass of a builtin through that builtin (an int
     subclass as its int, a list subclass as a list, element by element), a value of a class the answer
-    defined and with no builtin base into a marker equal to nothing. So an answer's `__eq__` cannot agree
-    with an expected literal, while 1 == 1.0, np.int64(3) == 3 and Fraction(1, 2) == 0.5 hold as before.
-    Two non-plain values (say two of the answer's objects) compare with their own `==`. A class counts as
-    the answer's unless it is written in C or found by its name in a module loaded from the interpreter's
-    folders; code written against this check can plant one there."""
+    defined, or any other value that is not a number, into a marker equal to nothing. So an answer's
+    `__eq__` cannot agree with an expected literal, nor can a library's permissive one (`mock.ANY`, a
+    `UserList` around such a value), while 1 == 1.0, np.int64(3) == 3 and Fraction(1, 2) == 0.5 hold as
+    before. Two non-plain values (say two of the answer's objects) compare with their own `==`. Kept as
+    they are: values of a class written in C (read from the type's real flags: a metaclass can define its
+    own `__flags__`), and numbers (numbers.Number) of a class found by its name in a module loaded from
+    the interpreter's folders; code written against this check can plant one there."""
     list_, tuple_, set_, frozenset_, dict_, str_, object_ = list, tuple, set, frozenset, dict, str, object
     scalars = frozenset_({int, float, complex, bool, str, bytes, type(None)})
     containers = (list_, tuple_, set_, frozenset_)
     bases = (int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset)
     convert = {int: int.__int__, float: float.__float__, complex: complex.__complex__, str: str.__str__,
                bytes: bytes.__bytes__, bytearray: bytearray}
-    typ, issub, getattr_, all_, exception = type, issubclass, getattr, all, Exception
+    typ, issub, getattr_, all_, exception, isinstance_ = type, issubclass, getattr, all, Exception, isinstance
+    flags = type.__dict__["__flags__"].__get__  # the type's own flags, whatever its metaclass says
+    from numbers import Number
     prefixes = tuple_(os.path.realpath(p) + "/" for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
     modules, realpath = sys.modules, os.path.realpath
 
@@ -168,9 +174,9 @@ def _comparer():
                 if base is dict_:
                     return {norm(k): norm(v) for k, v in dict_.items(x)}
                 return convert[base](x)
-        if not t.__flags__ & (1 << 9) or library(t):  # written in C, or a library's class: as it is
+        if not flags(t) & (1 << 9) or (isinstance_(x, Number) and library(t)):  # C, or a library's number
             return x
-        return object_()  # the answer's own class, no builtin base: equal to nothing
+        return object_()  # the answer's own class, or a library's non-number: equal to nothing
 
     def eq(a, b):
         pa, pb = plain(a), plain(b)
@@ -326,12 +332,18 @@ def _worker(fd: int, settings: dict) -> None:
     except _BASE as e:  # any other failure of the answer's code fails it
         _fail(e)
     try:
+        _BLOCKING(fd, True)  # the answer may have made it non-blocking
+        _WRITE(fd, _HMAC(nonce, b"ready", "sha256"))  # the grader sends the tests only now
         frame = read_frame(fd)
         mac, body = frame[:32], frame[32:]
         if _HMAC(nonce, body, "sha256") != mac:
             raise EOFError("sandbox: the tests did not arrive whole or were replaced")
-        namespace = _DICT(answer.__dict__)
-        namespace.update(__builtins__=clean_builtins, __sandbox_eq__=eq, __sandbox_ne__=ne)
+        # The answer's names, but not over builtins the tests call (`def abs(x): return 0` passed
+        # `assert abs(f(1.5) - 0.5) < 1e-6`); and the tests run as __main__, so tests under an
+        # `if __name__ == "__main__":` guard run (as module `main` they were skipped: everything passed).
+        namespace = {k: v for k, v in _DICT.items(answer.__dict__) if k not in clean_builtins}
+        namespace.update(__name__="__main__", __builtins__=clean_builtins, __sandbox_eq__=eq,
+                         __sandbox_ne__=ne)
         _EXEC(_LOADS(body), namespace)
     except _BASE as e:  # a failed test, or the answer exiting during the tests
         _fail(e)

@@ -107,17 +107,48 @@ def test_exiting_while_the_tests_run_fails():
 
 
 def test_the_tests_arrive_after_the_answer_and_cannot_be_read_or_replaced_by_it():
-    drain = ("import os\nfor fd in range(3, 64):\n    try:\n        os.set_blocking(fd, False)\n"
-             "        while os.read(fd, 1 << 16):\n            pass\n    except OSError:\n        pass\n")
-    g = grade("code", fenced(RIGHT + drain), TESTS)
-    assert g.correct is False and "did not arrive whole" in g.detail
-    fake = ("import marshal, os, stat\nbody = marshal.dumps(compile('pass', 't', 'exec'))\n"
-            "data = bytes(32) + body\nr, w = os.pipe()\nos.write(w, len(data).to_bytes(8, 'big') + data)\n"
-            "os.close(w)\nfor fd in range(3, 64):\n    try:\n"
-            "        if stat.S_ISFIFO(os.fstat(fd).st_mode) and fd != r:\n"
-            "            os.dup2(r, fd)\n    except OSError:\n        pass\n")
+    # Everything the answer can read while it runs holds no test: they are sent only once it has run.
+    peek = ("import os\nseen = b''\nfor fd in range(3, 64):\n    try:\n        os.set_blocking(fd, False)\n"
+            "        while chunk := os.read(fd, 1 << 16):\n            seen += chunk\n    except OSError:\n"
+            "        pass\nprint('saw the tests' if b'add' in seen else 'saw no test')\n")
+    r = run_python(RIGHT + peek, tests=TESTS)
+    assert r.ok and r.stdout == "saw no test\n", (r.stdout, r.stderr)
+    # Tests of its own, queued on a socket put in place of the grader's, fail the HMAC check. (Tests
+    # queued in advance were read and replayed this way, unchanged, by audit45.)
+    fake = ("import marshal, os, socket, stat\nbody = marshal.dumps(compile('pass', 't', 'exec'))\n"
+            "data = bytes(32) + body\na, b = socket.socketpair()\nb.sendall(len(data).to_bytes(8, 'big') + data)\n"
+            "for fd in range(3, 64):\n    try:\n"
+            "        if stat.S_ISSOCK(os.fstat(fd).st_mode) and fd not in (a.fileno(), b.fileno()):\n"
+            "            os.dup2(a.fileno(), fd)\n    except OSError:\n        pass\n")
     g = grade("code", fenced(WRONG + fake), TESTS)
-    assert g.correct is False and "were replaced" in g.detail
+    assert g.correct is False and "were replaced" in g.detail, g.detail
+
+
+@pytest.mark.parametrize("code", [
+    "from unittest.mock import ANY\ndef add(a, b):\n    return ANY\n",
+    "from collections import UserList\nclass E:\n    def __eq__(self, o): return True\n"
+    "def add(a, b):\n    u = UserList()\n    u.data = E()\n    return u\n",
+    "class M(type):\n    __flags__ = 0\nclass E(metaclass=M):\n    def __eq__(self, o): return True\n"
+    "def add(a, b):\n    return E()\n",
+])
+def test_a_library_object_or_a_faked_c_class_that_equals_everything_does_not_pass(code):
+    """audit45 F1, F2: library classes were compared as they are (`mock.ANY == 5`), and a metaclass's
+    own `__flags__` made the answer's class look written in C."""
+    assert grade("code", fenced(code), TESTS).correct is False
+
+
+def test_a_name_the_answer_defines_does_not_replace_a_builtin_the_tests_call():
+    """audit45 F5: `def abs(x): return 0` passed `assert abs(add(2, 3) - 5) < 1e-9`."""
+    g = grade("code", fenced(WRONG + "def abs(x):\n    return 0\n"), "assert abs(add(2, 3) - 5) < 1e-9\n")
+    assert g.correct is False, g.detail
+
+
+def test_tests_under_a_main_guard_run():
+    """audit45 F6: the tests saw the answer's module name, so guarded tests never ran and every answer
+    passed."""
+    guarded = "if __name__ == '__main__':\n    assert add(2, 3) == 5\n"
+    assert grade("code", fenced(WRONG), guarded).correct is False
+    assert grade("code", fenced(RIGHT), guarded).correct is True
 
 
 def test_builtins_the_answer_replaces_do_not_reach_the_tests():
