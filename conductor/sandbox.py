@@ -121,7 +121,9 @@ def run_python(code: str, limits: Limits = Limits(), tests: str = "") -> Result:
     read_end, write_end = child_end, grader_end
     try:
         env = {"PATH": "/usr/bin:/bin", "HOME": settings["workdir"], "TMPDIR": settings["workdir"],
-               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+               # glibc reserves 64 MB of address space per thread arena: 20 threads used up RLIMIT_AS
+               "MALLOC_ARENA_MAX": "2"}
         child = [sys.executable, "-I", str(CHILD)]
         cmd = ([*_unshare(), *child, "ns", str(read_end)] if isolation == "namespaces"
                else [*child, "audit", str(read_end)])

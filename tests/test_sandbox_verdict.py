@@ -183,3 +183,13 @@ def test_python_blocks_are_joined_in_order():
 ])
 def test_tilde_fences_and_a_byte_order_mark(response):
     assert grade("code", response, TESTS).correct is True
+
+
+def test_an_answer_may_run_forty_threads_at_once():
+    """audit45 F8: glibc reserves 64 MB of address space per thread arena, so about 20 live threads used
+    up the 1 GB RLIMIT_AS and `can't start new thread` failed a right answer."""
+    code = ("import threading, time\nout = []\ndef work(i):\n    time.sleep(0.3)\n    out.append(i)\n"
+            "threads = [threading.Thread(target=work, args=(i,)) for i in range(40)]\n"
+            "for t in threads:\n    t.start()\nfor t in threads:\n    t.join()\n")
+    r = run_python(code, tests="assert sorted(out) == list(range(40))\n")
+    assert r.ok, r.stderr
