@@ -382,7 +382,8 @@ def main() -> None:
         if pid:
             _CLOSE(fd)
             status = os.waitpid(pid, 0)[1]
-            _EXIT(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+            # An exit status above 128 would read as a signal (os._exit(137) as "killed: CPU time limit").
+            _EXIT(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else min(os.WEXITSTATUS(status), 128))
     os.set_inheritable(fd, False)
     _worker(fd, settings)
 

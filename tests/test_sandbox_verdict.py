@@ -193,3 +193,9 @@ def test_an_answer_may_run_forty_threads_at_once():
             "for t in threads:\n    t.start()\nfor t in threads:\n    t.join()\n")
     r = run_python(code, tests="assert sorted(out) == list(range(40))\n")
     assert r.ok, r.stderr
+
+
+def test_an_exit_status_above_128_is_not_reported_as_a_kill():
+    """audit43 F10: in namespace mode `os._exit(137)` read as "killed: CPU time limit"."""
+    r = run_python("import os\nos._exit(137)\n")
+    assert not r.ok and "killed" not in r.detail and r.detail.startswith("exit 1"), r.detail
