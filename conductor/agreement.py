@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from conductor.errors import ConductorError
-from conductor.grading import TASKS, grade
+from conductor.grading import TASKS, grade_all
 from conductor.replay.datasets import DATASETS
 
 
@@ -109,12 +109,11 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
                              f"({table.height} row(s)); nothing to compare the grader with")
     start = time.perf_counter()
     agreeing, bad, counted = 0, [], Counter()
-    for qid, model, t, resp, ref, label in zip(ids.to_list(), models.to_list(), tasks.to_list(), responses,
-                                               references, labels):
-        if label is None:
-            continue
+    rows = [row for row in zip(ids.to_list(), models.to_list(), tasks.to_list(), responses, references, labels)
+            if row[5] is not None]
+    grades = grade_all((t, resp, ref) for _, _, t, resp, ref, _ in rows)  # code answers side by side
+    for (qid, model, t, resp, ref, label), g in zip(rows, grades):
         counted[str(t)] += 1
-        g = grade(t, resp, ref)
         if g.correct is not None and bool(g.correct) == label:
             agreeing += 1
             continue

@@ -23,12 +23,14 @@ from __future__ import annotations
 import ast
 import bisect
 import json
+import os
 import re
 import string
 import threading
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
+from typing import Iterable
 
 TASKS = ("math", "choice", "exact", "literal", "code")
 _LITERAL_MAX_CHARS = 100_000  # literal_eval of a huge nested literal can exhaust the stack
@@ -59,6 +61,26 @@ def grade(task: str | None, response: str | None, reference: str | None) -> Grad
     except Exception as e:  # noqa: BLE001 - total by design: see the module docstring
         return Grade(None, False, None if task is None or reference is None else False,
                      f"grader error: {type(e).__name__}: {str(e)[:200]}")
+
+
+def grade_all(items: Iterable[tuple[str | None, str | None, str | None]]) -> list[Grade]:
+    """`grade` over many (task, response, reference), in order. Code answers run in their sandboxes a
+    few at a time (one per core: each thread waits on its own process, and one that hangs for its 10 s
+    no longer holds up the rest); the other graders run here, one after another (math-verify's timeout
+    uses signals, which only the main thread may set)."""
+    items = list(items)
+    code = [i for i, (task, _, _) in enumerate(items) if task == "code"]
+    out: list[Grade | None] = [None] * len(items)
+    if len(code) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            for i, g in zip(code, pool.map(lambda i: grade(*items[i]), code)):
+                out[i] = g
+    for i, item in enumerate(items):
+        if out[i] is None:
+            out[i] = grade(*item)
+    return out  # type: ignore[return-value]
 
 
 def _grade(task: str | None, response: str | None, reference: str | None) -> Grade:

@@ -31,12 +31,13 @@ class RewardScheme:
 
 
 def score(status: str, task: str | None, reference: str | None, answer_text: str | None,
-          cost: float | None, scheme: RewardScheme) -> dict[str, Any]:
-    """Grade one plan's outcome: answer, parsed, correct, reward."""
+          cost: float | None, scheme: RewardScheme, graded: Grade | None = None) -> dict[str, Any]:
+    """Grade one plan's outcome: answer, parsed, correct, reward. `graded`: its answer's grade, when
+    the caller graded many at once (grading.grade_all)."""
     if task == "record":  # enrichment rows: scored by their job (conductor.enrich), not by a grader
         return {"answer": None, "parsed": None, "correct": None, "reward": None}
     if status == "budget_exhausted" or task is None or reference is None:
-        g = grade(task, answer_text, None) if status == "ok" else None
+        g = (graded or grade(task, answer_text, None)) if status == "ok" else None
         return {"answer": g.answer if g else None, "parsed": g.parsed if g else None,
                 "correct": None, "reward": None}
     if status == "invalid_plan":
@@ -44,7 +45,7 @@ def score(status: str, task: str | None, reference: str | None, answer_text: str
     if status != "ok":
         base, g = scheme.failed, None
     else:
-        g = grade(task, answer_text, reference)
+        g = graded or grade(task, answer_text, reference)
         base = scheme.correct if g.correct else (scheme.wrong if g.parsed else scheme.unparsed)
     reward = base - scheme.cost_penalty * (cost or 0.0)
     return {"answer": g.answer if g else None, "parsed": g.parsed if g else False,

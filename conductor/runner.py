@@ -40,6 +40,7 @@ from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
 from conductor.queries import file_digest, input_columns, load_queries
+from conductor.grading import grade_all
 from conductor.rewards import RewardScheme, group_advantages, score
 from conductor.store import (CatalogHeld, RunDir, damage_advice, file_damage, finalize_journal, refresh_catalog,
                              rows_to_table, write_atomic, write_table)
@@ -547,14 +548,21 @@ def _grade(run: Run) -> Path:
                             columns=["plan_id", "query_id", "query_index", "sample", "status",
                                      "final_answer", "cost_usd", "error"]).to_pylist()
     full = _full_costs(run) if cfg.rewards.cost_penalty else {}
+    # Answers graded at once, so that code answers run their sandboxes side by side (grade_all).
+    code = [(i, refs[r["query_index"]]) for i, r in enumerate(results)
+            if r["status"] == "ok" and refs[r["query_index"]]["task"] == "code"]
+    if code:
+        Progress(label="grade", enabled=cfg.progress).say(f"running the tests of {len(code):,} code answers")
+    graded = dict(zip((i for i, _ in code),
+                      grade_all((q["task"], results[i]["final_answer"], q["reference"]) for i, q in code)))
     rows = []
-    for r in results:
+    for i, r in enumerate(results):
         q = refs[r["query_index"]]  # results carry the query's row index
         cost = full.get(r["plan_id"], r["cost_usd"])
         if r["status"] == "invalid_plan" and (r["error"] or "").startswith(UNUSED_SLOT):
             s = {"answer": None, "parsed": None, "correct": None, "reward": None}
         else:
-            s = score(r["status"], q["task"], q["reference"], r["final_answer"], cost, cfg.rewards)
+            s = score(r["status"], q["task"], q["reference"], r["final_answer"], cost, cfg.rewards, graded.get(i))
         rows.append({"run_id": run.dir.run_id, "plan_id": r["plan_id"], "query_id": r["query_id"],
                      "query_index": r["query_index"], "sample": r["sample"], "task": q["task"],
                      "status": r["status"], "reference": q["reference"], "cost_usd": r["cost_usd"], **s})

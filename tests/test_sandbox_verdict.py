@@ -199,3 +199,47 @@ def test_an_exit_status_above_128_is_not_reported_as_a_kill():
     """audit43 F10: in namespace mode `os._exit(137)` read as "killed: CPU time limit"."""
     r = run_python("import os\nos._exit(137)\n")
     assert not r.ok and "killed" not in r.detail and r.detail.startswith("exit 1"), r.detail
+
+
+def test_code_answers_are_graded_side_by_side():
+    """One sandbox at a time made a set of answers that each wait out part of the timeout take the sum of
+    their waits; `grade_all` runs one per core, in order of the items."""
+    import os
+    import threading
+    import time
+
+    from conductor.grading import grade_all
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: one sandbox at a time")
+    me, most, done = str(os.getpid()), 0, threading.Event()
+
+    def running() -> int:  # the sandboxes this process started, one direct child each
+        n = 0
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parent = f.read().rsplit(")", 1)[1].split()[1]
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    n += parent == me and b"sandbox_child.py" in f.read()
+            except (OSError, IndexError):
+                pass
+        return n
+
+    def watch() -> None:
+        nonlocal most
+        while not done.is_set():
+            most = max(most, running())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    slow = RIGHT + "import time\ntime.sleep(1.5)\n"
+    try:
+        grades = grade_all([("code", fenced(slow), TESTS), ("math", "Answer: 4", "4"),
+                            ("code", fenced(WRONG), TESTS), ("code", fenced(slow), TESTS)])
+    finally:
+        done.set()
+        watcher.join()
+    assert [g.correct for g in grades] == [True, True, False, True]
+    assert most >= 2

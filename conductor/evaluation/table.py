@@ -23,7 +23,7 @@ import polars as pl
 import pyarrow as pa
 
 from conductor.errors import ConductorError
-from conductor.grading import grade
+from conductor.grading import grade_all
 from conductor.pool import Pool
 from conductor.replay.tables import (COST_COLUMN, MIXED, read_table, replay_source, replay_workers, shared_texts,
                                      with_tokens)
@@ -79,8 +79,8 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
     recorded = pl.col(COST_COLUMN) if COST_COLUMN in t.columns else pl.lit(None, dtype=pl.Float64)
     t = t.with_columns(recorded.alias("recorded_cost"))
     t0 = time.perf_counter()
-    verdicts = [grade(task, r, ref).correct for task, r, ref in zip(
-        t.get_column("task").to_list(), t.get_column("response").to_list(), t.get_column("reference").to_list())]
+    verdicts = [g.correct for g in grade_all(zip(
+        t.get_column("task").to_list(), t.get_column("response").to_list(), t.get_column("reference").to_list()))]
     grading_s = time.perf_counter() - t0
     rows = t.select(
         "question_id", "worker", "split", "task",
