@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow  # a replay server and sandboxes
 
 TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 ANSWERS = {  # question -> (model a's answer, model b's answer)
-    "right": ("```python\ndef add(a, b):\n    return a + b\n```", "```python\ndef add(a, b):\n    return b + a\n```"),
+    "right": ("```python\ndef add(a, b):\n    return a + b\n```",
+              "```python\ndef add(a, b):\n    return b + a\n```"),
     "wrong": ("```python\ndef add(a, b):\n    return a - b\n```", "```python\nimport sys\ndef add(a, b):\n"
               "    return 0\nsys.exit(0)\n```"),  # exiting before the tests does not pass
     "usage": ("```python\ndef add(a, b):\n    return a + b\n```\nUse it:\n```python\nprint(add(1, 2))\n```",
