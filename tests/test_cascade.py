@@ -6,29 +6,24 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 
 import duckdb
-import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conductor.cli import main as cli_main
 from conductor.errors import PlanError
 from conductor.execute.engine import condition_holds
 from conductor.functions import run_function
 from conductor.grading import answers_agree
-from conductor.localserver import start_server
 from conductor.planners.base import PlanDraft
 from conductor.plans import Condition, Plan, Step, parse_plan
 from conductor.pool import load_pool, parse_pool
-from conductor.replay.main import READY
-from conductor.replay.process import ReplayHandle
 from conductor.runner import RunConfig, run_all
 from conductor.store import refresh_catalog
 from tests import plannersim
 from tests.conftest import SAMPLE, worker, write_pool
+from tests.replayserve import served_table
 
 # slow: cascade plans over the replay server
 pytestmark = pytest.mark.slow
@@ -50,14 +45,8 @@ def served(tmp_path_factory):
              "model": m, "response": ans if not ans[0].isdigit() else f"Working...\nAnswer: {ans}",
              "correct": ans == ref, "task": "math", "cost_usd": COST[m]}
             for name, (ref, answers) in RECORDED.items() for m, ans in answers.items()]
-    table = d / "cascade_logs.parquet"
-    pl.DataFrame(rows).write_parquet(table)
-    queries, pool = d / "queries.parquet", d / "pool.yaml"
-    assert cli_main(["replay", "queries", "--table", str(table), "--split", "all", "--out", str(queries)]) == 0
-    assert cli_main(["replay", "pool", "--table", str(table), "--out", str(pool)]) == 0
-    cmd = [sys.executable, "-m", "conductor", "replay", "serve", "--pool", str(pool), "--port", "0"]
-    with start_server(cmd, READY, ReplayHandle, "127.0.0.1", startup_timeout_s=60) as server:
-        yield {"dir": d, "queries": queries, "pool": pool, "server": server}
+    with served_table(d, rows, "cascade_logs") as served:
+        yield served
 
 
 def _run(served, monkeypatch, run_id, planner=None, **kw):

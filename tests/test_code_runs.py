@@ -4,17 +4,11 @@ reads them."""
 
 from __future__ import annotations
 
-import sys
-
-import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from conductor.cli import main as cli_main
-from conductor.localserver import start_server
-from conductor.replay.main import READY
-from conductor.replay.process import ReplayHandle
 from conductor.runner import RunConfig, run_all
+from tests.replayserve import served_table
 
 pytestmark = pytest.mark.slow  # a replay server and sandboxes
 
@@ -35,14 +29,8 @@ def served(tmp_path_factory):
     rows = [{"question_id": f"q-{name}", "question": f"Write add(a, b) ({name}).", "reference": TESTS,
              "model": m, "response": answer, "correct": None, "task": "code", "cost_usd": 0.001}
             for name, answers in ANSWERS.items() for m, answer in zip("ab", answers)]
-    table = d / "code_logs.parquet"
-    pl.DataFrame(rows).write_parquet(table)
-    queries, pool = d / "queries.parquet", d / "pool.yaml"
-    assert cli_main(["replay", "queries", "--table", str(table), "--split", "all", "--out", str(queries)]) == 0
-    assert cli_main(["replay", "pool", "--table", str(table), "--out", str(pool)]) == 0
-    cmd = [sys.executable, "-m", "conductor", "replay", "serve", "--pool", str(pool), "--port", "0"]
-    with start_server(cmd, READY, ReplayHandle, "127.0.0.1", startup_timeout_s=60) as server:
-        yield {"dir": d, "queries": queries, "pool": pool, "server": server}
+    with served_table(d, rows, "code_logs") as served:
+        yield served
 
 
 @pytest.mark.parametrize("worker, expected", [
