@@ -33,6 +33,7 @@ from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve
 from conductor.failures import failed_plans, failure_groups, invalid_plan_groups, too_many_failed
+from conductor.grading import grade_all
 from conductor.planners import make_planner
 from conductor.planners.base import UNUSED_SLOT, Planner, PlannerBackEnd, Query
 from conductor.planners.replan import BaseReplanner, make_replanner
@@ -40,7 +41,6 @@ from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
 from conductor.queries import file_digest, input_columns, load_queries
-from conductor.grading import grade_all
 from conductor.rewards import RewardScheme, group_advantages, score
 from conductor.store import (CatalogHeld, RunDir, damage_advice, file_damage, finalize_journal, refresh_catalog,
                              rows_to_table, write_atomic, write_table)
