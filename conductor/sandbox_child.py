@@ -53,6 +53,7 @@ _MS = {"ro": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodirati
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = 4, 24, 28, 38
 _SECBITS_ALL_LOCKED = 0x3F  # noroot, no setuid fixup, keep caps off; each locked
+_DEVICES = ("null", "zero", "full", "random", "urandom")  # all an answer's code may open under /dev
 
 
 def read_frame(fd: int) -> bytes:
@@ -257,7 +258,26 @@ def _confine(settings: dict) -> None:
               f"tmpfs on {where}")
 
     check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "private mounts")
-    for where in cover:
+    # A /dev of its own with only the harmless devices: a read-only mount does not stop writes to a
+    # device node (/dev/kmsg, the loop devices were open for writing). Bound through descriptors taken
+    # before the tmpfs hides the originals.
+    devices = {}
+    for name in _DEVICES:
+        try:
+            devices[name] = os.open(f"/dev/{name}", os.O_PATH)
+        except OSError:
+            pass
+    tmpfs("/dev", "size=64k,mode=755")
+    for name, fd in devices.items():
+        open(f"/dev/{name}", "w").close()  # the mount point
+        check(libc.mount(f"/proc/self/fd/{fd}".encode(), f"/dev/{name}".encode(), None, _MS_BIND, None),
+              f"bind /dev/{name}")
+        os.close(fd)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    cover = ["/dev", *cover]  # what the old /dev held is unreachable now, like what the covers hide
+    for where in cover[1:]:
         tmpfs(where, "size=1m,mode=755")
     tmpfs(workdir, f"size={settings['disk_mb']}m,mode=755")
     os.chdir(workdir)

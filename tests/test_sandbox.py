@@ -305,3 +305,21 @@ def test_an_interrupted_grader_leaves_nothing_running(sig):
     assert r.ok
     left = glob.glob(f"/sys/fs/cgroup/*/**/conductor-sandbox-{grader.pid}-*", recursive=True)
     assert left == []
+
+
+def test_only_harmless_devices_are_there():
+    """audit43 F9: a read-only mount does not stop writes to device nodes; started natively (past the
+    hook), the answer opened /dev/kmsg and the loop devices for writing."""
+    code = FORK_EXEC + ("out = os.open('out', os.O_WRONLY | os.O_CREAT)\n"
+                        "pid = _posixsubprocess.fork_exec([b'/bin/sh', b'-c', b'ls /dev; "
+                        "for d in kmsg loop0 null; do (: > /dev/$d) 2>/dev/null && echo wrote $d; done; "
+                        "head -c 4 /dev/urandom | wc -c'], [b'/bin/sh'], True, (), None, None, -1, -1, -1, out, "
+                        "-1, -1, *os.pipe(), True, True, -1, None, None, None, -1, None, False)\n"
+                        "os.waitpid(pid, 0)\nprint(open('out').read())\n")
+    r = run_python(code, Limits(timeout_s=10, cpu_s=5))
+    _namespaces_or_skip(r)
+    assert r.ok, r.stderr
+    lines = r.stdout.split()
+    assert {"kmsg", "loop0", "vda"}.isdisjoint(lines) and {"null", "urandom", "zero"} <= set(lines)
+    assert "wrote null" in r.stdout and "wrote kmsg" not in r.stdout and "wrote loop0" not in r.stdout
+    assert lines[-1] == "4"
