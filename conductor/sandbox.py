@@ -26,8 +26,9 @@ Layers that confine it, each of which holds on its own:
   network namespace (only a downed loopback); its own mount namespace, in which /tmp, the temporary
   folder, /run, /dev/shm, /root and /home are covered with empty tmpfs (so UNIX sockets and files there
   are out of reach), except a folder holding the interpreter, its libraries or this package (here /root,
-  which holds pyenv, stays visible), and every mount but the working directory is read-only; then every
-  capability is dropped, so nothing it runs can remount, and no new privileges;
+  which holds pyenv, stays visible), /dev holds only null, zero, full, random and urandom, and every
+  mount but the working directory is read-only; then every capability is dropped, so nothing it runs
+  can remount, and no new privileges;
 - an audit hook in the child refuses writes outside the working directory, new processes (so a fork bomb
   forks nothing), loading native code (ctypes) and other processes' /proc entries, before any answer code
   runs. Without namespaces it is what keeps the network out (every socket refused); it cannot stop native
