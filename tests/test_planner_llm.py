@@ -304,3 +304,12 @@ def test_planning_calls_never_answered_count_against_the_execution_budget(sim, t
     summary, _ = run(tmp_path, pool, queries, samples=2, planner_options=LLM, budget_usd=100.0)
     assert {c["cap"]: c["spent_usd"] for c in summary["spend"]}["run"] == pytest.approx(before + 0.25)
     assert summary["lost_in_flight"] == {"calls": 1, "reserved_usd": 0.25}  # and said, in the summary
+
+
+@pytest.mark.parametrize("option, words", [
+    ({"kinds": ["function"]}, "kinds must include llm or planner"),
+    ({"max_steps": 50}, "max_steps must be a whole number from 1 to 20 (got 50)"),
+])
+def test_a_plan_shape_no_schema_can_hold_is_refused(option, words):
+    with pytest.raises(ConductorError, match=re.escape(f"LLM planner: {words}")):
+        make_planner("llm", model="openai/planner", **option)

@@ -204,6 +204,12 @@ def test_a_request_the_engine_fails_is_invalid_with_its_reason_and_no_logprob(en
     ("engine_kwargs=foo", "engine_kwargs must be a mapping of vllm.LLM arguments"),
     ("kinds=llm,robot", "kinds must list worker kinds among llm, function, planner"),
     ("structured_backend=regex", "structured_backend must be one of xgrammar, guidance"),
+    # audit46: a plan cannot start with a function worker; a 100-step schema took 220 MB and 8 s to build;
+    # vLLM refused a bad dtype only once the run folder existed; a seed past 64 bits broke the run id
+    ("kinds=function", "kinds must include llm or planner: a plan's first step cannot be a function worker"),
+    ("max_steps=21", "max_steps must be a whole number from 1 to 20 (got 21)"),
+    ("dtype=float8", "dtype must be one of auto, bfloat16"),
+    ("seed=100000000000000000000000", "seed must be a whole number (got 100000000000000000000000)"),
 ])
 def test_bad_options_are_refused_before_anything_is_written_or_loaded(tmp_path, option, words):
     """They were found by the engine after its load (8-50 s), as a traceback and exit 1, leaving a run

@@ -39,7 +39,7 @@ from conductor.execute.engine import ExecOptions, PlanJob, StepFailed
 from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, load_state, step_failures
 from conductor.planners import prompt as prompts
 from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
-from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema
+from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS, Step
 from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool, provider_from_model
 from conductor.progress import Progress
@@ -79,12 +79,12 @@ class LLMPlannerConfig:
                 setattr(self, name, value)
             if value not in SWITCHES:
                 raise ConductorError(f"LLM planner: {name} must be one of {', '.join(SWITCHES)} (got {value!r})")
-        if self.max_steps < 1:
-            raise ConductorError(f"LLM planner: max_steps must be at least 1 (got {self.max_steps})")
         self.kinds = tuple(self.kinds)
         bad = sorted(set(self.kinds) - set(WORKER_KINDS))
         if bad:
             raise ConductorError(f"LLM planner: unknown worker kind(s) {', '.join(bad)} in kinds")
+        if problem := shape_problem(self.max_steps, self.kinds):
+            raise ConductorError(f"LLM planner: {problem}")
 
 
 @dataclass(frozen=True)
@@ -214,8 +214,8 @@ class LLMPlanner(PlannerBackEnd):
         if not queries:
             return []
         c = self.config
-        if not prompts.planner_workers(pool, c.kinds):
-            err = f"the pool has no workers of kind {', '.join(c.kinds)} to plan with"
+        if not prompts.first_step_workers(pool, c.kinds):
+            err = f"the pool has no workers of kind {', '.join(k for k in c.kinds if k != 'function')} to plan with"
             return [[_invalid(None, err, {}) for _ in range(samples)] for _ in queries]
         worker, exec_pool = self.resolve(pool)
         b = self.binding

@@ -85,6 +85,11 @@ def planner_workers(pool: Pool, kinds: Sequence[str] = WORKER_KINDS) -> list[tup
     return [(i, w) for i, w in enumerate(pool.workers) if w.kind in kinds]
 
 
+def first_step_workers(pool: Pool, kinds: Sequence[str] = WORKER_KINDS) -> list[Worker]:
+    """Workers a plan may start with: a function worker (vote, extract) combines earlier steps."""
+    return [w for _, w in planner_workers(pool, kinds) if w.kind != "function"]
+
+
 def system_prompt(pool: Pool, mode: str = "structured", max_steps: int = 5, *,
                   instruction_chars: int = DEFAULT_INSTRUCTION_CHARS,
                   kinds: Sequence[str] = WORKER_KINDS) -> str:

@@ -30,6 +30,8 @@ from conductor.plans import CONDITIONS
 from conductor.pool import WORKER_KINDS, Pool
 
 MAX_CONDITION_STEPS = 3  # a condition reads at most this many steps: keeps the grammar small
+# One schema per step position, each listing its condition sets: 20 steps make 0.3 MB, 100 made 220 MB.
+MAX_SCHEMA_STEPS = 20
 # Completion tokens a free-text plan may take (structured plans are bounded by max_plan_chars): room for
 # max_steps long instructions in either format, for every planner back end.
 FREE_MAX_TOKENS = 2048
@@ -65,6 +67,16 @@ def _exactly(atom: str, n: int) -> str:
         return f"{atom}{{{n}}}"
     q, r = divmod(n, _MAX_REPEAT)
     return f"(?:{_exactly(f'(?:{atom}{{{_MAX_REPEAT}}})', q)}{atom}{{{r}}})"
+
+
+def shape_problem(max_steps: object, kinds: Sequence[str]) -> str | None:
+    """Why a model planner cannot be held to this schema with these settings, or None."""
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not 1 <= max_steps <= MAX_SCHEMA_STEPS:
+        return f"max_steps must be a whole number from 1 to {MAX_SCHEMA_STEPS} (got {max_steps!r})"
+    if all(k == "function" for k in kinds):
+        return (f"kinds must include llm or planner: a plan's first step cannot be a function worker "
+                f"(got {', '.join(kinds) or 'none'})")
+    return None
 
 
 def plan_schema(pool: Pool, max_steps: int = 5, instruction_chars: int = 600, *,

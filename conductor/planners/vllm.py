@@ -25,19 +25,21 @@ from typing import Any, Sequence
 from conductor.errors import ConductorError
 from conductor.planners import prompt as prompts
 from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
-from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema
+from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS
 from conductor.pool import WORKER_KINDS, Pool
 
 
 
 STRUCTURED_BACKENDS = ("xgrammar", "guidance", "outlines", "lm-format-enforcer", "auto")
+DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 
 
 def _whole(name: str, value: Any, least: int | None, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or (least is not None and value < least):
+    if isinstance(value, bool) or not isinstance(value, int) or (least is not None and value < least) \
+            or not -2**63 <= value < 2**63:  # the run's id hashes its options as 64-bit integers
         at_least = f" of at least {least}" if least is not None else ""
         none = " (or unset)" if optional else ""
         raise ConductorError(f"vLLM planner: {name} must be a whole number{at_least}{none} (got {value!r})")
@@ -84,8 +86,7 @@ class VLLMPlannerConfig:
         the engine came after a long load, as a traceback, and `max_tokens=512.0` hung it for good."""
         if self.mode not in prompts.MODES:
             raise ConductorError(f"vLLM planner: mode must be one of {', '.join(prompts.MODES)} (got {self.mode!r})")
-        for name in ("tensor_parallel_size", "max_steps", "instruction_chars", "max_model_len", "max_tokens",
-                     "chunk_size"):
+        for name in ("tensor_parallel_size", "instruction_chars", "max_model_len", "max_tokens", "chunk_size"):
             _whole(name, getattr(self, name), least=1, optional=name in ("max_model_len", "max_tokens",
                                                                             "chunk_size"))
         _whole("seed", self.seed, least=None)
@@ -102,6 +103,10 @@ class VLLMPlannerConfig:
             raise ConductorError(f"vLLM planner: kinds must list worker kinds among {', '.join(WORKER_KINDS)} "
                                  f"(got {self.kinds!r})")
         self.kinds = tuple(self.kinds)
+        if problem := shape_problem(self.max_steps, self.kinds):
+            raise ConductorError(f"vLLM planner: {problem}")
+        if self.dtype not in DTYPES:
+            raise ConductorError(f"vLLM planner: dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         if self.structured_backend not in STRUCTURED_BACKENDS:
             raise ConductorError(f"vLLM planner: structured_backend must be one of {', '.join(STRUCTURED_BACKENDS)} "
                                  f"(got {self.structured_backend!r})")
@@ -176,8 +181,8 @@ class VLLMPlanner(PlannerBackEnd):
         if not queries:
             return []
         c = self.config
-        if not prompts.planner_workers(pool, c.kinds):
-            err = f"the pool has no workers of kind {', '.join(c.kinds)} to plan with"
+        if not prompts.first_step_workers(pool, c.kinds):
+            err = f"the pool has no workers of kind {', '.join(k for k in c.kinds if k != 'function')} to plan with"
             return [[self._invalid(None, None, err) for _ in range(samples)] for _ in queries]
         llm = self.engine()
         tokenizer = llm.get_tokenizer()

@@ -36,7 +36,7 @@ FORMAT = "conductor-policy"
 FORMAT_VERSION = 2  # 2: cascade actions, the shipped choice between learned and fixed
 META_FILE = "policy.json"
 POLICY_ENV = "CONDUCTOR_POLICY_DIR"
-_VERSION_DIR = re.compile(r"^v(\d{4,})$")
+_VERSION_DIR = re.compile(r"^v(\d{4,})\Z")
 
 
 def default_root() -> Path:

@@ -216,7 +216,13 @@ def _fit_access(access: list[int], schema: dict[str, Any]) -> list[Any]:
     enum = (schema.get("items") or {}).get("enum")
     allowed = [a for a in access if enum is None or a in enum]
     most = schema.get("maxItems")
-    return allowed[:most] if most is not None else allowed
+    allowed = allowed[:most] if most is not None else allowed
+    for a in enum or []:  # a vote's branch asks for at least one earlier step (minItems)
+        if len(allowed) >= schema.get("minItems", 0):
+            break
+        if a not in allowed and a != "all":
+            allowed.append(a)
+    return allowed
 
 
 # ---- any other schema --------------------------------------------------------
