@@ -62,6 +62,15 @@ def test_intervals_are_written_as_duckdb_writes_them(data):
     assert r.returncode == 0 and r.stdout.splitlines() == ["i,i,took,none", "1 month 2 days,1,01:00:05,"], r
     r = cli("sql", q.replace("1 AS i", "1 AS n"), "--data-dir", data, "--format", "json")
     assert r.returncode == 0 and r.stdout == '{"i":"1 month 2 days","n":1,"took":"01:00:05","none":null}\n', r
+    # inside a list, a struct or a map too (audit46: "14 months" came out as "420 days, 0:00:00")
+    q = ("SELECT [INTERVAL 14 MONTH] AS l, {'a': INTERVAL 2 DAY, 'b': 1} AS s, MAP {'k': INTERVAL 1 HOUR} AS m, "
+         "NULL::INTERVAL[] AS n")
+    r = cli("sql", q, "--data-dir", data, "--format", "json")
+    assert r.returncode == 0 and r.stdout == ('{"l":["1 year 2 months"],"s":{"a":"2 days","b":1},'
+                                              '"m":{"k":"01:00:00"},"n":null}\n'), r
+    r = cli("sql", q, "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.splitlines()[1] == \
+        '"[""1 year 2 months""]","{""a"":""2 days"",""b"":1}","{""k"":""01:00:00""}",', r
 
 
 def test_exports_stream_every_row(data):

@@ -73,7 +73,8 @@ def main(args: argparse.Namespace) -> int:
             if rel is not None:
                 rel.show(max_rows=args.max_rows, max_width=args.max_width)
         elif (rel := con.sql(query)) is not None:
-            _stream(_intervals_as_text(rel), args.format)
+            rel, nested = _intervals_as_text(rel)
+            _stream(rel, args.format, nested)
     except duckdb.Error as e:  # a file damaged since the catalog last read its footer: say which, and what to do
         from conductor.store import damaged_file_advice
 
@@ -155,18 +156,31 @@ def _explained(text: str) -> str | None:
 
 
 def _intervals_as_text(rel):
-    """INTERVAL columns as DuckDB writes them (`1 month 2 days`): Python's timedelta, the
-    value DuckDB hands over, has no months and prints `30 days, 0:00:00`."""
-    if not any(str(t) == "INTERVAL" for t in rel.types):
-        return rel
+    """INTERVAL values as DuckDB writes them (`1 month 2 days`): Python's timedelta, the value
+    DuckDB hands over, has no months and prints `30 days, 0:00:00`. A column is cast to text; a
+    list, struct or map holding intervals comes as DuckDB's JSON of it (decoded for `--format json`).
+    Returns the relation and the positions of the JSON columns."""
+    kinds = [str(t) for t in rel.types]
+    if not any("INTERVAL" in k for k in kinds):
+        return rel, set()
     quoted = ['"' + c.replace('"', '""') + '"' for c in rel.columns]
-    return rel.project(", ".join(f"CAST(#{i} AS VARCHAR) AS {q}" if str(t) == "INTERVAL" else f"#{i} AS {q}"
-                                 for i, (q, t) in enumerate(zip(quoted, rel.types), start=1)))
+    exprs, nested = [], set()
+    for i, (q, k) in enumerate(zip(quoted, kinds)):
+        if k == "INTERVAL":
+            exprs.append(f"CAST(#{i + 1} AS VARCHAR) AS {q}")
+        elif "INTERVAL" in k:
+            exprs.append(f"to_json(#{i + 1}) AS {q}")
+            nested.add(i)
+        else:
+            exprs.append(f"#{i + 1} AS {q}")
+    return rel.project(", ".join(exprs)), nested
 
 
-def _stream(result, fmt: str) -> None:
+def _stream(result, fmt: str, nested: set[int] = frozenset()) -> None:
     """Write the rows as they come, in batches: an export of millions of rows never holds
-    them all in memory."""
+    them all in memory. `nested`: columns that hold JSON text (CSV writes it as it is)."""
+    import orjson
+
     cols = [d[0] for d in result.description]
     out = sys.stdout
     if fmt == "csv":
@@ -175,6 +189,9 @@ def _stream(result, fmt: str) -> None:
         if fmt == "csv":
             out.write("".join(",".join(_csv_field(v) for v in row) + "\n" for row in batch))
         else:
+            if nested:
+                batch = [[orjson.loads(v) if i in nested and v is not None else v for i, v in enumerate(row)]
+                         for row in batch]
             out.write("".join(_json(dict(zip(cols, row))) + "\n" for row in batch))
 
 
