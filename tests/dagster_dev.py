@@ -74,3 +74,30 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
         proc.wait(10)
     except ProcessLookupError:
         pass
+
+
+def kill_every_process_of(home: Path, timeout: float = 30) -> None:
+    """SIGKILL every process whose environment names this DAGSTER_HOME, and wait until they are gone:
+    a crash or a reboot ends a run's worker too, even one `killpg` of `dagster dev` missed (in a
+    fresh clone beside a busy core, the cut-off run once went on to succeed after the kill)."""
+    marker = f"DAGSTER_HOME={home}".encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(pid))
+            except (OSError, ValueError):
+                continue
+        found = [p for p in found if p != os.getpid()]
+        if not found:
+            return
+        for p in found:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert time.monotonic() < deadline, f"processes of {home} outlived SIGKILL: {found}"
+        time.sleep(0.2)

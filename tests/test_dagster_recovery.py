@@ -54,6 +54,7 @@ def test_a_run_cut_off_by_dagster_dev_dying_is_finished_by_the_next_dagster_dev(
             wait_for("a few calls of the run", lambda: fresh_sim.log()["total"] >= 6, 180, log_path)
         finally:
             dev.stop(first, signal.SIGKILL)
+            dev.kill_every_process_of(home)
         [cut] = runs(home)
         assert cut.status == DagsterRunStatus.STARTED  # nothing else will ever end it
         sent_before = fresh_sim.log()["total"]
