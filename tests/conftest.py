@@ -61,10 +61,12 @@ def sim(tmp_path_factory, sample_queries):
 
 @pytest.fixture
 def fresh_sim(sim):
-    """The session's server with an empty request log and no fault overrides."""
+    """The session's server with an empty request log and no fault overrides; the faults a test sets
+    are cleared after it too, for the tests that share the server without asking for a fresh one."""
     sim.clear_faults()
     sim.reset()
-    return sim
+    yield sim
+    sim.clear_faults()
 
 
 PRICE_IN, PRICE_OUT = 1.0e-6, 2.0e-6  # worker()'s prices, per token

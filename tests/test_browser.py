@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def dagster_dev(tmp_path, monkeypatch, sim, sample_queries):
+def dagster_dev(tmp_path, monkeypatch, fresh_sim, sample_queries):
     """`dagster dev` in its own process group, on a temporary instance and data folder."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium and chromium-driver (make setup-test)")
@@ -37,7 +37,7 @@ def dagster_dev(tmp_path, monkeypatch, sim, sample_queries):
     (data / "query_sets").mkdir(parents=True)
     shutil.copy(sample_queries, data / "query_sets" / "mixed-60.parquet")
     env = {**os.environ, "DAGSTER_HOME": str(home), "CONDUCTOR_DATA_DIR": str(data),
-           "CONDUCTOR_POOL": str(write_pool(tmp_path / "pool.yaml", sim.url)),
+           "CONDUCTOR_POOL": str(write_pool(tmp_path / "pool.yaml", fresh_sim.url)),
            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONUNBUFFERED": "1"}
     monkeypatch.setenv("DAGSTER_HOME", str(home))  # dagster.yaml reads it for its storage paths
     with DagsterInstance.from_config(str(home)) as instance:

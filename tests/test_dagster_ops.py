@@ -147,6 +147,7 @@ def test_sensor_picks_up_a_stored_file_whose_partition_was_never_added(instance,
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, sim, sample_queries):
     """One real run against the simulated pool; tests copy and alter it."""
+    sim.clear_faults()  # an earlier test of this worker may have left some (a refusal rate failed every plan)
     root = tmp_path_factory.mktemp("checked")
     pool = write_pool(root / "pool.yaml", sim.url, providers={"sim": {"max_concurrency": 32, "budget_usd": 5.0}})
     cfg = runner.RunConfig(queries=sample_queries, pool=pool, data_dir=root / "data", run_id="checked",
