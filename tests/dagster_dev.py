@@ -80,18 +80,12 @@ def kill_every_process_of(home: Path, timeout: float = 30) -> None:
     """SIGKILL every process whose environment names this DAGSTER_HOME, and wait until they are gone:
     a crash or a reboot ends a run's worker too, even one `killpg` of `dagster dev` missed (in a
     fresh clone beside a busy core, the cut-off run once went on to succeed after the kill)."""
+    from tests.procs import environ, processes
+
     marker = f"DAGSTER_HOME={home}".encode()
     deadline = time.monotonic() + timeout
     while True:
-        found = []
-        for pid in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if marker in f.read().split(b"\0"):
-                        found.append(int(pid))
-            except (OSError, ValueError):
-                continue
-        found = [p for p in found if p != os.getpid()]
+        found = [p.pid for p in processes() if p.pid != os.getpid() and marker in environ(p.pid)]
         if not found:
             return
         for p in found:

@@ -269,20 +269,11 @@ def test_the_engine_is_freed_before_execution_so_a_killed_run_leaves_none(engine
     assert "[plan] planning queries 1-60 of 60 x 1 with the vllm planner" in (tmp_path / "stderr").read_text()
 
 
-def _session_processes(sid: int) -> list[str]:
+def _session_processes(sid: int) -> list[bytes]:
     """Command lines of the live processes of session `sid` (what conductor started, engines included)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            found.append(cmd)
-    return found
+    from tests.procs import processes
+
+    return [p.cmdline for p in processes() if p.sid == sid and p.state != "Z"]
 
 
 def test_a_plan_cut_by_the_model_length_says_so(engine):

@@ -236,28 +236,22 @@ def test_the_memory_limit_covers_all_processes_together():
     assert 9 in statuses and r.memory_killed  # the cgroup's OOM killer took at least one (SIGKILL)
 
 
-def _sandbox_processes(under: int | None = None) -> set[str]:
+def _sandbox_processes(under: int | None = None) -> set[int]:
     """The sandbox children alive now; with `under`, only those descended from that process (other tests
     may grade at the same time, in other pytest workers)."""
-    parent, found = {}, set()
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{pid}/status") as f:
-                parent[pid] = next(line.split()[1] for line in f if line.startswith("PPid:"))
-        except (OSError, StopIteration):
-            continue
-        if b"sandbox_child.py" in cmd:
-            found.add(pid)
+    from tests.procs import processes
+
+    procs = list(processes())
+    parent = {p.pid: p.ppid for p in procs}
+    found = {p.pid for p in procs if b"sandbox_child.py" in p.cmdline}
     if under is None:
         return found
 
-    def descends(pid: str) -> bool:
+    def descends(pid: int) -> bool:
         for _ in range(64):
-            if pid == str(under):
+            if pid == under:
                 return True
-            pid = parent.get(pid, "0")
+            pid = parent.get(pid, 0)
         return False
     return {pid for pid in found if descends(pid)}
 
