@@ -52,6 +52,9 @@ class Provider:
     batch_price_factor: float = 0.5  # batch price = online price x this (OpenAI's and Anthropic's: half)
     batch_retry: str = "online"  # failed or expired lines: retried online or in a new batch
     batch_max_requests: int = 50_000  # OpenAI's limit per input file
+    # under a budget, a line left out of this many of its worker's batches (no room for its
+    # worst case) is refused as budget_exhausted: near the cap, each round is a whole batch's wait
+    batch_budget_rounds: int = 8
 
 
 PROVIDER_MODES = ("online", "batch")
@@ -290,8 +293,9 @@ def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
             raise PoolError(f"{at}.batch_price_factor: must be at most 1 (the batch price as a share of the "
                             f"online price, e.g. 0.5; got {factor!r})")
         out["batch_price_factor"] = float(factor)
-    if "batch_max_requests" in cfg:
-        out["batch_max_requests"] = _whole(cfg, "batch_max_requests", at, default=0)
+    for key in ("batch_max_requests", "batch_budget_rounds"):
+        if key in cfg:
+            out[key] = _whole(cfg, key, at, default=0)
     if "batch_retry" in cfg:
         if cfg["batch_retry"] not in BATCH_RETRY:
             raise PoolError(f"{at}.batch_retry: must be one of {', '.join(BATCH_RETRY)} "

@@ -183,6 +183,40 @@ def test_lines_a_budget_cannot_cover_yet_wait_for_a_later_batch(tmp_path, fresh_
 
 
 @pytest.mark.slow  # waits on the clock
+def test_a_line_left_out_of_batch_budget_rounds_batches_is_refused_and_a_rerun_goes_on(tmp_path, fresh_sim, queries):
+    """Near the cap each round of batches fits fewer lines, and each round is a whole batch's
+    wait (hours at a provider): the demo pool under --budget 0.05 took 83 batches. A line
+    left out of batch_budget_rounds of its worker's batches is refused, naming the way out."""
+    budget = 0.0045  # the first stage's worst case is $0.0086 at the batch price, the run's real cost $0.004
+    unbounded = run(queries, batch_pool(tmp_path / "unbounded.yaml", fresh_sim.url, budget_usd=budget,
+                                        batch_budget_rounds=1000), tmp_path / "unbounded", "--no-cache")
+    assert unbounded.returncode == 3, unbounded.stderr
+    many = fresh_sim.log()["batches_created"]
+    fresh_sim.reset()
+
+    pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, budget_usd=budget, batch_budget_rounds=2)
+    first = run(queries, pool, tmp_path / "data", "--no-cache", quiet=False)
+    assert first.returncode == 3, first.stderr
+    log = fresh_sim.log()
+    assert log["batches_created"] < many
+    assert billed_usd(log["batch_billed_tokens"]) / 2 <= budget
+    _, results = tables(tmp_path / "data")
+    refused = [r for r in results if r["status"] == "budget_exhausted"]
+    assert refused and "ok" in {r["status"] for r in results}
+    assert "left out of 2 of its batches for want of budget room (batch_budget_rounds 2)" in first.stdout
+    assert "Lower max_tokens, or raise the budget or batch_budget_rounds, and rerun" in first.stdout
+    # said while it happens, not only at the end
+    assert "the rest wait for batches to end (a line left out of 2 is refused" in first.stderr
+
+    # The budget is the run's across reruns: the same command goes on where it stopped.
+    again = run(queries, pool, tmp_path / "data", "--no-cache")
+    assert again.returncode in (0, 3), again.stderr
+    _, results = tables(tmp_path / "data")
+    assert sum(r["status"] == "budget_exhausted" for r in results) < len(refused)
+    assert billed_usd(fresh_sim.log()["batch_billed_tokens"]) / 2 <= budget
+
+
+@pytest.mark.slow  # waits on the clock
 def test_the_workers_of_a_stage_send_their_batches_side_by_side_under_a_budget(tmp_path, fresh_sim, queries):
     """Both workers of a stage get a share of the budget's room and submit at once: the
     second used to wait for the first batch to end (hours, with a real provider)."""
@@ -228,6 +262,7 @@ def test_cache_hits_never_enter_a_batch(tmp_path, fresh_sim, queries):
     ({"mode": "batch", "batch_retry": "never"}, "providers.sim.batch_retry: must be one of online, batch"),
     ({"mode": "batch", "batch_poll_s": 0}, "providers.sim.batch_poll_s: must be greater than 0"),
     ({"mode": "batch", "batch_max_requests": 2.5}, "providers.sim.batch_max_requests: must be a whole number"),
+    ({"mode": "batch", "batch_budget_rounds": 0}, "providers.sim.batch_budget_rounds: must be greater than 0"),
     ({"mode": "batch", "batch_completion_window": "1d"}, "providers.sim.batch_completion_window: must be hours"),
 ])
 def test_bad_batch_options_are_refused_naming_the_file_and_key(tmp_path, provider, message):

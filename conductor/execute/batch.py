@@ -8,7 +8,9 @@ those answers unblock) are collected until no new request has joined for
 never get here (the executor answers them first). Under a budget, the worst case
 of the lines that fit is reserved at submission and settled at the batch price when the
 results arrive; the lines that do not fit yet wait for that and go in a later batch, and
-are refused as budget_exhausted only when nothing is pending and they still do not fit.
+are refused as budget_exhausted when nothing is pending and they still do not fit, or
+once `batch_budget_rounds` batches have gone without them (near the cap each round fits
+fewer lines, and each is a whole batch's wait).
 
 The batch id, its input file and the request keys (custom_ids) in it are journaled
 at submission (`batches.jsonl` in the work folder), so a killed run polls the same
@@ -84,6 +86,7 @@ class Batches:
         self._pending: dict[tuple[str, str | None], list[tuple[str, Waiter]]] = {}
         self._collectors: dict[tuple[str, str | None], asyncio.Task] = {}
         self._asking: dict[tuple[str, str | None], float] = {}  # collected, not yet reserved: worst case
+        self._told: set[str] = set()  # workers whose lines have waited for budget room (said once)
         self._tasks: set[asyncio.Task] = set()
         self.submissions = 0  # batches this run submitted
 
@@ -240,12 +243,14 @@ class Batches:
         """Reserve the worst case of the lines that fit in the budget now, and send those.
         Worst cases are several times the real cost, so the rest wait for pending reservations
         to settle and go in a later batch, as an online call waits; a line is refused
-        (budget_exhausted) when it could not fit even once they settled, or nothing is pending."""
+        (budget_exhausted) when it could not fit even once they settled, or nothing is pending,
+        or batch_budget_rounds of its worker's batches went without it."""
         ex = self.ex
         group = (worker.id, self._api_key(provider, worker))
         self._asking.pop(group, None)
         if provider.id not in ex._budgeted:
             return lines, None
+        lines = sorted(lines, key=lambda line: -line[1].left_out)  # the longest waiting first
         free = ex.ledger.free(provider.id)
         rivals = self._rivals(group, provider)
         # A fair share, so that every worker's batch of a stage goes out now, side by side
@@ -271,15 +276,34 @@ class Batches:
         pending = reservation is not None or ex.ledger.pending(provider.id)
         later = []
         for line in rest:
-            why = ex.ledger.refusal(provider.id, line[1].worst)
+            waiter = line[1]
+            why = ex.ledger.refusal(provider.id, waiter.worst)
+            waiter.left_out += reservation is not None
             if why is None and pending:
-                later.append(line)
-            else:
-                why = why or last or "budget exhausted"
-                _fail(line[1].future, StepFailed("budget_exhausted", f"worker {worker.id}: {why}", kind="budget"))
+                if waiter.left_out < provider.batch_budget_rounds:
+                    later.append(line)
+                    continue
+                why = self._too_many_rounds(waiter, provider)
+            why = why or last or "budget exhausted"
+            _fail(waiter.future, StepFailed("budget_exhausted", f"worker {worker.id}: {why}", kind="budget"))
         if later:
+            if reservation is not None and worker.id not in self._told:
+                self._told.add(worker.id)
+                ex.progress.say(f"worker {worker.id}: the budget has room now for the worst case of {len(take)} "
+                                f"of {len(lines)} batch lines; the rest wait for batches to end (a line left "
+                                f"out of {provider.batch_budget_rounds} is refused: batch_budget_rounds). Worst cases "
+                                f"(prompt bytes + max_tokens) stay reserved until a batch ends, so a lower "
+                                f"max_tokens or a larger budget means fewer rounds")
             self._spawn(self._hold(later, worker, provider, ex.ledger.settles))
         return take, reservation
+
+    def _too_many_rounds(self, waiter: Waiter, provider: Provider) -> str:
+        """Why a line that fits once batches end is refused anyway: each round is a batch's
+        wait (hours at a provider), and near the cap rounds shrink without end."""
+        return (f"left out of {waiter.left_out} of its batches for want of budget room (batch_budget_rounds "
+                f"{provider.batch_budget_rounds}): each batch holds its lines' worst cases (${waiter.worst:.6f} "
+                f"here: prompt bytes + max_tokens {waiter.params['max_tokens']}) until it ends. Lower max_tokens, "
+                f"or raise the budget or batch_budget_rounds, and rerun")
 
     def _rivals(self, group: tuple[str, str | None], provider: Provider) -> list[float]:
         """The worst cases of the other workers' batches being collected or about to be

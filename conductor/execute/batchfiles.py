@@ -29,6 +29,7 @@ class Waiter:
     params: dict[str, Any]
     future: asyncio.Future
     worst: float = 0.0  # worst-case cost at the batch price
+    left_out: int = 0  # batches of its worker that went without it for want of budget room
 
 
 class BatchJournal:
