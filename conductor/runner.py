@@ -37,6 +37,7 @@ from conductor.grading import grade_all
 from conductor.planners import make_planner
 from conductor.planners.base import UNUSED_SLOT, Planner, PlannerBackEnd, Query
 from conductor.planners.replan import BaseReplanner, make_replanner
+from conductor.planparts import FIRST_PART, next_size, part_path, ranges_to_plan, written_parts
 from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
@@ -259,25 +260,52 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
     bind_planner(run, planner)
     pool = planning_pool(run.pool)
     run.dir.set_status("planning")
-    parts = []
     n = run.queries.num_rows
+    folder = run.dir.work / "plan_parts"
+    written = written_parts(folder, n, cfg.plan_chunk)
     # A model planner may load an engine and generate for minutes with no counter: say what it does.
     progress = Progress(label="plan", enabled=cfg.progress)
-    for start in range(0, n, cfg.plan_chunk):
-        part = run.dir.work / "plan_parts" / f"part-{start // cfg.plan_chunk:05d}.parquet"
-        if not part.exists():
-            chunk = run.queries.slice(start, cfg.plan_chunk)
-            queries = [Query(index=start + i, **row) for i, row in enumerate(chunk.to_pylist())]
-            progress.say(f"planning queries {start + 1:,}-{start + len(queries):,} of {n:,} x {cfg.samples} "
+    size = min(FIRST_PART, cfg.plan_chunk)
+    for lo, hi in ranges_to_plan(written, n):
+        start = lo
+        while start < hi:
+            end = min(start + size, hi)
+            t0 = time.monotonic()
+            progress.say(f"planning queries {start + 1:,}-{end:,} of {n:,} x {cfg.samples} "
                          f"with the {planner.name} planner")
-            drafts = planner.plan(queries, pool, cfg.samples)
-            if len(drafts) != len(queries) or any(len(d) != cfg.samples for d in drafts):
-                raise ConductorError(f"planner {planner.name} returned the wrong number of plans")
-            write_table(part, rows_to_table(_plan_rows(run, planner.name, queries, drafts), schemas.PLANS))
-        parts.append(part)
-    table = pa.concat_tables([pq.read_table(p) for p in parts]) if parts else schemas.PLANS.empty_table()
+            path = part_path(folder, start, end)
+            _plan_part(run, planner, pool, start, end, path)
+            written[start] = (end, path)
+            size = next_size(size, end - start, time.monotonic() - t0, cfg.plan_chunk)
+            start = end
+    table = pa.concat_tables([pq.read_table(p) for p in _tiling(written, n, folder)]) \
+        if n else schemas.PLANS.empty_table()
     write_table(out, table)
     run.dir.set_status("planned")
+    return out
+
+
+def _plan_part(run: Run, planner: Planner, pool: Pool, start: int, end: int, path: Path) -> None:
+    rows = run.queries.slice(start, end - start).to_pylist()
+    queries = [Query(index=start + i, **row) for i, row in enumerate(rows)]
+    drafts = planner.plan(queries, pool, run.config.samples)
+    if len(drafts) != len(queries) or any(len(d) != run.config.samples for d in drafts):
+        raise ConductorError(f"planner {planner.name} returned the wrong number of plans")
+    write_table(path, rows_to_table(_plan_rows(run, planner.name, queries, drafts), schemas.PLANS))
+
+
+def _tiling(written: dict[int, tuple[int, Path]], n: int, folder: Path) -> list[Path]:
+    """The parts in query order, each starting where the one before ends."""
+    at, out = 0, []
+    for start in sorted(written):
+        end, path = written[start]
+        if start != at:
+            raise ConductorError(f"plan parts in {folder} overlap at query {start} (after {path.name}); "
+                                 f"move the folder away and rerun to plan those queries again")
+        out.append(path)
+        at = end
+    if at != n:
+        raise ConductorError(f"plan parts in {folder} end at query {at} of {n}; move the folder away and rerun")
     return out
 
 
