@@ -714,17 +714,13 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
         if store is not None:
             store.push_run(run.dir)
         try:
-            plan_stage(run, planner)
-            if own and not any(w.kind == "planner" for w in run.pool.workers):
-                # Nothing re-plans: free the engine now. Held through execution, a loaded vLLM engine
-                # outlived a kill -9 of this process in its own process (GPU memory held for good).
-                close_planner(planner)
-            if store is not None:
-                from conductor.execute.shared.objects import JournalUploader
-
-                with JournalUploader(store, run.dir, lease=run.lease):
-                    execute_stage(run, replanner=replanner, planner=planner)
-            else:
+            # With a store, plan parts and the journal go up as they are written.
+            with _uploading(store, run):
+                plan_stage(run, planner)
+                if own and not any(w.kind == "planner" for w in run.pool.workers):
+                    # Nothing re-plans: free the engine now. Held through execution, a loaded vLLM engine
+                    # outlived a kill -9 of this process in its own process (GPU memory held for good).
+                    close_planner(planner)
                 execute_stage(run, replanner=replanner, planner=planner)
         finally:
             if own:
@@ -735,6 +731,14 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
             store.push_run(run.dir)
     summary["resumed"] = run.resumed
     return summary
+
+
+def _uploading(store, run: Run):
+    if store is None:
+        return contextlib.nullcontext()
+    from conductor.execute.shared.objects import JournalUploader
+
+    return JournalUploader(store, run.dir, lease=run.lease)
 
 
 def _digest(fingerprint: dict[str, Any]) -> str:

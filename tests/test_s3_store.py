@@ -159,6 +159,30 @@ def test_a_killed_workers_run_resumes_on_another_process_from_the_store(tmp_path
     assert fresh_sim.log()["total"] == 0
 
 
+def test_a_run_stopped_while_planning_resumes_elsewhere_from_the_plan_parts_it_stored(
+        tmp_path, s3, fresh_sim, sample_queries):
+    """A planning node preempted midway (an hour of a GPU engine's plans) left them on its
+    own disk: the machine that resumed the run planned every query again."""
+    from conductor import runner
+    from tests.test_plan_parts import StoppedAfter
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+
+    def config(machine):
+        return runner.RunConfig(queries=sample_queries, pool=pool, data_dir=tmp_path / machine, run_id="s3run",
+                                store="s3://conductor-test/planning", plan_chunk=20, progress=False)
+
+    first = StoppedAfter(runner.configured_planner(config("machine-a")), parts=2)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_all(config("machine-a"), planner=first)
+    assert first.asked == [(0, 20), (20, 40)] and fresh_sim.log()["total"] == 0
+
+    second = StoppedAfter(runner.configured_planner(config("machine-b")))
+    summary = runner.run_all(config("machine-b"), planner=second)
+    assert second.asked == [(40, 60)]
+    assert summary["statuses"] == {"ok": 60}
+
+
 @pytest.mark.slow
 def test_a_second_process_on_a_live_run_from_another_machine_is_refused_and_pays_nothing(
         tmp_path, s3, fresh_sim, sample_queries):

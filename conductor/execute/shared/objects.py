@@ -45,6 +45,7 @@ TABLE_FILES = ("manifest.json", "plans.parquet", "traces.parquet", "results.parq
 # spent on resume unless its answer is in the run cache, uploaded after them all.
 # batches.jsonl too: without it a run resumed elsewhere submits its in-flight batches again (paid twice)
 WORK_FILES = ("plans.jsonl", "steps.jsonl", "reservations.jsonl", "batches.jsonl")
+PLAN_PARTS = "plan_parts"  # work/plan_parts/part-*.parquet: plans written as planning goes (conductor.planparts)
 LEASE_FILE = "lease.json"  # beside the run's objects: runs/<run id>/lease.json
 
 
@@ -82,6 +83,7 @@ class ObjectStore:
             kw["region"] = region
         self.fs = pafs.S3FileSystem(**kw)
         self._pafs = pafs
+        self._parts_sent: set[tuple[str, str]] = set()  # (run id, plan part) uploaded by this process
 
     def path(self, *rel: str) -> str:
         return "/".join((self.root, *rel))
@@ -145,6 +147,7 @@ class ObjectStore:
 
     def _push_work(self, run_dir) -> None:
         rid = run_dir.run_id
+        self._push_plan_parts(run_dir)
         for name in WORK_FILES:
             f = run_dir.work / name
             if f.exists():
@@ -161,6 +164,22 @@ class ObjectStore:
                     src.close()
                 self.put(copy, "runs", rid, "work", "responses.sqlite")
 
+    def _push_plan_parts(self, run_dir) -> None:
+        """Each plan part once (a part never changes): a planning node lost midway (a GPU
+        preempted after an hour of planning) resumes elsewhere from the parts it wrote."""
+        folder = run_dir.work / PLAN_PARTS
+        for f in sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []:
+            if (run_dir.run_id, f.name) not in self._parts_sent:
+                self.put(f, "runs", run_dir.run_id, "work", PLAN_PARTS, f.name)
+                self._parts_sent.add((run_dir.run_id, f.name))
+
+    def _pull_plan_parts(self, run_dir) -> None:
+        sel = self._pafs.FileSelector(self.path("runs", run_dir.run_id, "work", PLAN_PARTS), allow_not_found=True)
+        for info in self.fs.get_file_info(sel):
+            if info.type == self._pafs.FileType.File and info.base_name.startswith("part-"):
+                self.get(run_dir.work / PLAN_PARTS / info.base_name, "runs", run_dir.run_id, "work", PLAN_PARTS,
+                         info.base_name)
+
     def pull_run(self, run_dir) -> bool:
         """Fetch a run this folder does not have (a resume on another machine)."""
         with self._reaching(f"look for run {run_dir.run_id}"):
@@ -176,6 +195,7 @@ class ObjectStore:
         for name in (*WORK_FILES, "responses.sqlite"):
             if self.exists("runs", rid, "work", name):
                 self.get(run_dir.work / name, "runs", rid, "work", name)
+        self._pull_plan_parts(run_dir)
         self.get(run_dir.manifest_path, "runs", rid, "manifest.json")
         return True
 
@@ -338,7 +358,8 @@ def _iso(t: float) -> str:
 
 
 class JournalUploader:
-    """Uploads a run's journal every `interval` seconds while it executes, and once at the end."""
+    """Uploads a run's plan parts and journal every `interval` seconds while it plans and executes,
+    and once at the end."""
 
     def __init__(self, store: ObjectStore, run_dir, interval: float | None = None, lease: "RunLease | None" = None):
         self.store, self.run_dir, self.lease = store, run_dir, lease
