@@ -98,3 +98,15 @@ def test_table_width_can_be_widened(data):
     assert narrow.returncode == wide.returncode == 0
     assert "column_5" not in narrow.stdout and "shown)" in narrow.stdout  # the middle columns left out
     assert all(f"column_{i} " in wide.stdout for i in range(12)) and "shown)" not in wide.stdout
+
+
+def test_json_keeps_every_column_of_the_same_name(data):
+    """audit46 F8: one JSON key per column name, so `1 AS x, ... AS x` came out as {"x":"1 month"}.
+    Repeated names are made unique as DuckDB makes them (`SELECT * FROM (...)`, COPY TO CSV)."""
+    r = cli("sql", "SELECT 1 AS x, INTERVAL 1 MONTH AS x", "--data-dir", data, "--format", "json")
+    assert r.returncode == 0 and r.stdout == '{"x":1,"x_1":"1 month"}\n', r
+    q = "SELECT 1 AS x, 2 AS x, 3 AS x_1, 4 AS X, 5 AS y"
+    r = cli("sql", q, "--data-dir", data, "--format", "json")
+    duckdb_names = cli("sql", f"SELECT * FROM ({q})", "--data-dir", data, "--format", "csv").stdout.splitlines()[0]
+    assert duckdb_names == "x,x_1,x_1_1,X_2,y"
+    assert r.returncode == 0 and r.stdout == '{"x":1,"x_1":2,"x_1_1":3,"X_2":4,"y":5}\n', r

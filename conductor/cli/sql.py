@@ -182,6 +182,7 @@ def _stream(result, fmt: str, nested: set[int] = frozenset()) -> None:
     import orjson
 
     cols = [d[0] for d in result.description]
+    keys = _unique(cols)
     out = sys.stdout
     if fmt == "csv":
         out.write(",".join(_csv_field(c) for c in cols) + "\n")
@@ -192,7 +193,23 @@ def _stream(result, fmt: str, nested: set[int] = frozenset()) -> None:
             if nested:
                 batch = [[orjson.loads(v) if i in nested and v is not None else v for i, v in enumerate(row)]
                          for row in batch]
-            out.write("".join(_json(dict(zip(cols, row))) + "\n" for row in batch))
+            out.write("".join(_json(dict(zip(keys, row))) + "\n" for row in batch))
+
+
+def _unique(names: list[str]) -> list[str]:
+    """The names made unique as DuckDB makes them (`x`, `x_1`, `x_1_1`; case-insensitively, as it
+    compares names): a JSON object keeps one value per key, so `SELECT 1 AS x, 2 AS x` lost a column."""
+    taken: dict[str, int] = {}  # a lower-cased name -> the next suffix to try for it
+    out = []
+    for name in names:
+        unique = name
+        while unique.lower() in taken:
+            n = taken[name.lower()]
+            taken[name.lower()] = n + 1
+            unique = f"{name}_{n}"
+        taken[unique.lower()] = 1
+        out.append(unique)
+    return out
 
 
 def _csv_field(value) -> str:
