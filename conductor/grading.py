@@ -72,15 +72,32 @@ def grade_all(items: Iterable[tuple[str | None, str | None, str | None]]) -> lis
     code = [i for i, (task, _, _) in enumerate(items) if task == "code"]
     out: list[Grade | None] = [None] * len(items)
     if len(code) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-            for i, g in zip(code, pool.map(lambda i: grade(*items[i]), code)):
-                out[i] = g
+        for i, g in zip(code, _grade_side_by_side([items[i] for i in code])):
+            out[i] = g
     for i, item in enumerate(items):
         if out[i] is None:
             out[i] = grade(*item)
     return out  # type: ignore[return-value]
+
+
+def _grade_side_by_side(items: list[tuple[str | None, str | None, str | None]]) -> list[Grade]:
+    """`grade` over code answers, one sandbox per core. Interrupted (Ctrl-C, or SIGTERM, which takes
+    its path), it kills the sandboxes running at once and then re-raises: waiting for them, it sat
+    silent for up to their 10 s timeout (audit46 F5)."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    from conductor.sandbox import stop_all
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(grade, *item) for item in items]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            running = [f for f in futures if not f.cancel()]  # the queued ones are cancelled
+            stop_all()
+            while wait(running, timeout=0.05).not_done:
+                stop_all()  # one that a thread took up just as the others were cancelled
+            raise
 
 
 def _grade(task: str | None, response: str | None, reference: str | None) -> Grade:

@@ -34,8 +34,9 @@ Layers that confine it, each of which holds on its own:
   runs. Without namespaces it is what keeps the network out (every socket refused); it cannot stop native
   process creation (`_posixsubprocess`), which the namespaces and the cgroup contain, and, in-process, it is
   no security boundary either: code written against it can defeat it.
-- if the grader is interrupted (Ctrl-C, SIGTERM) the child's process group is killed in a `finally`; the
-  child also gets SIGKILL when the grader dies (PR_SET_PDEATHSIG), so a SIGKILLed grader takes it along.
+- if the grader is interrupted (Ctrl-C, SIGTERM) the child's process group is killed in a `finally`
+  (`stop_all` kills those other threads wait on, at once); the child also gets SIGKILL when the grader
+  dies (PR_SET_PDEATHSIG), so a SIGKILLed grader takes it along.
   Without namespaces, a grader killed by a signal leaves its temporary folder behind.
 
 It does not switch to an unprivileged user: the interpreter lives under a folder only root may read here,
@@ -67,6 +68,8 @@ from conductor.sandbox_child import compile_tests
 CHILD = Path(__file__).with_name("sandbox_child.py")
 _COVER = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/root", "/home")
 _CGROUP_PREFIX = "conductor-sandbox-"
+_running: set[int] = set()  # the process groups of the sandboxes running now (see `stop_all`)
+_running_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ def run_python(code: str, limits: Limits = Limits(), tests: str = "") -> Result:
             proc = subprocess.Popen(cmd, cwd=host_dir or "/", env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=err, pass_fds=(read_end,), start_new_session=True,
                                     preexec_fn=lambda: _confine(limits, procs, parent, libc))
+            with _running_lock:
+                _running.add(proc.pid)
             os.close(read_end)
             read_end = -1
             writer = threading.Thread(target=_send, args=(write_end, frames, nonce), daemon=True)
@@ -144,8 +149,7 @@ def run_python(code: str, limits: Limits = Limits(), tests: str = "") -> Result:
                 proc.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-            _kill_group(proc.pid)  # on time or not, anything it left behind
-            proc.wait()
+            _end(proc)  # on time or not, anything it left behind
             raw_out, stderr = _tail(out), _tail(err).decode("utf-8", "replace")
         code = proc.returncode
         if isolation == "namespaces" and code is not None and code > 128:
@@ -157,8 +161,7 @@ def run_python(code: str, limits: Limits = Limits(), tests: str = "") -> Result:
         return Result(ok, code, timed_out, stdout, stderr[-4000:], isolation, enforced, _oom_killed(cgroups))
     finally:
         if proc is not None:
-            _kill_group(proc.pid)  # also when interrupted (KeyboardInterrupt) while it ran
-            proc.wait()
+            _end(proc)  # also when interrupted (KeyboardInterrupt) while it ran
         for fd in (read_end, write_end):
             if fd >= 0:
                 os.close(fd)
@@ -295,6 +298,24 @@ def _confine(limits: Limits, procs: list[Path], parent: int, libc) -> None:
     cap(resource.RLIMIT_CORE, 0)
     if os.geteuid() != 0:
         cap(resource.RLIMIT_NPROC, limits.processes)
+
+
+def stop_all() -> None:
+    """Kill every sandbox this process is running, at once: for a grader interrupted (Ctrl-C) while
+    its threads wait in `run_python`. The sandboxes run in sessions of their own, which the terminal's
+    SIGINT does not reach, so each would otherwise run on to its timeout; killed, each `run_python`
+    returns (a killed result) and cleans up as usual."""
+    with _running_lock:  # held while killing: `_end` forgets a pid before reaping it, so none is reused
+        for pid in _running:
+            _kill_group(pid)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill the sandbox's process group (whatever is left of it) and reap it."""
+    with _running_lock:
+        _running.discard(proc.pid)
+    _kill_group(proc.pid)
+    proc.wait()
 
 
 def _kill_group(pid: int) -> None:

@@ -301,6 +301,45 @@ def test_an_interrupted_grader_leaves_nothing_running(sig):
     assert left == []
 
 
+def test_ctrl_c_stops_the_code_answers_being_graded_at_once():
+    """audit46 F5: Ctrl-C during `grade_all` cancelled the answers still queued but waited, silent, for
+    the sandboxes running (in sessions of their own, out of the terminal's SIGINT) to reach their 10 s
+    timeout. Now they are killed at once (their cgroups removed) and the KeyboardInterrupt goes on."""
+    import glob
+    import signal
+    import subprocess
+    import sys
+
+    grader_script = ("import signal\n"
+                     "signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it\n"
+                     "from conductor.grading import grade_all\n"
+                     "sleeper = '```python\\nimport time\\ntime.sleep(60)\\n```'\n"
+                     "grade_all([('code', sleeper, 'assert True')] * 6)\n")
+    grader = subprocess.Popen([sys.executable, "-c", grader_script], stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    try:
+        deadline = time.monotonic() + 60
+        while not _sandbox_processes(grader.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the answers have started
+        started = _sandbox_processes(grader.pid)
+        assert started, "no sandbox started"
+        grader.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        _, stderr = grader.communicate(timeout=60)
+        took = time.monotonic() - interrupted
+    finally:
+        grader.kill()
+        grader.wait()
+    assert took < 4, f"{took:.1f} s after Ctrl-C"  # it waited out the 10 s timeout: about 9 s
+    assert grader.returncode in (-signal.SIGINT, 130) and "KeyboardInterrupt" in stderr, stderr[-2000:]
+    deadline = time.monotonic() + 5
+    while started & _sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started & _sandbox_processes() == set()
+    assert glob.glob(f"/sys/fs/cgroup/*/**/conductor-sandbox-{grader.pid}-*", recursive=True) == []
+
+
 def test_only_harmless_devices_are_there():
     """audit43 F9: a read-only mount does not stop writes to device nodes; started natively (past the
     hook), the answer opened /dev/kmsg and the loop devices for writing."""
