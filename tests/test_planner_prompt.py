@@ -245,3 +245,42 @@ def test_the_simulated_planner_keeps_to_the_schema_without_the_worker_list():
         text = plan_reply(messages, [m["content"] for m in messages], body, rng)
         VALIDATOR.validate(json.loads(text))
         parse_plan(text, POOL, max_steps=4)
+
+
+FUNCTIONS_FIRST = parse_pool({"workers": [
+    {"id": "vote", "kind": "function", "function": "vote"},
+    {"id": "extract", "kind": "function", "function": "extract"},
+    {"id": "qwen-small", "model": "openai/qwen-small"},
+    {"id": "llama-large", "model": "openai/llama-large"},
+    {"id": "mistral-mid", "model": "openai/mistral-mid"},
+    {"id": "sub-planner", "kind": "planner", "model": "openai/planner"},
+]})
+
+
+@pytest.mark.parametrize("max_steps", [1, 2, 3, 5])
+def test_every_plan_of_the_simulated_planner_is_valid(max_steps):
+    """audit46 F6: given no worker kinds, the sim took vote and extract for models, and handed them the
+    question to solve; free plans also ignored the prompt's step limit (3 steps where 2 were allowed).
+    Over many seeds, on a pool that lists its function workers first: every plan passes validate_plan
+    (and the schema, where one is sent), and a function worker only ever combines earlier steps."""
+    from conductor.sim.planner import plan_reply
+
+    schema = plan_schema(FUNCTIONS_FIRST, max_steps=max_steps, instruction_chars=200)
+    validator = jsonschema.Draft202012Validator(schema)
+    structured = {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    listed = {mode: P.messages(Q1, FUNCTIONS_FIRST, mode, max_steps, instruction_chars=200)
+              for mode in ("free", "structured")}
+    unlisted = [{"role": "user", "content": P.user_prompt(Q1)}]  # no worker list: no kinds
+    # (A free reply to a prompt without the list can only name workers by number, blind to their kinds.)
+    asks = [(listed["free"], {}), (listed["structured"], structured), (unlisted, structured)]
+    for seed in range(150):
+        for messages, body in asks:
+            rng = random.Random(seed)
+            text = plan_reply(messages, [m["content"] for m in messages], body, rng, replan_rate=0.3,
+                              cascade_rate=0.3)
+            plan = parse_plan(text, FUNCTIONS_FIRST, max_steps=max_steps)  # validate_plan
+            if body:
+                validator.validate(json.loads(text))
+            for step in plan.steps:
+                if FUNCTIONS_FIRST.worker(step.worker).kind == "function":
+                    assert step.access and Q1.prompt not in step.instruction, (seed, text)

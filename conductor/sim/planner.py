@@ -15,9 +15,12 @@ step, vote over all of them, or, with probability `replan_rate`, hand the rest
 to a planner worker. With probability `cascade_rate` (when three llm workers
 and three steps are available) the plan is a cascade instead: two workers
 solve, and a third solves only when their answers disagree (`when`). Kinds
-are read from the prompt's worker list ("3. vote [function]: ..."). Like every simulated answer, the plan is a pure
-function of (seed, model, request), so a repeated request gets the same plan
-and a different `seed` in the request gets another one.
+are read from the prompt's worker list ("3. vote [function]: ..."), or, when it
+has none, from the schema: a worker it offers only to steps that must see an
+earlier one is a function (vote, extract), which never starts or solves. Free
+plans keep to the prompt's "at most N steps". Like every simulated answer, the
+plan is a pure function of (seed, model, request), so a repeated request gets
+the same plan and a different `seed` in the request gets another one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import orjson
 _WORKER_LINE = re.compile(r"(?m)^(\d+)\. (\S+) \[(llm|function|planner)\]:(.*)$")
 _QUESTION = re.compile(r"Question:\n(.*?)\n\n(?:Write the plan|Work done so far:)", re.S)
 _TASK = re.compile(r"Task type: (\w+)")
+_STEP_LIMIT = re.compile(r"workflow of at most (\d+) steps")
 _ANSWER = {"math": "<number>", "choice": "<letter>", "exact": "<answer>"}
 # Printable ASCII without '"' and '\': what the planner schema's instructions allow.
 _UNSAFE = re.compile(r'[^ !#-\[\]-~]')
@@ -58,8 +62,9 @@ def plan_reply(messages: list[dict[str, Any]], texts: list[str], body: dict[str,
                                              replan_rate, cascade_rate)).decode()
         return orjson.dumps(instance(schema, rng)).decode()
     ids = list(kinds) or ["0"]
-    steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, _MAX_STEPS,
-                   cascade_rate)
+    limit = _STEP_LIMIT.search(system)
+    most = min(int(limit.group(1)), _MAX_STEPS) if limit else _MAX_STEPS
+    steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, most, cascade_rate)
     reasoning = (f"Reasoning: {'the remaining work' if replan else 'this question'} needs {len(steps)} "
                  f"step(s): {', '.join(s['role'] for s in steps)}.")
     lines = [
@@ -149,8 +154,9 @@ def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str]
     if prefix:
         most = min(most, len(prefix))
     least = steps_schema.get("minItems", 1)
-    enums = [b["properties"]["worker"].get("enum") or [] for i in range(most) for b in _branches(at(i))]
-    ids = list(dict.fromkeys(w for enum in enums for w in enum)) or list(kinds) or ["0"]
+    branches = [b for i in range(most) for b in _branches(at(i))]
+    ids = list(dict.fromkeys(w for b in branches for w in _workers(b))) or list(kinds) or ["0"]
+    kinds = kinds or _kinds_in(branches)
     if most < 3 or "when" not in _branches(at(2))[0]["properties"]:
         cascade_rate = 0.0  # the schema cannot carry the escalation's condition
     steps = _draft(ids, kinds, voters, question, task, replan, rng, replan_rate, min(most, _MAX_STEPS),
@@ -171,6 +177,21 @@ def _schema_plan(schema: dict[str, Any], kinds: dict[str, str], voters: set[str]
             step["when"] = when
         out.append(step)
     return {"steps": out}
+
+
+def _workers(branch: dict[str, Any]) -> list[str]:
+    return branch["properties"]["worker"].get("enum") or []
+
+
+def _kinds_in(branches: list[dict[str, Any]]) -> dict[str, str]:
+    """Kinds told by the schema alone: a worker offered only where the step must see an earlier
+    one (access minItems, conductor's branch for vote and extract) is a function; the rest are
+    taken for models."""
+    def must_see(b: dict[str, Any]) -> bool:
+        return b["properties"]["access"].get("minItems", 0) > 0
+
+    free = {w for b in branches if not must_see(b) for w in _workers(b)}
+    return {w: "llm" if w in free else "function" for b in branches for w in _workers(b)}
 
 
 def fit(text: str, schema: dict[str, Any]) -> str:
