@@ -27,3 +27,9 @@ class StorageError(ConductorError):
 
 class PlanError(ValueError):
     """A plan that does not parse or validate; recorded per plan, never fatal."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is (the calls in flight are awaited), then told apart by the
+    exit status (143): a background job ignores SIGINT, so the SIGTERM handler cannot pass
+    itself off as one."""

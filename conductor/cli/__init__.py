@@ -16,7 +16,7 @@ import os
 import pkgutil
 import sys
 
-from conductor.errors import ConductorError
+from conductor.errors import ConductorError, Terminated
 
 # litellm fetches its price map from the network at import unless told not to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conductor: error: cannot write {what}: {e.strerror}. Free space (or fix the disk) "
               f"and rerun the same command: finished work is kept", file=sys.stderr)
         return 5
-    except KeyboardInterrupt:
-        return _interrupted(terminated, args)
+    except KeyboardInterrupt as e:  # Terminated: SIGTERM, seen by the executor's own handler
+        return _interrupted(terminated or isinstance(e, Terminated), args)
     except Exception as e:
         # DuckDB turns Ctrl-C into its own error, and a damaged Parquet file into another: neither is a bug
         if type(e).__name__ == "InterruptException" or str(e).startswith("Query interrupted"):
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-def _interrupted(terminated: list[int], args: argparse.Namespace) -> int:
+def _interrupted(terminated: bool | list[int], args: argparse.Namespace) -> int:
     """Exit 130 (Ctrl-C) or 143 (SIGTERM), saying what a rerun does: most commands resume;
     the evaluations (`resumes=False`) start again."""
     again = "resume" if getattr(args, "resumes", True) else "start again (an evaluation does not resume)"
@@ -105,6 +105,7 @@ def _on_sigterm_stop_as_on_ctrl_c() -> list[int]:
             raise KeyboardInterrupt  # SIGINT ignored (a background job): stop here
         os.kill(os.getpid(), signal.SIGINT)  # asyncio's own Ctrl-C handling, where it runs
 
+    stop.as_ctrl_c = True  # the executor takes SIGTERM over while it runs, to await the calls in flight
     signal.signal(signal.SIGTERM, stop)
     return came
 

@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable
 
 from conductor.context import step_messages
+from conductor.errors import Terminated
 from conductor.execute.batch import Batches
 from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
@@ -178,7 +179,7 @@ class Executor:
         # heap this size it alone takes longer than a cached rerun of thousands of steps.)
         gc.freeze()
         restore = self._stop_gently_on_ctrl_c()
-        interrupted = False
+        interrupted: list[int] = []
         try:
             await self._run(jobs, resume)
         finally:
@@ -191,21 +192,28 @@ class Executor:
             await asyncio.gather(*self._plan_tasks, return_exceptions=True)
             await self.close_connections()
         if interrupted:  # Ctrl-C came after the last plan ended: still an interrupt, not a silent finish
-            raise KeyboardInterrupt()
+            raise _interrupt(interrupted)
 
-    def _stop_gently_on_ctrl_c(self) -> Callable[[], bool]:
-        """Ctrl-C stops sending and waits up to `drain_s` for the calls already sent, whose answers
-        are then kept: cancelled, they would be billed and sent again by the rerun. A second Ctrl-C
-        stops at once. Then the run raises KeyboardInterrupt, as before. Returns what undoes it,
-        which says whether Ctrl-C came."""
+    def _stop_gently_on_ctrl_c(self) -> Callable[[], list[int]]:
+        """Ctrl-C or SIGTERM stops sending and waits up to `drain_s` for the calls already sent,
+        whose answers are then kept: cancelled, they would be billed and sent again by the rerun.
+        A second signal stops at once. Then the run raises KeyboardInterrupt (Terminated for
+        SIGTERM). SIGINT is left alone where it is ignored (a background job: the terminal's
+        Ctrl-C is not for it); SIGTERM is taken over only from a handler that asks for it
+        (`as_ctrl_c`: the CLI's), not from a host such as Dagster's run worker. Returns what
+        undoes it, which gives the signals that came."""
         import signal
         import sys
         import threading
 
         loop = asyncio.get_running_loop()
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
-            return lambda: False
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: []
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        if previous[signal.SIGINT] in (signal.SIG_IGN, None):
+            del previous[signal.SIGINT]
+        if not getattr(previous[signal.SIGTERM], "as_ctrl_c", False):
+            del previous[signal.SIGTERM]
 
         def stop_plans() -> None:
             for task in self._plan_tasks:
@@ -221,7 +229,7 @@ class Executor:
             if drains:
                 stop_plans()
                 return
-            self._abort = self._abort or KeyboardInterrupt()
+            self._abort = self._abort or _interrupt(came)
             print(f"\nconductor: stopping: no new call is sent; waiting up to {self.opt.drain_s:g} s for "
                   f"{self._sending} call(s) in flight so their answers are kept (Ctrl-C again to stop now)",
                   file=sys.stderr, flush=True)
@@ -236,13 +244,15 @@ class Executor:
             loop.call_soon_threadsafe(on_ctrl_c)
 
         drains: list[asyncio.Task] = []
-        signal.signal(signal.SIGINT, on_signal)
+        for signum in previous:
+            signal.signal(signum, on_signal)
 
-        def restore() -> bool:
-            signal.signal(signal.SIGINT, previous)  # from here a Ctrl-C is asyncio's again
+        def restore() -> list[int]:
+            for signum, handler in previous.items():  # from here a Ctrl-C is asyncio's again
+                signal.signal(signum, handler)
             for task in drains:
                 task.cancel()
-            return bool(came)
+            return came
 
         return restore
 
@@ -997,3 +1007,9 @@ def _ts(t: float) -> str:
         return datetime.fromtimestamp(t, tz=timezone.utc).isoformat()
     head = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s))
     return f"{head}.{us:06d}+00:00" if us else f"{head}+00:00"
+
+
+def _interrupt(signals: list[int]) -> KeyboardInterrupt:
+    import signal
+
+    return Terminated() if signal.SIGTERM in signals else KeyboardInterrupt()
