@@ -136,8 +136,8 @@ TRACES_TABLE = Table("traces", [
                               'are real recorded outputs'),
     Column('request_key', STR, 'cache key: hash of model, api_base, messages and sampling parameters'),
     Column('sub_plan', STR, 'the workflow a re-planning step ran, as JSON'),
-    Column('failure', STR, "a failed step's kind of failure: connection, timeout, server, rate_limit (a rerun retries"
-                           ' these), budget, auth, not_found, client, malformed, config, other'),
+    Column('failure', STR, "a failed step's kind of failure: connection, timeout, server, rate_limit, batch_refused"
+                           ' (a rerun retries these), budget, auth, not_found, client, malformed, config, other'),
 ])
 
 RESULTS_TABLE = Table("results", [

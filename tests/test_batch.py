@@ -303,6 +303,25 @@ def test_a_failed_batch_is_retried_and_its_error_is_named(tmp_path, fresh_sim, q
         assert all("gave up after 2 attempts" in t["error"] and "failed validation" in t["error"] for t in first)
 
 
+def test_a_batch_the_provider_refuses_to_create_is_retried_by_the_rerun_after_the_fix(tmp_path, fresh_sim, queries):
+    """A completion window the provider does not take (OpenAI and the sim: only 24h) failed
+    every plan for good: a rerun after fixing the pool file did nothing without --retry-failed."""
+    bad = run(queries, batch_pool(tmp_path / "pool.yaml", fresh_sim.url, batch_completion_window="48h"),
+              tmp_path / "data", "--no-cache")
+    assert bad.returncode == 4, bad.stderr
+    traces, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"error"}
+    first = [t for t in traces if t["status"] == "error"]
+    assert {t["failure"] for t in first} == {"batch_refused"}
+    assert "no line of it ran: check provider sim's batch_* options in the pool file" in first[0]["error"]
+    assert "a rerun retries these" in bad.stdout
+
+    fixed = run(queries, batch_pool(tmp_path / "pool.yaml", fresh_sim.url), tmp_path / "data", "--no-cache")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    _, results = tables(tmp_path / "data")
+    assert {r["status"] for r in results} == {"ok"} and len(results) == 20
+
+
 @pytest.mark.slow  # waits on the clock
 def test_a_line_answered_400_fails_its_step_without_retry(tmp_path, fresh_sim, queries):
     fresh_sim.set_faults("weak", fail_status=400)  # the checking step's worker

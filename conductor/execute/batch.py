@@ -215,6 +215,10 @@ class Batches:
                 metadata={"conductor_run": ex.opt.run_id}, **where),
                 before_retry=lambda: self._find(file.id, where, provider))
         except CallFailure as f:
+            if f.kind == "client":  # the batch itself refused (its options, the endpoint), not a line
+                f = CallFailure("batch_refused", f"{f}; no line of it ran: check provider {provider.id}'s "
+                                                 f"batch_* options in the pool file, then rerun: these are retried",
+                                f.status)
             for _, w, _ in lines:
                 _fail(w.future, f)
             if reservation is not None:

@@ -31,7 +31,8 @@ FINAL_PLAN_STATUSES = {"ok", "error", "invalid_plan", "invalid"}  # invalid: no 
 # Failure kinds of an `error` plan that a rerun retries anyway (a provider back up, a
 # larger budget), at most RETRY_TRANSIENT times; other errors stay final unless
 # retry_failed (`--retry-failed`).
-TRANSIENT_KINDS = {"rate_limit", "server", "timeout", "connection", "budget"}
+# batch_refused: a provider refused to create a batch (a pool option it does not take): nothing ran
+TRANSIENT_KINDS = {"rate_limit", "server", "timeout", "connection", "budget", "batch_refused"}
 RETRY_TRANSIENT = 3
 STEPS_FILE = "steps.jsonl"
 PLANS_FILE = "plans.jsonl"
