@@ -62,7 +62,9 @@ class Table:
         return {c.name: c.doc for c in self.columns}
 
     def markdown(self) -> str:
-        rows = [f"| `{c.name}` | `{c.type.arrow}` | {c.doc} |" for c in self.columns]
+        # as the files read back: Parquet names a list's items `element`, where Arrow says `item`
+        rows = [f"| `{c.name}` | `{str(c.type.arrow).replace('list<item: ', 'list<element: ')}` | {c.doc} |"
+                for c in self.columns]
         return f"#### `{self.name}`\n\n| column | type | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n"
 
 
@@ -102,7 +104,8 @@ TRACES_TABLE = Table("traces", [
     Column('model', STR, 'litellm model string'),
     Column('provider', STR, 'provider id'),
     Column('status', STR, 'ok, error, budget_exhausted or skipped (its condition was false, or an earlier step '
-                          'failed)'),
+                          'failed); in an enrichment job, invalid: an answer with no valid record, even after its '
+                          'repair'),
     Column('error', STR, 'what went wrong; for a skipped step, why (`condition disagree(0, 1) is false: steps 0, 1 '
                          'agree`)'),
     Column('attempts', I32, 'requests sent for this step (0: cache hit, restored, or not sent)'),
@@ -146,7 +149,8 @@ RESULTS_TABLE = Table("results", [
     Column('query_id', STR, 'the query'),
     Column('query_index', I64, 'row of the query'),
     Column('sample', I32, "the plan's sample"),
-    Column('status', STR, 'ok, error, budget_exhausted or invalid_plan'),
+    Column('status', STR, 'ok, error, budget_exhausted or invalid_plan; in an enrichment job, invalid (no valid '
+                          'record)'),
     Column('final_answer', STR, 'output of the last step that ran (steps skipped by their condition do not count)'),
     Column('error', STR, 'first error of the plan'),
     Column('cost_usd', F64, "sum over the plan's steps (null if any price is unknown)"),
@@ -166,7 +170,7 @@ REWARDS_TABLE = Table("rewards", [
     Column('query_index', I64, 'row of the query'),
     Column('sample', I32, "the plan's sample"),
     Column('task', STR, 'grader used'),
-    Column('status', STR, "the plan's status"),
+    Column('status', STR, "the plan's status, as in results"),
     Column('reference', STR, 'gold answer from the query set'),
     Column('answer', STR, 'the extracted final answer'),
     Column('parsed', BOOL, 'an answer could be extracted'),
