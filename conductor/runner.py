@@ -407,7 +407,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     cfg = run.config
     plans_path = run.dir.table("plans")
     if journal_deleted(run):
-        if cfg.retry_failed:
+        if cfg.retry_failed and _has_failed_plans(run):
             raise ConductorError(
                 f"run {run.dir.run_id} is complete and its work folder {run.dir.work} (the journal of what was "
                 f"done) was deleted, so its failed plans cannot be told apart to retry; start a new run with "
@@ -467,6 +467,13 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
 def _valid_plans(plans_path: Path) -> set[str]:
     t = pq.read_table(plans_path, columns=["plan_id", "valid"])
     return set(t.filter(t.column("valid")).column("plan_id").to_pylist())
+
+
+def _has_failed_plans(run: Run) -> bool:
+    """Whether a finished run has anything for --retry-failed: a scheduler that always passes it
+    must not fail a run that has none."""
+    statuses = pq.read_table(run.dir.table("results"), columns=["status"]).column("status").to_pylist()
+    return any(s != "ok" for s in statuses)
 
 
 def journal_deleted(run: Run) -> bool:

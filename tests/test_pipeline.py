@@ -91,7 +91,15 @@ def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sa
     assert rerun["cost_usd"] == pytest.approx(summary["cost_usd"]) and rerun["cost_usd"] > 0
     assert rerun["calls"] == summary["calls"] and rerun["cache_hits"] == 0
     assert rerun["wall_time_s"] >= summary["wall_time_s"]
-    # Failed plans cannot be told apart without the journal: refused, nothing sent.
+    # Every plan ok: --retry-failed (a scheduler may always pass it) has nothing to do.
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--retry-failed")
+    assert r.returncode == 0, r.stderr
+    # With a failed plan, failed plans cannot be told apart without the journal: refused, nothing sent.
+    results = pq.read_table(run / "results.parquet")
+    status = results.column("status").to_pylist()
+    status[0] = "error"
+    pq.write_table(results.set_column(results.schema.get_field_index("status"), "status", pa.array(status)),
+                   run / "results.parquet")
     r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache", "--retry-failed")
     assert r.returncode == 2 and "work folder" in r.stderr and "--run-id" in r.stderr
     assert fresh_sim.log()["total"] == sent
