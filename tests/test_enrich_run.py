@@ -539,6 +539,11 @@ def test_cli_exits_4_when_valid_share_is_below_the_jobs_floor(sim, tmp_path):
     assert re.search(r"statuses\s+invalid 20", r.stdout)
     assert "rows without a valid record (a rerun retries them):" in r.stdout
     assert re.search(r"\n  \d+ invalid: the repaired reply was still not a valid record: ", r.stdout)
+    # The catalog's runs view tells it from a good run: it was `complete` with no exit code (audit47 F4).
+    q = run_cli("sql", "SELECT status, (summary->>'exit_code') AS code, summary->>'failed_share' AS failed "
+                "FROM runs WHERE NOT run_id LIKE '%-judge'", "--data-dir", tmp_path / "data", "--format", "csv")
+    assert q.returncode == 0, q.stderr
+    assert q.stdout.splitlines()[1:] == ["complete,4,1.0"], q.stdout
 
 
 def test_integer_ids_from_csv_keep_their_type_and_join_back(sim, tmp_path):

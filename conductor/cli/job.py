@@ -70,18 +70,16 @@ def run(args: argparse.Namespace) -> int:
     summary = run_job(job, data_dir=args.data_dir, run_id=args.run_id, full_refresh=args.full_refresh,
                       progress=not args.quiet, keep_work=args.keep_work)
     print(job_summary(summary))
-    if summary.get("statuses", {}).get("budget_exhausted"):
+    code = summary["exit_code"]
+    if summary["statuses"].get("budget_exhausted"):
         print(f"\n{summary['statuses']['budget_exhausted']} row(s) stopped by a budget. Raise it (job file "
               f"budget_usd or the pool file) and rerun: finished rows are kept and only those are sent.")
-        return 3
-    if summary.get("judge_budget_exhausted"):
+    elif summary.get("judge_budget_exhausted"):
         print(f"\n{summary['judge_budget_exhausted']} record(s) left unjudged by the budget, or not yet rescored "
               f"under a changed judge (the judge spends what the job's budget_usd leaves after extraction). "
               f"Raise it and rerun: the rerun judges them.")
-        return 3
-    share, floor = summary["metrics"]["valid_share"], job.quality["min_valid_share"]
-    if share < floor:
+    elif code == 4:
+        share, floor = summary["metrics"]["valid_share"], job.quality["min_valid_share"]
         print(f"\nonly {share:.1%} of rows have a valid record, below the job's quality.min_valid_share "
               f"{floor:.1%}; see the statuses and errors in the records")
-        return 4
-    return 0
+    return code

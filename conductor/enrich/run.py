@@ -121,6 +121,8 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     summary["failures"] = _failures(table)
     summary["lost_in_flight"] = _lost_in_flight(run, RunDir(data_dir, f"{run_id}-judge"))
     summary["abandoned_runs"] = abandoned
+    summary["failed_share"] = summary["failed"] / summary["rows"] if summary["rows"] else 0.0
+    summary["exit_code"] = exit_code(job, summary)
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]
     complete = not (statuses.get("budget_exhausted") or judge_stopped)
@@ -441,6 +443,15 @@ def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int,
         "records_path": str(run.table("records")), "metrics": metrics,
         "wall_time_s": round(wall, 3),
     }
+
+
+def exit_code(job: Job, summary: dict[str, Any]) -> int:
+    """`conductor job run`'s exit status, kept in the summary so that the catalog's `runs` view
+    tells a job run below its quality gate from a good one: 3 when a budget stopped rows or
+    left records unjudged, 4 below quality.min_valid_share, else 0."""
+    if summary["statuses"].get("budget_exhausted") or summary.get("judge_budget_exhausted"):
+        return 3
+    return 4 if summary["metrics"]["valid_share"] < job.quality["min_valid_share"] else 0
 
 
 def _failures(table: pa.Table, show: int = 5) -> list[dict[str, Any]]:
