@@ -199,6 +199,29 @@ def test_client_errors_are_not_retried_and_name_the_worker(tmp_path, fresh_sim, 
         assert "not-a-real-key-0001" not in r["error"]
 
 
+def test_a_key_rejected_on_one_worker_is_named_as_the_reason_on_the_others(tmp_path, fresh_sim, sample_queries):
+    """A 401 stops the provider's calls, its other workers' too; their rows showed the first
+    worker's message as if they had sent it (audit47 F5)."""
+    import os
+
+    fresh_sim.set_faults("fast", fail_status=401, latency_ms=0)
+    fresh_sim.set_faults("weak", latency_ms=400)  # fast's 401 comes first
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast", "weak"),
+                      providers={"sim": {"max_concurrency": 2, "api_key_env": "CONDUCTOR_TEST_SIM_KEY"}})
+    queries = _unique_prompts(tmp_path, sample_queries, 10)
+    os.environ["CONDUCTOR_TEST_SIM_KEY"] = "not-a-real-key-0001"
+    try:
+        _, traces, _ = run(tmp_path, pool, queries, FixedPlanner(lambda q: solve("fast" if q.index % 2 else "weak")(q)),
+                           cache=False)
+    finally:
+        del os.environ["CONDUCTOR_TEST_SIM_KEY"]
+    unsent = [t for t in traces if t["worker"] == "weak" and t["status"] == "error" and not t["attempts"]]
+    assert unsent, "every weak call went out before fast's 401"
+    for t in unsent:
+        assert t["error"].startswith("worker weak (openai/weak): not sent: provider sim's key was rejected on "
+                                     "another worker: worker fast (openai/fast): the provider rejected"), t["error"]
+
+
 def test_retry_after_headers_are_read_in_every_form():
     assert _retry_after({"retry-after-ms": "250", "retry-after": "3"}) == 0.25
     assert _retry_after({"retry-after": "2"}) == 2.0

@@ -97,9 +97,8 @@ class Batches:
         """One step's call through the batch API: (response, attempts, latency); raises StepFailed."""
         ex = self.ex
         provider = ex.pool.provider_of(worker)
-        for dead in (worker.id, provider.id):
-            if dead in ex._dead:
-                raise StepFailed("error", ex._dead[dead][0], kind=ex._dead[dead][1])
+        if (dead := ex.dead_reason(worker, provider)) is not None:
+            raise StepFailed("error", dead[0], kind=dead[1])
         worst = self._worst(worker, provider, messages, params)
         t0 = time.monotonic()
         attempts = 0

@@ -717,12 +717,24 @@ class Executor:
             return resp.cost_usd
         return call_cost(self.prices[worker.id], resp.prompt_tokens, resp.completion_tokens)
 
+    def dead_reason(self, worker: Worker, provider) -> tuple[str, str] | None:
+        """(message, kind) when every call of the worker fails for now: its key or model was
+        refused, or its provider's key on another worker, which the message then says."""
+        if worker.id in self._dead:
+            return self._dead[worker.id]
+        if provider.id in self._dead:
+            msg, kind = self._dead[provider.id]
+            if not msg.startswith(f"worker {worker.id} ("):
+                msg = (f"worker {worker.id} ({worker.model}): not sent: provider {provider.id}'s key was "
+                       f"rejected on another worker: {msg}")
+            return msg, kind
+        return None
+
     def _check_alive(self, worker: Worker, provider, attempts: int) -> None:
         """Fail now a call that cannot succeed: its key was rejected, its model is unknown,
         or its provider's limit is spent for longer than a run waits."""
-        for dead in (worker.id, provider.id):
-            if dead in self._dead:
-                raise StepFailed("error", self._dead[dead][0], attempts, kind=self._dead[dead][1])
+        if (dead := self.dead_reason(worker, provider)) is not None:
+            raise StepFailed("error", dead[0], attempts, kind=dead[1])
         held = self._held.get(provider.id)
         if held is not None:
             left = held[0] - time.monotonic()
