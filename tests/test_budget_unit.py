@@ -64,3 +64,17 @@ def test_a_call_that_fits_once_all_else_settled_is_not_kept_waiting_by_float_res
         return r.amount
 
     assert asyncio.run(main()) == 30000.0
+
+
+def test_a_call_larger_than_the_whole_cap_says_the_cap_is_too_small():
+    """`run cap $0.0030, spent $0.0000, this call needs up to $0.0084` read as a bug: no spend
+    could ever have made room (audit47)."""
+    async def main():
+        ledger = Ledger({"p": None}, run_limit=0.003)
+        with pytest.raises(BudgetExhausted) as e:
+            await ledger.reserve("p", 0.0084)
+        return str(e.value)
+
+    said = asyncio.run(main())
+    assert said == ("budget too small: run cap $0.0030 is below this call's worst case $0.0084 (prompt bytes + "
+                    "max_tokens); raise the cap or lower max_tokens")

@@ -16,8 +16,12 @@ from dataclasses import dataclass, field
 
 class BudgetExhausted(Exception):
     def __init__(self, cap: str, limit: float, spent: float, need: float):
-        super().__init__(
-            f"budget exhausted: {cap} cap ${limit:.4f}, spent ${spent:.4f}, this call needs up to ${need:.4f}")
+        if need > limit:  # "spent $0.0000" read as a bug when no spend could have made room
+            why = (f"budget too small: {cap} cap ${limit:.4f} is below this call's worst case ${need:.4f} "
+                   f"(prompt bytes + max_tokens); raise the cap or lower max_tokens")
+        else:
+            why = f"budget exhausted: {cap} cap ${limit:.4f}, spent ${spent:.4f}, this call needs up to ${need:.4f}"
+        super().__init__(why)
         self.cap = cap
         self.limit = limit  # what is left (limit - spent) sizes the part of a batch that still fits
         self.spent = spent
