@@ -3,6 +3,7 @@
 import os
 
 import orjson
+import pytest
 
 from conductor.execute.journal import Journal, load_state
 
@@ -114,3 +115,30 @@ with ExecutionContext(Path({str(tmp_path / "work")!r}), pool, ExecOptions(run_id
                        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
     assert r.stdout.strip() == "interrupted True", r.stdout + r.stderr  # and Ctrl-C is Python's again
+
+
+def test_a_full_disk_met_by_the_run_cache_in_a_scheduled_flush_is_raised_where_the_run_sees_it(tmp_path):
+    """The journal's scheduled flush commits the run cache first; a full disk there escaped to
+    asyncio, which printed `Exception in callback AfterTurn._run()` and a traceback before the
+    run's own clean message (audit47 F6)."""
+    import asyncio
+    import sqlite3
+
+    from conductor.execute.journal import Journal
+
+    def full():
+        raise sqlite3.OperationalError("database or disk is full")
+
+    j = Journal(tmp_path, answers_first=full)
+    unhandled = []
+
+    async def turn():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: unhandled.append(ctx))
+        j.step({**_step("a", "0"), "attempts": 1})
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+            j.step({**_step("a", "1"), "attempts": 1})
+
+    asyncio.run(turn())
+    assert unhandled == []

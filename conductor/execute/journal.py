@@ -15,6 +15,7 @@ by the next write (or `flush`), after which every line is written at once.
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -74,7 +75,8 @@ class Journal:
         self._plans = _open_append(folder / PLANS_FILE)
         self._reservations = _open_append(folder / RESERVATIONS_FILE)
         self._pending: dict[int, list[bytes]] = {id(self._steps): [], id(self._plans): []}
-        self._turn = AfterTurn(self.flush, (OSError,))
+        # the cache's errors too: its commit runs first (answers_first)
+        self._turn = AfterTurn(self.flush, (OSError, sqlite3.DatabaseError))
 
     def step(self, row: dict[str, Any]) -> None:
         self._queue(self._steps, row)
