@@ -53,10 +53,12 @@ def validate(table: pa.Table, where: str) -> pa.Table:
             cols[col] = pa.nulls(table.num_rows, pa.string())
             continue
         arr = table.column(col)
-        if col == "query_id" and (pa.types.is_integer(arr.type)):
+        if col in ("query_id", "reference") and pa.types.is_integer(arr.type):  # math sets keep gold numbers
             arr = pc.cast(arr, pa.string())
         if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_null(arr.type)):
-            problems.append(f"column '{col}' must hold strings, not {arr.type}")
+            hint = (" (write it as text: a float loses how the answer was written, 2.50 or 2.5)"
+                    if col == "reference" and pa.types.is_floating(arr.type) else "")
+            problems.append(f"column '{col}' must hold strings, not {arr.type}{hint}")
             continue
         cols[col] = pc.cast(arr, pa.string()).combine_chunks()
     if problems:

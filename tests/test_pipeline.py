@@ -199,7 +199,19 @@ BAD_QUERY_SETS = {
     "bad_metadata": ({"query_id": ["a", "b"], "prompt": ["x", "y"], "metadata": ['{"k": 1}', "{oops"]},
                      ["column 'metadata' is not valid JSON", "'b'"]),
     "prompt_not_text": ({"query_id": ["a"], "prompt": [3]}, ["column 'prompt' must hold strings"]),
+    "reference_as_floats": ({"query_id": ["a"], "prompt": ["x"], "reference": [2.5]},
+                            ["column 'reference' must hold strings, not double (write it as text"]),
 }
+
+
+def test_integer_references_are_read_as_text():
+    """A math set's gold numbers are often integers: they were refused (audit47 F9)."""
+    import pyarrow as pa
+
+    from conductor.queries import validate
+
+    t = validate(pa.table({"query_id": [1, 2], "prompt": ["1+1?", "2+2?"], "reference": [2, 4]}), "q.parquet")
+    assert t.column("reference").to_pylist() == ["2", "4"] and t.column("query_id").to_pylist() == ["1", "2"]
 
 
 @pytest.mark.parametrize("case", sorted(BAD_QUERY_SETS))
