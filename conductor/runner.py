@@ -713,7 +713,7 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     planner = planner or configured_planner(cfg)
     from conductor.execute.shared.objects import store_url
 
-    cfg.store = store_url(cfg.store)  # CONDUCTOR_STORE, for runs started by Dagster
+    cfg.store = store_url(cfg.store)  # else CONDUCTOR_STORE (Dagster's assets share the data volume instead)
     run = prepare(cfg)
     store = run.lease.store if run.lease is not None else None
     # The run's lease on the store is renewed while the run goes on and released when it ends, however it ends.
