@@ -91,6 +91,11 @@ def _grade_side_by_side(items: list[tuple[str | None, str | None, str | None]]) 
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         futures = [pool.submit(grade, *item) for item in items]
         try:
+            # In short waits: a signal that reaches another thread (polars' start their own) runs its
+            # handler only once the main thread wakes, and a wait on one result slept to the 10 s timeout.
+            pending = set(futures)
+            while pending:
+                pending = wait(pending, timeout=0.2).not_done
             return [f.result() for f in futures]
         except BaseException:
             running = [f for f in futures if not f.cancel()]  # the queued ones are cancelled
