@@ -262,9 +262,9 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
     run.dir.set_status("planning")
     n = run.queries.num_rows
     folder = run.dir.work / "plan_parts"
-    written = written_parts(folder, n, cfg.plan_chunk)
     # A model planner may load an engine and generate for minutes with no counter: say what it does.
     progress = Progress(label="plan", enabled=cfg.progress)
+    written = _sound_parts(run, written_parts(folder, n, cfg.plan_chunk), progress)
     size = min(FIRST_PART, cfg.plan_chunk)
     for lo, hi in ranges_to_plan(written, n):
         start = lo
@@ -282,6 +282,33 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
         if n else schemas.PLANS.empty_table()
     write_table(out, table)
     run.dir.set_status("planned")
+    return out
+
+
+def _sound_parts(run: Run, written: dict[int, tuple[int, Path]], progress: Progress) -> dict[int, tuple[int, Path]]:
+    """The parts that hold this run's plans of their range: one damaged, or another run's (a part
+    fetched from a store, a file copied in, another --samples), is set aside and planned again."""
+    ids = run.queries.column("query_id")
+    out = {}
+    for start, (end, path) in written.items():
+        try:
+            t = pq.read_table(path, columns=["run_id", "query_id"])
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            why = f"cannot be read ({type(e).__name__})"
+        else:
+            why = None
+            if t.num_rows != (end - start) * run.config.samples:
+                why = f"holds {t.num_rows} plans, not {(end - start) * run.config.samples}"
+            elif set(t.column("run_id").to_pylist()) != {run.dir.run_id}:
+                why = "belongs to another run"
+            elif set(t.column("query_id").to_pylist()) != set(ids.slice(start, end - start).to_pylist()):
+                why = "holds other queries"
+        if why is None:
+            out[start] = (end, path)
+            continue
+        aside = path.with_name(f"{path.name}.set-aside")
+        os.replace(path, aside)
+        progress.say(f"plan part {path.name} {why}: moved to {aside.name}, its queries are planned again")
     return out
 
 

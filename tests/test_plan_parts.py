@@ -96,3 +96,34 @@ def test_parts_follow_the_planners_speed():
     assert next_size(40_000, 40_000, 1.0, largest) == largest
     assert next_size(1_000, 1_000, 10_000.0, largest) == SMALLEST_PART
     assert next_size(1_000, 10, 0.01, largest) == 2_000  # a part cut short by one already written
+
+
+@pytest.mark.parametrize("damage", ["empty file", "another run's part", "another --samples"])
+def test_a_part_that_is_not_this_runs_is_set_aside_and_planned_again(tmp_path, sample_queries, damage):
+    """Parts were trusted by their names: a 0-byte one ended the run in a pyarrow traceback, and
+    one from another run (copied in, or fetched from a store) went into plans.parquet (audit48)."""
+    import shutil
+
+    clean = prepared(tmp_path, sample_queries, "clean")
+    whole = runner.plan_stage(clean)
+
+    def other(samples):
+        run = runner.prepare(runner.RunConfig(queries=sample_queries, pool=clean.config.pool, plan_chunk=20,
+                                              data_dir=tmp_path / f"other{samples}", progress=False,
+                                              samples=samples, run_id=f"other{samples}"))
+        runner.plan_stage(run)
+        return run.dir.work / "plan_parts" / part.name
+
+    run = prepared(tmp_path, sample_queries)
+    with pytest.raises(KeyboardInterrupt):
+        runner.plan_stage(run, StoppedAfter(runner.configured_planner(run.config), parts=2))
+    part = run.dir.work / "plan_parts" / "part-0000000020-0000000040.parquet"
+    if damage == "empty file":
+        part.write_bytes(b"")
+    else:
+        shutil.copy(other(1 if damage == "another run's part" else 2), part)
+    resumed = StoppedAfter(runner.configured_planner(run.config))
+    out = runner.plan_stage(prepared(tmp_path, sample_queries), resumed)
+    assert resumed.asked == [(20, 40), (40, 60)]
+    assert plans(out) == plans(whole)
+    assert (part.parent / f"{part.name}.set-aside").exists()
