@@ -270,6 +270,55 @@ def test_a_lease_that_is_never_renewed_is_waited_for_and_taken_over(tmp_path, s3
     assert lease(objects) is None  # released at the end
 
 
+def test_of_two_processes_taking_a_free_or_lapsed_lease_at_once_only_one_wins(s3):
+    """Taking was write, wait 1 s, read back: a taker that paused between its read and its
+    write for longer than that (a busy node, a GC pause) won too, and both ran the run."""
+    from conductor.execute.shared.objects import ObjectStore, RunLease
+
+    objects = ObjectStore("s3://conductor-test/race")
+    objects.ensure_bucket()
+    for lapsed in (None, {"token": "dead", "expires_at": "2026-01-01T00:00:00+00:00"}):
+        if lapsed is not None:
+            with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
+                out.write(orjson.dumps(lapsed))
+        slow, fast = RunLease(objects, "s3run", interval=30), RunLease(objects, "s3run", interval=30)
+        seen = slow._read()  # the slow taker read the lease (absent, or lapsed) ...
+        fast.take()  # ... and paused while another process took it
+        assert not slow._took(seen)  # plain writes: it wrote its own, waited, read it back and won
+        assert lease(objects)["token"] == fast.token
+        fast.release()
+        assert lease(objects) is None
+
+
+def test_the_lease_requests_are_signed_as_aws_signs_them():
+    """Conditional writes go out signed by conductor (pyarrow cannot send the conditions):
+    the signature must be AWS's own, else a real S3 refuses every lease. botocore signs the
+    same requests here."""
+    import hashlib
+
+    botocore = pytest.importorskip("botocore.auth")
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from conductor.execute.shared.s3cond import ConditionalObject
+
+    cases = [("http://127.0.0.1:9000", "conductor-test", "nightly/runs/r1/lease.json", None, {"if-none-match": "*"}),
+             (None, "my-bucket", "a b/ü/runs/x+y/lease.json", None, {"if-match": '"abc"'}),
+             (None, "my-bucket", "runs/r/lease.json", "FQoGZXIvYXdzEXAMPLE", {"if-none-match": "*"})]
+    for endpoint, bucket, key, token, condition in cases:
+        o = ConditionalObject(bucket, key, "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token,
+                              "eu-west-1", endpoint)
+        sha = hashlib.sha256(b"{}").hexdigest()
+        theirs = AWSRequest(method="PUT", url=f"{o.scheme}://{o.host}{o.path}", data=b"{}",
+                            headers={**condition, "x-amz-content-sha256": sha})
+        botocore.S3SigV4Auth(Credentials(o.access_key, o.secret_key, token), "s3", o.region).add_auth(theirs)
+        stamp = theirs.headers["X-Amz-Date"]
+        ours = {"host": o.host, "x-amz-date": stamp, "x-amz-content-sha256": sha, **condition,
+                **({"x-amz-security-token": token} if token else {})}
+        when = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+        assert o._authorization("PUT", ours, when) == theirs.headers["Authorization"], key
+
+
 def test_an_uploaded_journal_never_holds_a_finished_plan_without_its_steps(tmp_path, s3, monkeypatch):
     """The executor goes on writing while the journal uploads, file after file. Whatever it
     writes between two files' uploads, a plan the store calls finished must have its steps

@@ -33,6 +33,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from conductor.errors import ConductorError, StorageError
+from conductor.execute.shared.s3cond import ConditionalObject, Unsupported
 
 log = logging.getLogger("conductor.store")
 ENV = "CONDUCTOR_STORE"
@@ -222,10 +223,12 @@ class RunLease:
     the run ends, however it ends short of SIGKILL; one not renewed for `ttl` (four
     intervals, 2 minutes by default) has lapsed and is taken over.
 
-    pyarrow's S3 writes have no condition (If-None-Match), so taking it is: read, refuse a
-    live one held by another, write ours, wait `settle`, read it back, refuse unless ours is
-    there. Two takers both win only if one pauses for more than `settle` between its read
-    and its write, which a lease cannot rule out without a conditional write. Expiry is read
+    Taking and renewing it are conditional writes (s3cond: create only if absent, replace
+    only the version read), so of two takers exactly one wins, and a holder whose lease was
+    taken over finds out at its next renewal. Without credentials in AWS_* variables, or on a
+    server that refuses conditional writes, pyarrow's plain writes remain: write ours, wait
+    `settle`, read it back, refuse unless ours is there; then two takers both win if one
+    pauses for more than `settle` between its read and its write. Expiry is read
     on this machine's clock against the holder's: the clocks must agree to well within `ttl`.
     A holder whose lapsed lease was taken over stops (SIGTERM: the CLI's Ctrl-C path) and
     uploads nothing more; release reads, then deletes, so it could delete a lease taken over
@@ -243,31 +246,53 @@ class RunLease:
         self.lost: dict | None = None  # the holder that took it over after ours lapsed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="store-lease", daemon=True)
+        self._object = ConditionalObject.from_env(store.root, "runs", run_id, LEASE_FILE)
+        self._etag: str | None = None  # of the lease as last read or written (conditional writes)
 
     @property
     def where(self) -> str:
         return f"{self.store.url}/runs/{self.run_id}/{LEASE_FILE}"
 
     def _read(self) -> dict | None:
+        """The lease as stored (None: no lease); with conditional writes, its ETag is kept."""
         import orjson
 
+        if self._object is not None:
+            got = self._object.get()
+            if got is None:
+                return None
+            raw, self._etag = got
+        else:
+            try:
+                with self.store.fs.open_input_stream(self.store.path("runs", self.run_id, LEASE_FILE)) as f:
+                    raw = f.read()
+            except FileNotFoundError:
+                return None
         try:
-            with self.store.fs.open_input_stream(self.store.path("runs", self.run_id, LEASE_FILE)) as f:
-                held = orjson.loads(f.read())
-        except FileNotFoundError:
-            return None
+            held = orjson.loads(raw)
         except orjson.JSONDecodeError:  # not a lease: taken over as a lapsed one
             return {}
         return held if isinstance(held, dict) else {}
 
-    def _write(self) -> None:
+    def _body(self) -> bytes:
         import orjson
 
         now = time.time()
-        body = {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(), "token": self.token,
-                "started_at": _iso(self.started), "renewed_at": _iso(now), "expires_at": _iso(now + self.ttl)}
+        return orjson.dumps({"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
+                             "token": self.token, "started_at": _iso(self.started), "renewed_at": _iso(now),
+                             "expires_at": _iso(now + self.ttl)})
+
+    def _write(self) -> None:
         with self.store.fs.open_output_stream(self.store.path("runs", self.run_id, LEASE_FILE)) as out:
-            out.write(orjson.dumps(body))
+            out.write(self._body())
+
+    def _swap(self, expected: str | None) -> bool:
+        """Write ours if the lease is still absent (expected None) or still the version read:
+        False when another process wrote it first."""
+        etag = self._object.put(self._body(), if_match=expected)
+        if etag is not None:
+            self._etag = etag
+        return etag is not None
 
     @staticmethod
     def _live(held: dict) -> bool:
@@ -296,16 +321,27 @@ class RunLease:
                 held = now
         with self.store._reaching(f"take the lease of run {self.run_id}"):
             self.store.ensure_bucket()
-            self._write()
-            time.sleep(self.settle)
-            now = self._read()
-        if now is None or now.get("token") != self.token:  # another process took it meanwhile
-            raise ConductorError(self._refusal(now or {}))
+            if not self._took(held):
+                now = self._read()  # another process took it meanwhile
+                raise ConductorError(self._refusal(now or {}))
         if held is not None:
             log.warning("store %s: run %s: taking over its lease, lapsed at %s (host %s, process %s)",
                         self.store.url, self.run_id, held.get("expires_at", "?"), held.get("host", "?"),
                         held.get("pid", "?"))
         return self
+
+    def _took(self, held: dict | None) -> bool:
+        if self._object is not None:
+            try:
+                return self._swap(None if held is None else self._etag)
+            except Unsupported:
+                log.warning("store %s: the server refuses conditional writes; the lease of run %s is taken "
+                            "with plain writes", self.store.url, self.run_id)
+                self._object = None
+        self._write()
+        time.sleep(self.settle)
+        now = self._read()
+        return now is not None and now.get("token") == self.token
 
     def _refusal(self, held: dict) -> str:
         return (f"run {self.run_id} is already running on host {held.get('host', '?')} in process "
@@ -316,6 +352,8 @@ class RunLease:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
+                if self._object is not None and self._swap(self._etag):
+                    continue
                 held = self._read()
                 if held is not None and held.get("token") != self.token:
                     self.lost = held
@@ -323,7 +361,12 @@ class RunLease:
                               "stopping", self.store.url, self.run_id, held.get("pid", "?"), held.get("host", "?"))
                     os.kill(os.getpid(), signal.SIGTERM)  # the CLI stops as on Ctrl-C
                     return
-                self._write()
+                if self._object is not None:  # ours, but not the version we wrote last (an answer lost)
+                    self._swap(self._etag if held is not None else None)
+                else:
+                    self._write()
+            except Unsupported:
+                self._object = None  # plain writes from the next renewal on
             except Exception as e:  # the next renewal may succeed; the lease lapses only after `ttl`
                 log.warning("store %s: run %s: lease renewal failed: %s", self.store.url, self.run_id, e)
 
