@@ -247,6 +247,27 @@ def test_a_run_whose_lapsed_lease_was_taken_over_stops_and_leaves_the_store_to_t
 
 
 @pytest.mark.slow
+def test_a_paused_holder_whose_run_was_taken_over_and_released_stops(tmp_path, s3, fresh_sim, sample_queries):
+    """audit49 F1: a process paused past its lease, whose run another process took over, finished
+    and released, found no lease when it woke: its renewals failed with a warning, it ran to the end
+    (paying calls again) and uploaded its stale run over the other's."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = slow_pool(tmp_path, fresh_sim)
+    store = "s3://conductor-test/released"
+    objects = ObjectStore(store)
+    first = start_run(sample_queries, pool, tmp_path / "machine-a", store)
+    wait_for(first, lambda: lease(objects) and uploaded(objects))
+    os.kill(first.pid, signal.SIGSTOP)
+    objects.fs.delete_file(objects.path("runs", "s3run", "lease.json"))  # taken over, finished, released
+    os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=120) == 2
+    err = first.stderr.read()
+    assert "another process (which has since released it) took the run over" in err, err
+    assert lease(objects) is None  # not written again by the process that lost it
+
+
+@pytest.mark.slow
 def test_a_lease_that_is_never_renewed_is_waited_for_and_taken_over(tmp_path, s3, fresh_sim, sample_queries):
     """A scheduler retrying a killed worker at once found the dead holder's lease not yet lapsed
     and was refused; it watches the lease instead, and takes it over once it lapses."""

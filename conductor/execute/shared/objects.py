@@ -354,21 +354,37 @@ class RunLease:
             try:
                 if self._object is not None and self._swap(self._etag):
                     continue
-                held = self._read()
-                if held is not None and held.get("token") != self.token:
-                    self.lost = held
-                    log.error("store %s: run %s: our lease lapsed and process %s on host %s took the run over; "
-                              "stopping", self.store.url, self.run_id, held.get("pid", "?"), held.get("host", "?"))
-                    os.kill(os.getpid(), signal.SIGTERM)  # the CLI stops as on Ctrl-C
+                if not self.still_ours():
                     return
                 if self._object is not None:  # ours, but not the version we wrote last (an answer lost)
-                    self._swap(self._etag if held is not None else None)
+                    self._swap(self._etag)
                 else:
                     self._write()
             except Unsupported:
                 self._object = None  # plain writes from the next renewal on
             except Exception as e:  # the next renewal may succeed; the lease lapses only after `ttl`
                 log.warning("store %s: run %s: lease renewal failed: %s", self.store.url, self.run_id, e)
+
+    def still_ours(self) -> bool:
+        """Whether this process still holds the lease. If not, the run stops (SIGTERM: the CLI's Ctrl-C
+        path) and uploads nothing more. A lease gone while the run goes on was taken over by another
+        process after ours lapsed (a paused machine), which may have finished and released it since."""
+        if self.lost is not None:
+            return False
+        held = self._read()
+        if held is not None and held.get("token") == self.token:
+            return True
+        self.lost = held if held is not None else {"released": True}
+        log.error("store %s: run %s: our lease lapsed and %s took the run over; stopping", self.store.url,
+                  self.run_id, self._taker())
+        os.kill(os.getpid(), signal.SIGTERM)  # the CLI stops as on Ctrl-C
+        return False
+
+    def _taker(self) -> str:
+        if self.lost is not None and self.lost.get("released"):
+            return "another process (which has since released it)"
+        lost = self.lost or {}
+        return f"process {lost.get('pid', '?')} on host {lost.get('host', '?')}"
 
     def release(self) -> None:
         """Delete the lease if it is still ours, so the same run can start again at once."""
@@ -392,8 +408,7 @@ class RunLease:
             return
         raise ConductorError(
             f"run {self.run_id} stopped: its lease {self.where} lapsed (not renewed for {self.ttl:.0f} s) and "
-            f"process {self.lost.get('pid', '?')} on host {self.lost.get('host', '?')} took the run over; "
-            f"that process goes on with it") from None
+            f"{self._taker()} took the run over; the store's copy of the run is that process's") from None
 
 
 def _iso(t: float) -> str:
@@ -420,8 +435,15 @@ class JournalUploader:
                 log.warning("store %s: journal upload failed: %s", self.store.url, e)
 
     def _lost(self) -> bool:
-        """A run whose lease another process took over uploads nothing more: the objects are its."""
-        return self.lease is not None and self.lease.lost is not None
+        """A run whose lease another process took over uploads nothing more: the objects are its.
+        Asked of the store before each upload: a process resumed after a pause must not push its
+        stale files over the new holder's before its next renewal would have told it."""
+        if self.lease is None:
+            return False
+        try:
+            return not self.lease.still_ours()
+        except Exception:  # the store cannot be read: the upload will say so
+            return self.lease.lost is not None
 
     def __enter__(self) -> "JournalUploader":
         self._thread.start()

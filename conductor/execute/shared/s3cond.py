@@ -61,8 +61,8 @@ class ConditionalObject:
         its new ETag, or None when another writer came first."""
         condition = {"if-match": if_match} if if_match is not None else {"if-none-match": "*"}
         status, headers, answer = self._send("PUT", body, condition)
-        if status in (409, 412):  # 409: a concurrent conditional write to the same key
-            return None
+        if status in (409, 412) or (status == 404 and if_match is not None):
+            return None  # 409: a concurrent conditional write; 404: the version read was deleted since
         self._check(status, answer)
         return headers.get("etag", "")
 
