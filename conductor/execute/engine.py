@@ -194,6 +194,26 @@ class Executor:
         if interrupted:  # Ctrl-C came after the last plan ended: still an interrupt, not a silent finish
             raise _interrupt(interrupted)
 
+    async def gather_gently(self, coros: Iterable[Awaitable[Any]]) -> list[Any]:
+        """`asyncio.gather` for callers that make their calls through this executor outside `run`
+        (the LLM planner): Ctrl-C or SIGTERM stops new calls and awaits those in flight, as `run`
+        does, then raises KeyboardInterrupt (Terminated). Cut off, their answers were paid for and
+        sent again by the rerun."""
+        restore = self._stop_gently_on_ctrl_c()
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        self._plan_tasks.update(tasks)
+        came: list[int] = []
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            came = restore()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._plan_tasks.difference_update(tasks)
+            if came:
+                raise _interrupt(came)  # noqa: B012 - the signal, not what the cancelled calls raised
+
     def _stop_gently_on_ctrl_c(self) -> Callable[[], list[int]]:
         """Ctrl-C or SIGTERM stops sending and waits up to `drain_s` for the calls already sent,
         whose answers are then kept: cancelled, they would be billed and sent again by the rerun.
@@ -231,7 +251,7 @@ class Executor:
                 return
             self._abort = self._abort or _interrupt(came)
             print(f"\nconductor: stopping: no new call is sent; waiting up to {self.opt.drain_s:g} s for "
-                  f"{self._sending} call(s) in flight so their answers are kept (Ctrl-C again to stop now)",
+                  f"{self._sending} call(s) in flight so their answers are kept (the same signal again stops now)",
                   file=sys.stderr, flush=True)
             drains.append(loop.create_task(drain()))
 

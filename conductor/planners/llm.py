@@ -293,7 +293,7 @@ class LLMPlanner(PlannerBackEnd):
         try:
             with context as ex:
                 try:
-                    drafts = await asyncio.gather(*(one(q, k) for q in queries for k in range(samples)))
+                    drafts = await ex.gather_gently(one(q, k) for q in queries for k in range(samples))
                 finally:
                     await ex.close_connections()
         finally:
