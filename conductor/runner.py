@@ -292,7 +292,7 @@ def _sound_parts(run: Run, written: dict[int, tuple[int, Path]], progress: Progr
     out = {}
     for start, (end, path) in written.items():
         try:
-            t = pq.read_table(path, columns=["run_id", "query_id"])
+            t = pq.read_table(path, columns=["run_id", "query_id", "plan_id"])
         except Exception as e:  # pyarrow raises several types for a damaged file
             why = f"cannot be read ({type(e).__name__})"
         else:
@@ -303,6 +303,8 @@ def _sound_parts(run: Run, written: dict[int, tuple[int, Path]], progress: Progr
                 why = "belongs to another run"
             elif set(t.column("query_id").to_pylist()) != set(ids.slice(start, end - start).to_pylist()):
                 why = "holds other queries"
+            elif len(set(t.column("plan_id").to_pylist())) != t.num_rows:
+                why = "repeats a plan"
         if why is None:
             out[start] = (end, path)
             continue

@@ -76,5 +76,5 @@ def test_a_call_larger_than_the_whole_cap_says_the_cap_is_too_small():
         return str(e.value)
 
     said = asyncio.run(main())
-    assert said == ("budget too small: run cap $0.0030 is below this call's worst case $0.0084 (prompt bytes + "
+    assert said == ("budget too small: run cap $0.003 is below this call's worst case $0.0084 (prompt bytes + "
                     "max_tokens); raise the cap or lower max_tokens")

@@ -121,7 +121,9 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     summary["failures"] = _failures(table)
     summary["lost_in_flight"] = _lost_in_flight(run, RunDir(data_dir, f"{run_id}-judge"))
     summary["abandoned_runs"] = abandoned
-    summary["failed_share"] = summary["failed"] / summary["rows"] if summary["rows"] else 0.0
+    # as `conductor run` counts it: rows a budget stopped are not failed (exit 3 says so)
+    stopped = summary["statuses"].get("budget_exhausted", 0)
+    summary["failed_share"] = (summary["failed"] - stopped) / summary["rows"] if summary["rows"] else 0.0
     summary["exit_code"] = exit_code(job, summary)
     write_atomic(run.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2, default=str))
     statuses = summary["statuses"]

@@ -216,7 +216,7 @@ class Batches:
         except CallFailure as f:
             if f.kind == "client":  # the batch itself refused (its options, the endpoint), not a line
                 f = CallFailure("batch_refused", f"{f}; no line of it ran: check provider {provider.id}'s "
-                                                 f"batch_* options in the pool file, then rerun: these are retried",
+                                                 f"batch_* options in the pool file, then rerun",
                                 f.status)
             for _, w, _ in lines:
                 _fail(w.future, f)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 class BudgetExhausted(Exception):
     def __init__(self, cap: str, limit: float, spent: float, need: float):
         if need > limit:  # "spent $0.0000" read as a bug when no spend could have made room
-            why = (f"budget too small: {cap} cap ${limit:.4f} is below this call's worst case ${need:.4f} "
+            why = (f"budget too small: {cap} cap ${limit:.6g} is below this call's worst case ${need:.6g} "
                    f"(prompt bytes + max_tokens); raise the cap or lower max_tokens")
         else:
             why = f"budget exhausted: {cap} cap ${limit:.4f}, spent ${spent:.4f}, this call needs up to ${need:.4f}"
