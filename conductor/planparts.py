@@ -8,8 +8,15 @@ their index, so such a run resumes where it stopped."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from conductor.errors import ConductorError
 
 PART_SECONDS = 60.0
 FIRST_PART = 1_000
@@ -56,3 +63,47 @@ def ranges_to_plan(written: dict[int, tuple[int, Path]], n: int) -> list[tuple[i
     if at < n:
         gaps.append((at, n))
     return gaps
+
+
+def sound_parts(written: dict[int, tuple[int, Path]], run_id: str, samples: int, query_ids: pa.ChunkedArray,
+                say: Callable[[str], None]) -> dict[int, tuple[int, Path]]:
+    """The parts that hold this run's plans of their range: one damaged, or another run's (a part
+    fetched from a store, a file copied in, another --samples), is set aside and planned again."""
+    out = {}
+    for start, (end, path) in written.items():
+        try:
+            t = pq.read_table(path, columns=["run_id", "query_id", "plan_id"])
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            why = f"cannot be read ({type(e).__name__})"
+        else:
+            why = None
+            if t.num_rows != (end - start) * samples:
+                why = f"holds {t.num_rows} plans, not {(end - start) * samples}"
+            elif set(t.column("run_id").to_pylist()) != {run_id}:
+                why = "belongs to another run"
+            elif set(t.column("query_id").to_pylist()) != set(query_ids.slice(start, end - start).to_pylist()):
+                why = "holds other queries"
+            elif len(set(t.column("plan_id").to_pylist())) != t.num_rows:
+                why = "repeats a plan"
+        if why is None:
+            out[start] = (end, path)
+            continue
+        aside = path.with_name(f"{path.name}.set-aside")
+        os.replace(path, aside)
+        say(f"plan part {path.name} {why}: moved to {aside.name}, its queries are planned again")
+    return out
+
+
+def tiling(written: dict[int, tuple[int, Path]], n: int, folder: Path) -> list[Path]:
+    """The parts in query order, each starting where the one before ends."""
+    at, out = 0, []
+    for start in sorted(written):
+        end, path = written[start]
+        if start != at:
+            raise ConductorError(f"plan parts in {folder} overlap at query {start} (after {path.name}); "
+                                 f"move the folder away and rerun to plan those queries again")
+        out.append(path)
+        at = end
+    if at != n:
+        raise ConductorError(f"plan parts in {folder} end at query {at} of {n}; move the folder away and rerun")
+    return out

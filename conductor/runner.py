@@ -37,7 +37,8 @@ from conductor.grading import grade_all
 from conductor.planners import make_planner
 from conductor.planners.base import UNUSED_SLOT, Planner, PlannerBackEnd, Query
 from conductor.planners.replan import BaseReplanner, make_replanner
-from conductor.planparts import FIRST_PART, next_size, part_path, ranges_to_plan, written_parts
+from conductor.planparts import (FIRST_PART, next_size, part_path, ranges_to_plan, sound_parts, tiling,
+                                 written_parts)
 from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
@@ -264,7 +265,8 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
     folder = run.dir.work / "plan_parts"
     # A model planner may load an engine and generate for minutes with no counter: say what it does.
     progress = Progress(label="plan", enabled=cfg.progress)
-    written = _sound_parts(run, written_parts(folder, n, cfg.plan_chunk), progress)
+    written = sound_parts(written_parts(folder, n, cfg.plan_chunk), run.dir.run_id, cfg.samples,
+                          run.queries.column("query_id"), progress.say)
     size = min(FIRST_PART, cfg.plan_chunk)
     for lo, hi in ranges_to_plan(written, n):
         start = lo
@@ -278,39 +280,10 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
             written[start] = (end, path)
             size = next_size(size, end - start, time.monotonic() - t0, cfg.plan_chunk)
             start = end
-    table = pa.concat_tables([pq.read_table(p) for p in _tiling(written, n, folder)]) \
+    table = pa.concat_tables([pq.read_table(p) for p in tiling(written, n, folder)]) \
         if n else schemas.PLANS.empty_table()
     write_table(out, table)
     run.dir.set_status("planned")
-    return out
-
-
-def _sound_parts(run: Run, written: dict[int, tuple[int, Path]], progress: Progress) -> dict[int, tuple[int, Path]]:
-    """The parts that hold this run's plans of their range: one damaged, or another run's (a part
-    fetched from a store, a file copied in, another --samples), is set aside and planned again."""
-    ids = run.queries.column("query_id")
-    out = {}
-    for start, (end, path) in written.items():
-        try:
-            t = pq.read_table(path, columns=["run_id", "query_id", "plan_id"])
-        except Exception as e:  # pyarrow raises several types for a damaged file
-            why = f"cannot be read ({type(e).__name__})"
-        else:
-            why = None
-            if t.num_rows != (end - start) * run.config.samples:
-                why = f"holds {t.num_rows} plans, not {(end - start) * run.config.samples}"
-            elif set(t.column("run_id").to_pylist()) != {run.dir.run_id}:
-                why = "belongs to another run"
-            elif set(t.column("query_id").to_pylist()) != set(ids.slice(start, end - start).to_pylist()):
-                why = "holds other queries"
-            elif len(set(t.column("plan_id").to_pylist())) != t.num_rows:
-                why = "repeats a plan"
-        if why is None:
-            out[start] = (end, path)
-            continue
-        aside = path.with_name(f"{path.name}.set-aside")
-        os.replace(path, aside)
-        progress.say(f"plan part {path.name} {why}: moved to {aside.name}, its queries are planned again")
     return out
 
 
@@ -321,21 +294,6 @@ def _plan_part(run: Run, planner: Planner, pool: Pool, start: int, end: int, pat
     if len(drafts) != len(queries) or any(len(d) != run.config.samples for d in drafts):
         raise ConductorError(f"planner {planner.name} returned the wrong number of plans")
     write_table(path, rows_to_table(_plan_rows(run, planner.name, queries, drafts), schemas.PLANS))
-
-
-def _tiling(written: dict[int, tuple[int, Path]], n: int, folder: Path) -> list[Path]:
-    """The parts in query order, each starting where the one before ends."""
-    at, out = 0, []
-    for start in sorted(written):
-        end, path = written[start]
-        if start != at:
-            raise ConductorError(f"plan parts in {folder} overlap at query {start} (after {path.name}); "
-                                 f"move the folder away and rerun to plan those queries again")
-        out.append(path)
-        at = end
-    if at != n:
-        raise ConductorError(f"plan parts in {folder} end at query {at} of {n}; move the folder away and rerun")
-    return out
 
 
 PLANNING_FAILED = "planning call failed"  # how the LLM planner's invalid plans begin when its call failed
