@@ -72,6 +72,19 @@ def uploaded(objects) -> set[str]:
     return {orjson.loads(x)["plan_id"] for x in lines if x.endswith(b"}")}
 
 
+def holding_run(tmp_path, sim, queries, name):
+    """(pool, store URL, its objects, the process) of a run on machine-a that holds its lease on
+    the store and has uploaded a finished plan."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = slow_pool(tmp_path, sim)
+    store = f"s3://conductor-test/{name}"
+    objects = ObjectStore(store)
+    first = start_run(queries, pool, tmp_path / "machine-a", store)
+    wait_for(first, lambda: lease(objects) and uploaded(objects))
+    return pool, store, objects, first
+
+
 def wait_for(proc, what, timeout=240):
     deadline = time.monotonic() + timeout
     while not what() and time.monotonic() < deadline and proc.poll() is None:
@@ -208,13 +221,7 @@ def test_a_second_process_on_a_live_run_from_another_machine_is_refused_and_pays
 
 @pytest.mark.slow
 def test_ctrl_c_releases_the_lease_and_the_run_resumes_at_once_elsewhere(tmp_path, s3, fresh_sim, sample_queries):
-    from conductor.execute.shared.objects import ObjectStore
-
-    pool = slow_pool(tmp_path, fresh_sim)
-    store = "s3://conductor-test/interrupted"
-    objects = ObjectStore(store)
-    first = start_run(sample_queries, pool, tmp_path / "machine-a", store)
-    wait_for(first, lambda: lease(objects) and uploaded(objects))
+    pool, store, objects, first = holding_run(tmp_path, fresh_sim, sample_queries, "interrupted")
     os.kill(first.pid, signal.SIGINT)
     assert first.wait(timeout=120) == 130, first.stderr.read()
     assert lease(objects) is None
@@ -227,13 +234,7 @@ def test_a_run_whose_lapsed_lease_was_taken_over_stops_and_leaves_the_store_to_t
         tmp_path, s3, fresh_sim, sample_queries):
     """A process paused past its lease's expiry (or cut off from the store) found its run
     taken over: going on would pay for it twice and overwrite the new holder's objects."""
-    from conductor.execute.shared.objects import ObjectStore
-
-    pool = slow_pool(tmp_path, fresh_sim)
-    store = "s3://conductor-test/lapsed"
-    objects = ObjectStore(store)
-    first = start_run(sample_queries, pool, tmp_path / "machine-a", store)
-    wait_for(first, lambda: lease(objects) and uploaded(objects))  # held, and running
+    _, _, objects, first = holding_run(tmp_path, fresh_sim, sample_queries, "lapsed")  # held, and running
     now = datetime.now(timezone.utc)
     other = {"run_id": "s3run", "host": "machine-b", "pid": 4242, "token": "theirs",
              "started_at": now.isoformat(), "renewed_at": now.isoformat(),
@@ -251,13 +252,7 @@ def test_a_paused_holder_whose_run_was_taken_over_and_released_stops(tmp_path, s
     """audit49 F1: a process paused past its lease, whose run another process took over, finished
     and released, found no lease when it woke: its renewals failed with a warning, it ran to the end
     (paying calls again) and uploaded its stale run over the other's."""
-    from conductor.execute.shared.objects import ObjectStore
-
-    pool = slow_pool(tmp_path, fresh_sim)
-    store = "s3://conductor-test/released"
-    objects = ObjectStore(store)
-    first = start_run(sample_queries, pool, tmp_path / "machine-a", store)
-    wait_for(first, lambda: lease(objects) and uploaded(objects))
+    _, _, objects, first = holding_run(tmp_path, fresh_sim, sample_queries, "released")
     os.kill(first.pid, signal.SIGSTOP)
     objects.fs.delete_file(objects.path("runs", "s3run", "lease.json"))  # taken over, finished, released
     os.kill(first.pid, signal.SIGCONT)
