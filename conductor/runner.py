@@ -31,7 +31,7 @@ from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
 from conductor.execute.journal import STEPS_FILE, count_unanswered, load_state, unpriced_calls
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
-from conductor.execute.reserve import SpaceReserve
+from conductor.execute.reserve import SpaceReserve, reserve_size
 from conductor.failures import failed_plans, failure_groups, invalid_plan_groups, too_many_failed
 from conductor.grading import grade_all
 from conductor.planners import make_planner
@@ -102,6 +102,11 @@ def prepare(cfg: RunConfig) -> Run:
         raise ConductorError(f"--budget is this run's USD cap: a finite number, at least 0 (got {cfg.budget_usd})")
     if not 0 <= cfg.rewards.cost_penalty < math.inf:
         raise ConductorError(f"--cost-penalty must be a finite number, at least 0 (got {cfg.rewards.cost_penalty})")
+    reserve_size()  # environment settings read mid-run are checked before anything is paid for
+    if cfg.store:
+        from conductor.execute.shared.objects import sync_interval
+
+        sync_interval()
     queries = load_queries(cfg.queries)
     pool = load_pool(cfg.pool)
     legacy = {

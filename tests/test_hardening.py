@@ -313,6 +313,25 @@ def test_a_disk_too_full_for_the_space_reserve_is_a_storage_error(tmp_path, fres
     assert "was deleted" not in r.stderr and fresh_sim.log()["total"] == 0
 
 
+def test_reserve_size_zero_turns_the_reserve_off_and_bad_settings_are_named(tmp_path, fresh_sim, sample_queries):
+    """0 used to reach posix_fallocate, which refuses a length of 0: exit 5 on every rerun."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    data = tmp_path / "data"
+    for name, value in (("CONDUCTOR_RESERVE_BYTES", "8MB"), ("CONDUCTOR_RESERVE_BYTES", "-1"),
+                        ("CONDUCTOR_STORE_SYNC_S", "0")):
+        r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--quiet",
+                    "--store", "s3://no-such-bucket/runs", env={name: value})
+        assert r.returncode == 2 and f"{name}={value!r}" in r.stderr, r.stdout + r.stderr
+        assert "Traceback" not in r.stderr
+    assert fresh_sim.log()["total"] == 0 and not (data / "runs").exists()
+
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--quiet",
+                env={"CONDUCTOR_RESERVE_BYTES": "0"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert fresh_sim.log()["total"] == 60
+    assert not list(data.glob("runs/*/work/space-reserve"))
+
+
 def test_a_cache_that_cannot_open_on_a_full_disk_is_a_storage_error_not_a_bad_file(small_disk):
     """It used to say the cache was unreadable and to move it away: no help on a full disk."""
     import errno

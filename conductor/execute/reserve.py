@@ -11,14 +11,34 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from conductor.errors import ConductorError
+
 RESERVE_BYTES = 8 << 20  # default; env CONDUCTOR_RESERVE_BYTES sets another size
+ENV_RESERVE_BYTES = "CONDUCTOR_RESERVE_BYTES"
 RESERVE_FILE = "space-reserve"
+
+
+def reserve_size() -> int:
+    """$CONDUCTOR_RESERVE_BYTES, else 8 MB; 0 turns the reserve off."""
+    raw = os.environ.get(ENV_RESERVE_BYTES, "").strip()
+    if not raw:
+        return RESERVE_BYTES
+    try:
+        size = int(raw)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ConductorError(f"{ENV_RESERVE_BYTES}={raw!r}: expected a whole number of bytes, "
+                             "0 or more (0 turns the disk space reserve off)")
+    return size
 
 
 class SpaceReserve:
     def __init__(self, folder: Path, size: int | None = None):
-        size = size or int(os.environ.get("CONDUCTOR_RESERVE_BYTES") or RESERVE_BYTES)
+        size = reserve_size() if size is None else size
         self.path = Path(folder) / RESERVE_FILE
+        if size == 0:  # off: posix_fallocate refuses a length of 0
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import signal
@@ -47,11 +48,22 @@ TABLE_FILES = ("manifest.json", "plans.parquet", "traces.parquet", "results.parq
 # batches.jsonl too: without it a run resumed elsewhere submits its in-flight batches again (paid twice)
 WORK_FILES = ("plans.jsonl", "steps.jsonl", "reservations.jsonl", "batches.jsonl")
 PLAN_PARTS = "plan_parts"  # work/plan_parts/part-*.parquet: plans written as planning goes (conductor.planparts)
+ENV_SYNC_S = "CONDUCTOR_STORE_SYNC_S"
 LEASE_FILE = "lease.json"  # beside the run's objects: runs/<run id>/lease.json
 
 
 def sync_interval() -> float:
-    return float(os.environ.get("CONDUCTOR_STORE_SYNC_S") or 30.0)
+    """$CONDUCTOR_STORE_SYNC_S, else 30 s: how often the journal goes up and the lease is renewed."""
+    raw = os.environ.get(ENV_SYNC_S, "").strip()
+    if not raw:
+        return 30.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ConductorError(f"{ENV_SYNC_S}={raw!r}: expected a number of seconds above 0")
+    return seconds
 
 
 def store_url(value: str | None) -> str | None:
