@@ -335,6 +335,93 @@ def test_the_lease_requests_are_signed_as_aws_signs_them():
         assert o._authorization("PUT", ours, when) == theirs.headers["Authorization"], key
 
 
+class RegionProxy:
+    """moto behind a proxy that answers as S3 does for a bucket in eu-west-1 when the lease's
+    own signed requests are signed for another region: 400 AuthorizationHeaderMalformed naming
+    the bucket's region, or a 301 PermanentRedirect that names none (`names_region` False).
+    Only the lease's conditional requests come here; pyarrow's (the AWS SDK's, which finds a
+    bucket's region itself) go to moto directly."""
+
+    def __init__(self, upstream: str, names_region: bool):
+        import http.client
+        from urllib.parse import urlsplit
+
+        from tests.fakehttp import LoopbackServer, QuietHandler
+
+        self.seen: list[tuple[str, str, int]] = []  # (method, signed-for region, status) of the lease's requests
+        proxy, target = self, urlsplit(upstream).netloc
+
+        class Handler(QuietHandler):
+            def _any(self):
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                signed = self.headers.get("authorization", "").split("Credential=")[-1].split("/")[2:3]
+                if signed != ["eu-west-1"]:
+                    if names_region:
+                        status, headers = 400, {"x-amz-bucket-region": "eu-west-1"}
+                        doc = ("<Error><Code>AuthorizationHeaderMalformed</Code><Message>the region 'us-east-1' "
+                               "is wrong; expecting 'eu-west-1'</Message><Region>eu-west-1</Region></Error>")
+                    else:
+                        status, headers, doc = 301, {}, "<Error><Code>PermanentRedirect</Code></Error>"
+                    proxy.seen.append((self.command, signed[0], status))
+                    return self.send(status, doc, headers)
+                conn = http.client.HTTPConnection(target, timeout=30)
+                conn.request(self.command, self.path, body=body or None, headers=dict(self.headers))
+                resp = conn.getresponse()
+                data = resp.read()
+                proxy.seen.append((self.command, signed[0], resp.status))
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = LoopbackServer(Handler)
+        self.url = self.server.root
+
+    def __enter__(self):
+        self.server.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.__exit__(*exc)
+
+
+@pytest.mark.parametrize("names_region", [True, False], ids=["region-named", "region-not-named"])
+def test_the_lease_is_taken_on_a_bucket_in_another_region_without_aws_region(s3, monkeypatch, caplog,
+                                                                              names_region):
+    """Without AWS_REGION the lease's requests are signed for us-east-1; S3 refuses them for a bucket
+    elsewhere, and taking the lease failed as a storage error. Where S3 names the bucket's region the
+    request is signed again for it (conditional writes kept); where it does not, plain writes."""
+    from conductor.errors import ConductorError
+    from conductor.execute.shared.objects import ObjectStore, RunLease
+
+    objects = ObjectStore("s3://conductor-test/regions")
+    objects.ensure_bucket()
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    with RegionProxy(s3.endpoint, names_region) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # read by the lease's own requests only
+        held = RunLease(objects, "s3run", interval=0.5).take()
+        assert lease(objects)["token"] == held.token
+        with held:  # renewed every 0.5 s
+            with pytest.raises(ConductorError, match="already running"):
+                RunLease(objects, "s3run", interval=0.5).take()
+        assert lease(objects) is None  # released
+    refused = [x for x in proxy.seen if x[2] in (301, 400)]
+    if names_region:
+        assert refused == [("GET", "us-east-1", 400)] * 2, proxy.seen  # once per process: the region is learnt
+        assert ("PUT", "eu-west-1", 200) in proxy.seen  # the lease written with If-None-Match
+        assert "conditional writes are refused" not in caplog.text
+    else:
+        assert refused == [("GET", "us-east-1", 301)] * 2 and "conditional writes are refused (HTTP 301" in caplog.text
+
+
 def test_an_uploaded_journal_never_holds_a_finished_plan_without_its_steps(tmp_path, s3, monkeypatch):
     """The executor goes on writing while the journal uploads, file after file. Whatever it
     writes between two files' uploads, a plan the store calls finished must have its steps

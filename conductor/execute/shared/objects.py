@@ -269,12 +269,17 @@ class RunLease:
         """The lease as stored (None: no lease); with conditional writes, its ETag is kept."""
         import orjson
 
+        raw = None
         if self._object is not None:
-            got = self._object.get()
-            if got is None:
-                return None
-            raw, self._etag = got
-        else:
+            try:
+                got = self._object.get()
+            except Unsupported as e:
+                self._plain_writes(e)
+            else:
+                if got is None:
+                    return None
+                raw, self._etag = got
+        if raw is None:
             try:
                 with self.store.fs.open_input_stream(self.store.path("runs", self.run_id, LEASE_FILE)) as f:
                     raw = f.read()
@@ -285,6 +290,11 @@ class RunLease:
         except orjson.JSONDecodeError:  # not a lease: taken over as a lapsed one
             return {}
         return held if isinstance(held, dict) else {}
+
+    def _plain_writes(self, why: Unsupported) -> None:
+        log.warning("store %s: conditional writes are refused (%s); the lease of run %s is kept with plain "
+                    "writes", self.store.url, why, self.run_id)
+        self._object = None
 
     def _body(self) -> bytes:
         import orjson
@@ -346,10 +356,8 @@ class RunLease:
         if self._object is not None:
             try:
                 return self._swap(None if held is None else self._etag)
-            except Unsupported:
-                log.warning("store %s: the server refuses conditional writes; the lease of run %s is taken "
-                            "with plain writes", self.store.url, self.run_id)
-                self._object = None
+            except Unsupported as e:
+                self._plain_writes(e)
         self._write()
         time.sleep(self.settle)
         now = self._read()
@@ -372,8 +380,8 @@ class RunLease:
                     self._swap(self._etag)
                 else:
                     self._write()
-            except Unsupported:
-                self._object = None  # plain writes from the next renewal on
+            except Unsupported as e:
+                self._plain_writes(e)  # from the next renewal on
             except Exception as e:  # the next renewal may succeed; the lease lapses only after `ttl`
                 log.warning("store %s: run %s: lease renewal failed: %s", self.store.url, self.run_id, e)
 

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import http.client
 import os
+import re
 from datetime import datetime, timezone
 from urllib.parse import quote, urlsplit
 
@@ -27,14 +28,21 @@ class ConditionalObject:
     def __init__(self, bucket: str, key: str, access_key: str, secret_key: str, token: str | None,
                  region: str, endpoint: str | None):
         self.key_path = "/" + quote(key, safe="/-_.~")
-        self.access_key, self.secret_key, self.token, self.region = access_key, secret_key, token, region
+        self.access_key, self.secret_key, self.token = access_key, secret_key, token
+        self.bucket, self.endpoint = bucket, endpoint
         if endpoint:  # an S3-compatible server: path style
             e = urlsplit(endpoint)
             self.scheme, self.host = e.scheme or "https", e.netloc
             self.path = "/" + quote(bucket, safe="-_.~") + self.key_path
         else:
-            self.scheme, self.host = "https", f"{bucket}.s3.{region}.amazonaws.com"
+            self.scheme = "https"
             self.path = self.key_path
+        self._set_region(region)
+
+    def _set_region(self, region: str) -> None:
+        self.region = region
+        if not self.endpoint:
+            self.host = f"{self.bucket}.s3.{region}.amazonaws.com"
 
     @classmethod
     def from_env(cls, root: str, *rel: str) -> "ConditionalObject | None":
@@ -70,10 +78,23 @@ class ConditionalObject:
     def _check(status: int, body: bytes) -> None:
         if status == 501 or (status == 400 and b"NotImplemented" in body):
             raise Unsupported(f"HTTP {status}")
+        if status in (301, 307) or (status == 400 and b"AuthorizationHeaderMalformed" in body):
+            raise Unsupported(f"HTTP {status}: the bucket's region could not be found")  # pyarrow's writes find it
         if status >= 300:
             raise OSError(f"S3 answered HTTP {status}: {body[:300].decode('utf-8', 'replace')}")
 
     def _send(self, method: str, body: bytes, extra: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        """One request; sent once more, signed for the bucket's region, when S3 names another
+        region than the one signed for (AWS_REGION unset, or not the bucket's)."""
+        status, headers, answer = self._send_once(method, body, extra)
+        if status in (301, 307, 400):
+            region = headers.get("x-amz-bucket-region") or _region_in(answer)
+            if region and region != self.region:
+                self._set_region(region)
+                status, headers, answer = self._send_once(method, body, extra)
+        return status, headers, answer
+
+    def _send_once(self, method: str, body: bytes, extra: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
         now = datetime.now(timezone.utc)
         headers = {"host": self.host, "x-amz-date": now.strftime("%Y%m%dT%H%M%SZ"),
                    "x-amz-content-sha256": hashlib.sha256(body).hexdigest(), **extra}
@@ -106,3 +127,11 @@ class ConditionalObject:
         signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
         return (f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, SignedHeaders={';'.join(names)}, "
                 f"Signature={signature}")
+
+
+def _region_in(body: bytes) -> str | None:
+    """The region an S3 error names (<Region> of AuthorizationHeaderMalformed, PermanentRedirect's endpoint)."""
+    found = re.search(rb"<Region>([a-z0-9-]+)</Region>", body)
+    if found is None:
+        found = re.search(rb"<Endpoint>[^<]*?\.s3[.-]([a-z0-9-]+)\.amazonaws\.com</Endpoint>", body)
+    return found.group(1).decode() if found else None
