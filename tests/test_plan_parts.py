@@ -98,7 +98,7 @@ def test_parts_follow_the_planners_speed():
     assert next_size(1_000, 10, 0.01, largest) == 2_000  # a part cut short by one already written
 
 
-@pytest.mark.parametrize("damage", ["empty file", "another run's part", "another --samples"])
+@pytest.mark.parametrize("damage", ["empty file", "another run's part", "another --samples", "a repeated plan"])
 def test_a_part_that_is_not_this_runs_is_set_aside_and_planned_again(tmp_path, sample_queries, damage):
     """Parts were trusted by their names: a 0-byte one ended the run in a pyarrow traceback, and
     one from another run (copied in, or fetched from a store) went into plans.parquet (audit48)."""
@@ -120,6 +120,11 @@ def test_a_part_that_is_not_this_runs_is_set_aside_and_planned_again(tmp_path, s
     part = run.dir.work / "plan_parts" / "part-0000000020-0000000040.parquet"
     if damage == "empty file":
         part.write_bytes(b"")
+    elif damage == "a repeated plan":  # its own queries, one plan id twice (one plan would be lost)
+        t = pq.read_table(part)
+        ids = t["plan_id"].to_pylist()
+        pq.write_table(t.set_column(t.schema.get_field_index("plan_id"), "plan_id", pa.array([ids[0], *ids[:-1]])),
+                       part)
     else:
         shutil.copy(other(1 if damage == "another run's part" else 2), part)
     resumed = StoppedAfter(runner.configured_planner(run.config))
