@@ -198,13 +198,28 @@ class Executor:
         """`asyncio.gather` for callers that make their calls through this executor outside `run`
         (the LLM planner): Ctrl-C or SIGTERM stops new calls and awaits those in flight, as `run`
         does, then raises KeyboardInterrupt (Terminated). Cut off, their answers were paid for and
-        sent again by the rerun."""
+        sent again by the rerun. A failure stops new calls too, and is raised once the rest end."""
         restore = self._stop_gently_on_ctrl_c()
         tasks = [asyncio.ensure_future(c) for c in coros]
         self._plan_tasks.update(tasks)
+
+        def stop_on_failure(t: asyncio.Future) -> None:  # as in `run`: no new call; those in flight end
+            e = None if t.cancelled() else t.exception()
+            if e is not None and self._abort is None and not isinstance(e, Aborted):
+                self._abort = e
+
+        for task in tasks:
+            task.add_done_callback(stop_on_failure)
         came: list[int] = []
         try:
-            return await asyncio.gather(*tasks)
+            # Every task ends before this does, not only the first to fail: after a signal, a call
+            # that then gets a slot raises Aborted at once, and ending on it cut off the calls still
+            # in flight (paid, and sent again by the rerun). The drain cancels what is left.
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            failed = [o for o in outcomes if isinstance(o, BaseException)]
+            if failed:
+                raise next((e for e in failed if not isinstance(e, (Aborted, asyncio.CancelledError))), failed[0])
+            return outcomes
         finally:
             came = restore()
             for task in tasks:
