@@ -267,3 +267,85 @@ def test_with_a_shared_governor_dagster_steps_claim_no_provider_pool(monkeypatch
     assert provider_pools(shared) == [] and planner_pools("llm", {"worker": "fast"}, shared) == []
     monkeypatch.setenv("CONDUCTOR_GOVERNOR", "redis://127.0.0.1:6379/0")
     assert provider_pools(parse_pool(doc)) == []
+
+
+class SlowLink:
+    """A TCP proxy to the governor that holds each of its answers `delay_s`: Redis across a
+    slow network, where settling a call's cost takes as long as a round trip."""
+
+    def __init__(self, target_port: int, delay_s: float):
+        import socket
+
+        self.delay_s, self.target = delay_s, ("127.0.0.1", target_port)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, src, dst, answers: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if answers:
+                    time.sleep(self.delay_s)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.slow
+def test_sigterm_keeps_answers_whose_cost_is_still_being_settled_with_the_governor(tmp_path, fresh_sim,
+                                                                                   sample_queries, redis_server):
+    """The drain waited for calls until their answers came back, not until they were kept: an
+    answer whose settlement still awaited the governor was cancelled, and the rerun paid again."""
+    import os
+    import signal
+
+    link = SlowLink(int(redis_server.url.rsplit(":", 1)[1].split("/")[0]), delay_s=0.8)
+    try:
+        fresh_sim.set_faults("slow", latency_ms=600, latency_sd_ms=0)
+        queries = tmp_path / "q.parquet"
+        pq.write_table(pq.read_table(sample_queries).slice(0, 16), queries)
+        pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                          providers={"sim": {"max_concurrency": 4, "timeout_s": 10, "budget_usd": 5.0}})
+        doc = yaml.safe_load(pool.read_text())
+        doc["governor"] = link.url
+        pool.write_text(yaml.safe_dump(doc))
+        args = ["run", str(queries), "--pool", str(pool), "--data-dir", str(tmp_path / "data"), "--quiet",
+                "--no-cache"]
+        p = subprocess.Popen([sys.executable, "-m", "conductor", *args], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        deadline = time.monotonic() + 120
+        while fresh_sim.log()["total"] < 6 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)  # answers coming back, their settlements on the slow link
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 143 and "call(s) in flight so their answers are kept" in err, err
+        fresh_sim.clear_faults()
+        link.delay_s = 0.0
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stdout + r.stderr
+        log = fresh_sim.log()
+        assert max(log["by_request_key"].values()) == 1 and log["by_status"].get("200") == 16, log["by_status"]
+    finally:
+        link.close()

@@ -587,6 +587,9 @@ class Executor:
             reservation = await self._reserve(worker, provider, worst)
         limiter = self.limiters[provider.id]
         attempt = attempts_before
+        # An answer in hand still counts as in flight while its settlement awaits a shared governor:
+        # a Ctrl-C drain that saw no call in flight then cancelled it, and the rerun paid for it again.
+        sending_counted = False
         try:
             while True:
                 attempt += 1
@@ -615,8 +618,11 @@ class Executor:
                         sending = True
                         try:
                             resp = await complete(req, api_key, sent)
-                        finally:
+                        except BaseException:
                             self._sending -= 1
+                            sending_counted = False
+                            raise
+                        sending_counted = True  # until the answer is returned, to be kept (see finally)
                 except CallFailure as f:
                     billed = self._billed(worker, f, messages, params, key)
                     limiter.settle_tokens(est_tokens, sum(billed.tokens) if billed else 0)
@@ -669,6 +675,8 @@ class Executor:
                 rid = None
                 return resp, attempt, time.monotonic() - t
         finally:
+            if sending_counted:
+                self._sending -= 1
             if reservation is not None:
                 await self.ledger.settle(reservation, 0.0)
             if rid is not None:  # failed: no answer, nothing billed
