@@ -56,7 +56,7 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
         if g is None:
             w = pool.worker(r["worker"]) if pool.has(r["worker"]) else None
             g = groups[(r["worker"], kind)] = {
-                "worker": r["worker"], "failure": kind, "url": shown_url(w.api_base if w else None),
+                "worker": r["worker"], "failure": kind, "url": shown_url(w),
                 "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS,
                 "plans": set(), "example": " ".join((r["error"] or "").split())[:300]}
         g["plans"].add(r["plan_id"])

@@ -28,6 +28,7 @@ GOVERNOR_SCHEMES = ("memory", "redis", "rediss")  # where limits and budgets are
 FUNCTION_NAMES = ("vote", "extract")
 DEFAULT_MAX_TOKENS = 1024  # a call's completion cap when its worker's params set none
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")  # fullmatch: "$" would let a final newline in
+POOL_VERSION = 1  # the `version:` a pool file may give
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -87,6 +88,9 @@ class Worker:
     # The most one call can be charged when tokens x price cannot bound it: a replay worker's
     # largest recorded cost_usd, which is charged as recorded. Budgets reserve at least this.
     max_call_usd: float | None = None
+    # api_base as the pool file writes it: a `${VAR}` in it (some gateways take the key in the
+    # URL) stays a name in every message, whatever the variable is called
+    api_base_written: str | None = field(default=None, compare=False, repr=False)
 
     def max_tokens(self) -> int:
         """The completion cap of its calls: the executor counts no more completion tokens."""
@@ -173,9 +177,11 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-def shown_url(api_base: str | None) -> str:
-    """The endpoint as summaries show it: a `${TOKEN}` expanded into it, or a password, is masked."""
-    return mask(redact_url(api_base)) if api_base else "(provider default)"
+def shown_url(worker: Worker | None) -> str:
+    """The worker's endpoint as messages and summaries show it: as the pool file writes it, so a
+    `${VAR}` in it shows its name, never its value; a password in it is masked."""
+    base = worker and (worker.api_base_written or worker.api_base)
+    return mask(redact_url(base)) if base else "(provider default)"
 
 
 def _redact_param(param: str) -> str:
@@ -203,6 +209,9 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
     if not isinstance(raw, dict):
         raise PoolError("the top level must be a mapping with 'workers' and 'providers'")
     _no_unknown(raw, {"workers", "providers", "version", "replay", "governor"}, "")
+    if raw.get("version", POOL_VERSION) != POOL_VERSION:
+        raise PoolError(f"version: this conductor reads pool files of version {POOL_VERSION} "
+                        f"(got {_shown(raw['version'])})")
     governor = raw.get("governor")
     if governor is not None:
         if not isinstance(governor, str):
@@ -341,13 +350,13 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         raise PoolError(f"{at}.provider: {provider!r} is not under providers:"
                         + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(providers)})")
                         + f"; to give it default limits and no budget, list it as `{provider}: {{}}`")
-    api_base = w.get("api_base")
+    api_base = written = w.get("api_base")
     if api_base is not None:
         if not isinstance(api_base, str):
             raise PoolError(f"{at}.api_base: must be a URL string")
         api_base = _expand_env(api_base, f"{at}.api_base")
         if not re.match(r"^https?://", api_base):
-            raise PoolError(f"{at}.api_base: must start with http:// or https:// (got {api_base!r})")
+            raise PoolError(f"{at}.api_base: must start with http:// or https:// (got {written!r})")
     description = w.get("description", "")
     if not isinstance(description, str):
         raise PoolError(f"{at}.description: must be a string")
@@ -357,6 +366,8 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     cap = params.get("max_tokens")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise PoolError(f"{at}.params.max_tokens: must be a whole number of tokens, at least 1 (got {cap!r})")
+    if (big := _beyond_64_bits(params)) is not None:  # the request body and the run's hash cannot hold it
+        raise PoolError(f"{at}.params.{big}: a whole number too large to send (at most 64 bits)")
     for bad in ("api_key", "api_base", "messages", "model"):
         if bad in params:
             raise PoolError(f"{at}.params.{bad}: not allowed here" + (" (use the provider's api_key_env)" if bad == "api_key" else ""))
@@ -367,6 +378,8 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     if simulate is not None and not isinstance(simulate, dict):
         raise PoolError(f"{at}.simulate: must be a mapping")
     context = _num(w, "context_tokens", at, positive=True)
+    if context is not None and context != int(context):  # int(0.5) would turn the check off
+        raise PoolError(f"{at}.context_tokens: must be a whole number of tokens (got {context!r})")
     max_call = _num(w, "max_call_usd", at, minimum=0.0)
     return Worker(
         id=wid,
@@ -374,6 +387,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         kind=kind,
         model=model,
         api_base=api_base,
+        api_base_written=written,
         description=description.strip(),
         skills=_skills(w.get("skills"), at),
         price=_price(w.get("price"), at),
@@ -429,7 +443,9 @@ def _num(cfg: dict, key: str, at: str, *, positive: bool = False, minimum: float
         return default
     v = cfg[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise PoolError(f"{at}.{key}: must be a number (got {v!r})")
+        raise PoolError(f"{at}.{key}: must be a number (got {_shown(v)})")
+    if isinstance(v, int) and abs(v) > 2**53:  # past float's whole numbers; math.isfinite overflows past 1e308
+        raise PoolError(f"{at}.{key}: too large (got {_shown(v)})")
     if not math.isfinite(v):  # YAML's .nan and .inf: NaN passes every comparison below
         raise PoolError(f"{at}.{key}: must be a finite number (got {v!r})")
     if positive and v <= 0:
@@ -444,6 +460,23 @@ def _no_unknown(cfg: dict, allowed: set[str], at: str) -> None:
     if unknown:
         where = f"{at}." if at else ""
         raise PoolError(f"{where}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def _shown(value: Any) -> str:
+    """A value for a message, cut when long (a 400-digit number)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
+def _beyond_64_bits(value: Any, at: str = "") -> str | None:
+    """Where in `value` a whole number needs more than 64 bits, or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return at or "value" if not -(2**63) <= value < 2**64 else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        if (found := _beyond_64_bits(v, f"{at}.{k}" if at else str(k))) is not None:
+            return found
+    return None
 
 
 def _expand_env(value: str, at: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from urllib.parse import urlsplit
 
 from conductor.masking import mask
-from conductor.pool import Pool, Worker, redact_url
+from conductor.pool import Pool, Worker, shown_url
 
 TIMEOUT_S = 5.0
 
@@ -51,15 +51,16 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
             listed[base] = _list_models(base, key)
         models = listed[base]
         if isinstance(models, str):
-            unreachable.setdefault(base, []).append(w.id)
+            unreachable.setdefault(base, []).append(w)
         elif models is not None and name not in models:
             shown = mask(", ".join(sorted(models)[:10]) + (" ..." if len(models) > 10 else ""), key)
-            problems.append(f"worker {w.id}: {redact_url(base)} does not serve model {name!r} (model {w.model}); "
+            problems.append(f"worker {w.id}: {shown_url(w)} does not serve model {name!r} (model {w.model}); "
                             f"it serves: {shown or 'nothing'}")
-    for base, ids in unreachable.items():
+    for base, workers in unreachable.items():
         hint = (f" (a replay pool's server: `conductor replay serve --pool {pool.path}`, or `--serve` "
                 f"where the command has it)" if pool.replay is not None else "")
-        problems.append(f"worker{'s' if len(ids) > 1 else ''} {', '.join(ids)}: {listed[base]}{hint}")
+        problems.append(f"worker{'s' if len(workers) > 1 else ''} {', '.join(w.id for w in workers)}: cannot reach "
+                        f"{shown_url(workers[0])} {listed[base]}{hint}")
     return problems
 
 
@@ -148,7 +149,7 @@ def _list_models(base: str, api_key: str | None) -> set[str] | str | None:
         return None  # it answers, but not this question (no /models, or a key is needed)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or e
-        return f"cannot reach {redact_url(base)} ({reason}); start the server or fix api_base in the pool file"
+        return f"({reason}); start the server or fix api_base in the pool file"
     except ValueError:
         return None
     data = doc.get("data") if isinstance(doc, dict) else None

@@ -209,8 +209,9 @@ def test_passwords_in_governor_and_store_urls_are_never_shown(tmp_path, sample_q
     assert "Pw0rdSECRET77" not in found and "S3cretAccessKEY42" not in found and "AKIAEXAMPLE" not in found
 
 
-def test_a_key_pasted_in_place_of_a_variable_name_is_refused_unshown(tmp_path, sample_queries):
-    key = _key()
+@pytest.mark.parametrize("upper", [False, True], ids=["mixed-case", "AWS-style capitals"])
+def test_a_key_pasted_in_place_of_a_variable_name_is_refused_unshown(tmp_path, sample_queries, upper):
+    key = "AKIA" + secrets.token_hex(8).upper() if upper else _key()  # AKIA...: once taken for a name, echoed
     pool = tmp_path / "pool.yaml"
     pool.write_text(f"providers:\n  p: {{api_key_env: {key}}}\nworkers:\n"
                     f"  - {{id: w, model: openai/m, provider: p, api_base: 'http://127.0.0.1:9/v1'}}\n")
@@ -219,17 +220,26 @@ def test_a_key_pasted_in_place_of_a_variable_name_is_refused_unshown(tmp_path, s
     assert _leaks(key, r.stdout, r.stderr) == []
 
 
-def test_a_token_expanded_into_api_base_is_masked_in_the_failure_summary(tmp_path, echo, sample_queries):
-    """The summary's "failures by worker" printed the endpoint as expanded (audit 26)."""
+@pytest.mark.parametrize("var", ["GW_TOKEN", "MYSIM_AUTH"])
+def test_a_token_expanded_into_api_base_is_never_shown(tmp_path, echo, sample_queries, var):
+    """The summary's "failures by worker" printed the endpoint as expanded (audit 26); then it was
+    masked only when the variable was named like a secret (audit50 F1: MYSIM_AUTH, the provider's
+    own key, in the summary, the manifest and the catalog). It shows the endpoint as written."""
     token = "gwtok" + secrets.token_hex(10)
     pool = tmp_path / "pool.yaml"
-    pool.write_text("providers:\n  gw: {timeout_s: 10, max_attempts: 1}\nworkers:\n"
-                    f"  - {{id: w, model: openai/m, provider: gw, api_base: '{echo.root}/e400/${{GW_TOKEN}}/v1',\n"
+    pool.write_text(f"providers:\n  gw: {{timeout_s: 10, max_attempts: 1, api_key_env: {var}}}\nworkers:\n"
+                    f"  - {{id: w, model: openai/m, provider: gw, api_base: '{echo.root}/e400/${{{var}}}/v1',\n"
                     "     price: {input_per_mtok: 1, output_per_mtok: 1}}\n")
     r = run_cli("run", _queries(tmp_path, 3), "--pool", pool, "--data-dir", tmp_path / "data", "--quiet",
-                env={"GW_TOKEN": token})
-    assert r.returncode == 4 and "/e400/***/v1" in r.stdout, r.stdout + r.stderr
+                env={var: token})
+    assert r.returncode == 4 and f"/e400/${{{var}}}/v1" in r.stdout, r.stdout + r.stderr
     assert _leaks(token, r.stdout, r.stderr, folder=tmp_path / "data") == []
+
+    pool.write_text(f"providers:\n  gw: {{api_key_env: {var}}}\n"
+                    f"workers:\n  - {{id: w, model: openai/m, provider: gw, api_base: '${{{var}}}'}}\n")
+    r = run_cli("run", _queries(tmp_path, 3), "--pool", pool, "--data-dir", tmp_path / "data2", env={var: token})
+    assert r.returncode == 2 and f"must start with http:// or https:// (got '${{{var}}}')" in r.stderr, r.stderr
+    assert _leaks(token, r.stdout, r.stderr) == []
 
 
 def test_a_token_typed_into_a_planner_url_is_masked_in_the_manifest(tmp_path, sample_queries, fresh_sim):

@@ -578,7 +578,7 @@ class Batches:
         if batch.outage_since is None:
             batch.outage_since = time.time()
             self.ex.progress.say(f"batch {batch.batch_id} of worker {worker.id}: cannot check it at "
-                                 f"{shown_url(worker.api_base)} ({' '.join(str(f).split())[:200]}); asking again "
+                                 f"{shown_url(worker)} ({' '.join(str(f).split())[:200]}); asking again "
                                  f"every {provider.batch_poll_s:g} s for up to {left} s (batch_max_wait_s)")
         self.ex.progress.tick()
 
