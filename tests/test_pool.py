@@ -1,5 +1,7 @@
 """Pool files: what loads, and that every bad field is named in the error."""
 
+import re
+
 import pytest
 
 from conductor.errors import PoolError
@@ -77,6 +79,16 @@ workers:
     ({"workers": [{"id": "abc\n", "model": "openai/x"}]}, r"workers\[0\].id: required, letters, digits"),
     ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "KEY\n"}}},
      r"providers.p.api_key_env: must be the NAME"),
+    # audit50: a 400-digit number was an OverflowError traceback; 0.5 tokens turned the context check off;
+    # a version from elsewhere was taken; a 30-digit seed broke the run's hash
+    ({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"max_concurrency": 10**400}}},
+     r"providers.p.max_concurrency: too large \(got 10000000000000000000\.\.\. \(401 characters\)\)"),
+    ({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"rpm": 10**400}}},
+     r"providers.p.rpm: too large"),
+    (_pool(context_tokens=0.5), r"\.context_tokens: must be a whole number of tokens \(got 0.5\)"),
+    ({**_pool(), "version": 99}, r"version: this conductor reads pool files of version 1 \(got 99\)"),
+    (_pool(params={"seed": 10**30}), r"\.params.seed: a whole number too large to send"),
+    (_pool(params={"logit_bias": {"50256": -10**20}}), r"\.params.logit_bias.50256: a whole number too large"),
 ])
 def test_bad_pool_names_the_field(raw, field):
     with pytest.raises(PoolError, match=field):
@@ -89,6 +101,16 @@ def test_a_pool_file_that_is_a_folder_or_not_text_is_named(tmp_path):
     f = tmp_path / "latin.yaml"
     f.write_bytes("workers: [{id: caf\xe9, model: openai/x}]".encode("latin-1"))
     with pytest.raises(PoolError, match=r"latin.yaml: cannot read it \(not UTF-8 text\)"):
+        load_pool(f)
+
+
+@pytest.mark.parametrize("text, why", [("version: 2026-13-45\n", "month must be in 1..12"),
+                                       (f"version: {'9' * 5000}\n", "Exceeds the limit (4300 digits)"),
+                                       ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deep")])
+def test_a_value_yaml_cannot_build_is_named_not_a_traceback(tmp_path, text, why):
+    f = tmp_path / "pool.yaml"
+    f.write_text(text)
+    with pytest.raises(PoolError, match=re.escape(f"pool file {f}: a value cannot be read: {why}")):
         load_pool(f)
 
 
