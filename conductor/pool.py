@@ -211,7 +211,7 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
     _no_unknown(raw, {"workers", "providers", "version", "replay", "governor"}, "")
     if raw.get("version", POOL_VERSION) != POOL_VERSION:
         raise PoolError(f"version: this conductor reads pool files of version {POOL_VERSION} "
-                        f"(got {_shown(raw['version'])})")
+                        f"(got {yamlkeys.shown_value(raw['version'])})")
     governor = raw.get("governor")
     if governor is not None:
         if not isinstance(governor, str):
@@ -443,9 +443,9 @@ def _num(cfg: dict, key: str, at: str, *, positive: bool = False, minimum: float
         return default
     v = cfg[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise PoolError(f"{at}.{key}: must be a number (got {_shown(v)})")
+        raise PoolError(f"{at}.{key}: must be a number (got {yamlkeys.shown_value(v)})")
     if isinstance(v, int) and abs(v) > 2**53:  # past float's whole numbers; math.isfinite overflows past 1e308
-        raise PoolError(f"{at}.{key}: too large (got {_shown(v)})")
+        raise PoolError(f"{at}.{key}: too large (got {yamlkeys.shown_value(v)})")
     if not math.isfinite(v):  # YAML's .nan and .inf: NaN passes every comparison below
         raise PoolError(f"{at}.{key}: must be a finite number (got {v!r})")
     if positive and v <= 0:
@@ -460,12 +460,6 @@ def _no_unknown(cfg: dict, allowed: set[str], at: str) -> None:
     if unknown:
         where = f"{at}." if at else ""
         raise PoolError(f"{where}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
-
-
-def _shown(value: Any) -> str:
-    """A value for a message, cut when long (a 400-digit number)."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def _beyond_64_bits(value: Any, at: str = "") -> str | None:

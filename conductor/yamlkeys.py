@@ -96,3 +96,9 @@ def read_file(path: Path, what: str, error: type[Exception]) -> tuple[Any, yaml.
     if (twice := duplicate_key(node)) is not None:
         raise error(f"{what} {path}:{twice[2]}: {message(twice)}")
     return data, node
+
+
+def shown_value(value: Any) -> str:
+    """A value of a pool or job file for a message, cut when long (a 400-digit number)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"

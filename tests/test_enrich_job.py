@@ -125,12 +125,12 @@ def test_numbers_in_exponent_form_are_numbers_in_job_and_pool_files_and_planner_
     from conductor.cli.options import parse_options
     from conductor.pool import load_pool
 
-    job = load_job(write(folder, GOOD + "budget_usd: 5e-1\n"))
-    assert job.budget_usd == 0.5
-    pool = folder / "pool.yaml"
+    pool = folder / "pool.yaml"  # priced first: a worker with no price cannot run under a budget
     pool.write_text(pool.read_text().replace('api_base: "http://127.0.0.1:1/v1"',
                                              'api_base: "http://127.0.0.1:1/v1", '
                                              'price: {input_per_mtok: 1.5e-1, output_per_mtok: 6E-1}'))
+    job = load_job(write(folder, GOOD + "budget_usd: 5e-1\n"))
+    assert job.budget_usd == 0.5
     price = load_pool(pool).workers[0].price
     assert (price.input * 1e6, price.output * 1e6) == pytest.approx((0.15, 0.6))
     assert parse_options(["cost_weight=1e3", "name=1e3x", "quoted='1e3'"]) == {"cost_weight": 1000.0, "name": "1e3x",

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+from pathlib import Path
 
 from conductor import argtypes
 from conductor.cli import options
+from conductor.errors import ConductorError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,11 +58,29 @@ def queries(args: argparse.Namespace) -> int:
     from conductor.enrich import load_job, render_queries
     from conductor.store import write_table
 
+    _check_out(args.out)
     job = load_job(args.job)
     table = render_queries(job)
-    write_table(args.out, table)
+    try:
+        write_table(args.out, table)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+            raise  # a full or failing disk: the CLI's own message and exit 5
+        why = os.strerror(e.errno) if e.errno else str(e)  # pyarrow's strerror names its temporary file
+        raise ConductorError(f"--out {args.out}: cannot write it ({why}); give a file in a folder you can "
+                             f"write to") from None
     print(f"wrote {table.num_rows} queries to {args.out}")
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """The query set is Parquet, the only format `conductor run` reads: `q.csv` would be Parquet
+    under a CSV name. A folder is named, not an IsADirectoryError."""
+    if out.is_dir():
+        raise ConductorError(f"--out {out}: is a folder; give a file name (e.g. {out / 'queries.parquet'})")
+    if out.suffix.lower() != ".parquet":
+        raise ConductorError(f"--out {out}: the query set is written as Parquet; give a .parquet name "
+                             f"(e.g. {out.with_suffix('.parquet')})")
 
 
 def run(args: argparse.Namespace) -> int:

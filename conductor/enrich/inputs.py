@@ -11,6 +11,7 @@ not `7.0`. Parquet has types of its own and is read as it is."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,10 @@ def _json_array(f: Path) -> bool:
 
 
 def _unreadable(path: Path, files: list[Path], e: Exception, what: str = "cannot read") -> InputError:
-    """The error for a file polars cannot read; for text that is not UTF-8, the file and line."""
+    """The error for a file polars cannot read: for text that is not UTF-8, a CSV line with
+    more fields than its header, or a JSON line cut off, the file and line. polars' own message
+    names no line, and may advise an option of its own that a job file cannot set: only its
+    first line is shown."""
     for f in files:
         if FORMATS[f.suffix.lower()] == "parquet":
             continue
@@ -151,4 +155,37 @@ def _unreadable(path: Path, files: list[Path], e: Exception, what: str = "cannot
                 except UnicodeDecodeError:
                     return InputError(f"input {f}: line {n} is not valid UTF-8; save the file as UTF-8 (for "
                                       f"example `iconv -f latin1 -t utf-8`)")
-    return InputError(f"input {path}: {what} ({type(e).__name__}: {e})")
+    for f in files:
+        if (why := _bad_line(f)) is not None:
+            return InputError(f"input {f}: {why}")
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return InputError(f"input {path}: {what} ({type(e).__name__}: {first})")
+
+
+def _bad_line(f: Path) -> str | None:
+    """The first line of a CSV or JSON file that polars cannot read, and why; None if none is found."""
+    kind = FORMATS[f.suffix.lower()]
+    try:
+        if kind == "csv":
+            with open(f, newline="", encoding="utf-8") as fh:
+                rows = csv.reader(fh)
+                header = next(rows, [])
+                for row in rows:
+                    if len(row) > len(header):
+                        return (f"line {rows.line_num} has {len(row)} fields, the header {len(header)}: "
+                                f"a separator or quote out of place?")
+        elif _json_array(f):
+            try:
+                orjson.loads(f.read_bytes())
+            except orjson.JSONDecodeError as e:
+                return f"line {e.lineno} is not valid JSON ({e.msg})"
+        else:
+            for n, line in enumerate(f.read_bytes().splitlines(), 1):
+                try:
+                    if line.strip():
+                        orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    return f"line {n} is not valid JSON ({e.msg}); a line cut off, or two objects on one line?"
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return None

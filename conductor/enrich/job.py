@@ -27,6 +27,7 @@ from conductor.enrich import inputs
 from conductor.fields import ITEM_TYPES, TYPES, Field, object_schema
 from conductor.enrich.marks import Located, load_located
 from conductor.errors import ConductorError, InputError
+from conductor.yamlkeys import shown_value
 
 TOP_KEYS = ("name", "description", "input", "prompt", "fields", "references", "pool", "mode", "worker",
             "planner", "budget_usd", "samples", "quality", "structured", "max_steps", "seed")
@@ -122,6 +123,8 @@ def load_job(path: str | Path) -> Job:
     if name in CATALOG_VIEWS:
         raise doc.error(("name",), f"{name!r} is a catalog view already ({', '.join(CATALOG_VIEWS)}); rename the job")
     description = raw.get("description") or ""
+    if not isinstance(description, str):
+        raise doc.error(("description",), f"must be a string (got {description!r})")
 
     inp = _req(doc, raw, ("input",), dict)
     for k in inp:
@@ -183,18 +186,25 @@ def load_job(path: str | Path) -> Job:
 
     if planner.get("name", "embedded") not in PLANNERS:
         raise doc.error(("planner", "name"), f"{planner.get('name')!r}: must be one of {', '.join(PLANNERS)}")
-    _check_pool(doc, pool_path, mode, worker, raw)
+    if mode == "planned":
+        _check_planner_options(doc, planner)
+    quality = raw.get("quality") or {}
+    if not isinstance(quality, dict):
+        raise doc.error(("quality",), "must be a mapping (min_valid_share, judge)")
+    _no_unknown(doc, quality, ("quality",), ("min_valid_share", "judge"))
+    if isinstance(quality.get("judge"), dict):
+        _no_unknown(doc, quality["judge"], ("quality", "judge"), ("worker", "rubric"))
+    pool = _check_pool(doc, pool_path, mode, worker, raw)
     structured = raw.get("structured", "auto")
     if structured not in STRUCTURED:
         raise doc.error(("structured",), f"{structured!r}: must be one of {', '.join(STRUCTURED)}")
     budget = raw.get("budget_usd")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                               or not 0 <= budget < math.inf):
-        raise doc.error(("budget_usd",), f"must be a finite number >= 0 (got {budget!r})")
-    samples = _int(doc, raw, "samples", 1)
-    quality = raw.get("quality") or {}
-    if not isinstance(quality, dict):
-        raise doc.error(("quality",), "must be a mapping (min_valid_share, judge)")
+    if budget is not None and (not _finite(budget) or budget < 0):
+        raise doc.error(("budget_usd",), f"must be a finite number >= 0 (got {shown_value(budget)})")
+    _check_prices(doc, pool, worker if mode == "direct" else None, quality.get("judge") if fields else None, budget)
+    from conductor.runner import MAX_SAMPLES
+
+    samples = _int(doc, raw, "samples", 1, maximum=MAX_SAMPLES)
     share = quality.get("min_valid_share", 0.95)
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
         raise doc.error(("quality", "min_valid_share"), f"must be a number in [0, 1] (got {share!r})")
@@ -404,8 +414,8 @@ def _references(doc: Located, raw: Any, fields: tuple[Field, ...], columns: list
         if score not in SCORES:
             raise doc.error(rat + ("score",), f"unknown score {score!r} (allowed: {', '.join(SCORES)})")
         tol = spec.get("rel_tol", 0.0)
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < math.inf:
-            raise doc.error(rat + ("rel_tol",), f"must be a finite number >= 0 (got {tol!r})")
+        if not _finite(tol) or tol < 0:
+            raise doc.error(rat + ("rel_tol",), f"must be a finite number >= 0 (got {shown_value(tol)})")
         sf, sc, tc = spec.get("scale_field"), spec.get("scale_column"), spec.get("type_column")
         if sf is not None and sf not in by_name:
             raise doc.error(rat + ("scale_field",), f"{sf!r} is not a field")
@@ -416,7 +426,7 @@ def _references(doc: Located, raw: Any, fields: tuple[Field, ...], columns: list
     return out
 
 
-def _check_pool(doc: Located, pool_path: Path, mode: str, worker: Any, raw: dict) -> None:
+def _check_pool(doc: Located, pool_path: Path, mode: str, worker: Any, raw: dict) -> Any:
     from conductor.pool import load_pool
 
     try:
@@ -444,6 +454,51 @@ def _check_pool(doc: Located, pool_path: Path, mode: str, worker: Any, raw: dict
         if not isinstance(judge.get("rubric"), str) or not judge["rubric"].strip():
             raise doc.error(("quality", "judge", "rubric") if "rubric" in judge else ("quality", "judge"),
                             "the judge needs a rubric: what a good record is, in a few sentences")
+    return pool
+
+
+def _check_planner_options(doc: Located, planner: dict) -> None:
+    """The planner's own factory judges its options (an unknown one, a bad value), so `job check`
+    refuses what `job run` would, with the file and line; building a planner loads nothing.
+    The key named is the first option the factory refuses on its own, else `planner` (as when
+    the planner itself cannot be built: vLLM not installed)."""
+    from conductor.planners import make_planner
+    from conductor.runner import close_planner
+
+    def refused(options: dict) -> ConductorError | None:
+        try:
+            close_planner(make_planner(planner.get("name", "embedded"), **options))
+        except ConductorError as e:
+            return e
+        return None
+
+    options = {k: v for k, v in planner.items() if k != "name"}
+    if odd := [k for k in options if not isinstance(k, str)]:  # YAML reads `1:` or `on:` as a number or bool
+        raise doc.error(("planner", str(odd[0])), "an option name must be text")
+    if (e := refused(options)) is not None:
+        key = None
+        if refused({}) is None:  # the planner builds: name the first option it refuses alone
+            key = next((k for k in options if refused({k: options[k]}) is not None), None)
+        raise doc.error(("planner",) + ((key,) if key is not None else ()), str(e))
+
+
+def _check_prices(doc: Located, pool: Any, worker: str | None, judge: Any, budget: Any) -> None:
+    """Under a budget (the job's, or its provider's) a worker needs a known price, or the run
+    refuses it after planning (`runner.check_ready`, whose rule this is): refused here, before
+    any run folder, naming the key. Planned mode's workers are known only once planned."""
+    from conductor.execute.prices import resolve_price
+
+    judge_worker = judge.get("worker") if isinstance(judge, dict) else None
+    for key, wid in ((("worker",), worker), (("quality", "judge", "worker"), judge_worker)):
+        if wid is None:
+            continue
+        w = pool.worker(wid)
+        provider = pool.providers.get(w.provider)
+        capped = budget is not None or (provider is not None and provider.budget_usd is not None)
+        if capped and w.kind != "function" and w.model and resolve_price(w) is None:
+            by = "the job's budget_usd" if budget is not None else f"provider {w.provider}'s budget_usd"
+            raise doc.error(key, f"worker {wid!r} has no known price, so it cannot run under {by}; add "
+                                 f"price: {{input_per_mtok, output_per_mtok}} to it in pool {pool.path}")
 
 
 def _columns(doc: Located, at: tuple, path: Path) -> list[str]:
@@ -462,10 +517,30 @@ def _req(doc: Located, d: dict, key: tuple, kind: type) -> Any:
     return v
 
 
-def _int(doc: Located, raw: dict, key: str, default: int | None, minimum: int = 1) -> Any:
+def _no_unknown(doc: Located, d: dict, at: tuple, allowed: tuple[str, ...]) -> None:
+    for k in d:
+        if k not in allowed:
+            raise doc.error(at + (k,), f"unknown key (allowed: {', '.join(allowed)})")
+
+
+def _finite(v: Any) -> bool:
+    """A number a float holds: YAML's .nan and .inf are not, nor an integer of 400 digits
+    (float() of it overflows)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _int(doc: Located, raw: dict, key: str, default: int | None, minimum: int = 1,
+         maximum: int = 2 ** 63 - 1) -> Any:
+    """An integer setting; at most 2**63 - 1 by default, the most a run's definition hash
+    (orjson) and `--seed` take."""
     v = raw.get(key, default)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise doc.error((key,), f"must be an integer >= {minimum} (got {v!r})")
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+        raise doc.error((key,), f"must be an integer from {minimum} to {maximum} (got {shown_value(v)})")
     return v
