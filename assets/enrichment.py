@@ -13,7 +13,11 @@ check stops `published`, so a bad or unfinished run never replaces what readers 
 
 Job files are only glanced at (their `name`) when the code location loads; they
 are read and checked in full when a partition materializes, so one bad file
-fails its own asset with a message naming file, key and line, not the location.
+(not UTF-8, not YAML, a bad key) fails its own asset with a message naming file,
+key and line, not the location. A YAML file that is clearly not a job file, a
+pool file kept beside the jobs (`pool: pool.yaml`: top-level `workers` or
+`providers` and none of a job's required keys), makes no asset; the code
+location's log names each file left out and why.
 The day of a partition does not filter the input: each run reads the file as it
 stands, and the incremental run pays only for rows that changed since.
 """
@@ -60,7 +64,11 @@ from assets.resources import StorageResource
 
 GROUP = "enrichment"
 PREFIX = "enrich"
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")  # \Z: `$` lets "abc\n" through, not a Dagster name
+# What load_job requires at the top of every job file (conductor/enrich/job.py, its `_req` calls), and
+# the top-level keys of a pool file: a YAML file with a pool key and none of these is a pool file.
+JOB_REQUIRED_KEYS = ("name", "input", "prompt", "pool")
+POOL_KEYS = ("workers", "providers")
 _PREVIEW_ROWS = 5
 
 
@@ -72,17 +80,44 @@ def jobs_dir(env=os.environ) -> Path:
     return Path(env.get("CONDUCTOR_JOBS_DIR", "jobs"))
 
 
-def job_name(path: Path) -> str:
-    """The job's `name`, read without checking the rest of the file; the file's
-    stem when the name cannot be read (the full check reports why at run time)."""
+def _glance(path: Path) -> Any:
+    """The file's YAML document, read without checking it; None when it cannot be read
+    (the full check at run time says why, naming the file). Nothing in a job file may
+    stop the code location from loading."""
     try:
-        raw = yamlkeys.load(path.read_text())
-        name = raw.get("name") if isinstance(raw, dict) else None
-    except (OSError, yaml.YAMLError):
-        name = None
+        return yamlkeys.load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError, yaml.YAMLError):
+        # OSError: unreadable. ValueError: not UTF-8 (UnicodeDecodeError), or a value PyYAML cannot
+        # build (a date such as 2026-13-45, an integer past Python's 4300-digit limit).
+        # RecursionError: nesting too deep for PyYAML's composer.
+        return None
+
+
+def _name(path: Path, raw: Any) -> str:
+    name = raw.get("name") if isinstance(raw, dict) else None
     if isinstance(name, str) and _NAME.match(name):
         return name
     return re.sub(r"[^a-z0-9_]", "_", path.stem.lower()) or "job"
+
+
+def job_name(path: Path) -> str:
+    """The job's `name`, read without checking the rest of the file; the file's
+    stem when the name cannot be read (the full check reports why at run time)."""
+    return _name(path, _glance(path))
+
+
+def not_a_job(raw: Any) -> str | None:
+    """Why a YAML file in the jobs folder is clearly not a job file, or None when it may be one.
+    Only a pool file is recognized: a top-level pool key (workers, providers) and none of the keys
+    every job file must have. A job file with mistakes (a missing key, bad YAML, not UTF-8) is a
+    job file: it gets its asset, which fails naming the file, key and line."""
+    if not isinstance(raw, dict) or any(k in raw for k in JOB_REQUIRED_KEYS):
+        return None
+    pool = [k for k in POOL_KEYS if k in raw]
+    if not pool:
+        return None
+    return (f"a pool file, not a job file: it has {' and '.join(pool)} and none of the keys a job file "
+            f"must have ({', '.join(JOB_REQUIRED_KEYS)})")
 
 
 def _load(path: Path):
@@ -152,25 +187,38 @@ def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChec
 
 def all_job_assets(folder: Path | None = None, env=os.environ) -> tuple[list[AssetsDefinition],
                                                                          list[AssetChecksDefinition]]:
-    """The assets of every job file. A CONDUCTOR_JOBS_DIR naming a missing or empty folder is logged:
-    without it the enrichment group, its job and schedule would vanish without a word (the default
-    folder may be absent: then there are simply no jobs)."""
+    """The assets of every job file. A YAML file that is clearly not a job file (a pool file kept
+    beside the jobs, see `not_a_job`) is left out, with a warning naming it and why. A
+    CONDUCTOR_JOBS_DIR naming a missing folder, or one without job files, is logged: without it the
+    enrichment group, its job and schedule would vanish without a word (the default folder may be
+    absent: then there are simply no jobs)."""
+    log = logging.getLogger(__name__)
+    named = folder is None and bool(env.get("CONDUCTOR_JOBS_DIR"))
     if folder is None:
         folder = jobs_dir(env)
-        if env.get("CONDUCTOR_JOBS_DIR") and not (folder.is_dir() and any(folder.glob("*.yaml"))):
-            logging.getLogger(__name__).warning(
-                "CONDUCTOR_JOBS_DIR=%s: %s, so there are no enrichment job assets, no enrich_jobs job and no "
-                "daily_enrich_jobs schedule", env["CONDUCTOR_JOBS_DIR"],
-                f"no job files (*.yaml) in {folder.resolve()}" if folder.is_dir()
-                else f"no folder {folder.resolve()}")
+    job_files: list[tuple[Path, Any]] = []
+    left_out: list[str] = []
+    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+        raw = _glance(path)
+        if (why := not_a_job(raw)) is not None:
+            log.warning("%s is left out of the enrichment jobs: %s", path, why)
+            left_out.append(path.name)
+            continue
+        job_files.append((path, raw))
+    if named and not job_files:
+        log.warning(
+            "CONDUCTOR_JOBS_DIR=%s: %s, so there are no enrichment job assets, no enrich_jobs job and no "
+            "daily_enrich_jobs schedule", env["CONDUCTOR_JOBS_DIR"],
+            (f"no job files (*.yaml) in {folder.resolve()}"
+             + (f" ({', '.join(left_out)} left out: not job files)" if left_out else ""))
+            if folder.is_dir() else f"no folder {folder.resolve()}")
     assets: list[AssetsDefinition] = []
     checks: list[AssetChecksDefinition] = []
     seen: dict[str, Path] = {}
-    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
-        name = job_name(path)
+    for path, raw in job_files:
+        name = _name(path, raw)
         if name in seen:  # two files, one asset key: keep the first, the run of the second would clash anyway
-            logging.getLogger(__name__).warning("job file %s is left out: job %r is already defined by %s",
-                                                path, name, seen[name])
+            log.warning("job file %s is left out: job %r is already defined by %s", path, name, seen[name])
             continue
         seen[name] = path
         a, c = job_assets(path)

@@ -251,3 +251,111 @@ def test_a_mistyped_jobs_dir_is_logged_not_silent(tmp_path, caplog, monkeypatch)
     with caplog.at_level("WARNING", logger="assets.enrichment"):
         assert all_job_assets(env={}) == ([], [])
     assert not caplog.records
+
+
+# ---- the jobs folder as it really is: stray, broken and non-job YAML files (audit50 F13, F14) ------------
+
+def test_the_code_location_loads_with_unreadable_job_files_and_leaves_out_a_pool_file(tmp_path):
+    """One job file that cannot be read (not UTF-8, a date PyYAML cannot build, nesting too deep, a name
+    that is no Dagster name) stopped every pipeline asset from loading; each must get its own asset instead.
+    A pool file kept beside the jobs (`pool: pool.yaml`) made assets that could only fail: it makes none,
+    and the location's log says why."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    write_pool(folder, "http://127.0.0.1:9/v1")
+    write_job(folder)
+    (folder / "e_nonutf.yaml").write_bytes(b"name: \xe9\n")
+    (folder / "bad_date.yaml").write_text("name: bad_date\ndescription: 2026-13-45\n")
+    (folder / "deep.yaml").write_text("name: deep\nfields: " + "[" * 3000 + "]" * 3000 + "\n")
+    (folder / "newline.yaml").write_text('name: "abc\\n"\n')
+    code = ("from pipelines.definitions import defs\n"
+            "for k in sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()):\n"
+            "    print(k)\n")
+    env = {**os.environ, "CONDUCTOR_JOBS_DIR": str(folder), "DAGSTER_HOME": str(tmp_path / "home"),
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    (tmp_path / "home").mkdir()
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=Path(__file__).parents[1], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    keys = {k for k in out.stdout.split() if k.startswith("enrich/")}
+    assert keys == {f"enrich/{n}/{a}" for n in ("revenue_facts", "e_nonutf", "bad_date", "deep", "newline")
+                    for a in ("records", "published")}
+    assert "run_report" in out.stdout.split()  # the rest of the location is there too
+    assert (f"{folder / 'pool.yaml'} is left out of the enrichment jobs: a pool file, not a job file: it has "
+            "workers and providers and none of the keys a job file must have (name, input, prompt, pool)") in out.stderr
+
+
+def test_a_non_utf8_job_file_fails_its_own_asset_naming_the_file(tmp_path):
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    bad = folder / "e_nonutf.yaml"
+    bad.write_bytes(b"name: \xe9\n")
+    assets, checks = all_job_assets(folder)
+    [records] = [a for a in assets if a.key == AssetKey(["enrich", "e_nonutf", "records"])]
+    with DagsterInstance.ephemeral() as inst:
+        result = materialize([*assets, *checks], partition_key=DAY, instance=inst, raise_on_error=False,
+                             selection=[records.key],
+                             resources={"storage": StorageResource(data_dir=str(tmp_path / "data"))})
+    assert not result.success
+    [failed] = result.get_step_failure_events()
+    error = failed.step_failure_data.error
+    # a clean Failure with the loader's message, not a UnicodeDecodeError traceback
+    assert error.cls_name == "Failure" and failed.step_failure_data.user_failure_data is not None
+    assert f"job file {bad.resolve()}: cannot read it (not UTF-8 text)" in error.message
+
+
+def test_a_pool_file_makes_no_asset_but_a_broken_job_file_does_and_fails_naming_it(tmp_path, caplog):
+    """Only a file that is clearly not a job (a pool key, none of a job's required keys) is left out:
+    a job file with mistakes, even one with a pool key in it, keeps its asset, which fails with the
+    file, key and line."""
+    from pipelines import jobs
+
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    write_pool(folder, "http://127.0.0.1:9/v1")
+    doc = yaml.safe_load(write_job(folder).read_text())
+    mixed = folder / "mixed.yaml"  # a job with the pool pasted into it: a broken job, not a pool
+    mixed.write_text(yaml.safe_dump({**doc, "name": "mixed_up", "workers": [{"id": "ext"}]}, sort_keys=False))
+    (folder / "notes.yaml").write_text("providers: {}\nprompt: hello\n")  # a job's key: may be a job
+    with caplog.at_level("WARNING", logger="assets.enrichment"):
+        assets, checks = all_job_assets(folder)
+    keys = {k.to_user_string() for a in assets for k in a.keys}
+    assert keys == {f"enrich/{n}/{a}" for n in ("revenue_facts", "mixed_up", "notes")
+                    for a in ("records", "published")}
+    [left_out] = caplog.records
+    assert left_out.getMessage() == (f"{folder / 'pool.yaml'} is left out of the enrichment jobs: a pool file, "
+                                     "not a job file: it has workers and providers and none of the keys a job "
+                                     "file must have (name, input, prompt, pool)")
+    defs = Definitions(assets=assets, asset_checks=checks, jobs=[jobs.enrich_jobs],
+                       resources={"storage": StorageResource(data_dir=str(tmp_path / "data"))})
+    graph_keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert not any(k.startswith("enrich/pool/") for k in graph_keys)
+    with DagsterInstance.ephemeral() as inst:
+        result = materialize([*assets, *checks], partition_key=DAY, instance=inst, raise_on_error=False,
+                             selection=[AssetKey(["enrich", "mixed_up", "records"])],
+                             resources={"storage": StorageResource(data_dir=str(tmp_path / "data"))})
+    [failed] = result.get_step_failure_events()
+    assert failed.step_failure_data.error.cls_name == "Failure"
+    line = mixed.read_text().splitlines().index("workers:") + 1
+    assert f"job file {mixed.resolve()}:{line}: workers: unknown key" in failed.step_failure_data.error.message
+
+    # a CONDUCTOR_JOBS_DIR holding only a pool file has no jobs: said so, as for an empty folder
+    only_pool = tmp_path / "pools_only"
+    only_pool.mkdir()
+    write_pool(only_pool, "http://127.0.0.1:9/v1")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="assets.enrichment"):
+        assert all_job_assets(env={"CONDUCTOR_JOBS_DIR": str(only_pool)}) == ([], [])
+    assert [r.getMessage().split(": ", 1)[0] for r in caplog.records] == [
+        f"{only_pool / 'pool.yaml'} is left out of the enrichment jobs", f"CONDUCTOR_JOBS_DIR={only_pool}"]
+    assert (f"no job files (*.yaml) in {only_pool.resolve()} (pool.yaml left out: not job files), so there are "
+            "no enrichment job assets") in caplog.records[1].getMessage()
+
+    # the job file's required keys, as assets/enrichment.py knows them, are still job keys
+    import assets.enrichment
+    from conductor.enrich.job import TOP_KEYS
+
+    assert set(assets.enrichment.JOB_REQUIRED_KEYS) <= set(TOP_KEYS)
