@@ -4,6 +4,7 @@ grouped by worker and kind of failure, with the URL the worker calls."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ def max_failed_share(value: float | None = None) -> float:
         try:
             value = float(raw) if raw not in (None, "") else DEFAULT_MAX_FAILED_SHARE
         except ValueError:
-            raise ConductorError(f"{ENV_MAX_FAILED_SHARE}={raw!r}: expected a share between 0 and 1") from None
+            value = math.nan
+        if not 0.0 <= value <= 1.0:
+            raise ConductorError(f"{ENV_MAX_FAILED_SHARE}={raw!r}: expected a share between 0 and 1")
     if not 0.0 <= value <= 1.0:
         raise ConductorError(f"the largest share of failed plans must be between 0 and 1 (got {value})")
     return value

@@ -15,6 +15,7 @@ from conductor.errors import ConductorError
 
 RESERVE_BYTES = 8 << 20  # default; env CONDUCTOR_RESERVE_BYTES sets another size
 ENV_RESERVE_BYTES = "CONDUCTOR_RESERVE_BYTES"
+MAX_RESERVE_BYTES = 1 << 30
 RESERVE_FILE = "space-reserve"
 
 
@@ -27,9 +28,9 @@ def reserve_size() -> int:
         size = int(raw)
     except ValueError:
         size = -1
-    if size < 0:
-        raise ConductorError(f"{ENV_RESERVE_BYTES}={raw!r}: expected a whole number of bytes, "
-                             "0 or more (0 turns the disk space reserve off)")
+    if not 0 <= size <= MAX_RESERVE_BYTES:  # past that, a typo: the disk would be blamed for it
+        raise ConductorError(f"{ENV_RESERVE_BYTES}={raw!r}: expected a whole number of bytes, from 0 "
+                             f"(the disk space reserve off) to {MAX_RESERVE_BYTES:,}")
     return size
 
 
