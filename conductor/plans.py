@@ -39,6 +39,7 @@ from conductor.errors import PlanError
 from conductor.pool import Pool
 
 DEFAULT_MAX_STEPS = 5
+MAX_STEPS = 1000  # the most --max-steps takes: a plan is a short workflow
 # Far above any instruction that restates a question, far below one that costs dollars to send:
 # a planner's runaway text is refused before a worker is paid to read it.
 MAX_INSTRUCTION_CHARS = 100_000

@@ -39,7 +39,7 @@ from conductor.planners.base import UNUSED_SLOT, Planner, PlannerBackEnd, Query
 from conductor.planners.replan import BaseReplanner, make_replanner
 from conductor.planparts import (FIRST_PART, next_size, part_path, ranges_to_plan, sound_parts, tiling,
                                  written_parts)
-from conductor.plans import DEFAULT_MAX_STEPS, Plan, parse_plan
+from conductor.plans import DEFAULT_MAX_STEPS, MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
 from conductor.queries import file_digest, input_columns, load_queries
@@ -94,8 +94,8 @@ def prepare(cfg: RunConfig) -> Run:
     """Validate every input before anything is written; create or reopen the run."""
     if not 1 <= cfg.samples <= MAX_SAMPLES:
         raise ConductorError(f"--samples is plans per query: 1 to {MAX_SAMPLES} (got {cfg.samples})")
-    if cfg.max_steps < 1:
-        raise ConductorError(f"--max-steps must be at least 1 (got {cfg.max_steps})")
+    if not 1 <= cfg.max_steps <= MAX_STEPS:
+        raise ConductorError(f"--max-steps must be from 1 to {MAX_STEPS} (got {cfg.max_steps})")
     if cfg.max_depth < 0:
         raise ConductorError(f"--max-depth must be at least 0 (got {cfg.max_depth})")
     if cfg.budget_usd is not None and not 0 <= cfg.budget_usd < math.inf:

@@ -245,7 +245,8 @@ def test_bad_pool_file_is_refused_and_nothing_is_written(tmp_path, sample_querie
 
 
 @pytest.mark.parametrize("flag, value", [("--budget", "nan"), ("--budget", "-1.0"), ("--cost-penalty", "nan"),
-                                         ("--cost-penalty", "inf")])
+                                         ("--cost-penalty", "inf"),
+                                         ("--max-steps", "100000000000000000000")])  # was an orjson traceback
 def test_a_budget_or_cost_penalty_that_is_no_number_is_refused_and_nothing_is_written(tmp_path, sample_queries,
                                                                                        flag, value):
     """NaN passes every `< 0` check and then makes every budget comparison false: an unlimited budget."""

@@ -27,6 +27,7 @@ from conductor.enrich import inputs
 from conductor.fields import ITEM_TYPES, TYPES, Field, object_schema
 from conductor.enrich.marks import Located, load_located
 from conductor.errors import ConductorError, InputError
+from conductor.plans import MAX_STEPS
 from conductor.yamlkeys import shown_value
 
 TOP_KEYS = ("name", "description", "input", "prompt", "fields", "references", "pool", "mode", "worker",
@@ -214,7 +215,7 @@ def load_job(path: str | Path) -> Job:
         fields=fields, references=references, pool_path=pool_path, mode=mode, worker=worker,
         planner=dict(planner), budget_usd=None if budget is None else float(budget), samples=samples,
         quality={**quality, "min_valid_share": float(share)}, structured=structured,
-        max_steps=_int(doc, raw, "max_steps", 5), seed=_int(doc, raw, "seed", 0, minimum=0), raw=raw)
+        max_steps=_int(doc, raw, "max_steps", 5, maximum=MAX_STEPS), seed=_int(doc, raw, "seed", 0, minimum=0), raw=raw)
 
 
 def _check_column_names(doc: Located, id_column: str, carry: list[str], fields: tuple[Field, ...]) -> None:
