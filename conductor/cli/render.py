@@ -51,18 +51,23 @@ def _lost_in_flight(s: dict[str, Any]) -> list[tuple[str, str]]:
     unpriced = f", {lost['unpriced_calls']} of them with no known price" if lost.get("unpriced_calls") else ""
     return [("lost in flight", f"{lost['calls']} call(s) sent whose answers never came back (a killed process's, "
                                f"or cut off by timeout_s; the provider may have billed them): up to "
-                               f"${lost['reserved_usd']:.6f} at their worst case{unpriced}, in the budget lines, "
-                               f"not in cost")]
+                               f"${lost['reserved_usd']:.6f} at their worst case{unpriced}; budgets count "
+                               f"them at that, cost does not")]
 
 
 def job_summary(s: dict[str, Any]) -> str:
     """`conductor job run`: one enrichment run's summary."""
     m = s["metrics"]
-    rows = [("job", s["job"]), ("run", s["run_id"]),
-            ("rows", f"{s['rows']}  (computed {s['computed']}, reused {s['reused']} at $0)"),
+    stopped = s["statuses"].get("budget_exhausted", 0)  # rows to compute that a budget stopped, not computed
+    unpriced = s.get("unpriced_rows") or 0  # never a silent $0: their cost is unknown, not in the figure
+    rows = [("job", s["job"]),
+            ("run", s["run_id"] + ("  (complete already: nothing executed, nothing written)" if s.get("kept") else "")),
+            ("rows", f"{s['rows']}  (computed {s['computed'] - stopped}, "
+                     + (f"stopped by a budget {stopped}, " if stopped else "") + f"reused {s['reused']} at $0)"),
             ("valid", f"{s['valid']} ({m['valid_share']:.1%})"),
             ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))),
-            ("calls", s["calls"]), ("cost", f"${s['cost_usd']:.6f}")]
+            ("calls", s["calls"]),
+            ("cost", f"${s['cost_usd']:.6f}" + (f"  ({unpriced} row(s) with unknown price)" if unpriced else ""))]
     if m.get("overall") is not None:
         rows.append(("overall score", f"{m['overall']:.3f} over {m['scored_rows']} rows with references"))
     for name, f in m["fields"].items():
@@ -75,9 +80,11 @@ def job_summary(s: dict[str, Any]) -> str:
         rows.append((f"  {name}", "; ".join(parts)))
     if m.get("judge"):
         j = m["judge"]
-        rows.append(("judge", f"mean score {j['mean_score']:.3f} over {j['judged_rows']} rows without references"
-                              f" (${s.get('judge_cost_usd') or 0:.6f})" if j["mean_score"] is not None
-                     else "no row judged"))
+        left = s.get("judge_budget_exhausted") or 0
+        rows.append(("judge", (f"mean score {j['mean_score']:.3f} over {j['judged_rows']} rows without references"
+                               f" (${s.get('judge_cost_usd') or 0:.6f})" if j["mean_score"] is not None
+                               else "no row judged")
+                     + (f"; {left} record(s) the budget left unjudged or not yet rescored" if left else "")))
     for a in s.get("abandoned_runs") or ():
         lost = a.get("lost_in_flight") or {}
         rows.append(("abandoned", f"interrupted run {a['run_id']}: ${a['cost_usd']:.6f} for {a['calls']} calls paid "

@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor.enrich.job import Job
 from conductor.errors import ConductorError
-from conductor.store import damage_advice, load_manifest
+from conductor.store import damage_advice, file_damage, load_manifest
 
 OK = "ok"  # a valid record
 ABANDONED = "abandoned"  # an interrupted run a later run of other rows superseded
@@ -31,10 +32,25 @@ def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> st
         if manifest.get("job") == info and manifest.get("status") != ABANDONED:
             found.append((manifest.get("created_at") or "", folder))
     for _, folder in sorted(found, reverse=True):
-        ids = pq.read_table(folder / "queries.parquet", columns=["query_id"]).column(0).to_pylist()
+        ids = read_table(folder / "queries.parquet", columns=["query_id"]).column(0).to_pylist()
         if ids == todo:
             return folder.name
     return None
+
+
+def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """Those of `columns` (default: all) that a table of an earlier run has (its records, its
+    query set), or a clear error naming the file and what to do, as `conductor sql` gives for it:
+    a damaged one ended `job run` in a pyarrow traceback. Skipping it could pay again, unseen,
+    for the rows it holds."""
+    try:
+        if columns is not None:
+            have = pq.read_schema(path).names
+            columns = [c for c in columns if c in have]
+        return pq.read_table(path, columns=columns)
+    except (OSError, pa.ArrowException) as e:
+        why = file_damage(path) or (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
+        raise ConductorError(f"{path} is damaged ({why}); {damage_advice(path)}") from None
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -108,9 +124,9 @@ def failed_before(data_dir: Path, job: Job, definition: str, exclude: str, hashe
     path = _newest_records(data_dir, job, definition, exclude)
     if path is None:
         return set()
-    if job.id_column not in pq.read_schema(path).names:
+    t = read_table(path, [job.id_column, "status", "row_hash"])  # three columns, not the records
+    if job.id_column not in t.column_names:
         return set()
-    t = pq.read_table(path, columns=[job.id_column, "status", "row_hash"])  # three columns, not the records
     t = t.filter(pc.not_equal(t.column("status"), OK))
     return {rid for r in t.select([job.id_column, "row_hash"]).to_pylist()
             if hashes.get(rid := str(r[job.id_column])) == r["row_hash"]}
@@ -137,7 +153,7 @@ def previous_records(data_dir: Path, job: Job, definition: str, exclude: str) ->
     out: dict[str, dict[str, Any]] = {}
     best: dict[str, Any] = {}
     for path in [newest] if newest is not None else []:
-        t = pq.read_table(path)
+        t = read_table(path)
         if job.id_column not in t.column_names:
             continue
         t = t.filter(pc.equal(t.column("status"), OK))

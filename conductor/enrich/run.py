@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 
 from conductor import schemas
 from conductor.enrich.context import check_context, check_planned_context
-from conductor.enrich.history import OK, abandon_interrupted, failed_before, interrupted_run, previous_records
+from conductor.enrich.history import (OK, abandon_interrupted, failed_before, interrupted_run, previous_records,
+                                      read_table)
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.records import RecordChecker, parse_reply, typed_columns
@@ -40,7 +41,7 @@ from conductor.execute.structured import RecordSpec
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
 from conductor.rewards import group_advantages
-from conductor.store import RunDir, rows_to_table, write_atomic, write_table
+from conductor.store import RunDir, damage_advice, rows_to_table, write_atomic, write_table
 
 TS = pa.timestamp("us", tz="UTC")
 # A row's status: OK ("ok", a valid record), invalid (no valid record after one repair), error,
@@ -59,9 +60,21 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
 
     if run_id is not None and not valid_run_id(run_id):  # before anything is written under it
         raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
+    check_data_dir(data_dir)
     with run_lock(Path(data_dir) / ".locks" / f"job-{job.name}", f"of job {job.name}"):
         return _run_job(job, data_dir=data_dir, run_id=run_id, full_refresh=full_refresh, progress=progress,
                         keep_work=keep_work)
+
+
+def check_data_dir(data_dir: str | Path) -> None:
+    """`--data-dir` as `conductor run` checks it (conductor.runner.prepare), before the job's lock
+    is taken under it: a regular file ended in a NotADirectoryError traceback, and a path DuckDB
+    reads as a pattern was refused only after .locks/ and runs/ were made in it."""
+    if Path(data_dir).exists() and not Path(data_dir).is_dir():
+        raise ConductorError(f"--data-dir {data_dir}: is a file; give a folder (created if missing)")
+    if any(c in str(Path(data_dir).resolve()) for c in "[]*?"):
+        raise ConductorError(f"--data-dir {data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
+                             f"a file pattern, so the run's files could not be read back; use a folder without them")
 
 
 def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh: bool,
@@ -78,6 +91,13 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     hashes = row_hashes(job, df, definition)
     check_context(job, pool, ids, prompts)
     now = datetime.now(timezone.utc)
+    info = {"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
+            "definition": definition, "full_refresh": full_refresh}
+    if run_id is not None and (kept := _as_it_was(RunDir(data_dir, run_id), job, info, ids, hashes)) is not None:
+        from conductor.runner import catalog_line
+
+        kept["catalog"] = catalog_line(data_dir)
+        return kept
 
     previous = {} if full_refresh else previous_records(data_dir, job, definition, exclude=run_id)
     judging = bool(job.quality.get("judge") and job.fields)
@@ -91,23 +111,27 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     reused = set(reuse)
     todo = [i for i in range(len(ids)) if i not in reused]
     say(f"{len(ids):,} rows: {len(todo):,} to compute, {len(reuse):,} reused")
-    info = {"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
-            "definition": definition, "full_refresh": full_refresh}
     run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo])
               or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}")
     run = RunDir(data_dir, run_id)
+    made = [r.path for r in (RunDir(data_dir, f"{run_id}-judge"), run) if not r.path.exists()]
+    made += [] if (data_dir / "runs").exists() else [data_dir / "runs"]
     abandoned = abandon_interrupted(data_dir, job.name, run_id)
 
     computed: dict[str, dict[str, Any]] = {}
     judge_cost, judge_stopped = 0.0, 0
-    if todo:
-        computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info, retry)
-        _write_rewards(job, df, ids, run, plans)
-    elif not run.exists():
-        run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
-    if judging:
-        judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run, data_dir,
-                                           progress, current_judge, full_refresh)
+    try:
+        if todo:
+            computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info, retry)
+            _write_rewards(job, df, ids, run, plans)
+        elif not run.exists():
+            run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
+        if judging:
+            judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run,
+                                               data_dir, progress, current_judge, full_refresh)
+    except ConductorError:
+        _remove_if_nothing_sent(made)
+        raise
 
     say("writing records")
     rows = _row_outcomes(ids, computed, previous, reused, run_id)
@@ -137,10 +161,74 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     return summary
 
 
+def _as_it_was(run: RunDir, job: Job, info: dict[str, Any], ids: list[str],
+               hashes: list[str]) -> dict[str, Any] | None:
+    """`--run-id` of a complete run: its summary as it was, executing and writing nothing, as
+    `conductor run` keeps a complete run (rewritten, it took a newer run's records as reused
+    ones, and its spend dropped to $0 in the `runs` view). None when the run is not complete:
+    it is made, or resumed. A complete run of another job, definition or rows is refused."""
+    manifest = run.read_manifest() if run.exists() else {}
+    if manifest.get("status") != "complete":
+        return None
+    had = manifest.get("job")
+    if not had:  # `conductor run`'s run, or a judge's
+        raise ConductorError(f"run {run.run_id} already exists at {run.path} and is not a run of job {job.name}; "
+                             f"choose another --run-id (or omit it)")
+    what = _other(had, info, job)
+    if what is None:
+        t = read_table(run.table("records"), [job.id_column, "row_hash"])
+        same = (job.id_column in t.column_names and "row_hash" in t.column_names
+                and [str(v) for v in t.column(job.id_column).to_pylist()] == ids
+                and t.column("row_hash").to_pylist() == hashes)
+        if same:
+            from conductor.store import load_manifest
+
+            path = run.path / "summary.json"
+            try:
+                return {**load_manifest(path), "kept": True}
+            except (OSError, ValueError) as e:
+                raise ConductorError(f"{path} is damaged ({e}); {damage_advice(path)}") from None
+        what = "other rows"
+    raise ConductorError(f"run {run.run_id} already exists at {run.path}, complete, for {what}; it is kept as it "
+                         f"is: choose another --run-id (or omit it)")
+
+
+def _other(had: dict[str, Any], info: dict[str, Any], job: Job) -> str | None:
+    """What an existing run of a job was made for, when not this job's definition; None if it is."""
+    keys = ("name", "definition", "full_refresh")
+    if {k: had.get(k) for k in keys} == {k: info[k] for k in keys}:
+        return None
+    return (f"job {had.get('name')!r}" + (" with another definition (template, fields, worker or settings)"
+                                          if had.get("name") == job.name else "")
+            + (" (--full-refresh differs)" if had.get("full_refresh") != info["full_refresh"] else ""))
+
+
+def _remove_if_nothing_sent(made: list[Path]) -> None:
+    """A refusal before any call (a setting the runner refuses, a worker without a price under a
+    budget, a prompt too long for the worker a plan gives it) removes the folders this attempt
+    made: left behind, a run folder held a query set and no manifest, and `conductor sql` could
+    not read the catalog, or a manifest whose settings the corrected rerun's differed from, and
+    that rerun was refused for a --run-id the user never gave. A journal (*.jsonl) means a call
+    may have been sent: that folder stays, and the rerun resumes it. `made`: the judge's run
+    folder, then the job run's (which stays with a judge run that stays), then runs/."""
+    import shutil
+
+    for p in made:
+        if p.name == "runs":
+            try:
+                p.rmdir()  # only if empty: another job's run may be in it by now
+            except OSError:
+                pass
+        elif p.exists() and next(p.rglob("*.jsonl"), None):
+            return
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _remove_work(runs: list[RunDir], say) -> None:
     """Delete the journals of complete runs. A rerun starts a new run that reuses their records
     (and asks again, past the cache, for rows without a valid one), and `--run-id` of a complete
-    run executes nothing, so the journal only takes disk: 892 MB for a 400,000-row run, against
+    run executes and writes nothing (`_as_it_was`), so the journal only takes disk: 892 MB for a 400,000-row run, against
     78 MB of outputs. An incomplete run (stopped by a budget) keeps it, as a run would."""
     import shutil
 
@@ -172,13 +260,10 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     queries = run.path / "queries.parquet"
     if queries.exists():  # resuming: it must be the same job, definition and rows
         had = run.read_manifest().get("job") or {}
-        same = not had or {k: had.get(k) for k in ("name", "definition", "full_refresh")} == \
-            {k: info[k] for k in ("name", "definition", "full_refresh")}  # not had: killed before it was written
-        have = pq.read_table(queries, columns=["query_id"]).column(0).to_pylist()
-        if not same or have != [ids[i] for i in todo]:
-            what = "other rows" if same else (f"job {had.get('name')!r}" + (
-                " with another definition (template, fields, worker or settings)" if had.get("name") == job.name
-                else "") + (" (--full-refresh differs)" if had.get("full_refresh") != info["full_refresh"] else ""))
+        other = _other(had, info, job) if had else None  # not had: killed before it was written
+        have = read_table(queries, ["query_id"]).column(0).to_pylist()
+        if other or have != [ids[i] for i in todo]:
+            what = other or "other rows"
             raise ConductorError(f"run {run.run_id} already exists at {run.path} for {what}; its answers are "
                                  f"not this job's: choose another --run-id (or omit it)")
     else:
@@ -457,11 +542,17 @@ def exit_code(job: Job, summary: dict[str, Any]) -> int:
 
 
 def _failures(table: pa.Table, show: int = 5) -> list[dict[str, Any]]:
-    """Rows without a valid record, grouped by status and error (its first 160 characters)."""
+    """Rows without a valid record, grouped by status and error (shortened)."""
     groups: dict[tuple[str, str], int] = {}
     for status, error in zip(table.column("status").to_pylist(), table.column("error").to_pylist()):
         if status != OK:
-            key = (status, (error or "")[:160])
+            key = (status, _short(error or ""))
             groups[key] = groups.get(key, 0) + 1
     top = sorted(groups.items(), key=lambda kv: -kv[1])[:show]
     return [{"status": st, "error": err, "rows": n} for (st, err), n in top]
+
+
+def _short(error: str, head: int = 160, tail: int = 100) -> str:
+    """A long error cut in its middle, marked: its end is the advice (what to check, when to
+    retry), which a cut at 160 characters dropped without a sign ("no line of it ran: che")."""
+    return error if len(error) <= head + tail + 5 else f"{error[:head]} ... {error[-tail:]}"
