@@ -33,3 +33,16 @@ def test_stages_without_counters_print_a_line_in_logs():
     Progress(label="job", stream=out).say("writing records")
     Progress(label="job", stream=out, enabled=False).say("not shown")
     assert out.getvalue() == "[job] writing records\n"
+
+
+def test_plans_a_budget_stopped_are_not_counted_as_errors(tmp_path, fresh_sim, sample_queries):
+    """A budget stop is finished by the rerun; the progress line counted it among the errors,
+    which sent users looking for a failing provider."""
+    from tests.conftest import run_cli, write_pool
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--budget", "0.0005",
+                "--no-cache")
+    assert r.returncode == 3 and "budget_exhausted" in r.stdout, r.stdout + r.stderr
+    last = [line for line in r.stderr.splitlines() if "] plans " in line][-1]
+    assert "errors 0 " in last, last

@@ -950,7 +950,7 @@ class Executor:
         `tokens`, `usage_estimated`: a failed call's billed usage, when there is no entry."""
         worker = worker or self.pool.worker(step.worker)
         now = ended or time.time()
-        if status not in ("ok", "skipped"):
+        if status not in ("ok", "skipped", "budget_exhausted"):  # a budget stop is no error: the rerun finishes it
             self.progress.c.errors += 1
         row = {
             "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
