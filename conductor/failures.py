@@ -99,9 +99,12 @@ def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun wit
             f"already ({flag} retries them)")
 
 
-def format_failures(groups: list[dict[str, Any]]) -> str:
+def format_failures(groups: list[dict[str, Any]], retried: bool = False) -> str:
+    """One line per group; `retried`: this command had --retry-failed, so the final ones failed
+    again under it, and advising it once more would read as if it had not been tried."""
+    redo = "they failed again under --retry-failed: fix the cause first" if retried else "rerun with --retry-failed"
     lines = []
     for g in groups:
         lines.append(f"  worker {g['worker']} at {g['url']}: {g['failure']}, {g['plans']} plan(s); "
-                     f"{rerun_advice(g)}\n    e.g. {g['example']}")
+                     f"{rerun_advice(g, redo=redo)}\n    e.g. {g['example']}")
     return "\n".join(lines)

@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
               f"to the calls it sent, and plans finished before keep their answers. To ask every call again, "
               f"start a new run: --run-id NEW {flag}.", file=sys.stderr)
     if summary.get("failures"):
-        print("\nfailures by worker and kind:\n" + format_failures(summary["failures"]))
+        print("\nfailures by worker and kind:\n" + format_failures(summary["failures"], retried=args.retry_failed))
     if summary.get("invalid_plans"):
         print("\ninvalid plans (no step ran), most common reasons:\n" + "\n".join(
             f"  {g['plans']} plan(s): {g['error']}" for g in summary["invalid_plans"]))
