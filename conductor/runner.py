@@ -44,8 +44,8 @@ from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
 from conductor.queries import file_digest, input_columns, load_queries
 from conductor.rewards import RewardScheme, group_advantages, score
-from conductor.store import (CatalogHeld, RunDir, damage_advice, file_damage, finalize_journal, refresh_catalog,
-                             rows_to_table, write_atomic, write_table)
+from conductor.store import (CatalogHeld, RunDir, check_data_dir, damage_advice, file_damage, finalize_journal,
+                             refresh_catalog, rows_to_table, write_atomic, write_table)
 from conductor.stats import run_totals
 
 
@@ -126,11 +126,7 @@ def prepare(cfg: RunConfig) -> Run:
             run_id = earlier.run_id
     if not valid_run_id(run_id):
         raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
-    if Path(cfg.data_dir).exists() and not Path(cfg.data_dir).is_dir():
-        raise ConductorError(f"--data-dir {cfg.data_dir}: is a file; give a folder (created if missing)")
-    if any(c in str(Path(cfg.data_dir).resolve()) for c in "[]*?"):
-        raise ConductorError(f"--data-dir {cfg.data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
-                             f"a file pattern, so the run's files could not be read back; use a folder without them")
+    check_data_dir(cfg.data_dir)
     run = RunDir(cfg.data_dir, run_id)
     lease = None
     if cfg.store:  # a run started elsewhere (a killed worker's) resumes here, unless it still runs there

@@ -41,7 +41,7 @@ from conductor.execute.structured import RecordSpec
 from conductor.pool import Pool, load_pool
 from conductor.progress import Progress
 from conductor.rewards import group_advantages
-from conductor.store import RunDir, damage_advice, rows_to_table, write_atomic, write_table
+from conductor.store import RunDir, check_data_dir, damage_advice, rows_to_table, write_atomic, write_table
 
 TS = pa.timestamp("us", tz="UTC")
 # A row's status: OK ("ok", a valid record), invalid (no valid record after one repair), error,
@@ -64,17 +64,6 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     with run_lock(Path(data_dir) / ".locks" / f"job-{job.name}", f"of job {job.name}"):
         return _run_job(job, data_dir=data_dir, run_id=run_id, full_refresh=full_refresh, progress=progress,
                         keep_work=keep_work)
-
-
-def check_data_dir(data_dir: str | Path) -> None:
-    """`--data-dir` as `conductor run` checks it (conductor.runner.prepare), before the job's lock
-    is taken under it: a regular file ended in a NotADirectoryError traceback, and a path DuckDB
-    reads as a pattern was refused only after .locks/ and runs/ were made in it."""
-    if Path(data_dir).exists() and not Path(data_dir).is_dir():
-        raise ConductorError(f"--data-dir {data_dir}: is a file; give a folder (created if missing)")
-    if any(c in str(Path(data_dir).resolve()) for c in "[]*?"):
-        raise ConductorError(f"--data-dir {data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
-                             f"a file pattern, so the run's files could not be read back; use a folder without them")
 
 
 def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh: bool,
