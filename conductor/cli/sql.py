@@ -37,7 +37,6 @@ def main(args: argparse.Namespace) -> int:
     import duckdb
 
     from conductor.execute.shared.objects import ObjectStore, catalog, store_url
-    from conductor.store import catalog_files
 
     query = sys.stdin.read() if args.query == "-" else args.query
     store = store_url(getattr(args, "store", None))
@@ -46,8 +45,7 @@ def main(args: argparse.Namespace) -> int:
             con = catalog(ObjectStore(store))
         except OSError as e:
             raise ConductorError(f"store {store}: cannot read the runs there: {e}") from None
-    elif not (args.data_dir / "runs").is_dir() or not catalog_files(args.data_dir / "runs")["runs"]:
-        # no manifest anywhere (an empty runs/, or folders an older version left by a refused run): no `runs` view
+    elif not (args.data_dir / "runs").is_dir():
         raise ConductorError(f"no runs under {args.data_dir / 'runs'}: run `conductor run` first")
     else:
         con = _open(args.data_dir)
