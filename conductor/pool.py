@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -88,9 +88,9 @@ class Worker:
     # The most one call can be charged when tokens x price cannot bound it: a replay worker's
     # largest recorded cost_usd, which is charged as recorded. Budgets reserve at least this.
     max_call_usd: float | None = None
-    # api_base as the pool file writes it: a `${VAR}` in it (some gateways take the key in the
-    # URL) stays a name in every message, whatever the variable is called
-    api_base_written: str | None = field(default=None, compare=False, repr=False)
+    # api_base for messages: expanded, but a `${VAR}` holding the provider's key or named like a
+    # secret (some gateways take the key in the URL) stays a name, whatever the variable is called
+    api_base_shown: str | None = field(default=None, compare=False, repr=False)
 
     def max_tokens(self) -> int:
         """The completion cap of its calls: the executor counts no more completion tokens."""
@@ -178,9 +178,9 @@ def redact_url(url: str) -> str:
 
 
 def shown_url(worker: Worker | None) -> str:
-    """The worker's endpoint as messages and summaries show it: as the pool file writes it, so a
-    `${VAR}` in it shows its name, never its value; a password in it is masked."""
-    base = worker and (worker.api_base_written or worker.api_base)
+    """The worker's endpoint as messages and summaries show it: a `${VAR}` in it that holds the
+    provider's key, or is named like a secret, shows its name, never its value; a password is masked."""
+    base = worker and (worker.api_base_shown or worker.api_base)
     return mask(redact_url(base)) if base else "(provider default)"
 
 
@@ -350,13 +350,16 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         raise PoolError(f"{at}.provider: {provider!r} is not under providers:"
                         + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(providers)})")
                         + f"; to give it default limits and no budget, list it as `{provider}: {{}}`")
-    api_base = written = w.get("api_base")
+    api_base = shown = w.get("api_base")
     if api_base is not None:
         if not isinstance(api_base, str):
             raise PoolError(f"{at}.api_base: must be a URL string")
+        key_env = providers[provider].api_key_env if provider in providers else None
+        shown = _expand_env(api_base, f"{at}.api_base",
+                            keep=lambda name: name == key_env or SECRET_NAME.search(name))
         api_base = _expand_env(api_base, f"{at}.api_base")
         if not re.match(r"^https?://", api_base):
-            raise PoolError(f"{at}.api_base: must start with http:// or https:// (got {written!r})")
+            raise PoolError(f"{at}.api_base: must start with http:// or https:// (got {shown!r})")
     description = w.get("description", "")
     if not isinstance(description, str):
         raise PoolError(f"{at}.description: must be a string")
@@ -387,7 +390,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         kind=kind,
         model=model,
         api_base=api_base,
-        api_base_written=written,
+        api_base_shown=shown,
         description=description.strip(),
         skills=_skills(w.get("skills"), at),
         price=_price(w.get("price"), at),
@@ -473,9 +476,12 @@ def _beyond_64_bits(value: Any, at: str = "") -> str | None:
     return None
 
 
-def _expand_env(value: str, at: str) -> str:
+def _expand_env(value: str, at: str, keep: Callable[[str], Any] | None = None) -> str:
+    """`${VAR}` and `${VAR:-default}` expanded; those whose name `keep` picks are left as written."""
     def sub(m: re.Match) -> str:
         name, default = m.group(1), m.group(2)
+        if keep is not None and keep(name):
+            return m.group(0)
         if name in os.environ:
             return os.environ[name]
         if default is not None:

@@ -224,7 +224,7 @@ def test_a_key_pasted_in_place_of_a_variable_name_is_refused_unshown(tmp_path, s
 def test_a_token_expanded_into_api_base_is_never_shown(tmp_path, echo, sample_queries, var):
     """The summary's "failures by worker" printed the endpoint as expanded (audit 26); then it was
     masked only when the variable was named like a secret (audit50 F1: MYSIM_AUTH, the provider's
-    own key, in the summary, the manifest and the catalog). It shows the endpoint as written."""
+    own key, in the summary, the manifest and the catalog). Such a variable now shows its name."""
     token = "gwtok" + secrets.token_hex(10)
     pool = tmp_path / "pool.yaml"
     pool.write_text(f"providers:\n  gw: {{timeout_s: 10, max_attempts: 1, api_key_env: {var}}}\nworkers:\n"
