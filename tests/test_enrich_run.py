@@ -651,6 +651,11 @@ def test_a_killed_batch_run_whose_input_changed_hands_its_batch_to_the_new_run(s
     assert run_dir is not None, "the run ended before it submitted its batch"
     assert sim.log()["batches_created"] == 1
     pq.write_table(questions(39), tmp_path / "input.parquet")  # tomorrow's file: one row fewer
+    # A rerun refused before any call (a bad setting) handed the batch to a run folder that no
+    # later rerun finds, which then submitted those rows again (audit51 N1)
+    r = run_cli("job", "run", path, "--data-dir", data, "--quiet",
+                env={"CONDUCTOR_SIM_URL": sim.url, "CONDUCTOR_RESERVE_BYTES": "8MB"})
+    assert r.returncode == 2 and "CONDUCTOR_RESERVE_BYTES" in r.stderr, r.stdout + r.stderr
     r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
     assert r.returncode == 0, r.stderr
     assert re.search(r"valid\s+39 \(100.0%\)", r.stdout), r.stdout

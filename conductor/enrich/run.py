@@ -105,16 +105,24 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     run = RunDir(data_dir, run_id)
     made = [r.path for r in (RunDir(data_dir, f"{run_id}-judge"), run) if not r.path.exists()]
     made += [] if (data_dir / "runs").exists() else [data_dir / "runs"]
-    abandoned = abandon_interrupted(data_dir, job.name, run_id)
+    abandoned: list[dict[str, Any]] = []
+
+    def close_interrupted() -> None:
+        # Once this run's manifest names the job: a batch handed over to a run refused before that
+        # sat in a folder no rerun finds, and the rerun paid for those rows again (audit51 N1).
+        abandoned.extend(abandon_interrupted(data_dir, job.name, run_id))
 
     computed: dict[str, dict[str, Any]] = {}
     judge_cost, judge_stopped = 0.0, 0
     try:
         if todo:
-            computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info, retry)
+            computed, plans = _compute(job, pool, df, ids, prompts, todo, run, data_dir, progress, info, retry,
+                                       on_prepared=close_interrupted)
             _write_rewards(job, df, ids, run, plans)
-        elif not run.exists():
-            run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
+        else:
+            if not run.exists():
+                run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
+            close_interrupted()
         if judging:
             judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run,
                                                data_dir, progress, current_judge, full_refresh)
@@ -239,8 +247,10 @@ def _remove_work(runs: list[RunDir], say) -> None:
 # ---- rows to compute --------------------------------------------------------
 
 def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int],
-             run: RunDir, data_dir: Path, progress: bool, info: dict[str, Any], retry: set[str] = frozenset()):
+             run: RunDir, data_dir: Path, progress: bool, info: dict[str, Any], retry: set[str] = frozenset(),
+             on_prepared=lambda: None):
     """Plan and execute the rows in `todo`; returns (id -> outcome, per-plan rows for rewards).
+    `on_prepared()` runs once the run's manifest names the job, before any call.
     With --full-refresh (`info`) cached responses are ignored, so every row is asked again;
     the rows in `retry` (no valid record last time) are asked again in any case."""
     from conductor.enrich.direct import DirectPlanner
@@ -272,6 +282,7 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
                     refresh=info["full_refresh"], progress=progress)
     prepared = prepare(cfg)
     run.set_status(run.read_manifest().get("status", "created"), job=info)  # an interrupted run is found by it
+    on_prepared()
     planner = DirectPlanner(job.worker) if job.mode == "direct" else configured_planner(cfg)
     spec = None
     if job.fields:
