@@ -127,6 +127,9 @@ CACHED_BATCH = 256
 STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
 
 
+_MAYBE = object()  # billed_usd of a request cut off unanswered: the provider may have billed it
+
+
 class Executor:
     def __init__(self, pool: Pool, journal: Journal, options: ExecOptions, *,
                  cache: Cache | None = None, run_cache: Cache | None = None,
@@ -590,6 +593,9 @@ class Executor:
         # An answer in hand still counts as in flight while its settlement awaits a shared governor:
         # a Ctrl-C drain that saw no call in flight then cancelled it, and the rerun paid for it again.
         sending_counted = False
+        # What the last request was billed, once known: a cancel while that is being settled (a
+        # shared governor's round trip) settles it so, not at $0 (None: not billed; UNKNOWN: maybe)
+        billed_usd: Any = None
         try:
             while True:
                 attempt += 1
@@ -628,6 +634,7 @@ class Executor:
                     limiter.settle_tokens(est_tokens, sum(billed.tokens) if billed else 0)
                     self._observe(limiter, provider, f.rate)
                     if billed is not None:  # an answer that cannot be kept, paid all the same
+                        billed_usd = billed.cost or 0.0
                         if reservation is not None:
                             await self.ledger.settle(reservation, billed.cost or 0.0)
                             reservation = None
@@ -636,11 +643,12 @@ class Executor:
                         self.progress.c.usd += billed.cost or 0.0
                         self._durably(self.journal.settled, rid, billed.cost or 0.0)
                     elif maybe_billed(f):
+                        billed_usd = _MAYBE
                         await self._charge_unanswered(provider, reservation, worst)
                         reservation = None  # rid stays unsettled: a resume counts it as lost in flight
                     elif rid is not None:  # not billed: settled now, so a kill during the wait below
                         self._durably(self.journal.settled, rid, 0.0)  # counts nothing lost in flight
-                    rid = None
+                    rid, billed_usd = None, None
                     too_long = f.retry_after is not None and f.retry_after > self.opt.max_wait_s
                     if too_long and f.kind == "rate_limit" and not f.headers_seen:
                         self._hold(provider, f.retry_after, "asked to retry in")  # the whole provider is out
@@ -662,6 +670,7 @@ class Executor:
                 # after clamping: a tpm bucket that believed 1,000x usage would stall the run for hours
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
                 cost = self._cost(worker, resp)
+                billed_usd = cost or 0.0
                 if reservation is not None:
                     await self.ledger.settle(reservation, cost or 0.0)
                     reservation = None
@@ -678,10 +687,10 @@ class Executor:
             if sending_counted:
                 self._sending -= 1
             if reservation is not None:
-                await self.ledger.settle(reservation, 0.0)
-            if rid is not None:  # failed: no answer, nothing billed
+                await self.ledger.settle(reservation, (worst or 0.0) if billed_usd is _MAYBE else billed_usd or 0.0)
+            if rid is not None and billed_usd is not _MAYBE:  # maybe billed: unsettled, a resume counts it
                 try:
-                    self.journal.settled(rid, 0.0)
+                    self.journal.settled(rid, billed_usd or 0.0)  # None: failed, no answer, nothing billed
                 except STORAGE_ERRORS:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
 
