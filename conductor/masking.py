@@ -50,6 +50,6 @@ def looks_like_a_key(name: str) -> bool:
     """True for a value pasted where the NAME of a variable belongs (`api_key_env:
     gsk_9f8e...`): names are words in capitals, keys long runs of mixed case and digits."""
     digits = sum(c.isdigit() for c in name)
-    if "_" not in name and len(name) >= 16 and digits >= 3:  # AKIA... (AWS), all capitals and no word breaks
+    if "_" not in name and len(name) >= 16 and digits >= 3 and not SECRET_NAME.search(name):  # AKIA... (AWS)
         return True
     return len(name) >= 20 and any(c.islower() for c in name) and digits >= 3

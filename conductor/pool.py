@@ -209,7 +209,7 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
     if not isinstance(raw, dict):
         raise PoolError("the top level must be a mapping with 'workers' and 'providers'")
     _no_unknown(raw, {"workers", "providers", "version", "replay", "governor"}, "")
-    if raw.get("version", POOL_VERSION) != POOL_VERSION:
+    if raw.get("version", POOL_VERSION) != POOL_VERSION or isinstance(raw.get("version"), bool):  # True == 1
         raise PoolError(f"version: this conductor reads pool files of version {POOL_VERSION} "
                         f"(got {yamlkeys.shown_value(raw['version'])})")
     governor = raw.get("governor")
@@ -371,6 +371,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         raise PoolError(f"{at}.params.max_tokens: must be a whole number of tokens, at least 1 (got {cap!r})")
     if (big := _beyond_64_bits(params)) is not None:  # the request body and the run's hash cannot hold it
         raise PoolError(f"{at}.params.{big}: a whole number too large to send (at most 64 bits)")
+    params = _text_keys(params)
     for bad in ("api_key", "api_base", "messages", "model"):
         if bad in params:
             raise PoolError(f"{at}.params.{bad}: not allowed here" + (" (use the provider's api_key_env)" if bad == "api_key" else ""))
@@ -463,6 +464,14 @@ def _no_unknown(cfg: dict, allowed: set[str], at: str) -> None:
     if unknown:
         where = f"{at}." if at else ""
         raise PoolError(f"{where}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def _text_keys(value: Any) -> Any:
+    """Mapping keys as text, as JSON sends them: `logit_bias: {50256: -100}` has integer keys,
+    which the run's hash (orjson) refused with a traceback."""
+    if isinstance(value, dict):
+        return {str(k): _text_keys(v) for k, v in value.items()}
+    return [_text_keys(v) for v in value] if isinstance(value, list) else value
 
 
 def _beyond_64_bits(value: Any, at: str = "") -> str | None:

@@ -45,8 +45,10 @@ def check_data_dir(data_dir: str | Path) -> None:
     """`--data-dir`, before anything is made under it (`conductor job run` took its lock first: a
     regular file ended in a NotADirectoryError traceback, and a path DuckDB reads as a pattern was
     refused only after .locks/ and runs/ were made in it)."""
-    if Path(data_dir).exists() and not Path(data_dir).is_dir():
-        raise ConductorError(f"--data-dir {data_dir}: is a file; give a folder (created if missing)")
+    for folder in (Path(data_dir), *Path(data_dir).parents):  # afile/sub: its parent is the file
+        if folder.exists() and not folder.is_dir():
+            raise ConductorError(f"--data-dir {data_dir}: {'' if folder == Path(data_dir) else f'{folder} '}is "
+                                 f"a file; give a folder (created if missing)")
     if any(c in str(Path(data_dir).resolve()) for c in "[]*?"):
         raise ConductorError(f"--data-dir {data_dir}: the path contains one of [ ] * ?, which DuckDB reads as "
                              f"a file pattern, so the run's files could not be read back; use a folder without them")

@@ -264,6 +264,8 @@ def test_a_data_dir_that_is_a_file_is_refused(tmp_path, sample_queries):
     r = cli("run", sample_queries, "--pool", write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1"),
             "--data-dir", f)
     assert r.returncode == 2 and f"--data-dir {f}: is a file; give a folder" in r.stderr
+    r = cli("run", sample_queries, "--pool", tmp_path / "pool.yaml", "--data-dir", f / "sub")  # was a traceback
+    assert r.returncode == 2 and f"--data-dir {f / 'sub'}: {f} is a file; give a folder" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args, message", [

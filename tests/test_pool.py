@@ -89,6 +89,7 @@ workers:
     ({**_pool(), "version": 99}, r"version: this conductor reads pool files of version 1 \(got 99\)"),
     (_pool(params={"seed": 10**30}), r"\.params.seed: a whole number too large to send"),
     (_pool(params={"logit_bias": {"50256": -10**20}}), r"\.params.logit_bias.50256: a whole number too large"),
+    ({**_pool(), "version": True}, r"version: this conductor reads pool files of version 1 \(got True\)"),
 ])
 def test_bad_pool_names_the_field(raw, field):
     with pytest.raises(PoolError, match=field):
@@ -102,6 +103,18 @@ def test_a_pool_file_that_is_a_folder_or_not_text_is_named(tmp_path):
     f.write_bytes("workers: [{id: caf\xe9, model: openai/x}]".encode("latin-1"))
     with pytest.raises(PoolError, match=r"latin.yaml: cannot read it \(not UTF-8 text\)"):
         load_pool(f)
+
+
+def test_integer_keys_in_params_are_sent_as_json_sends_them():
+    """logit_bias with integer token ids, as YAML reads them, was a TypeError hashing the pool."""
+    pool = parse_pool(_pool(params={"logit_bias": {50256: -100}}))
+    assert pool.worker("w").params == {"logit_bias": {"50256": -100}} and pool.identity_hash()
+
+
+def test_a_variable_name_with_digits_is_not_taken_for_a_key():
+    from conductor.masking import looks_like_a_key
+
+    assert looks_like_a_key("AKIAQ3EGRT7XMPL4ZK2B") and not looks_like_a_key("GEMINIAPIKEY2025")
 
 
 @pytest.mark.parametrize("text, why", [("version: 2026-13-45\n", "month must be in 1..12"),

@@ -196,7 +196,8 @@ def _other(had: dict[str, Any], info: dict[str, Any], job: Job) -> str | None:
     if {k: had.get(k) for k in keys} == {k: info[k] for k in keys}:
         return None
     return (f"job {had.get('name')!r}" + (" with another definition (template, fields, worker or settings)"
-                                          if had.get("name") == job.name else "")
+                                          if had.get("name") == job.name
+                                          and had.get("definition") != info["definition"] else "")
             + (" (--full-refresh differs)" if had.get("full_refresh") != info["full_refresh"] else ""))
 
 
