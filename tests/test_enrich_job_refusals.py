@@ -109,3 +109,20 @@ def test_a_ragged_csv_line_and_a_cut_json_line_are_named(folder):
     r = checked(folder, GOOD.replace("path: in.parquet", "path: in.jsonl"))
     assert r.returncode == 2, r.stdout
     assert f"input {folder / 'in.jsonl'}: line 2 is not valid JSON" in r.stderr
+
+
+def test_a_model_planner_is_checked_as_the_run_builds_it(folder):
+    """audit51 N4: `job check` built the planner without the job's max_steps and never looked for
+    its worker in the pool; `job run` then refused, without file or line."""
+    planned = GOOD.replace("mode: direct\nworker: fast\n", "mode: planned\n")
+    cases = [(planned + "max_steps: 50\nplanner: {name: llm, model: openai/fast}\n", "max_steps:",
+              "max_steps: LLM planner: max_steps must be a whole number from 1 to 20 (got 50)"),
+             (planned + "planner: {name: llm, worker: nosuch}\n", "nosuch",
+              "planner.worker: LLM planner: worker 'nosuch' is not in the pool (known: fast)"),
+             (planned + "planner: {name: llm, worker: fast}\n", "worker: fast}",
+              "planner.worker: LLM planner: worker fast must be of kind planner")]
+    for text, needle, words in cases:
+        r = checked(folder, text)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"job.yaml:{line_of(text, needle)}: {words}" in r.stderr, r.stderr
+    assert checked(folder, planned + "max_steps: 20\nplanner: {name: llm, model: openai/fast}\n").returncode == 0

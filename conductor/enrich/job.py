@@ -187,8 +187,6 @@ def load_job(path: str | Path) -> Job:
 
     if planner.get("name", "embedded") not in PLANNERS:
         raise doc.error(("planner", "name"), f"{planner.get('name')!r}: must be one of {', '.join(PLANNERS)}")
-    if mode == "planned":
-        _check_planner_options(doc, planner)
     quality = raw.get("quality") or {}
     if not isinstance(quality, dict):
         raise doc.error(("quality",), "must be a mapping (min_valid_share, judge)")
@@ -196,6 +194,9 @@ def load_job(path: str | Path) -> Job:
     if isinstance(quality.get("judge"), dict):
         _no_unknown(doc, quality["judge"], ("quality", "judge"), ("worker", "rubric"))
     pool = _check_pool(doc, pool_path, mode, worker, raw)
+    max_steps = _int(doc, raw, "max_steps", 5, maximum=MAX_STEPS)
+    if mode == "planned":
+        _check_planner(doc, planner, pool, max_steps)
     structured = raw.get("structured", "auto")
     if structured not in STRUCTURED:
         raise doc.error(("structured",), f"{structured!r}: must be one of {', '.join(STRUCTURED)}")
@@ -215,7 +216,7 @@ def load_job(path: str | Path) -> Job:
         fields=fields, references=references, pool_path=pool_path, mode=mode, worker=worker,
         planner=dict(planner), budget_usd=None if budget is None else float(budget), samples=samples,
         quality={**quality, "min_valid_share": float(share)}, structured=structured,
-        max_steps=_int(doc, raw, "max_steps", 5, maximum=MAX_STEPS), seed=_int(doc, raw, "seed", 0, minimum=0), raw=raw)
+        max_steps=max_steps, seed=_int(doc, raw, "seed", 0, minimum=0), raw=raw)
 
 
 def _check_column_names(doc: Located, id_column: str, carry: list[str], fields: tuple[Field, ...]) -> None:
@@ -458,29 +459,46 @@ def _check_pool(doc: Located, pool_path: Path, mode: str, worker: Any, raw: dict
     return pool
 
 
-def _check_planner_options(doc: Located, planner: dict) -> None:
-    """The planner's own factory judges its options (an unknown one, a bad value), so `job check`
-    refuses what `job run` would, with the file and line; building a planner loads nothing.
-    The key named is the first option the factory refuses on its own, else `planner` (as when
-    the planner itself cannot be built: vLLM not installed)."""
+def _check_planner(doc: Located, planner: dict, pool: Any, max_steps: int) -> None:
+    """The planner as the run builds it (its factory, with the job's max_steps for a model planner,
+    as runner.configured_planner gives it) and, for a planner calling a worker, that worker in the
+    pool: `job check` refuses what `job run` would, with the file and line. Building one loads
+    nothing. The key named is the first option refused on its own, else `max_steps` or `planner`."""
     from conductor.planners import make_planner
     from conductor.runner import close_planner
 
-    def refused(options: dict) -> ConductorError | None:
-        try:
-            close_planner(make_planner(planner.get("name", "embedded"), **options))
-        except ConductorError as e:
-            return e
-        return None
-
+    name = planner.get("name", "embedded")
     options = {k: v for k, v in planner.items() if k != "name"}
     if odd := [k for k in options if not isinstance(k, str)]:  # YAML reads `1:` or `on:` as a number or bool
         raise doc.error(("planner", str(odd[0])), "an option name must be text")
-    if (e := refused(options)) is not None:
-        key = None
-        if refused({}) is None:  # the planner builds: name the first option it refuses alone
-            key = next((k for k in options if refused({k: options[k]}) is not None), None)
-        raise doc.error(("planner",) + ((key,) if key is not None else ()), str(e))
+    steps = {"max_steps": max_steps} if name in ("vllm", "llm") and "max_steps" not in options else {}
+    full = {**steps, **options}
+
+    def refused(given: dict) -> ConductorError | None:
+        try:
+            built = make_planner(name, **given)
+        except ConductorError as e:
+            return e
+        try:
+            if given is full and hasattr(built, "resolve"):
+                built.resolve(pool)  # the planner's worker: in the pool, of kind planner
+        except ConductorError as e:
+            return e
+        finally:
+            close_planner(built)
+        return None
+
+    if (e := refused(full)) is None:
+        return
+    key: tuple = ("planner",)
+    if refused({}) is None:
+        if steps and refused(steps) is not None:
+            key = ("max_steps",)
+        elif (k := next((k for k in options if refused({k: options[k]}) is not None), None)) is not None:
+            key = ("planner", k)
+        elif "worker" in options:
+            key = ("planner", "worker")
+    raise doc.error(key, str(e))
 
 
 def _check_prices(doc: Located, pool: Any, worker: str | None, judge: Any, budget: Any) -> None:
