@@ -87,13 +87,14 @@ def read_file(path: Path, what: str, error: type[Exception]) -> tuple[Any, yaml.
     try:
         data = load(text)
         node = yaml.compose(text, Loader=Loader)
+        twice = duplicate_key(node)  # walks the nodes: an alias of itself (a: &a [*a]) never ends
     except yaml.YAMLError as e:
         where, problem = syntax_error(text, e)
         raise error(f"{what} {path}{where}: not valid YAML: {problem}") from None
     except (ValueError, RecursionError) as e:  # a date such as 2026-13-45, a 5,000-digit integer, deep nesting
-        why = "nested too deep" if isinstance(e, RecursionError) else str(e).split("\n")[0].split(";")[0]
+        why = "nested too deep, or an alias inside itself" if isinstance(e, RecursionError) else str(e).split("\n")[0].split(";")[0]
         raise error(f"{what} {path}: a value cannot be read: {why}") from None
-    if (twice := duplicate_key(node)) is not None:
+    if twice is not None:
         raise error(f"{what} {path}:{twice[2]}: {message(twice)}")
     return data, node
 

@@ -119,7 +119,8 @@ def test_a_variable_name_with_digits_is_not_taken_for_a_key():
 
 @pytest.mark.parametrize("text, why", [("version: 2026-13-45\n", "month must be in 1..12"),
                                        (f"version: {'9' * 5000}\n", "Exceeds the limit (4300 digits)"),
-                                       ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deep")])
+                                       ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deep"),
+                                       ("a: &a [*a]\n", "nested too deep, or an alias inside itself")])
 def test_a_value_yaml_cannot_build_is_named_not_a_traceback(tmp_path, text, why):
     f = tmp_path / "pool.yaml"
     f.write_text(text)
