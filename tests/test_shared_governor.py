@@ -312,84 +312,80 @@ class SlowLink:
         self.sock.close()
 
 
-@pytest.mark.slow
-def test_sigterm_keeps_answers_whose_cost_is_still_being_settled_with_the_governor(tmp_path, fresh_sim,
-                                                                                   sample_queries, redis_server):
-    """The drain waited for calls until their answers came back, not until they were kept: an
-    answer whose settlement still awaited the governor was cancelled, and the rerun paid again."""
+@pytest.fixture
+def slow_governor_run(tmp_path, fresh_sim, sample_queries, redis_server):
+    """(start, args, link): `start()` begins a run of 16 queries in another process, whose budget is
+    settled with Redis across a SlowLink; `args` reruns it. The sim's `slow` worker answers in `ms`."""
     import os
-    import signal
 
     link = SlowLink(int(redis_server.url.rsplit(":", 1)[1].split("/")[0]), delay_s=0.8)
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, 16), queries)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 4, "timeout_s": 10, "budget_usd": 5.0}})
+    doc = yaml.safe_load(pool.read_text())
+    doc["governor"] = link.url
+    pool.write_text(yaml.safe_dump(doc))
+    args = ["run", str(queries), "--pool", str(pool), "--data-dir", str(tmp_path / "data"), "--quiet", "--no-cache"]
+
+    def start(ms: int) -> subprocess.Popen:
+        fresh_sim.set_faults("slow", latency_ms=ms, latency_sd_ms=0)
+        return subprocess.Popen([sys.executable, "-m", "conductor", *args], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+
     try:
-        fresh_sim.set_faults("slow", latency_ms=600, latency_sd_ms=0)
-        queries = tmp_path / "q.parquet"
-        pq.write_table(pq.read_table(sample_queries).slice(0, 16), queries)
-        pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
-                          providers={"sim": {"max_concurrency": 4, "timeout_s": 10, "budget_usd": 5.0}})
-        doc = yaml.safe_load(pool.read_text())
-        doc["governor"] = link.url
-        pool.write_text(yaml.safe_dump(doc))
-        args = ["run", str(queries), "--pool", str(pool), "--data-dir", str(tmp_path / "data"), "--quiet",
-                "--no-cache"]
-        p = subprocess.Popen([sys.executable, "-m", "conductor", *args], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-        deadline = time.monotonic() + 120
-        while fresh_sim.log()["total"] < 6 and time.monotonic() < deadline and p.poll() is None:
-            time.sleep(0.05)
-        p.send_signal(signal.SIGTERM)  # answers coming back, their settlements on the slow link
-        _, err = p.communicate(timeout=60)
-        assert p.returncode == 143 and "call(s) in flight so their answers are kept" in err, err
-        fresh_sim.clear_faults()
-        link.delay_s = 0.0
-        r = run_cli(*args)
-        assert r.returncode == 0, r.stdout + r.stderr
-        log = fresh_sim.log()
-        assert max(log["by_request_key"].values()) == 1 and log["by_status"].get("200") == 16, log["by_status"]
+        yield start, args, link
     finally:
         link.close()
 
 
+def wait_for_sim(sim, p, enough) -> None:
+    deadline = time.monotonic() + 120
+    while not enough(sim.log()) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
-def test_calls_cut_off_by_a_second_signal_while_settling_are_counted_lost_in_flight(tmp_path, fresh_sim,
-                                                                                   sample_queries, redis_server):
+def test_sigterm_keeps_answers_whose_cost_is_still_being_settled_with_the_governor(fresh_sim, slow_governor_run):
+    """The drain waited for calls until their answers came back, not until they were kept: an
+    answer whose settlement still awaited the governor was cancelled, and the rerun paid again."""
+    import signal
+
+    start, args, link = slow_governor_run
+    p = start(600)
+    wait_for_sim(fresh_sim, p, lambda log: log["total"] >= 6)
+    p.send_signal(signal.SIGTERM)  # answers coming back, their settlements on the slow link
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and "call(s) in flight so their answers are kept" in err, err
+    fresh_sim.clear_faults()
+    link.delay_s = 0.0
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = fresh_sim.log()
+    assert max(log["by_request_key"].values()) == 1 and log["by_status"].get("200") == 16, log["by_status"]
+
+
+@pytest.mark.slow
+def test_calls_cut_off_by_a_second_signal_while_settling_are_counted_lost_in_flight(fresh_sim, slow_governor_run):
     """A second signal stops at once; a call cut off then is sent again by the rerun and counted in
     its `lost in flight` line. One cut off while its cost was being settled with the governor was
     journaled as settled at $0: sent again, billed twice, and counted nowhere (audit51 N5)."""
-    import os
     import re
     import signal
 
-    link = SlowLink(int(redis_server.url.rsplit(":", 1)[1].split("/")[0]), delay_s=0.8)
-    try:
-        fresh_sim.set_faults("slow", latency_ms=300, latency_sd_ms=0)
-        queries = tmp_path / "q.parquet"
-        pq.write_table(pq.read_table(sample_queries).slice(0, 16), queries)
-        pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
-                          providers={"sim": {"max_concurrency": 4, "timeout_s": 10, "budget_usd": 5.0}})
-        doc = yaml.safe_load(pool.read_text())
-        doc["governor"] = link.url
-        pool.write_text(yaml.safe_dump(doc))
-        args = ["run", str(queries), "--pool", str(pool), "--data-dir", str(tmp_path / "data"), "--quiet",
-                "--no-cache"]
-        p = subprocess.Popen([sys.executable, "-m", "conductor", *args], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-        deadline = time.monotonic() + 120
-        while fresh_sim.log()["by_status"].get("200", 0) < 4 and time.monotonic() < deadline and p.poll() is None:
-            time.sleep(0.02)
-        p.send_signal(signal.SIGTERM)  # answers in hand, their settlements on the slow link ...
-        time.sleep(0.4)
-        p.send_signal(signal.SIGTERM)  # ... cut off by the second signal
-        _, err = p.communicate(timeout=60)
-        assert p.returncode == 143, err
-        fresh_sim.clear_faults()
-        link.delay_s = 0.0
-        r = run_cli(*args)
-        assert r.returncode == 0, r.stdout + r.stderr
-        twice = sum(n - 1 for n in fresh_sim.log()["by_request_key"].values() if n > 1)
-        lost = re.search(r"lost in flight\s+(\d+) call", r.stdout)
-        assert (int(lost.group(1)) if lost else 0) == twice, (twice, r.stdout)
-    finally:
-        link.close()
+    start, args, link = slow_governor_run
+    p = start(300)
+    wait_for_sim(fresh_sim, p, lambda log: log["by_status"].get("200", 0) >= 4)
+    p.send_signal(signal.SIGTERM)  # answers in hand, their settlements on the slow link ...
+    time.sleep(0.4)
+    p.send_signal(signal.SIGTERM)  # ... cut off by the second signal
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    fresh_sim.clear_faults()
+    link.delay_s = 0.0
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    twice = sum(n - 1 for n in fresh_sim.log()["by_request_key"].values() if n > 1)
+    lost = re.search(r"lost in flight\s+(\d+) call", r.stdout)
+    assert (int(lost.group(1)) if lost else 0) == twice, (twice, r.stdout)
