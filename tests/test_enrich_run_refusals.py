@@ -74,6 +74,7 @@ def test_a_preflight_refusal_leaves_no_run_folder_and_the_fixed_rerun_is_the_onl
     path = write_job(tmp_path, fresh_sim.url, model="openai/nosuch")
     r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 2 and "does not serve model 'nosuch'" in r.stderr, r.stderr
+    assert "plans are saved" not in r.stderr  # they went with the folder (audit51 N8)
     assert run_folders(data) == [] and fresh_sim.log()["total"] == 0
     write_job(tmp_path, fresh_sim.url)
     r = run_cli("job", "run", path, "--data-dir", data, "--quiet")

@@ -126,8 +126,10 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
         if judging:
             judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run,
                                                data_dir, progress, current_judge, full_refresh)
-    except ConductorError:
+    except ConductorError as e:
         _remove_if_nothing_sent(made)
+        if run.path in made and not run.path.exists():  # its plans went with it: do not say they are saved
+            raise ConductorError(str(e).replace("plans are saved; ", "")) from None
         raise
 
     say("writing records")
