@@ -592,9 +592,9 @@ class Executor:
         attempt = attempts_before
         # An answer in hand still counts as in flight while its settlement awaits a shared governor:
         # a Ctrl-C drain that saw no call in flight then cancelled it, and the rerun paid for it again.
+        # And a cancel during that settlement settles it at what it was billed, not at $0
+        # (billed_usd None: not billed; _MAYBE: cut off unanswered, maybe billed).
         sending_counted = False
-        # What the last request was billed, once known: a cancel while that is being settled (a
-        # shared governor's round trip) settles it so, not at $0 (None: not billed; UNKNOWN: maybe)
         billed_usd: Any = None
         try:
             while True:
@@ -626,7 +626,6 @@ class Executor:
                             resp = await complete(req, api_key, sent)
                         except BaseException:
                             self._sending -= 1
-                            sending_counted = False
                             raise
                         sending_counted = True  # until the answer is returned, to be kept (see finally)
                 except CallFailure as f:
