@@ -4,13 +4,12 @@ grouped by worker and kind of failure, with the URL the worker calls."""
 
 from __future__ import annotations
 
-import math
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
+from conductor.envsettings import env_setting
 from conductor.errors import ConductorError
 from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, retries_used_up
 from conductor.pool import Pool, shown_url
@@ -23,13 +22,8 @@ NOT_FAILED = ("ok", "budget_exhausted")  # a budget stop has its own exit code a
 def max_failed_share(value: float | None = None) -> float:
     """The threshold: `value` (--max-failed-share), else $CONDUCTOR_MAX_FAILED_SHARE, else 5%."""
     if value is None:
-        raw = os.environ.get(ENV_MAX_FAILED_SHARE)
-        try:
-            value = float(raw) if raw not in (None, "") else DEFAULT_MAX_FAILED_SHARE
-        except ValueError:
-            value = math.nan
-        if not 0.0 <= value <= 1.0:
-            raise ConductorError(f"{ENV_MAX_FAILED_SHARE}={raw!r}: expected a share between 0 and 1")
+        value = env_setting(ENV_MAX_FAILED_SHARE, DEFAULT_MAX_FAILED_SHARE, float, lambda v: 0.0 <= v <= 1.0,
+                            "a share between 0 and 1")
     if not 0.0 <= value <= 1.0:
         raise ConductorError(f"the largest share of failed plans must be between 0 and 1 (got {value})")
     return value

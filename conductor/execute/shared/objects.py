@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from conductor.envsettings import env_setting
 from conductor.errors import ConductorError, StorageError
 from conductor.execute.shared.s3cond import ConditionalObject, Unsupported
 
@@ -54,16 +55,7 @@ LEASE_FILE = "lease.json"  # beside the run's objects: runs/<run id>/lease.json
 
 def sync_interval() -> float:
     """$CONDUCTOR_STORE_SYNC_S, else 30 s: how often the journal goes up and the lease is renewed."""
-    raw = os.environ.get(ENV_SYNC_S, "").strip()
-    if not raw:
-        return 30.0
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise ConductorError(f"{ENV_SYNC_S}={raw!r}: expected a number of seconds above 0")
-    return seconds
+    return env_setting(ENV_SYNC_S, 30.0, float, lambda s: 0 < s < math.inf, "a number of seconds above 0")
 
 
 def store_url(value: str | None) -> str | None:
