@@ -12,12 +12,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional
 
 import orjson
 from dagster import ConfigurableResource, FilesystemIOManager, ResourceDefinition, resource
 from pydantic import Field
 
+from conductor.envsettings import env_number
 from conductor.errors import ConductorError
 
 # A partition key is the query-set file's name without ".parquet"; keys travel in
@@ -85,22 +86,6 @@ class ChecksResource(ConfigurableResource):
     max_run_usd: Optional[float] = Field(
         default=None, ge=0.0,
         description="spend limit per run, on top of the run's budget_usd and the pool's provider budgets")
-
-
-def env_number(env: Mapping[str, str], name: str, default, allowed: str, ok: Callable[[float], bool],
-               kind: type = float):
-    """env[name] as a number (`default` when unset or empty); a bad value is an error naming the
-    variable, its value and what is `allowed`, not a bare ValueError from deep in the loader."""
-    raw = env.get(name, "")
-    if not raw.strip():
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or not ok(value):
-        raise ConductorError(f"{name}={raw!r}: expected {allowed}")
-    return value
 
 
 def unusable(key: str, message: str) -> ResourceDefinition:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from conductor.envsettings import env_setting
+from conductor.envsettings import env_number
 from conductor.errors import ConductorError
 from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, retries_used_up
 from conductor.pool import Pool, shown_url
@@ -22,8 +22,8 @@ NOT_FAILED = ("ok", "budget_exhausted")  # a budget stop has its own exit code a
 def max_failed_share(value: float | None = None) -> float:
     """The threshold: `value` (--max-failed-share), else $CONDUCTOR_MAX_FAILED_SHARE, else 5%."""
     if value is None:
-        value = env_setting(ENV_MAX_FAILED_SHARE, DEFAULT_MAX_FAILED_SHARE, float, lambda v: 0.0 <= v <= 1.0,
-                            "a share between 0 and 1")
+        value = env_number(None, ENV_MAX_FAILED_SHARE, DEFAULT_MAX_FAILED_SHARE, "a share between 0 and 1",
+                           lambda v: 0.0 <= v <= 1.0)
     if not 0.0 <= value <= 1.0:
         raise ConductorError(f"the largest share of failed plans must be between 0 and 1 (got {value})")
     return value

@@ -17,7 +17,7 @@ from dagster import (
 
 from conductor.errors import ConductorError
 from assets.pipeline import EnrichSettings
-from assets.resources import env_number
+from conductor.envsettings import env_number
 from pipelines.jobs import enrich_catalog, enrich_jobs
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conductor.envsettings import env_setting
+from conductor.envsettings import env_number
 
 RESERVE_BYTES = 8 << 20  # default; env CONDUCTOR_RESERVE_BYTES sets another size
 ENV_RESERVE_BYTES = "CONDUCTOR_RESERVE_BYTES"
@@ -21,9 +21,9 @@ RESERVE_FILE = "space-reserve"
 
 def reserve_size() -> int:
     """$CONDUCTOR_RESERVE_BYTES, else 8 MB; 0 turns the reserve off."""
-    return env_setting(ENV_RESERVE_BYTES, RESERVE_BYTES, int,
-                       lambda size: 0 <= size <= MAX_RESERVE_BYTES,  # past that, a typo: the disk would be blamed
-                       f"a whole number of bytes, from 0 (the disk space reserve off) to {MAX_RESERVE_BYTES:,}")
+    return env_number(None, ENV_RESERVE_BYTES, RESERVE_BYTES,
+                      f"a whole number of bytes, from 0 (the disk space reserve off) to {MAX_RESERVE_BYTES:,}",
+                      lambda size: 0 <= size <= MAX_RESERVE_BYTES, int)  # past that, a typo: the disk is blamed
 
 
 class SpaceReserve:

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from conductor.envsettings import env_setting
+from conductor.envsettings import env_number
 from conductor.errors import ConductorError, StorageError
 from conductor.execute.shared.s3cond import ConditionalObject, Unsupported
 
@@ -55,7 +55,7 @@ LEASE_FILE = "lease.json"  # beside the run's objects: runs/<run id>/lease.json
 
 def sync_interval() -> float:
     """$CONDUCTOR_STORE_SYNC_S, else 30 s: how often the journal goes up and the lease is renewed."""
-    return env_setting(ENV_SYNC_S, 30.0, float, lambda s: 0 < s < math.inf, "a number of seconds above 0")
+    return env_number(None, ENV_SYNC_S, 30.0, "a number of seconds above 0", lambda s: 0 < s < math.inf)
 
 
 def store_url(value: str | None) -> str | None:
