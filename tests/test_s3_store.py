@@ -5,6 +5,7 @@ that refuses a second process on a live run from any machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -83,6 +84,19 @@ def holding_run(tmp_path, sim, queries, name):
     first = start_run(queries, pool, tmp_path / "machine-a", store)
     wait_for(first, lambda: lease(objects) and uploaded(objects))
     return pool, store, objects, first
+
+
+@contextlib.contextmanager
+def paused(proc):
+    """The holder stopped while the test writes the lease as another process would. moto checks a
+    write's If-Match and then writes, without a lock (S3 does both at once), so a renewal in flight
+    could land just after the test's write and undo it; a second is left for one to be answered."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
 
 
 def wait_for(proc, what, timeout=240):
@@ -239,7 +253,7 @@ def test_a_run_whose_lapsed_lease_was_taken_over_stops_and_leaves_the_store_to_t
     other = {"run_id": "s3run", "host": "machine-b", "pid": 4242, "token": "theirs",
              "started_at": now.isoformat(), "renewed_at": now.isoformat(),
              "expires_at": (now + timedelta(hours=1)).isoformat()}
-    with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
+    with paused(first), objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
         out.write(orjson.dumps(other))
     assert first.wait(timeout=120) == 2
     err = first.stderr.read()
@@ -253,9 +267,8 @@ def test_a_paused_holder_whose_run_was_taken_over_and_released_stops(tmp_path, s
     and released, found no lease when it woke: its renewals failed with a warning, it ran to the end
     (paying calls again) and uploaded its stale run over the other's."""
     _, _, objects, first = holding_run(tmp_path, fresh_sim, sample_queries, "released")
-    os.kill(first.pid, signal.SIGSTOP)
-    objects.fs.delete_file(objects.path("runs", "s3run", "lease.json"))  # taken over, finished, released
-    os.kill(first.pid, signal.SIGCONT)
+    with paused(first):
+        objects.fs.delete_file(objects.path("runs", "s3run", "lease.json"))  # taken over, finished, released
     assert first.wait(timeout=120) == 2
     err = first.stderr.read()
     assert "another process (which has since released it) took the run over" in err, err
