@@ -319,7 +319,8 @@ def test_reserve_size_zero_turns_the_reserve_off_and_bad_settings_are_named(tmp_
     data = tmp_path / "data"
     for name, value in (("CONDUCTOR_RESERVE_BYTES", "8MB"), ("CONDUCTOR_RESERVE_BYTES", "-1"),
                         ("CONDUCTOR_RESERVE_BYTES", "1000000000000000"),  # a typo: exit 5 blamed the disk
-                        ("CONDUCTOR_STORE_SYNC_S", "0"), ("CONDUCTOR_MAX_FAILED_SHARE", "5")):
+                        ("CONDUCTOR_STORE_SYNC_S", "0"), ("CONDUCTOR_STORE_SYNC_S", "0.001"),  # a write per ms
+                        ("CONDUCTOR_MAX_FAILED_SHARE", "5")):
         r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--quiet",
                     "--store", "s3://no-such-bucket/runs", env={name: value})
         assert r.returncode == 2 and f"{name}={value!r}" in r.stderr, r.stdout + r.stderr

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import secrets
 import signal
@@ -54,8 +53,10 @@ LEASE_FILE = "lease.json"  # beside the run's objects: runs/<run id>/lease.json
 
 
 def sync_interval() -> float:
-    """$CONDUCTOR_STORE_SYNC_S, else 30 s: how often the journal goes up and the lease is renewed."""
-    return env_number(None, ENV_SYNC_S, 30.0, "a number of seconds above 0", lambda s: 0 < s < math.inf)
+    """$CONDUCTOR_STORE_SYNC_S, else 30 s: how often the journal goes up and the lease is renewed.
+    Below 0.1 s every run would flood the store with writes; above an hour a killed worker's run
+    waits four hours for its lease to lapse."""
+    return env_number(None, ENV_SYNC_S, 30.0, "a number of seconds from 0.1 to 3600", lambda s: 0.1 <= s <= 3600)
 
 
 def store_url(value: str | None) -> str | None:
