@@ -351,11 +351,12 @@ def test_the_lease_requests_are_signed_as_aws_signs_them():
 class RegionProxy:
     """moto behind a proxy that answers as S3 does for a bucket in eu-west-1 when the lease's
     own signed requests are signed for another region: 400 AuthorizationHeaderMalformed naming
-    the bucket's region, or a 301 PermanentRedirect that names none (`names_region` False).
+    the bucket's region, or a 301 PermanentRedirect whose x-amz-bucket-region header is `header`
+    (None: names none; a host name: a hostile or broken server's) when `names_region` is False.
     Only the lease's conditional requests come here; pyarrow's (the AWS SDK's, which finds a
     bucket's region itself) go to moto directly."""
 
-    def __init__(self, upstream: str, names_region: bool):
+    def __init__(self, upstream: str, names_region: bool, header: str | None = None):
         import http.client
         from urllib.parse import urlsplit
 
@@ -374,7 +375,8 @@ class RegionProxy:
                         doc = ("<Error><Code>AuthorizationHeaderMalformed</Code><Message>the region 'us-east-1' "
                                "is wrong; expecting 'eu-west-1'</Message><Region>eu-west-1</Region></Error>")
                     else:
-                        status, headers, doc = 301, {}, "<Error><Code>PermanentRedirect</Code></Error>"
+                        status, doc = 301, "<Error><Code>PermanentRedirect</Code></Error>"
+                        headers = {} if header is None else {"x-amz-bucket-region": header}
                     proxy.seen.append((self.command, signed[0], status))
                     return self.send(status, doc, headers)
                 conn = http.client.HTTPConnection(target, timeout=30)
@@ -405,12 +407,14 @@ class RegionProxy:
         self.server.__exit__(*exc)
 
 
-@pytest.mark.parametrize("names_region", [True, False], ids=["region-named", "region-not-named"])
+@pytest.mark.parametrize("names_region, header", [(True, None), (False, None), (False, "evil.example:80/x")],
+                         ids=["region-named", "region-not-named", "not-a-region-named"])
 def test_the_lease_is_taken_on_a_bucket_in_another_region_without_aws_region(s3, monkeypatch, caplog,
-                                                                              names_region):
+                                                                              names_region, header):
     """Without AWS_REGION the lease's requests are signed for us-east-1; S3 refuses them for a bucket
     elsewhere, and taking the lease failed as a storage error. Where S3 names the bucket's region the
-    request is signed again for it (conditional writes kept); where it does not, plain writes."""
+    request is signed again for it (conditional writes kept); where it does not, plain writes. A
+    "region" that is not one (it becomes part of the host name) is taken as none named."""
     from conductor.errors import ConductorError
     from conductor.execute.shared.objects import ObjectStore, RunLease
 
@@ -418,7 +422,7 @@ def test_the_lease_is_taken_on_a_bucket_in_another_region_without_aws_region(s3,
     objects.ensure_bucket()
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.delenv("AWS_REGION", raising=False)
-    with RegionProxy(s3.endpoint, names_region) as proxy:
+    with RegionProxy(s3.endpoint, names_region, header) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # read by the lease's own requests only
         held = RunLease(objects, "s3run", interval=0.5).take()
         assert lease(objects)["token"] == held.token

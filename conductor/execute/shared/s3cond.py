@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from urllib.parse import quote, urlsplit
 
 TIMEOUT_S = 30.0
+REGION = re.compile(r"[a-z0-9-]{1,40}")
 
 
 class Unsupported(Exception):
@@ -89,7 +90,7 @@ class ConditionalObject:
         status, headers, answer = self._send_once(method, body, extra)
         if status in (301, 307, 400):
             region = headers.get("x-amz-bucket-region") or _region_in(answer)
-            if region and region != self.region:
+            if region and REGION.fullmatch(region) and region != self.region:  # it becomes part of a host name
                 self._set_region(region)
                 status, headers, answer = self._send_once(method, body, extra)
         return status, headers, answer
