@@ -131,7 +131,7 @@ def _load(path: Path):
 
 def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChecksDefinition]]:
     """The records and published assets of one job file, and their checks."""
-    path = Path(path).resolve()
+    path = Path(path).absolute()  # not resolve(): a symlink loop in the jobs folder must not stop the location
     name = job_name(path)
     records_key = AssetKey([PREFIX, name, "records"])
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,9 @@ def read_file(path: Path, what: str, error: type[Exception]) -> tuple[Any, yaml.
     """A pool or job file's document and node tree (for line numbers); a missing, unreadable
     or invalid file, or a key given twice, is an `error` naming `what` and the file."""
     if not path.exists():
+        if path.is_symlink():  # "not found" would send the user looking for a file that is there
+            raise error(f"{what} {path}: a symlink to {os.readlink(path)}, which cannot be followed "
+                        f"(its target is missing, or the links form a loop)")
         raise error(f"{what} {path}: not found")
     try:
         text = path.read_text(encoding="utf-8")

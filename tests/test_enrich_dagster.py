@@ -257,7 +257,7 @@ def test_a_mistyped_jobs_dir_is_logged_not_silent(tmp_path, caplog, monkeypatch)
 
 def test_the_code_location_loads_with_unreadable_job_files_and_leaves_out_a_pool_file(tmp_path):
     """One job file that cannot be read (not UTF-8, a date PyYAML cannot build, nesting too deep, a name
-    that is no Dagster name) stopped every pipeline asset from loading; each must get its own asset instead.
+    that is no Dagster name, a symlink loop) stopped every pipeline asset from loading; each must get its own asset instead.
     A pool file kept beside the jobs (`pool: pool.yaml`) made assets that could only fail: it makes none,
     and the location's log says why."""
     import subprocess
@@ -271,6 +271,8 @@ def test_the_code_location_loads_with_unreadable_job_files_and_leaves_out_a_pool
     (folder / "bad_date.yaml").write_text("name: bad_date\ndescription: 2026-13-45\n")
     (folder / "deep.yaml").write_text("name: deep\nfields: " + "[" * 3000 + "]" * 3000 + "\n")
     (folder / "newline.yaml").write_text('name: "abc\\n"\n')
+    (folder / "loop.yaml").symlink_to("loop.yaml")  # a symlink loop, and one to a file since removed
+    (folder / "dangling.yaml").symlink_to("removed.yaml")
     code = ("from pipelines.definitions import defs\n"
             "for k in sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()):\n"
             "    print(k)\n")
@@ -281,7 +283,8 @@ def test_the_code_location_loads_with_unreadable_job_files_and_leaves_out_a_pool
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     keys = {k for k in out.stdout.split() if k.startswith("enrich/")}
-    assert keys == {f"enrich/{n}/{a}" for n in ("revenue_facts", "e_nonutf", "bad_date", "deep", "newline")
+    assert keys == {f"enrich/{n}/{a}" for n in ("revenue_facts", "e_nonutf", "bad_date", "deep", "newline",
+                                                                 "loop", "dangling")
                     for a in ("records", "published")}
     assert "run_report" in out.stdout.split()  # the rest of the location is there too
     assert (f"{folder / 'pool.yaml'} is left out of the enrichment jobs: a pool file, not a job file: it has "

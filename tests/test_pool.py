@@ -103,6 +103,9 @@ def test_a_pool_file_that_is_a_folder_or_not_text_is_named(tmp_path):
     f.write_bytes("workers: [{id: caf\xe9, model: openai/x}]".encode("latin-1"))
     with pytest.raises(PoolError, match=r"latin.yaml: cannot read it \(not UTF-8 text\)"):
         load_pool(f)
+    (tmp_path / "loop.yaml").symlink_to("loop.yaml")  # "not found" sent users looking for a file that is there
+    with pytest.raises(PoolError, match=r"loop.yaml: a symlink to loop.yaml, which cannot be followed"):
+        load_pool(tmp_path / "loop.yaml")
 
 
 def test_integer_keys_in_params_are_sent_as_json_sends_them():
