@@ -366,15 +366,10 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     params = w.get("params") or {}
     if not isinstance(params, dict):
         raise PoolError(f"{at}.params: must be a mapping of sampling parameters")
-    cap = params.get("max_tokens")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-        raise PoolError(f"{at}.params.max_tokens: must be a whole number of tokens, at least 1 (got {cap!r})")
     if (big := _beyond_64_bits(params)) is not None:  # the request body and the run's hash cannot hold it
         raise PoolError(f"{at}.params.{big}: a whole number too large to send (at most 64 bits)")
     params = _text_keys(params)
-    for bad in ("api_key", "api_base", "messages", "model"):
-        if bad in params:
-            raise PoolError(f"{at}.params.{bad}: not allowed here" + (" (use the provider's api_key_env)" if bad == "api_key" else ""))
+    _check_params(params, f"{at}.params")
     system = w.get("system")
     if system is not None and not isinstance(system, str):
         raise PoolError(f"{at}.system: must be a string")
@@ -464,6 +459,56 @@ def _no_unknown(cfg: dict, allowed: set[str], at: str) -> None:
     if unknown:
         where = f"{at}." if at else ""
         raise PoolError(f"{where}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+# Keys the executor sets itself on every call: given in params they clash with it (a TypeError on
+# every call) or quietly undo it (the executor's retries through the rate limiter, its timeout).
+_NOT_PARAMS = {
+    "api_key": "use the provider's api_key_env", "api_base": "use the worker's api_base",
+    "messages": "the plan's step writes them", "model": "use the worker's model",
+    "stream": "answers are read whole", "timeout": "use the provider's timeout_s",
+    "num_retries": "the executor retries, through the provider's rate limit",
+    "max_retries": "the executor retries, through the provider's rate limit",
+    "client": "set by the executor", "extra_headers": "set by the executor",
+}
+
+
+def _number_param(lo: float, hi: float):
+    return (lambda v: not isinstance(v, bool) and isinstance(v, (int, float)) and lo <= v <= hi,
+            f"a number from {lo:g} to {hi:g}")
+
+
+def _whole_param(lo: int, what: str | None = None):
+    return (lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= lo,
+            what if what and lo < -(2**62) else f"{what or 'a whole number'}, at least {lo}")
+
+
+# The sampling parameters most pools set, checked here so that a typo (`temperature: "hot"`, a
+# quoted number) is named at its key before the run, not a provider's 400 on every call.
+_PARAM_TYPES = {
+    "temperature": _number_param(0, 2), "top_p": _number_param(0, 1),
+    "presence_penalty": _number_param(-2, 2), "frequency_penalty": _number_param(-2, 2),
+    "max_tokens": _whole_param(1, "a whole number of tokens"),
+    "max_completion_tokens": _whole_param(1, "a whole number of tokens"),
+    "seed": _whole_param(-(2**63), "a whole number"), "top_k": _whole_param(-1),
+    "n": (lambda v: v == 1 and not isinstance(v, bool), "1 (one answer is kept per step; more are paid for and thrown away)"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+             "a string or a list of strings"),
+    "logit_bias": (lambda v: isinstance(v, dict) and all(not isinstance(x, bool) and isinstance(x, (int, float))
+                                                          for x in v.values()), "a mapping of token ids to numbers"),
+    "reasoning_effort": (lambda v: isinstance(v, str), "a string such as low, medium or high"),
+    "response_format": (lambda v: isinstance(v, dict), "a mapping such as {type: json_object}"),
+}
+
+
+def _check_params(params: dict[str, Any], at: str) -> None:
+    for key, value in params.items():
+        if key in _NOT_PARAMS:
+            raise PoolError(f"{at}.{key}: not allowed here ({_NOT_PARAMS[key]})")
+        if key in _PARAM_TYPES:
+            ok, allowed = _PARAM_TYPES[key]
+            if not ok(value):
+                raise PoolError(f"{at}.{key}: must be {allowed} (got {yamlkeys.shown_value(value)})")
 
 
 def _text_keys(value: Any) -> Any:

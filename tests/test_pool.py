@@ -90,6 +90,16 @@ workers:
     (_pool(params={"seed": 10**30}), r"\.params.seed: a whole number too large to send"),
     (_pool(params={"logit_bias": {"50256": -10**20}}), r"\.params.logit_bias.50256: a whole number too large"),
     ({**_pool(), "version": True}, r"version: this conductor reads pool files of version 1 \(got True\)"),
+    # params were sent as given: a provider's 400 failed every call of the run, or a clash with what the
+    # executor sets (its retries, its timeout) was a TypeError on every call
+    (_pool(params={"temperature": "hot"}), r"\.params.temperature: must be a number from 0 to 2 \(got 'hot'\)"),
+    (_pool(params={"temperature": "0.7"}), r"\.params.temperature: must be a number from 0 to 2 \(got '0.7'\)"),
+    (_pool(params={"top_p": 5}), r"\.params.top_p: must be a number from 0 to 1 \(got 5\)"),
+    (_pool(params={"stop": ["###", 3]}), r"\.params.stop: must be a string or a list of strings"),
+    (_pool(params={"n": 4}), r"\.params.n: must be 1 \(one answer is kept per step"),
+    (_pool(params={"seed": 1.5}), r"\.params.seed: must be a whole number"),
+    (_pool(params={"num_retries": 5}), r"\.params.num_retries: not allowed here \(the executor retries"),
+    (_pool(params={"stream": True}), r"\.params.stream: not allowed here \(answers are read whole\)"),
 ])
 def test_bad_pool_names_the_field(raw, field):
     with pytest.raises(PoolError, match=field):
@@ -106,6 +116,12 @@ def test_a_pool_file_that_is_a_folder_or_not_text_is_named(tmp_path):
     (tmp_path / "loop.yaml").symlink_to("loop.yaml")  # "not found" sent users looking for a file that is there
     with pytest.raises(PoolError, match=r"loop.yaml: a symlink to loop.yaml, which cannot be followed"):
         load_pool(tmp_path / "loop.yaml")
+
+
+def test_params_the_checks_do_not_know_are_sent_as_given():
+    pool = parse_pool(_pool(params={"temperature": 0.2, "top_k": 40, "n": 1, "stop": "\n\n", "min_p": "0.1",
+                                    "response_format": {"type": "json_object"}}))
+    assert pool.worker("w").params["min_p"] == "0.1" and pool.worker("w").params["top_k"] == 40
 
 
 def test_integer_keys_in_params_are_sent_as_json_sends_them():
