@@ -154,6 +154,10 @@ def test_invalid_plans_say_why(tmp_path, fresh_sim, sample_queries):
 def test_sql_errors_are_clear(tmp_path, fresh_sim, sample_queries):
     r = cli("sql", "SELECT 1", "--data-dir", tmp_path / "empty")
     assert r.returncode == 2 and "no runs under" in r.stderr
+    (tmp_path / "half" / "runs" / "refused-run").mkdir(parents=True)  # an older version's refused job run
+    r = cli("sql", "SELECT count(*) FROM runs", "--data-dir", tmp_path / "half")
+    assert r.returncode == 2 and "Catalog Error" not in r.stderr, r.stderr  # and no "Did you mean pg_tables?"
+    assert "there is no view runs: no run under" in r.stderr and "has written a manifest.json yet" in r.stderr
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
     data = tmp_path / "data"
     assert run_cli("run", sample_queries, "--pool", pool, "--data-dir", data).returncode == 0

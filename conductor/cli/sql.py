@@ -78,11 +78,27 @@ def main(args: argparse.Namespace) -> int:
     except duckdb.Error as e:  # a file damaged since the catalog last read its footer: say which, and what to do
         from conductor.store import damaged_file_advice
 
+        if (missing := _missing_view(str(e), store or args.data_dir / "runs")) is not None:
+            raise ConductorError(f"SQL error: {missing}") from None  # not DuckDB's "Did you mean pg_tables?"
         advice = damaged_file_advice(str(e))
         raise ConductorError(f"SQL error: {e}" + (f"; {advice}" if advice else "")) from None
     finally:
         con.close()
     return 0
+
+
+def _missing_view(message: str, runs) -> str | None:
+    """Why a catalog view is missing, or None for any other error. A view is made once some run
+    has its file: after runs refused before their first call there may be none."""
+    from conductor import schemas
+
+    found = re.search(r"Table with name (\w+) does not exist", message)
+    name = found.group(1).lower() if found else None
+    if name not in (*schemas.TABLES, "runs"):
+        return None
+    what = "manifest.json" if name == "runs" else f"{name}.parquet"
+    return (f"there is no view {name}: no run under {runs} has written a {what} yet (a run refused "
+            f"before its first call writes none); `conductor run` or `conductor job run` first")
 
 
 def _open(data_dir: Path):
