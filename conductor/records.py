@@ -5,6 +5,7 @@ string utf8, date date32, list list<utf8>, object struct)."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import date
 from typing import Any
@@ -77,8 +78,30 @@ def parse_reply(text: str | None) -> tuple[Any, str | None]:
             continue
         if not isinstance(obj, dict):
             return None, f"expected a JSON object, got {type(obj).__name__}"
+        if (key := _repeated_key(c)) is not None:
+            return None, f"key {key!r} is given twice in one object (which value is meant is unclear)"
         return obj, None
     return None, error
+
+
+def _repeated_key(text: str) -> str | None:
+    """The first key an object of `text` repeats: orjson keeps the last value silently, so
+    `{"revenue": 1, "revenue": 2}` would be a valid record holding a guess."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for k, _ in items:
+            if k in seen and not repeated:
+                repeated.append(k)
+            seen.add(k)
+        return dict(items)
+
+    try:
+        json.loads(text, object_pairs_hook=pairs)
+    except ValueError:  # orjson read it; the standard library differs on a few inputs (huge numbers)
+        return None
+    return repeated[0] if repeated else None
 
 
 def schema_block(schema: dict[str, Any]) -> str:

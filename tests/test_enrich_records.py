@@ -29,6 +29,11 @@ def test_fenced_json_parses_and_prose_around_it_too():
     obj, err = parse_reply('{"a": 1')
     assert obj is None and "not valid JSON" in err
     assert parse_reply("[1, 2]")[1] == "expected a JSON object, got list"
+    # orjson keeps the last of a repeated key: a valid record holding a guess between two answers
+    assert parse_reply('{"revenue": 1, "revenue": 2}') == \
+        (None, "key 'revenue' is given twice in one object (which value is meant is unclear)")
+    assert parse_reply('{"a": {"b": 1, "b": 1}}')[1].startswith("key 'b' is given twice")
+    assert parse_reply('{"a": {"b": 1}, "c": {"b": 2}}') == ({"a": {"b": 1}, "c": {"b": 2}}, None)
 
 
 def test_validation_names_the_field():
