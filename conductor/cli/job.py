@@ -43,12 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def check(args: argparse.Namespace) -> int:
     from conductor.enrich import load_job
     from conductor.enrich.context import check_context
-    from conductor.enrich.table import ids_of, load_rows, render
+    from conductor.enrich.table import load_rows, render
     from conductor.pool import load_pool
 
     job = load_job(args.job)
     rows = load_rows(job)
-    check_context(job, load_pool(job.pool_path), ids_of(job, rows), render(job, rows))
+    check_context(job, load_pool(job.pool_path), rows.get_column(job.id_column).to_list(), render(job, rows))
     kind = f"{len(job.fields)} field(s)" if job.fields else "plain text"
     print(f"job {job.name}: ok ({rows.height} rows, {kind}, {job.mode} mode)")
     return 0

@@ -4,6 +4,8 @@ planning, for the worker each plan gives the row to)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow.parquet as pq
 
 from conductor.enrich.job import Job
@@ -34,8 +36,9 @@ def _too_long(job: Job, worker: Worker, prompts: list[str]) -> list[int]:
     return [i for i, p in enumerate(prompts) if estimate_tokens([{"role": "user", "content": p}]) + extra > window]
 
 
-def check_context(job: Job, pool: Pool, ids: list[str], prompts: list[str]) -> None:
-    """Direct mode: refuse, before any call, rows whose prompt exceeds the worker's window."""
+def check_context(job: Job, pool: Pool, ids: list, prompts: list[str]) -> None:
+    """Direct mode: refuse, before any call, rows whose prompt exceeds the worker's window.
+    `ids`: the id column as the input holds it, so that 7 is not quoted as '7'."""
     if job.mode != "direct":
         return
     worker = pool.worker(job.worker)
@@ -46,11 +49,12 @@ def check_context(job: Job, pool: Pool, ids: list[str], prompts: list[str]) -> N
                          f"{', '.join(repr(ids[i]) for i in bad[:5])}{' and more' if len(bad) > 5 else ''}")
 
 
-def check_planned_context(job: Job, pool: Pool, prepared) -> None:
-    """Planned mode: refuse, before executing, plans that give a row to a worker too small for it."""
+def check_planned_context(job: Job, pool: Pool, prepared, row_ids: dict[str, Any] | None = None) -> None:
+    """Planned mode: refuse, before executing, plans that give a row to a worker too small for it.
+    `row_ids`: query id to the id as the input holds it."""
     q = prepared.queries
     prompts = q.column("prompt").to_pylist()
-    ids = q.column("query_id").to_pylist()
+    ids = [(row_ids or {}).get(i, i) for i in q.column("query_id").to_pylist()]
     plans = pq.read_table(prepared.dir.table("plans"), columns=["query_index", "workers"]).to_pylist()
     problems = []
     for w in pool.workers:

@@ -78,7 +78,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     ids = ids_of(job, df)
     prompts = render(job, df)
     hashes = row_hashes(job, df, definition)
-    check_context(job, pool, ids, prompts)
+    check_context(job, pool, df.get_column(job.id_column).to_list(), prompts)
     now = datetime.now(timezone.utc)
     info = {"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
             "definition": definition, "full_refresh": full_refresh}
@@ -293,7 +293,7 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     try:
         plan_stage(prepared, planner)
         if job.mode == "planned":
-            check_planned_context(job, pool, prepared)
+            check_planned_context(job, pool, prepared, dict(zip(ids, df.get_column(job.id_column).to_list())))
         execute_stage(prepared, planner=planner if job.mode == "planned" else None, record=spec,
                       refresh=frozenset(retry))
     finally:
