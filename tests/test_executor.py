@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 
@@ -252,6 +253,25 @@ def test_cache_hits_cost_nothing_and_refresh_calls_again(tmp_path, fresh_sim, sa
     s3, t3, _ = run(tmp_path, pool, sample_queries, run_id="three", refresh=True)
     assert fresh_sim.log()["total"] == 2 * sent
     assert not any(t["cache_hit"] for t in t3)
+
+
+def test_an_answer_without_text_in_an_older_cache_is_asked_for_again(tmp_path, fresh_sim, sample_queries):
+    """Older versions cached a 200 whose content was null (a refusal); served from the cache, it was
+    an answer of no text for ever after."""
+    import sqlite3
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    s1, t1, _ = run(tmp_path, pool, sample_queries, run_id="one")
+    sent = fresh_sim.log()["total"]
+    db = sqlite3.connect(tmp_path / "data" / "cache.sqlite")
+    [(key, value)] = db.execute("SELECT key, value FROM responses LIMIT 1").fetchall()
+    db.execute("UPDATE responses SET value = ? WHERE key = ?", (orjson.dumps({**orjson.loads(value), "text": None}), key))
+    db.commit()
+    db.close()
+    s2, t2, _ = run(tmp_path, pool, sample_queries, run_id="two")
+    assert fresh_sim.log()["total"] == sent + 1  # that one step, and only it, sent again
+    assert s2["failed_plans"] == 0 and all(isinstance(t["response_text"], str) for t in t2)
+    assert sum(not t["cache_hit"] for t in t2) == 1
 
 
 def test_a_rerun_of_multi_step_plans_is_served_from_the_cache_and_a_new_step_is_still_called(

@@ -56,10 +56,14 @@ class Entry:
 _ENTRY_FIELDS = frozenset(Entry.__dataclass_fields__)
 
 
-def _entry(value: bytes) -> Entry:
+def read_entry(value: bytes) -> Entry | None:
     """`Entry(**orjson.loads(value))` in a third of the time for an entry with every field
-    (a rerun builds one per step); older entries, missing fields, go through `Entry`."""
+    (a rerun builds one per step); older entries, missing fields, go through `Entry`. None
+    for an entry without text: older versions cached a 200 whose content was null (a
+    refusal), which is no answer, and served it for ever; it is asked for again."""
     d = orjson.loads(value)
+    if not isinstance(d.get("text"), str):
+        return None
     if d.keys() != _ENTRY_FIELDS:
         return Entry(**d)
     entry = object.__new__(Entry)
@@ -98,34 +102,34 @@ class Cache:
     def get(self, key: str) -> Entry | None:
         pending = self._pending.get(key)
         if pending is not None:
-            return _entry(pending[2])
+            return read_entry(pending[2])
         row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
-        return _entry(row[0])
+        return read_entry(row[0])
 
     def get_many(self, keys: list[str]) -> dict[str, Entry]:
         """The entries of those keys that are cached, in one query: a rerun looks up a
         batch of steps at once instead of one query each."""
-        found: dict[str, Entry] = {}
+        found: dict[str, Entry | None] = {}
         rest = []
         for key in keys:
             pending = self._pending.get(key)
             if pending is not None:
-                found[key] = _entry(pending[2])
+                found[key] = read_entry(pending[2])
             else:
                 rest.append(key)
         if rest and _JSON_EACH:  # the keys as one JSON array: cheaper to bind than one parameter each
             for key, value in self._db.execute("SELECT r.key, r.value FROM json_each(?) AS k "
                                                "JOIN responses AS r ON r.key = k.value", (orjson.dumps(rest),)):
-                found[key] = _entry(value)
-            return found
-        for i in range(0, len(rest), _KEYS_PER_QUERY):
-            part = rest[i:i + _KEYS_PER_QUERY]
-            query = f"SELECT key, value FROM responses WHERE key IN ({','.join('?' * len(part))})"
-            for key, value in self._db.execute(query, part):
-                found[key] = _entry(value)
-        return found
+                found[key] = read_entry(value)
+        else:
+            for i in range(0, len(rest), _KEYS_PER_QUERY):
+                part = rest[i:i + _KEYS_PER_QUERY]
+                query = f"SELECT key, value FROM responses WHERE key IN ({','.join('?' * len(part))})"
+                for key, value in self._db.execute(query, part):
+                    found[key] = read_entry(value)
+        return {k: e for k, e in found.items() if e is not None}
 
     def put(self, key: str, model: str, entry: Entry) -> None:
         self._turn.raise_pending()

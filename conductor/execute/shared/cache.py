@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from conductor.execute.cache import Cache, Entry
+from conductor.execute.cache import Cache, Entry, read_entry
 from conductor.execute.shared.url import redact
 
 log = logging.getLogger("conductor.cache")
@@ -44,7 +44,7 @@ class RedisCache:
         except RedisError as e:
             self._unreachable("answers are looked up in this run's own cache only", e)
             return None
-        return None if raw is None else Entry(**orjson.loads(raw))
+        return None if raw is None else read_entry(raw)
 
     def get_many(self, keys: list[str]) -> dict[str, Entry]:
         """The entries of those keys that are cached, in one round trip (MGET)."""
@@ -57,7 +57,8 @@ class RedisCache:
         except RedisError as e:
             self._unreachable("answers are looked up in this run's own cache only", e)
             return {}
-        return {k: Entry(**orjson.loads(raw)) for k, raw in zip(keys, raws) if raw is not None}
+        found = {k: read_entry(raw) for k, raw in zip(keys, raws) if raw is not None}
+        return {k: e for k, e in found.items() if e is not None}
 
     def put(self, key: str, model: str, entry: Entry) -> None:
         from redis.exceptions import RedisError
