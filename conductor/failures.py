@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from conductor.envsettings import env_number
 from conductor.errors import ConductorError
-from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, retries_used_up
+from conductor.execute.journal import RETRY_TRANSIENT, STEPS_FILE, TRANSIENT_KINDS, retries_used_up
 from conductor.pool import Pool, shown_url
 
 DEFAULT_MAX_FAILED_SHARE = 0.05
@@ -43,7 +43,10 @@ def too_many_failed(statuses: dict[str, int], threshold: float) -> bool:
 def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str, Any]]:
     """Failed steps grouped by worker and kind: plans, whether a rerun retries them, the URL, an example."""
     t = pq.read_table(traces, columns=["plan_id", "worker", "status", "failure", "error"])
-    used_up = retries_used_up(Path(traces).parent / "work")
+    work = Path(traces).parent / "work"
+    used_up = retries_used_up(work)
+    # A complete run whose work folder was deleted is final as it stands: no rerun executes it again
+    gone = not (work / STEPS_FILE).exists()
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for r in t.to_pylist():
         if r["status"] in ("ok", "skipped"):
@@ -54,7 +57,8 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
             w = pool.worker(r["worker"]) if pool.has(r["worker"]) else None
             g = groups[(r["worker"], kind)] = {
                 "worker": r["worker"], "failure": kind, "url": shown_url(w),
-                "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS,
+                "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS and not gone,
+                "journal_deleted": gone,
                 "plans": set(), "example": " ".join((r["error"] or "").split())[:300]}
         g["plans"].add(r["plan_id"])
     out = [{**g, "plans": len(g["plans"]), "retries_used_up": len(g["plans"] & used_up) if g["retried_on_rerun"] else 0}
@@ -81,6 +85,9 @@ def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun wit
     """What the next rerun does with a failure group, in the front end's words (the CLI's by
     default; Dagster says rematerialization and its run config setting)."""
     used_up = g.get("retries_used_up", 0)
+    if g.get("journal_deleted"):
+        return (f"final: the run's work folder (its journal) was deleted, so no {rerun} executes them again; "
+                f"start a new run (another run id) to retry them")
     if g.get("failure") == "budget":  # the same budget stops them again
         return f"a {rerun} with a larger budget finishes these"
     if not g["retried_on_rerun"]:

@@ -105,6 +105,26 @@ def test_rerunning_the_same_command_resumes_the_same_run(tmp_path, fresh_sim, sa
     assert fresh_sim.log()["total"] == sent
 
 
+def test_failures_of_a_run_whose_work_folder_was_deleted_are_not_promised_to_a_rerun(tmp_path, fresh_sim,
+                                                                                       sample_queries):
+    """audit: with work/ deleted, "a rerun retries these" looped for ever: the rerun executes nothing."""
+    fresh_sim.set_faults("fast", fail_status=503)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",),
+                      providers={"sim": {"max_attempts": 1}})
+    cmd = ("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--no-cache", "--quiet")
+    r = run_cli(*cmd)
+    assert r.returncode == 4 and "a rerun retries these" in r.stdout, r.stdout + r.stderr
+    fresh_sim.set_faults("fast")  # back; but the journal goes
+    (run,) = (tmp_path / "data" / "runs").iterdir()
+    shutil.rmtree(run / "work")
+    sent = fresh_sim.log()["total"]
+    r = run_cli(*cmd)
+    assert r.returncode == 4 and fresh_sim.log()["total"] == sent, r.stdout + r.stderr
+    assert "a rerun retries these" not in r.stdout and "rerun the same command" not in r.stderr
+    assert "final: the run's work folder (its journal) was deleted" in r.stdout
+    assert "start a new run (another --run-id)" in r.stderr
+
+
 def test_run_id_follows_what_the_planner_reads(tmp_path, sample_queries):
     """Skills, prices and descriptions decide the plans: changing one starts a new run
     instead of resuming plans made with the old ones; a budget does not."""

@@ -99,10 +99,14 @@ def main(args: argparse.Namespace) -> int:
         unplanned = (f" {invalid} of them are invalid plans, which a rerun does not plan again: --retry-failed asks "
                      f"the LLM planner again for those whose planning call failed; for the others, fix the cause "
                      f"and start a new run (another --run-id)." if invalid else "")
+        if any(g.get("journal_deleted") for g in summary.get("failures") or ()):
+            then = ("Fix the cause above and start a new run (another --run-id): this run's work folder was "
+                    "deleted, so rerunning the same command executes nothing again.")
+        else:
+            then = ("Fix the cause above and rerun the same command: finished steps are kept, and transient "
+                    "failures are retried (each plan on up to 3 reruns; then --retry-failed).")
         print(f"\nconductor: {failed} of {total} plans failed ({failed / total:.1%}, more than "
-              f"{threshold:.1%}). Fix the cause above and rerun the same command: finished steps are kept, and "
-              f"transient failures are retried (each plan on up to 3 reruns; then --retry-failed).{unplanned}",
-              file=sys.stderr)
+              f"{threshold:.1%}). {then}{unplanned}", file=sys.stderr)
         return 4
     if summary["exit_code"] == 3:
         blocked = summary["statuses"].get("budget_exhausted", 0)
