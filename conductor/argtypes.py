@@ -21,6 +21,26 @@ def int_in(low: int, high: int):
     return parse
 
 
+def number_in(low: float, high: float):
+    """A finite number in [low, high]."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= x <= high:  # NaN too
+            raise argparse.ArgumentTypeError(f"{text} is out of range ({low:g} to {high:g})")
+        return x
+    return parse
+
+
+def run_id(text: str) -> str:
+    """Not empty: '' quietly became the default run id."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty run id; give one, or leave the flag out for the default")
+    return text
+
+
 SEED = int_in(0, 2 ** 63 - 1)
 PORT = int_in(0, 65535)
 

@@ -295,6 +295,8 @@ def test_a_data_dir_that_is_a_file_is_refused(tmp_path, sample_queries):
 @pytest.mark.parametrize("args, message", [
     (["--seed", "99999999999999999999999"], "argument --seed: 99999999999999999999999 is out of range"),
     (["--seed", "x"], "argument --seed: 'x' is not a whole number"),
+    (["--max-failed-share", "2"], "argument --max-failed-share: 2 is out of range (0 to 1)"),  # named the flag not
+    (["--run-id", ""], "argument --run-id: an empty run id"),  # was the default id, silently
 ])
 def test_a_seed_out_of_range_is_refused_by_argparse(tmp_path, sample_queries, args, message):
     r = cli("run", sample_queries, "--pool", write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1"),

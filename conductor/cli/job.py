@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "space and rerun), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun to resume.")
     r.add_argument("job", type=argtypes.path, help="job file (YAML)")
     options.data_dir(r)
-    r.add_argument("--run-id", help="name of the run (default: <job>-<UTC time>)")
+    r.add_argument("--run-id", type=argtypes.run_id, help="name of the run (default: <job>-<UTC time>)")
     r.add_argument("--full-refresh", action="store_true", help="recompute every row, reusing no record")
     r.add_argument("--keep-work", action="store_true",
                    help="keep the run's work/ folder (its journal) once the records are written; by default it "

@@ -22,7 +22,7 @@ def pool(p: argparse.ArgumentParser, help: str = "pool file (YAML)") -> None:
 
 
 def run_id(p: argparse.ArgumentParser, help: str | None = None) -> None:
-    p.add_argument("--run-id", default=None, help=help)
+    p.add_argument("--run-id", type=argtypes.run_id, default=None, help=help)
 
 
 def seed(p: argparse.ArgumentParser) -> None:

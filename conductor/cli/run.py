@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refresh", action="store_true", help="ignore cached responses; store the fresh ones")
     options.cost_penalty(p)
     options.quiet(p)
-    p.add_argument("--max-failed-share", type=float, metavar="SHARE",
+    p.add_argument("--max-failed-share", type=argtypes.number_in(0.0, 1.0), metavar="SHARE",
                    help="exit 4 when more than this share of plans failed (default 0.05, or "
                         "$CONDUCTOR_MAX_FAILED_SHARE); a rerun retries transient failures")
     p.add_argument("--retry-failed", action="store_true",
