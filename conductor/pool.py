@@ -326,7 +326,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     if not isinstance(wid, str) or not _ID_RE.fullmatch(wid):
         raise PoolError(f"{at}.id: required, letters, digits and _.:- only (got {wid!r})")
     at = f"workers[{i}] ({wid})"
-    _no_unknown(w, set(Worker.__dataclass_fields__), at)
+    _no_unknown(w, set(Worker.__dataclass_fields__) - {"api_base_shown"}, at)  # that one is derived
     kind = w.get("kind", "llm")
     if kind not in WORKER_KINDS:
         raise PoolError(f"{at}.kind: must be one of {', '.join(WORKER_KINDS)} (got {kind!r})")

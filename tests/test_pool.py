@@ -58,7 +58,9 @@ workers:
     (_pool(api_base="ftp://x"), r"\.api_base: must start with http"),
     (_pool(api_base="${SURELY_NOT_SET_VAR}"), r"environment variable SURELY_NOT_SET_VAR is not set"),
     (_pool(params={"api_key": "sk-123"}), r"\.params.api_key: not allowed here \(use the provider's api_key_env\)"),
-    (_pool(colour="red"), r"workers\[0\] \(w\).colour: unknown field"),
+    (_pool(colour="red"), r"workers\[0\] \(w\).colour: unknown field \(allowed: api_base, context_tokens, "
+                          r"description, function, id, kind, max_call_usd, model, params, price, provider, "
+                          r"simulate, skills, system\)"),  # not the derived api_base_shown
     ({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"rpm": 0}}}, r"providers.p.rpm: must be greater than 0"),
     ({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"rpm": float("nan")}}},
      r"providers.p.rpm: must be a finite number \(got nan\)"),
