@@ -110,3 +110,18 @@ def test_json_keeps_every_column_of_the_same_name(data):
     duckdb_names = cli("sql", f"SELECT * FROM ({q})", "--data-dir", data, "--format", "csv").stdout.splitlines()[0]
     assert duckdb_names == "x,x_1,x_1_1,X_2,y"
     assert r.returncode == 0 and r.stdout == '{"x":1,"x_1":2,"x_1_1":3,"X_2":4,"y":5}\n', r
+
+
+def test_json_columns_are_objects_and_blobs_read_as_duckdb_writes_them(data):
+    """The runs view's inputs and summary came out of --format json as strings of JSON, and a
+    BLOB as Python's b'...' in CSV and JSON."""
+    import orjson
+
+    q = ("SELECT '{\"a\": 1, \"n\": 123456789012345678901234567890}'::JSON AS j, "
+         "'\\xAA\\x00ab'::BLOB AS b")
+    r = cli("sql", q, "--data-dir", data, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == '{"j":{"a":1,"n":123456789012345678901234567890},"b":"\\\\xAA\\\\x00ab"}'
+    assert orjson.loads(r.stdout)["j"]["a"] == 1  # a 30-digit number kept as written, not rounded
+    r = cli("sql", q, "--data-dir", data, "--format", "csv")
+    assert r.returncode == 0 and r.stdout.splitlines()[1].endswith(",\\xAA\\x00ab"), r.stdout

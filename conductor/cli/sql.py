@@ -74,6 +74,8 @@ def main(args: argparse.Namespace) -> int:
                 rel.show(max_rows=args.max_rows, max_width=args.max_width)
         elif (rel := con.sql(query)) is not None:
             rel, nested = _intervals_as_text(rel)
+            # JSON columns (the runs view's inputs and summary) as objects, not as strings of JSON
+            nested |= {i for i, t in enumerate(rel.types) if str(t) == "JSON"}
             _stream(rel, args.format, nested)
     except duckdb.Error as e:  # a file damaged since the catalog last read its footer: say which, and what to do
         from conductor.store import damaged_file_advice
@@ -207,9 +209,30 @@ def _stream(result, fmt: str, nested: set[int] = frozenset()) -> None:
             out.write("".join(",".join(_csv_field(v) for v in row) + "\n" for row in batch))
         else:
             if nested:
-                batch = [[orjson.loads(v) if i in nested and v is not None else v for i, v in enumerate(row)]
-                         for row in batch]
+                batch = [[_decoded(v) if i in nested else v for i, v in enumerate(row)] for row in batch]
             out.write("".join(_json(dict(zip(keys, row))) + "\n" for row in batch))
+
+
+def _decoded(text: str | None):
+    """JSON text as its value, to be written again by orjson: a number no float holds exactly
+    (30 digits, 1e400) stays as written, where orjson's own reader rounds it or refuses it."""
+    import json
+    import math
+
+    import orjson
+
+    if text is None:
+        return None
+    try:
+        return json.loads(text, parse_int=lambda t: int(t) if len(t) <= 18 else orjson.Fragment(t),
+                          parse_float=lambda t: float(t) if math.isfinite(float(t)) else orjson.Fragment(t))
+    except ValueError:
+        return text
+
+
+def _blob_text(value: bytes) -> str:
+    """A BLOB as DuckDB writes it (printable ASCII, other bytes as \\xHH), not Python's b'...'."""
+    return "".join(chr(c) if 32 <= c < 127 and c != 92 else f"\\x{c:02X}" for c in value)
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -238,7 +261,7 @@ def _csv_field(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, dict, tuple)):
         value = _json(value)
-    text = str(value)
+    text = _blob_text(value) if isinstance(value, bytes) else str(value)
     if text == "" or any(c in text for c in ',"\n\r') or text != text.strip():
         return '"' + text.replace('"', '""') + '"'
     return text
@@ -249,4 +272,5 @@ def _json(value) -> str:
     UUID and INTERVAL values are written as their text."""
     import orjson
 
-    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    return orjson.dumps(value, default=lambda v: _blob_text(v) if isinstance(v, bytes) else str(v),
+                        option=orjson.OPT_NON_STR_KEYS).decode()
