@@ -204,9 +204,13 @@ def test_passwords_in_governor_and_store_urls_are_never_shown(tmp_path, sample_q
     store = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet",
                     "--store", "s3://AKIAEXAMPLEACCESS:S3cretAccessKEY42@runs/dev")
     assert store.returncode == 2 and "credentials in it" in store.stderr and "Traceback" not in store.stderr
-    found = down.stdout + down.stderr + store.stdout + store.stderr
+    token = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet",
+                    "--store", "s3://runs/dev?token=TokSECRET9931")  # was echoed, and then ignored
+    assert token.returncode == 2 and "with a query or fragment" in token.stderr, token.stderr
+    found = down.stdout + down.stderr + store.stdout + store.stderr + token.stdout + token.stderr
     found += "".join(p.read_bytes().decode("utf-8", "replace") for p in (tmp_path / "data").rglob("*.json*"))
     assert "Pw0rdSECRET77" not in found and "S3cretAccessKEY42" not in found and "AKIAEXAMPLE" not in found
+    assert "TokSECRET9931" not in found
 
 
 @pytest.mark.parametrize("upper", [False, True], ids=["mixed-case", "AWS-style capitals"])

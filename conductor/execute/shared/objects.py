@@ -65,6 +65,9 @@ def store_url(value: str | None) -> str | None:
         raise ConductorError("store: an s3:// URL with credentials in it (s3://KEY:SECRET@bucket) is not taken; "
                              "give s3://bucket/prefix and the credentials in AWS_ACCESS_KEY_ID and "
                              "AWS_SECRET_ACCESS_KEY")
+    if url is not None and (urlsplit(url).query or urlsplit(url).fragment):  # not echoed: ?token=... may be one
+        raise ConductorError("store: an s3:// URL with a query or fragment (?... or #...) is not taken, and not shown "
+                             "(it may hold a token); give s3://bucket/prefix, with credentials in the AWS_* variables")
     if url is not None and urlsplit(url).scheme != "s3":
         raise ConductorError(f"store {url!r}: must be s3://bucket/prefix (a local folder is --data-dir)")
     return url
