@@ -24,6 +24,8 @@ from conductor.sim.config import SimConfigError, served_models
 from conductor.sim.main import main as sim_main
 from conductor.sim.process import SimStartError, start_sim
 
+from tests.conftest import run_cli
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 KEY_ENV = "CONDUCTOR_SIM_TEST_KEY"
@@ -539,3 +541,12 @@ def test_fail_status_answers_every_request_with_that_status(tmp_path):
         sim.set_faults(fail_status=None)
         r = httpx.post(sim.url + "/chat/completions", json={"model": "w", "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200
+
+
+def test_a_fail_status_that_is_no_error_is_named_as_given(tmp_path):
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("workers:\n  - {id: w, model: openai/w}\n")
+    pq.write_table(pa.table({"query_id": ["a"], "prompt": ["What is two plus two?"]}), tmp_path / "q.parquet")
+    r = run_cli("sim", "--pool", pool, "--queries", tmp_path / "q.parquet", "--port", "0", "--fail-status", "200")
+    assert r.returncode == 2 and "--fail-status: must be an HTTP error status from 400 to 599 (got 200)" in r.stderr, \
+        r.stderr  # was "(got 200.0)"

@@ -216,15 +216,15 @@ def check_fault(key: str, value: Any, at: str) -> float | None:
         return None
     if not _is_num(value) or not math.isfinite(value):
         raise SimConfigError(f"{at}: must be a number (got {value!r})")
-    value = float(value)
+    given, value = value, float(value)  # `given` as written: 200, not 200.0
     if key in RATE_KEYS and not 0 <= value <= 1:
-        raise SimConfigError(f"{at}: must be a fraction in [0, 1] (got {value!r})")
+        raise SimConfigError(f"{at}: must be a fraction in [0, 1] (got {given!r})")
     if key == "fail_status" and (value != int(value) or not 400 <= value <= 599):
-        raise SimConfigError(f"{at}: must be an HTTP error status from 400 to 599 (got {value!r})")
+        raise SimConfigError(f"{at}: must be an HTTP error status from 400 to 599 (got {given!r})")
     if key in ("rpm", "rpm_window_s") and value <= 0:
-        raise SimConfigError(f"{at}: must be greater than 0 (got {value!r})")
+        raise SimConfigError(f"{at}: must be greater than 0 (got {given!r})")
     if value < 0 and key != "usage_factor":
-        raise SimConfigError(f"{at}: must be at least 0 (got {value!r})")
+        raise SimConfigError(f"{at}: must be at least 0 (got {given!r})")
     return value
 
 

@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="demand the key held by env var NAME for every model without its own")
     g = p.add_argument_group("faults (override the pool's simulate settings for every model)")
     for key in FAULT_KEYS:
-        g.add_argument("--" + key.replace("_", "-"), dest=key, type=float, default=None, help=_FAULT_HELP[key])
+        g.add_argument("--" + key.replace("_", "-"), dest=key, type=int if key == "fail_status" else float,
+                       default=None, help=_FAULT_HELP[key])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -49,5 +49,5 @@ def start_sim(pool_path: str | os.PathLike, queries: str | os.PathLike | Sequenc
         cmd += ["--require-key-env", require_key_env]
     for k, v in faults.items():
         if v is not None:
-            cmd += ["--" + k.replace("_", "-"), repr(float(v))]
+            cmd += ["--" + k.replace("_", "-"), str(int(v)) if k == "fail_status" else repr(float(v))]
     return start_server(cmd, READY, SimHandle, host, env=env, startup_timeout_s=startup_timeout_s)
