@@ -437,6 +437,9 @@ def test_permanent_failures_stay_final_unless_retry_failed(tmp_path, fresh_sim, 
     cmd = ("run", queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet", "--no-cache")
     r = run_cli(*cmd)
     assert r.returncode == 4 and "not_found" in r.stdout and "final (rerun with --retry-failed)" in r.stdout
+    # the closing advice agrees: it said "rerun the same command", which retries none of them
+    assert "then rerun with --retry-failed: these failures are final" in r.stderr, r.stderr
+    assert "rerun the same command" not in r.stderr
     r = run_cli(*cmd, "--retry-failed")  # still failing: the advice must not be the flag just given
     assert r.returncode == 4 and "final (they failed again under --retry-failed: fix the cause first)" in r.stdout
     assert "rerun with --retry-failed" not in r.stdout, r.stdout

@@ -99,9 +99,13 @@ def main(args: argparse.Namespace) -> int:
         unplanned = (f" {invalid} of them are invalid plans, which a rerun does not plan again: --retry-failed asks "
                      f"the LLM planner again for those whose planning call failed; for the others, fix the cause "
                      f"and start a new run (another --run-id)." if invalid else "")
-        if any(g.get("journal_deleted") for g in summary.get("failures") or ()):
+        groups = summary.get("failures") or []
+        if any(g.get("journal_deleted") for g in groups):
             then = ("Fix the cause above and start a new run (another --run-id): this run's work folder was "
                     "deleted, so rerunning the same command executes nothing again.")
+        elif groups and not any(g["retried_on_rerun"] or g["failure"] == "budget" for g in groups):
+            then = ("Fix the cause above, then rerun with --retry-failed: these failures are final, and a rerun "
+                    "without it retries none of them.")
         else:
             then = ("Fix the cause above and rerun the same command: finished steps are kept, and transient "
                     "failures are retried (each plan on up to 3 reruns; then --retry-failed).")
