@@ -29,6 +29,7 @@ def s3(monkeypatch):
     with S3Server() as server:
         for k, v in server.env().items():
             monkeypatch.setenv(k, v)
+        server.create_bucket("conductor-test")  # as an operator does once; conductor creates none
         yield server
 
 
@@ -104,6 +105,18 @@ def wait_for(proc, what, timeout=240):
     while not what() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert what(), f"not seen while the run ran (exit {proc.poll()}): {proc.stderr.read() if proc.poll() else ''}"
+
+
+def test_a_bucket_that_does_not_exist_is_refused_not_created(tmp_path, s3, fresh_sim, sample_queries):
+    """A mistyped bucket was created and the runs went there, where nobody looks for them."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    r = run_cli(*run_args(sample_queries, pool, tmp_path / "data", "s3://conductor-tset/nightly"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "store s3://conductor-tset/nightly: bucket 'conductor-tset' does not exist" in r.stderr, r.stderr
+    assert fresh_sim.log()["total"] == 0
+    assert ObjectStore("s3://conductor-test/x").fs.get_file_info("conductor-tset").type.name == "NotFound"
 
 
 @pytest.mark.slow
@@ -283,7 +296,6 @@ def test_a_lease_that_is_never_renewed_is_waited_for_and_taken_over(tmp_path, s3
 
     store = "s3://conductor-test/watched"
     objects = ObjectStore(store)
-    objects.ensure_bucket()
     now = datetime.now(timezone.utc)
     dead = {"run_id": "s3run", "host": "machine-a", "pid": 4242, "token": "killed",
             "started_at": now.isoformat(), "renewed_at": now.isoformat(),
@@ -305,7 +317,6 @@ def test_of_two_processes_taking_a_free_or_lapsed_lease_at_once_only_one_wins(s3
     from conductor.execute.shared.objects import ObjectStore, RunLease
 
     objects = ObjectStore("s3://conductor-test/race")
-    objects.ensure_bucket()
     for lapsed in (None, {"token": "dead", "expires_at": "2026-01-01T00:00:00+00:00"}):
         if lapsed is not None:
             with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
@@ -419,7 +430,6 @@ def test_the_lease_is_taken_on_a_bucket_in_another_region_without_aws_region(s3,
     from conductor.execute.shared.objects import ObjectStore, RunLease
 
     objects = ObjectStore("s3://conductor-test/regions")
-    objects.ensure_bucket()
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.delenv("AWS_REGION", raising=False)
     with RegionProxy(s3.endpoint, names_region, header) as proxy:

@@ -83,7 +83,7 @@ class ObjectStore:
         self.url = url.rstrip("/")
         self.root = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
-        kw = {"allow_bucket_creation": True}
+        kw: dict = {"allow_bucket_creation": False}
         if endpoint:
             e = urlsplit(endpoint)
             kw.update(endpoint_override=e.netloc, scheme=e.scheme or "https")
@@ -97,15 +97,20 @@ class ObjectStore:
     def path(self, *rel: str) -> str:
         return "/".join((self.root, *rel))
 
-    def ensure_bucket(self) -> None:
+    def check_bucket(self) -> None:
+        """The bucket must exist: creating it would file the runs of a mistyped name under a new
+        bucket nobody reads (and, on AWS, bill for it)."""
         bucket = self.root.split("/", 1)[0]
         try:
-            if self.fs.get_file_info(bucket).type == self._pafs.FileType.NotFound:
-                self.fs.create_dir(bucket)
+            missing = self.fs.get_file_info(bucket).type == self._pafs.FileType.NotFound
         except OSError as e:
-            raise StorageError(f"store {self.url}: cannot reach or create the bucket ({e}); check AWS_ENDPOINT_URL, "
+            raise StorageError(f"store {self.url}: cannot reach the bucket ({e}); check AWS_ENDPOINT_URL, "
                                f"the credentials and the network, then rerun the same command: finished work "
                                f"is kept") from None
+        if missing:
+            raise ConductorError(f"store {self.url}: bucket {bucket!r} does not exist (or these credentials "
+                                 f"cannot see it); create it, or fix the name, then rerun the same command "
+                                 f"(conductor creates no bucket)")
 
     def put(self, local: Path, *rel: str) -> None:
         """One object, whole or not at all (the upload completes on close)."""
@@ -143,7 +148,7 @@ class ObjectStore:
             self._push_run(run_dir, work)
 
     def _push_run(self, run_dir, work: bool) -> None:
-        self.ensure_bucket()
+        self.check_bucket()
         rid = run_dir.run_id
         if work and run_dir.work.exists():
             self._push_work(run_dir)
@@ -338,7 +343,7 @@ class RunLease:
                     raise ConductorError(self._refusal(now))
                 held = now
         with self.store._reaching(f"take the lease of run {self.run_id}"):
-            self.store.ensure_bucket()
+            self.store.check_bucket()
             if not self._took(held):
                 now = self._read()  # another process took it meanwhile
                 raise ConductorError(self._refusal(now or {}))
