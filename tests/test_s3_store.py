@@ -107,7 +107,7 @@ def wait_for(proc, what, timeout=240):
     assert what(), f"not seen while the run ran (exit {proc.poll()}): {proc.stderr.read() if proc.poll() else ''}"
 
 
-def test_a_bucket_that_does_not_exist_is_refused_not_created(tmp_path, s3, fresh_sim, sample_queries):
+def test_a_bucket_that_does_not_exist_or_a_bad_endpoint_is_refused(tmp_path, s3, fresh_sim, sample_queries):
     """A mistyped bucket was created and the runs went there, where nobody looks for them."""
     from conductor.execute.shared.objects import ObjectStore
 
@@ -117,6 +117,10 @@ def test_a_bucket_that_does_not_exist_is_refused_not_created(tmp_path, s3, fresh
     assert "store s3://conductor-tset/nightly: bucket 'conductor-tset' does not exist" in r.stderr, r.stderr
     assert fresh_sim.log()["total"] == 0
     assert ObjectStore("s3://conductor-test/x").fs.get_file_info("conductor-tset").type.name == "NotFound"
+    r = run_cli(*run_args(sample_queries, pool, tmp_path / "data", "s3://conductor-test/nightly"),
+                env={"AWS_ENDPOINT_URL": "notaurl"})  # was "GET https:///conductor-test/...: not known"
+    assert r.returncode == 2 and "AWS_ENDPOINT_URL='notaurl': expected the URL of an S3-compatible server" in \
+        r.stderr, r.stderr
 
 
 @pytest.mark.slow

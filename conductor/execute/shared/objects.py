@@ -86,7 +86,12 @@ class ObjectStore:
         kw: dict = {"allow_bucket_creation": False}
         if endpoint:
             e = urlsplit(endpoint)
-            kw.update(endpoint_override=e.netloc, scheme=e.scheme or "https")
+            if e.scheme not in ("http", "https") or not e.hostname:  # else "GET https:///bucket/...: not known"
+                from conductor.pool import redact_url
+
+                raise ConductorError(f"AWS_ENDPOINT_URL={redact_url(endpoint)!r}: expected the URL of an "
+                                     f"S3-compatible server, http(s)://host[:port]")
+            kw.update(endpoint_override=e.netloc, scheme=e.scheme)
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             kw["region"] = region
