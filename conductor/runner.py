@@ -167,13 +167,43 @@ def run_id_stem(stem: str) -> str:
 
 
 def _shown_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Planner options as the manifest keeps them: a password or token typed into a URL
-    (`api_base=https://user:TOKEN@host`, `?api_key=`) is masked, as everywhere else."""
-    from conductor.masking import mask
+    """Planner options as the manifest keeps them, never a key: a password or token typed into a URL
+    (`api_base=https://user:TOKEN@host`, `?api_key=`) is masked, as everywhere else, a value that
+    looks like a key is not kept, and api_key_env only as a variable's NAME."""
+    return {k: _shown_option(k, v) for k, v in options.items()}
+
+
+NOT_KEPT = "(not kept: it looks like a key)"
+NOT_A_NAME = "(not kept: not the name of an environment variable)"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _shown_option(name: Any, value: Any) -> Any:
+    from conductor.masking import looks_like_a_key, mask
     from conductor.pool import redact_url
 
-    return {k: (mask(redact_url(v)) if "://" in v else mask(v)) if isinstance(v, str) else v
-            for k, v in options.items()}
+    if name == "api_key_env":
+        named = isinstance(value, str) and ENV_NAME.fullmatch(value) and not looks_like_a_key(value)
+        return value if named else NOT_A_NAME
+    if isinstance(value, dict):
+        return {k: _shown_option(k, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shown_option(name, v) for v in value]
+    if not isinstance(value, str):
+        return value
+    if "://" in value:
+        return mask(redact_url(value))
+    return NOT_KEPT if _pasted_key(value) else mask(value)
+
+
+def _pasted_key(value: str) -> bool:
+    """A key given as an option's value: one token that masking.looks_like_a_key flags, with a
+    long run of letters and digits; model names (`claude-3-5-sonnet-20241022`) have short parts."""
+    from conductor.masking import looks_like_a_key
+
+    parts = re.split(r"[-_]", value)
+    return (re.fullmatch(r"[A-Za-z0-9_-]+", value) is not None and looks_like_a_key(value)
+            and any(len(p) >= 16 and re.search(r"\d", p) and re.search(r"[A-Za-z]", p) for p in parts))
 
 
 # ---- plan -------------------------------------------------------------------
@@ -198,12 +228,22 @@ def plan_stage(run: Run, planner: Planner | None = None) -> Path:
             close_planner(planner)
 
 
-def configured_planner(cfg: RunConfig) -> Planner:
-    """The planner the configuration names; model planners get the run's max_steps unless set."""
+def configured_planner(cfg: RunConfig, pool: Pool | None = None) -> Planner:
+    """The planner the configuration names; model planners get the run's max_steps unless set.
+    Given the pool, the planner's worker is found in it, as `job check` does (enrich.job): a
+    planner worker missing, of another kind, or an implicit one its options cannot make is
+    refused before the run folder is written."""
     options = dict(cfg.planner_options)
     if cfg.planner in ("vllm", "llm"):
         options.setdefault("max_steps", cfg.max_steps)
-    return make_planner(cfg.planner, **options)
+    planner = make_planner(cfg.planner, **options)
+    if pool is not None and hasattr(planner, "resolve"):
+        try:
+            planner.resolve(pool)
+        except BaseException:
+            close_planner(planner)
+            raise
+    return planner
 
 
 def planning_dir(run: Run) -> Path:
@@ -698,7 +738,7 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     own = planner is None
     # Created here, not per stage, so that re-planning steps reuse it (a loaded
     # vLLM engine); and before the run folder, so that a bad setting writes nothing.
-    planner = planner or configured_planner(cfg)
+    planner = planner or configured_planner(cfg, load_pool(cfg.pool))
     from conductor.execute.shared.objects import store_url
 
     cfg.store = store_url(cfg.store)  # else CONDUCTOR_STORE (Dagster's assets share the data volume instead)

@@ -77,5 +77,9 @@ def parse_options(items: list[str]) -> dict:
         if "=" not in item:
             raise ConductorError(f"--planner-option {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
+        if not k.strip():
+            # the value is not shown: it may be a key pasted without its option's name
+            raise ConductorError("--planner-option =VALUE: the option has no name before '=' (expected KEY=VALUE, "
+                                 "e.g. temperature=0.5)")
         out[k.strip()] = yamlkeys.load(v)
     return out

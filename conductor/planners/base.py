@@ -7,16 +7,55 @@ in `conductor.plans`, whatever wrote the text.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
+from conductor.errors import ConductorError
 from conductor.plans import Query  # noqa: F401  (re-exported: the planner seam's input)
 from conductor.pool import Pool
+from conductor.yamlkeys import shown_value
 
 
 # A sweep gives every query as many slots as the largest candidate set; the slots a query
 # cannot use are plans with this error, left ungraded (not a wrong answer of the planner's).
 UNUSED_SLOT = "sweep slot not used"
+
+
+class PlanningStopped(ConductorError):
+    """Planning that stopped after its calls were sent (and maybe paid): not exit 2, which
+    promises that nothing was called. `exit_code` is `conductor run`'s: 3 when a budget
+    stopped it, else 4 (plans failed)."""
+
+    def __init__(self, message: object, exit_code: int = 4):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def option_checks(who: str) -> tuple[Callable[..., None], Callable[..., None]]:
+    """A planner's checks of whole-number and number options, their messages naming `who`:
+    planner options arrive as YAML scalars, and a bad one must be refused before the run
+    folder is written, not found by the model or the bill."""
+
+    def whole(name: str, value: Any, least: int | None, optional: bool = False) -> None:
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or (least is not None and value < least) \
+                or not -2**63 <= value < 2**63:  # the run's id hashes its options as 64-bit integers
+            at_least = f" of at least {least}" if least is not None else ""
+            none = " (or unset)" if optional else ""
+            raise ConductorError(f"{who}: {name} must be a whole number{at_least}{none} (got {shown_value(value)})")
+
+    def number(name: str, value: Any, low: float, low_open: bool, high: float | None) -> None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and (isinstance(value, int) or math.isfinite(value))  # NaN passes no comparison; inf all
+        ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
+        if not ok:
+            span = f"{'above' if low_open else 'at least'} {low:g}" + (f" and at most {high:g}" if high is not None
+                                                                        else "")
+            raise ConductorError(f"{who}: {name} must be a number {span} (got {shown_value(value)})")
+
+    return whole, number
 
 
 @dataclass

@@ -33,6 +33,7 @@ from conductor.errors import ConductorError
 from conductor.planners.base import UNUSED_SLOT, PlanDraft, PlannerBackEnd, Query
 from conductor.policy.actions import Action
 from conductor.pool import Pool, Worker
+from conductor.yamlkeys import shown_value
 
 TEMPLATE_VERSION = "embedded-v1"
 
@@ -105,16 +106,43 @@ class EmbeddedConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ValueError(f"{name} must be a whole number, at least {least} (got {v!r})")
         if self.candidates not in ("templates", "bandit"):
-            raise ValueError(f"candidates must be templates or bandit (got {self.candidates!r})")
-        given = self.templates.split(",") if isinstance(self.templates, str) else self.templates
-        names = tuple(t.strip() if isinstance(t, str) else t for t in given) if isinstance(given, (list, tuple)) else ()
-        if not names or not all(isinstance(t, str) and t in TEMPLATES for t in names):
-            raise ValueError(f"templates must name one or more of {', '.join(TEMPLATES)}, e.g. "
-                             f"templates=single,ensemble (got {self.templates!r})")
-        object.__setattr__(self, "templates", names)
+            raise ValueError(f"candidates must be templates or bandit (got {shown_value(self.candidates)})")
+        object.__setattr__(self, "templates", _templates(self.templates))
+        self._check_learned()
+
+    def _check_learned(self) -> None:
+        """The learned policy's options: `policy=5` was a traceback once the run folder existed."""
+        if self.policy is False:  # YAML reads policy=off as false
+            object.__setattr__(self, "policy", "none")
+        if self.policy is not None and (not isinstance(self.policy, str) or not self.policy.strip()):
+            raise ValueError(f"policy must be auto, none or a policy folder (got {shown_value(self.policy)})")
+        if self.use not in USES:
+            raise ValueError(f"use must be one of {', '.join(USES)} (got {shown_value(self.use)})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a whole number, at least 0 (got {shown_value(self.seed)})")
+        if not isinstance(self.sweep, bool):
+            raise ValueError(f"sweep must be true or false (got {shown_value(self.sweep)})")
         if self.action is not None:
-            for key in (self.action.values() if isinstance(self.action, dict) else [self.action]):
+            keys = self.action.values() if isinstance(self.action, dict) else [self.action]
+            if not all(isinstance(k, str) for k in keys):
+                raise ValueError(f"action must be an action key, or a mapping of task to action key "
+                                 f"(got {shown_value(self.action)})")
+            for key in keys:
                 Action.from_key(key)  # a clear ValueError on a malformed key
+
+
+USES = ("auto", "learned", "fixed")
+
+
+def _templates(given: object) -> tuple[str, ...]:
+    """`templates` as names: a list, or text such as single,ensemble."""
+    items = given.split(",") if isinstance(given, str) else given
+    names = tuple(t.strip() if isinstance(t, str) else t for t in items) if isinstance(items, (list, tuple)) else ()
+    if not names or not all(isinstance(t, str) and t in TEMPLATES for t in names):
+        got = "nothing" if given in (None, "", [], ()) else shown_value(given)
+        raise ValueError(f"templates must name one or more of {', '.join(TEMPLATES)}, e.g. "
+                         f"templates=single,ensemble (got {got})")
+    return names
 
 
 def _number(v: object, low: float, high: float) -> bool:
@@ -221,7 +249,9 @@ class EmbeddedPlanner(PlannerBackEnd):
         acts = servable(action_set(pool, q.task), allowed)
         if len(acts) > samples:
             raise ConductorError(f"sweep: query {q.query_id} has {len(acts)} candidate actions but only "
-                                 f"{samples} samples; use --samples all")
+                                 f"{samples} samples; a sweep needs as many samples per query as the largest "
+                                 f"candidate set: use --samples all with `conductor policy rollouts`, or "
+                                 f"--samples {len(acts)} or more with `conductor run`")
         drafts = []
         for a in acts:
             d = self._draft(q, self._estimate(q, pool, a), 1.0 / len(acts), replay)

@@ -24,7 +24,9 @@ samples are K distinct requests (and cache entries).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,14 +40,17 @@ from conductor.execute.context import ExecutionContext
 from conductor.execute.engine import ExecOptions, PlanJob, StepFailed
 from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, load_state, step_failures
 from conductor.planners import prompt as prompts
-from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
+from conductor.planners.base import PlanDraft, PlannerBackEnd, PlanningStopped, Query, option_checks
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS, Step
 from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool, provider_from_model
 from conductor.progress import Progress
+from conductor.yamlkeys import shown_value
 
 IMPLICIT_WORKER = "conductor-planner"
 SWITCHES = ("auto", "on", "off")
+MODEL_ONLY = ("api_base", "provider", "api_key_env", "price")  # settings of the worker `model` adds
+_whole, _number = option_checks("LLM planner")
 
 
 @dataclass
@@ -69,22 +74,80 @@ class LLMPlannerConfig:
     max_in_flight: int | None = None  # drafts planned at once; None: from the provider's concurrency
 
     def __post_init__(self) -> None:
+        """Every option checked before the run folder is written: bad values went to the server
+        as they were, and max_tokens=-100000 with a price credited the run's budget back."""
+        self._check_model()
+        _check_price(self.price)
+        self._check_sampling()
+        self._check_kinds()
+
+    def _check_model(self) -> None:
+        for name in ("model", "worker", "provider", "api_base"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConductorError(f"LLM planner: {name} must be text (got {shown_value(value)})")
+        if self.api_key_env is not None and not isinstance(self.api_key_env, str):
+            raise ConductorError("LLM planner: api_key_env must be the NAME of an environment variable "
+                                 "(the value is not shown)")
         if self.model is not None and self.worker is not None:
             raise ConductorError("LLM planner: give either model (a litellm model string) or worker "
                                  "(a pool worker of kind planner), not both")
+        if self.model is None and (given := [n for n in MODEL_ONLY if getattr(self, n) is not None]):
+            several = len(given) > 1
+            raise ConductorError(
+                f"LLM planner: option{'s' * several} {', '.join(given)} appl{'y' if several else 'ies'} only with "
+                f"a model string (--planner-model); a pool worker of kind planner takes its endpoint, key and "
+                f"price from the pool file: set them on that worker and its provider there")
+
+    def _check_sampling(self) -> None:
         for name in ("structured", "logprobs"):
             value = getattr(self, name)
             if isinstance(value, bool):  # YAML reads on/off as booleans
                 value = "on" if value else "off"
                 setattr(self, name, value)
             if value not in SWITCHES:
-                raise ConductorError(f"LLM planner: {name} must be one of {', '.join(SWITCHES)} (got {value!r})")
+                raise ConductorError(f"LLM planner: {name} must be one of {', '.join(SWITCHES)} "
+                                     f"(got {shown_value(value)})")
+        if not isinstance(self.strict, bool):
+            raise ConductorError(f"LLM planner: strict must be true or false (got {shown_value(self.strict)})")
+        if self.temperature is not None:
+            _number("temperature", self.temperature, low=0.0, low_open=False, high=2.0)
+        if self.top_p is not None:
+            _number("top_p", self.top_p, low=0.0, low_open=True, high=1.0)
+        _whole("max_tokens", self.max_tokens, least=1, optional=True)
+        _whole("seed", self.seed, least=None, optional=True)
+        _whole("max_in_flight", self.max_in_flight, least=1, optional=True)
+        _whole("instruction_chars", self.instruction_chars, least=1)
+
+    def _check_kinds(self) -> None:
+        if isinstance(self.kinds, str):
+            self.kinds = tuple(k.strip() for k in self.kinds.split(",") if k.strip())
+        if not isinstance(self.kinds, (list, tuple)) or not all(isinstance(k, str) for k in self.kinds):
+            raise ConductorError(f"LLM planner: kinds must list worker kinds among {', '.join(WORKER_KINDS)} "
+                                 f"(got {shown_value(self.kinds)})")
         self.kinds = tuple(self.kinds)
         bad = sorted(set(self.kinds) - set(WORKER_KINDS))
         if bad:
             raise ConductorError(f"LLM planner: unknown worker kind(s) {', '.join(bad)} in kinds")
         if problem := shape_problem(self.max_steps, self.kinds):
             raise ConductorError(f"LLM planner: {problem}")
+
+
+PRICE_PAIRS = ({"input_per_mtok", "output_per_mtok"}, {"input_per_token", "output_per_token"})
+
+
+def _check_price(price: Any) -> None:
+    """The implicit worker's price, as the option is written: the pool file's own message named
+    `workers[0] (conductor-planner)`, which the user never wrote."""
+    if price is None:
+        return
+    if not isinstance(price, dict) or set(price) not in PRICE_PAIRS:
+        raise ConductorError(f"LLM planner: option price must be a mapping like price={{input_per_mtok: 1, "
+                             f"output_per_mtok: 2}} (USD per million tokens; got {shown_value(price)})")
+    for name, value in price.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ConductorError(f"LLM planner: option price: {name} must be a number of USD, at least 0 "
+                                 f"(got {shown_value(value)})")
 
 
 @dataclass(frozen=True)
@@ -164,7 +227,7 @@ class LLMPlanner(PlannerBackEnd):
         try:  # the pool file's own checks, so a bad setting gets the same message
             parsed = parse_pool({"workers": [spec], "providers": {pid: provider}})
         except PoolError as e:
-            raise ConductorError(f"LLM planner: {e}") from None
+            raise ConductorError(f"LLM planner: {_as_option(str(e))}") from None
         worker = parsed.workers[0]
         providers = {pid: parsed.providers[pid], **pool.providers}
         return worker, Pool(workers=(*pool.workers, worker), providers=providers, path=pool.path,
@@ -300,7 +363,7 @@ class LLMPlanner(PlannerBackEnd):
             progress.close()
             if tmp is not None:
                 tmp.cleanup()
-        _stop_on(failures, len(drafts))
+        _stop_on(failures, len(drafts), b)
         return [list(drafts[i * samples:(i + 1) * samples]) for i in range(len(queries))]
 
 
@@ -333,19 +396,40 @@ def _final_failure(failed: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
-def _stop_on(failures: list[StepFailed], n: int) -> None:
-    """Raise for the planning failures that must stop the run (see RERUN_KINDS, SETUP_KINDS)."""
+def _stop_on(failures: list[StepFailed], n: int, binding: Binding) -> None:
+    """Raise for the planning failures that must stop the run (see RERUN_KINDS, SETUP_KINDS). Its
+    calls were sent, so not exit 2 ("nothing called"): 3 when a budget stopped them, else 4."""
     if setup := [f for f in failures if f.kind in SETUP_KINDS]:
-        raise ConductorError(f"LLM planner: cannot plan: {setup[0]}")
+        raise PlanningStopped(f"LLM planner: cannot plan: {setup[0]}"
+                              + (_resumes(binding) if binding.work_dir is not None else ""))
     rerun = [f for f in failures if f.kind in RERUN_KINDS]
     if not rerun:
         return
     blocked = sum(f.kind == "budget" for f in rerun)
     why = (f"{blocked} stopped by a budget (raise it in the pool file or with --budget)"
            if blocked else f"first error: {rerun[0]}")
-    raise ConductorError(
+    raise PlanningStopped(
         f"LLM planner: {len(rerun)} of {n} planning call(s) failed, {why}; rerun the same "
-        f"command to plan them again (finished planning calls are kept and not paid again)")
+        f"command to plan them again (finished planning calls are kept and not paid again)",
+        exit_code=3 if blocked == len(rerun) else 4)
+
+
+def _resumes(binding: Binding) -> str:
+    """What to do with the run folder the failed planning left (status `planning`). Not a plain
+    "rerun": the same request fails the same way until its cause is fixed."""
+    return (f". Fix this, then the same command resumes the planning of run {binding.run_id} (its status "
+            f"stays `planning` until then; with other planner options it is a new run, and this one's "
+            f"folder can be deleted)")
+
+
+def _as_option(message: str) -> str:
+    """A pool-file message about the implicit planner worker or its provider, naming the planner
+    option instead of `workers[0] (conductor-planner)` or `providers.<id>`."""
+    m = re.match(r"(workers\[0\] \([^)]*\)|providers\.[^.:]+)(?:\.([\w.]+))?: (.*)", message, re.S)
+    if m is None:
+        return message
+    option = m.group(2) or ("provider" if m.group(1).startswith("providers") else "model")
+    return f"option {option}: {m.group(3)}"
 
 
 def _supported_params(model: str) -> list[str] | None:

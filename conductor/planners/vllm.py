@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from conductor.errors import ConductorError
 from conductor.planners import prompt as prompts
-from conductor.planners.base import PlanDraft, PlannerBackEnd, Query
+from conductor.planners.base import PlanDraft, PlannerBackEnd, Query, option_checks
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS
 from conductor.pool import WORKER_KINDS, Pool
@@ -35,22 +35,7 @@ STRUCTURED_BACKENDS = ("xgrammar", "guidance", "outlines", "lm-format-enforcer",
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 
 
-def _whole(name: str, value: Any, least: int | None, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or (least is not None and value < least) \
-            or not -2**63 <= value < 2**63:  # the run's id hashes its options as 64-bit integers
-        at_least = f" of at least {least}" if least is not None else ""
-        none = " (or unset)" if optional else ""
-        raise ConductorError(f"vLLM planner: {name} must be a whole number{at_least}{none} (got {value!r})")
-
-
-def _number(name: str, value: Any, low: float, low_open: bool, high: float | None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        span = f"{'above' if low_open else 'at least'} {low:g}" + (f" and at most {high:g}" if high is not None else "")
-        raise ConductorError(f"vLLM planner: {name} must be a number {span} (got {value!r})")
+_whole, _number = option_checks("vLLM planner")
 
 
 @dataclass
