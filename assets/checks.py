@@ -111,10 +111,37 @@ def evaluate_results_complete(plans_path: Path, results_path: Path) -> AssetChec
                   "statuses": MetadataValue.json(statuses)})
 
 
-def _rematerialize(group: dict) -> str:
-    """The CLI's rerun advice in Dagster's words: retry_failed is query_set's run config setting."""
-    return rerun_advice(group, rerun="rematerialization", redo="rematerialize with retry_failed: true",
-                        flag="retry_failed: true")
+def _rematerialize(group: dict, retried: bool = False) -> str:
+    """The CLI's rerun advice in Dagster's words: retry_failed is query_set's run config setting.
+    `retried`: the run had retry_failed: true, so a final group failed again under it."""
+    redo = ("they failed again under retry_failed: true: fix the cause first" if retried
+            else "rematerialize with retry_failed: true")
+    return rerun_advice(group, rerun="rematerialization", redo=redo, flag="retry_failed: true")
+
+
+def _retried_by_rematerializing(group: dict) -> bool:
+    """Whether a plain rematerialization sends some of the group's plans again (a budget stop needs a
+    larger budget, a final failure retry_failed: true, a deleted journal a new run)."""
+    return (group["retried_on_rerun"] and group["failure"] != "budget"
+            and group.get("retries_used_up", 0) < group["plans"])
+
+
+def _needs_retry_failed(group: dict) -> bool:
+    """A failure only retry_failed: true sends again: final, or out of transient retries."""
+    return not (_retried_by_rematerializing(group) or group.get("journal_deleted") or group["failure"] == "budget")
+
+
+def _next_step(groups: list[dict]) -> str:
+    """What finishes a failed check. "Materialize again to retry" only when that retries something:
+    with every group final it contradicted the groups' own advice, and the run failed the same way."""
+    if any(_retried_by_rematerializing(g) for g in groups):
+        step = "materialize the partition again to retry"
+    elif any(_needs_retry_failed(g) for g in groups):
+        step = ("materializing the partition again as it is retries none of these: fix the cause, then "
+                "rematerialize with retry_failed: true")
+    else:
+        return ""
+    return f"; {step} (Re-execute from failure reruns only this check, which reads the same results)"
 
 
 def failed_share_threshold() -> float:
@@ -127,9 +154,10 @@ def failed_share_threshold() -> float:
                              f"of failed plans between 0 and 1, e.g. 0.05") from None
 
 
-def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> AssetCheckResult:
+def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float, retried: bool = False) -> AssetCheckResult:
     """Failed plans (every status but ok and budget_exhausted) against the threshold,
-    with the failures grouped by worker and kind, and the URL each worker calls."""
+    with the failures grouped by worker and kind, and the URL each worker calls.
+    `retried`: the run had retry_failed: true (its final failures failed again under it)."""
     status = pq.read_table(run.table("results"), columns=["status"]).column("status")
     statuses = {str(d["values"]): d["counts"] for d in pc.value_counts(status).to_pylist()}
     failed, total = failed_plans(statuses)
@@ -138,12 +166,11 @@ def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float) -> Ass
     desc = f"{failed} of {total} plans failed ({share:.1%}); threshold {threshold:.1%}"
     if groups:
         desc += "; " + "; ".join(f"worker {g['worker']} at {g['url']}: {g['failure']} x{g['plans']}: "
-                                 f"{_rematerialize(g)}"
+                                 f"{_rematerialize(g, retried)}"
                                  for g in groups[:_SHOW])
     passed = total > 0 and share <= threshold
-    if not passed and groups:
-        desc += ("; materialize the partition again to retry (Re-execute from failure reruns only this check, "
-                 "which reads the same results)")
+    if not passed:
+        desc += _next_step(groups)
     return AssetCheckResult(
         passed=passed, description=desc,
         metadata={"failed_share": share, "threshold": threshold, "failed_plans": failed,
@@ -229,7 +256,7 @@ def executions_unique_ids(executions: runner.RunConfig) -> AssetCheckResult:
                          "query_set config retry_failed: true, every failure.")
 def executions_failed_share(executions: runner.RunConfig) -> AssetCheckResult:
     run = _run_dir(executions)
-    return evaluate_failed_share(run, Path(executions.pool), failed_share_threshold())
+    return evaluate_failed_share(run, Path(executions.pool), failed_share_threshold(), executions.retry_failed)
 
 
 @asset_check(partitions_def=query_sets, asset="executions", name="no_budget_stop", blocking=True,

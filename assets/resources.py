@@ -11,15 +11,24 @@ from __future__ import annotations
 import math
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Mapping, Optional
 
 import orjson
-from dagster import ConfigurableResource, FilesystemIOManager, ResourceDefinition, resource
+from dagster import (
+    ConfigurableResource,
+    DailyPartitionsDefinition,
+    FilesystemIOManager,
+    InitResourceContext,
+    ResourceDefinition,
+    resource,
+)
 from pydantic import Field
 
 from conductor.envsettings import env_number
 from conductor.errors import ConductorError
+from conductor.planners import PLANNERS
 
 # A partition key is the query-set file's name without ".parquet"; keys travel in
 # URLs, CLI selections and run tags, so they keep to a plain alphabet.
@@ -41,18 +50,47 @@ class PlannerResource(ConfigurableResource):
     max_steps: int = 5
 
     def options(self) -> dict:
-        try:
-            opts = orjson.loads(self.options_json or "{}")
-            why = "" if isinstance(opts, dict) else f"got {type(opts).__name__}"
-        except orjson.JSONDecodeError as e:
-            why = str(e)
-        if why:
-            raise ConductorError(f"planner options {self.options_json!r} (CONDUCTOR_PLANNER_OPTIONS, or the planner "
-                                 f"resource's options_json): expected a JSON object such as "
-                                 f"{{\"templates\": [\"verify\"]}} ({why})")
+        """The planner's options for conductor. A kind, model or options value that cannot work is
+        refused first, naming its variable: the `plans` step would otherwise name a concurrency
+        pool after a kind that does not exist, or report the model as an unknown option."""
+        _check_kind(self.kind)
+        opts = _parsed_options(self.options_json)
         if self.model:
+            _check_model_fits(self.kind, self.model)
             opts["model"] = self.model
+        if self.kind == "vllm" and not opts.get("model"):
+            raise ConductorError("CONDUCTOR_PLANNER='vllm' (the planner resource's kind) needs "
+                                 "CONDUCTOR_PLANNER_MODEL (the resource's model): a model path or name vLLM can load")
         return opts
+
+
+def _check_kind(kind: str) -> None:
+    """Only conductor's planners: any other name fails at planning, after a pool was made for it."""
+    if kind not in PLANNERS:
+        raise ConductorError(f"CONDUCTOR_PLANNER={kind!r} (the planner resource's kind): expected one of "
+                             f"{', '.join(PLANNERS)}")
+
+
+def _check_model_fits(kind: str, model: str) -> None:
+    """A model is for the vllm and llm planners; conductor would call it an unknown option."""
+    if kind == "embedded":
+        raise ConductorError(f"CONDUCTOR_PLANNER_MODEL={model!r} (the planner resource's model) needs "
+                             f"CONDUCTOR_PLANNER=vllm or CONDUCTOR_PLANNER=llm: the embedded planner (the "
+                             f"default) uses no model; set CONDUCTOR_PLANNER, or unset CONDUCTOR_PLANNER_MODEL")
+
+
+def _parsed_options(options_json: str) -> dict:
+    """CONDUCTOR_PLANNER_OPTIONS as a dict, or an error naming it."""
+    try:
+        opts = orjson.loads(options_json or "{}")
+        why = "" if isinstance(opts, dict) else f"got {type(opts).__name__}"
+    except orjson.JSONDecodeError as e:
+        why = str(e)
+    if why:
+        raise ConductorError(f"planner options {options_json!r} (CONDUCTOR_PLANNER_OPTIONS, or the planner "
+                             f"resource's options_json): expected a JSON object such as "
+                             f"{{\"templates\": [\"verify\"]}} ({why})")
+    return opts
 
 
 class StorageResource(ConfigurableResource):
@@ -86,6 +124,46 @@ class ChecksResource(ConfigurableResource):
     max_run_usd: Optional[float] = Field(
         default=None, ge=0.0,
         description="spend limit per run, on top of the run's budget_usd and the pool's provider budgets")
+
+
+class CheckedFilesystemIOManager(FilesystemIOManager):
+    """The IO manager of CONDUCTOR_IO_DIR, whose folder is tried when a run's resources start, in
+    the process that writes there (on Kubernetes, each step's pod): a folder it cannot create or
+    write otherwise failed the first step after its work, with a bare FileNotFoundError."""
+
+    def create_io_manager(self, context: InitResourceContext):
+        check_io_dir(self.base_dir or "")
+        return super().create_io_manager(context)
+
+
+def check_io_dir(folder: str) -> None:
+    """Create the folder and write a file in it, or say which variable names it and what it takes."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ConductorError(f"CONDUCTOR_IO_DIR={folder!r}: cannot create or write the folder ({e.strerror or e}); "
+                             f"expected a folder this process can create and write (on Kubernetes, a volume "
+                             f"every step's pod mounts)") from None
+
+
+ENRICH_START = "CONDUCTOR_ENRICH_START"
+
+
+def check_enrich_start(env: Mapping[str, str] = os.environ) -> None:
+    """CONDUCTOR_ENRICH_START, parsed as assets/partitions.py parses it, or an error naming it:
+    Dagster's own names no variable. The days are needed to define the enrichment assets and
+    schedule, so a bad value stops the code location from loading, like a bad
+    CONDUCTOR_ENRICH_JOBS_HOUR."""
+    raw = env.get(ENRICH_START)
+    if raw is None:
+        return
+    try:
+        DailyPartitionsDefinition(start_date=raw, timezone="UTC")
+    except ValueError:
+        raise ConductorError(f"{ENRICH_START}={raw!r}: expected the first day of the daily enrichment partitions "
+                             f"as a date YYYY-MM-DD, such as 2026-01-01 (the default when unset)") from None
 
 
 def unusable(key: str, message: str) -> ResourceDefinition:
@@ -127,5 +205,5 @@ def from_env(env: Mapping[str, str] = os.environ) -> dict:
         "checks": checks,
     }
     if env.get("CONDUCTOR_IO_DIR"):
-        res["io_manager"] = FilesystemIOManager(base_dir=env["CONDUCTOR_IO_DIR"])
+        res["io_manager"] = CheckedFilesystemIOManager(base_dir=env["CONDUCTOR_IO_DIR"])
     return res

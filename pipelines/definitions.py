@@ -7,7 +7,8 @@ Asset modules under `assets/` (and their checks) are found automatically, so a
 new domain module needs no edit here; each job file in jobs/ (CONDUCTOR_JOBS_DIR)
 adds its assets (assets/enrichment.py) and, when there is one, the daily job schedule. Settings come from CONDUCTOR_*
 environment variables with defaults that work from the repository root (see
-assets/resources.py)."""
+assets/resources.py); a bad CONDUCTOR_ENRICH_START, like a bad schedule time,
+stops the location from loading with an error naming it."""
 
 import os
 

@@ -385,6 +385,37 @@ def test_retry_failed_reruns_plans_that_failed_for_good(tmp_path, fresh_sim, sam
         assert retried.output_for_node("query_set").run_id == first.output_for_node("query_set").run_id
 
 
+def test_a_check_whose_failures_are_all_final_says_to_fix_the_cause_not_to_materialize_again(
+        tmp_path, fresh_sim, sample_queries):
+    """A rejected key (401) is final: rematerializing as it is sends nothing, yet the check ended with
+    "materialize the partition again to retry". It says to fix the cause, then use retry_failed: true,
+    and, once that failed too, that the plans failed again under it."""
+    fresh_sim.set_faults("fast", fail_status=401)
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    res = resources.from_env(conductor_env(tmp_path, pool))
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "ten", small_queries(tmp_path, sample_queries, 10))
+        first = failed_share_check(materialize(ASSETS + checks.ALL, partition_key="ten", instance=inst,
+                                               resources=res, raise_on_error=False))
+        sent = fresh_sim.log()["total"]
+        again = failed_share_check(materialize(ASSETS + checks.ALL, partition_key="ten", instance=inst,
+                                               resources=res, raise_on_error=False,
+                                               run_config={"ops": {"query_set": {"config": {"retry_failed": True}}}}))
+    assert fresh_sim.log()["total"] == 2 * sent > 0  # retry_failed sent every plan again, and they failed again
+    assert "auth x10: final (rematerialize with retry_failed: true)" in first.description, first.description
+    assert "auth x10: final (they failed again under retry_failed: true: fix the cause first)" in again.description
+    for check in (first, again):
+        assert not check.passed and "materialize the partition again to retry" not in check.description
+        assert check.description.endswith(
+            "materializing the partition again as it is retries none of these: fix the cause, then rematerialize "
+            "with retry_failed: true (Re-execute from failure reruns only this check, which reads the same results)")
+
+
+def failed_share_check(result):
+    [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "failed_share"]
+    return check
+
+
 def test_a_pool_made_invalid_after_planning_fails_executions_at_once(tmp_path, sample_queries):
     pool = write_pool(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")
     res = resources.from_env(conductor_env(tmp_path, pool))
