@@ -10,6 +10,7 @@ such as `openia/` is caught), and where the worker names an endpoint
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -18,12 +19,24 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any, Iterable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from conductor.masking import mask
 from conductor.pool import Pool, Worker, shown_url
 
 TIMEOUT_S = 5.0
+
+
+def plannable(pool: Pool) -> str | None:
+    """Why no plan could be made for any query of the pool (None: it can plan): every planner
+    (embedded, llm, vllm) gives a query's first steps to llm workers, and a vote or extract
+    only combines their answers. Checked before a run is written, so that a pool of function
+    workers is refused as configuration, not found out as every plan invalid."""
+    if any(w.kind == "llm" for w in pool.workers):
+        return None
+    have = ", ".join(f"{w.id} ({w.kind})" for w in pool.workers)
+    return (f"pool file {pool.path or '(in memory)'}: has no llm workers (it has {have}); a plan needs at least "
+            f"one worker of kind llm (a model) to answer the query, so add one")
 
 
 def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
@@ -44,6 +57,8 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
             if not (provider and provider.api_key_env) and (why := _missing_key(w)):
                 problems.append(f"worker {w.id}: {why}")
             continue
+        if why := _credentials_in_url(w):
+            problems.append(f"worker {w.id}: {why}")
         base = w.api_base.rstrip("/")
         provider = pool.providers.get(w.provider)
         key = os.environ.get(provider.api_key_env) if provider and provider.api_key_env else None
@@ -82,6 +97,23 @@ def _provider_model(w: Worker) -> tuple[str, str | None]:
         return w.model, (f"model {w.model!r}: litellm does not know the provider {prefix!r}; use a prefix such as "
                          f"openai/, anthropic/, hosted_vllm/ (see https://docs.litellm.ai/docs/providers)")
     return name, None
+
+
+def _credentials_in_url(w: Worker) -> str | None:
+    """Why every call to an api_base with `user:password@` would fail, or None. The HTTP client
+    of the calls (aiohttp, in the direct client and inside litellm) refuses credentials in the
+    URL beside the Authorization header that carries the key: each call would fail with a
+    ValueError after the run was written. None as well once the direct client takes them out
+    of its URL (its `url` has no userinfo)."""
+    if "@" not in urlsplit(w.api_base).netloc:
+        return None
+    from conductor.execute.openai_http import OpenAIEndpoint, direct_model
+
+    if direct_model(w.api_base, w.model) and "@" not in urlsplit(OpenAIEndpoint(w.api_base, None).url).netloc:
+        return None
+    return (f"api_base {shown_url(w)} holds user:password@, which its calls cannot send (the HTTP client refuses "
+            f"credentials in the URL beside the key's Authorization header, so every call would fail); remove "
+            f"user:password@ from api_base, and give a key with the provider's api_key_env")
 
 
 def _missing_key(w: Worker) -> str | None:
@@ -136,9 +168,24 @@ def _origin(url: str) -> tuple[str, str | None, int | None]:
     return parts.scheme, parts.hostname, port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
+def _without_userinfo(url: str) -> tuple[str, str | None]:
+    """The URL without its `user:password@` part, and that part as a Basic Authorization
+    header value (None without one): urllib would take `user:password@host` for the host
+    name, where httpx sends the credentials as Basic auth in place of the key."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+    return urlunsplit(parts._replace(netloc=hostport)), f"Basic {token}"
+
+
 def _list_models(base: str, api_key: str | None) -> set[str] | str | None:
     """The endpoint's model ids; None when it does not say; a message when it cannot be reached."""
-    req = urllib.request.Request(f"{base}/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    url, basic = _without_userinfo(f"{base}/models")
+    auth = basic or (f"Bearer {api_key}" if api_key else None)
+    req = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
     try:
         with urllib.request.build_opener(_KeyStaysHome).open(req, timeout=TIMEOUT_S) as resp:
             body = _read_by(resp, time.monotonic() + TIMEOUT_S, 1 << 22)

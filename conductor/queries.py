@@ -16,12 +16,17 @@ import pyarrow.parquet as pq
 
 from conductor.errors import InputError
 from conductor.grading import TASKS as GRADED  # the graders define the tasks
+from conductor.plans import MAX_INSTRUCTION_CHARS
 
 # "record": a row of an enrichment job, answered with a JSON record and scored by the job's references.
 TASKS = (*GRADED, "record")
 COLUMNS = ("query_id", "prompt", "task", "reference", "metadata")
 SCHEMA = pa.schema([(c, pa.string()) for c in COLUMNS])
 _SHOW = 5
+# A prompt is sent as a step's instruction, which holds at most MAX_INSTRUCTION_CHARS; a graded
+# task's prompt gets the answer-line convention appended (the embedded planner's is under 100).
+ANSWER_LINE_ROOM = 200
+MAX_PROMPT_CHARS = MAX_INSTRUCTION_CHARS - ANSWER_LINE_ROOM
 
 
 def load_queries(path: str | Path) -> pa.Table:
@@ -93,6 +98,8 @@ def validate(table: pa.Table, where: str) -> pa.Table:
         problems.append(f"column 'prompt' is null or empty for query_id(s) {_ids(ids, bad_prompt)}")
 
     task = cols["task"]
+    if too_long := _too_long(ids, prompt, task):
+        problems.append(too_long)
     bad_task = pc.and_(pc.is_valid(task), pc.invert(pc.is_in(task, pa.array(TASKS))))
     bad_task = pc.fill_null(bad_task, False)
     if pc.any(bad_task).as_py():
@@ -112,6 +119,27 @@ def validate(table: pa.Table, where: str) -> pa.Table:
     if table.num_rows == 0:
         raise InputError(f"query set {where}: has no rows")
     return pa.table(cols, schema=SCHEMA)
+
+
+def _too_long(ids: pa.Array, prompt: pa.Array, task: pa.Array) -> str | None:
+    """Prompts longer than a step's instruction can hold: each would become an invalid plan
+    naming a step's instruction, in every run. A graded prompt's limit leaves room for the
+    answer line; an ungraded one is sent as it is. Rows of task `record` are conductor's own
+    (an enrichment job's rendered prompts, checked when the job loads; a judge's, which fail
+    alone when too long), so they are left to the plan check."""
+    length = pc.fill_null(pc.utf8_length(prompt), 0)
+    graded = pc.fill_null(pc.is_in(task, pa.array(GRADED)), False)
+    limit = pc.if_else(graded, MAX_PROMPT_CHARS, MAX_INSTRUCTION_CHARS)
+    long = pc.and_(pc.greater(length, limit), pc.invert(pc.fill_null(pc.equal(task, "record"), False)))
+    rows = [i for i, v in enumerate(long.to_pylist()) if v]
+    if not rows:
+        return None
+    shown = ", ".join(f"{ids[i].as_py()!r} ({length[i].as_py():,} characters, limit {limit[i].as_py():,})"
+                      for i in rows[:_SHOW])
+    more = f" and {len(rows) - _SHOW} more" if len(rows) > _SHOW else ""
+    return (f"column 'prompt' is longer than a step can send for query_id(s) {shown}{more}: a step's instruction "
+            f"holds at most {MAX_INSTRUCTION_CHARS:,} characters, {ANSWER_LINE_ROOM} of them kept for the answer "
+            f"line of a graded task; shorten those prompts or leave them out")
 
 
 def input_columns(path: str | Path) -> pa.Table | None:

@@ -41,6 +41,7 @@ from conductor.planparts import (FIRST_PART, next_size, part_path, ranges_to_pla
                                  written_parts)
 from conductor.plans import DEFAULT_MAX_STEPS, MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
+from conductor.preflight import plannable
 from conductor.progress import Progress
 from conductor.queries import file_digest, input_columns, load_queries
 from conductor.rewards import RewardScheme, group_advantages, score
@@ -109,6 +110,8 @@ def prepare(cfg: RunConfig) -> Run:
         sync_interval()
     queries = load_queries(cfg.queries)
     pool = load_pool(cfg.pool)
+    if why := plannable(pool):  # a pool of function workers only: every plan would be invalid
+        raise ConductorError(why)
     legacy = {
         "queries_sha256": file_digest(cfg.queries),
         "pool_identity": pool.identity_hash(),

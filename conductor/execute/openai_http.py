@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import aiohttp
 import orjson
+import yarl
 
 from conductor.execute.call import (MAX_ANSWER_BYTES, MAX_ERROR_BODY_BYTES, MAX_ERROR_CHARS, CallFailure,
                                     CallRequest, CallResponse, RETRYABLE_STATUS, _cut, _retry_after, _tokens, _usd,
@@ -51,9 +52,13 @@ class OpenAIEndpoint:
     direct = True  # `call.complete` sends through `send` instead of litellm
 
     def __init__(self, api_base: str, api_key: str | None, track_sent: bool = False):
-        self.url = api_base.rstrip("/") + "/chat/completions"
+        url = yarl.URL(api_base.rstrip("/") + "/chat/completions")
+        # `user:password@` (a gateway with Basic auth): aiohttp refuses it beside an Authorization
+        # header, so it goes out as that header, in place of the key, and never in the URL
+        self.url = str(url.with_user(None))
+        basic = aiohttp.BasicAuth(url.user or "", url.password or "").encode() if url.user is not None else None
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
-                         "Authorization": f"Bearer {api_key or 'no-key'}"}
+                         "Authorization": basic or f"Bearer {api_key or 'no-key'}"}
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
         self._track_sent = track_sent  # call `send`'s `sent` when a request's headers are out (costs a little)
