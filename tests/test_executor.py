@@ -391,8 +391,9 @@ def test_unpriced_worker_under_a_budget_is_refused_before_any_call(tmp_path, fre
                       providers={"sim": {"budget_usd": 1.0}})
     r = cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet")
     assert r.returncode == 2
-    assert "no known price for worker(s) fast" in r.stderr and "plans are saved" in r.stderr
-    assert fresh_sim.log()["total"] == 0
+    # before the run folder: adding the price makes a new run, so "plans are saved" saved them for nothing
+    assert "no known price for worker(s) fast" in r.stderr and "nothing was written or sent" in r.stderr
+    assert fresh_sim.log()["total"] == 0 and not (tmp_path / "data" / "runs").exists()
 
 
 def test_an_answer_paid_for_but_never_logged_is_recorded_as_the_paid_call(tmp_path, fresh_sim, sample_queries):
