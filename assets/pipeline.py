@@ -32,6 +32,7 @@ from pydantic import Field
 
 from conductor import runner, stats
 from conductor.errors import ConductorError
+from conductor.execute.shared.url import GovernorDown
 from conductor.progress import Progress
 from conductor.report import summary_markdown
 from conductor.store import refresh_catalog, write_table
@@ -116,6 +117,8 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
         sent = Progress(enabled=False)  # counts what this materialization sends
         with hold_pools(context, provider_pools(run.pool)) as held:
             results = runner.execute_stage(run, progress=sent)
+    except GovernorDown as e:  # a Redis restart: the retry policy's later tries may find it back
+        raise Failure(str(e), allow_retries=True) from None
     except ConductorError as e:
         raise Failure(str(e), allow_retries=False) from None
     except (KeyboardInterrupt, DagsterExecutionInterruptedError):

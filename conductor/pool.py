@@ -15,7 +15,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -162,19 +161,42 @@ class Pool:
 
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ***, for messages and logs: in the
-    `user:password@` part and in query parameters (`?password=`, as redis-py takes it)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "<unparseable URL>"
-    netloc, query = parts.netloc, parts.query
-    if parts.password is not None:
-        host = parts.hostname or ""
-        netloc = f"{parts.username or ''}:***@{host}" + (f":{port}" if port else "")
-    if query:
-        query = "&".join(_redact_param(p) for p in query.split("&"))
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    `user:password@` part and in query parameters (`?password=`, as redis-py takes it).
+
+    The user part is everything between `://` and the last `@`, whatever it holds: a
+    password with an unencoded `#`, `/`, `?` or `@` cut it short for urlsplit, which then
+    showed its tail as the host. One without `:` is masked whole (some clients take a
+    bare `password@`). An `@` later in the path or query masks more than needed, never less."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # a typo (`redis:/:pw@host`): all before the last `@` but a leading `scheme:/` is the user part
+        lead = re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/*", url) if "@" in url else None
+        scheme, rest = (url[:lead.end()], url[lead.end():]) if lead else ("", url)
+    user, at, tail = rest.rpartition("@")
+    shown = _masked_userinfo(user) + at if at else ""
+    return f"{scheme}{sep}{shown}{_redact_query(tail)}"
+
+
+def _masked_userinfo(userinfo: str) -> str:
+    """`user:***`, or `***` when there is no `:` to tell a user name from a password."""
+    name, colon, _ = userinfo.partition(":")
+    return f"{name}:***" if colon else "***"
+
+
+def _redact_query(text: str) -> str:
+    """`text` with the values of its secret query parameters masked. Everything after the
+    `?` is the query, a `#` included (a password may hold one); a piece with no `=` after a
+    secret one is taken as the rest of its value (an unencoded `&` in it)."""
+    head, q, query = text.partition("?")
+    if not q:
+        return text
+    shown, secret = [], False
+    for param in query.split("&"):
+        if secret and "=" not in param:
+            continue  # the secret's value went on past an `&`
+        masked = _redact_param(param)
+        secret = masked != param
+        shown.append(masked)
+    return f"{head}?{'&'.join(shown)}"
 
 
 def shown_url(worker: Worker | None) -> str:

@@ -29,6 +29,7 @@ from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.context import ExecutionContext, add_lost, lost_in_flight
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
 from conductor.execute.journal import STEPS_FILE, count_unanswered, load_state, unpriced_calls
+from conductor.execute.shared import check_shared_urls
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve, reserve_size
@@ -441,6 +442,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     queries in `refresh` are asked again instead of answered by the shared cache."""
     cfg = run.config
     plans_path = run.dir.table("plans")
+    check_shared_urls(run.pool, cache=False)  # the governor, as run_all checks it, for Dagster and job runs
     if journal_deleted(run):
         if cfg.retry_failed and _has_failed_plans(run):
             raise ConductorError(
@@ -754,7 +756,9 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     own = planner is None
     # Created here, not per stage, so that re-planning steps reuse it (a loaded
     # vLLM engine); and before the run folder, so that a bad setting writes nothing.
-    planner = planner or configured_planner(cfg, load_pool(cfg.pool))
+    pool = load_pool(cfg.pool)
+    planner = planner or configured_planner(cfg, pool)
+    check_shared_urls(pool, cache=cfg.cache)  # before the run folder: a wrong Redis password failed every plan
     from conductor.execute.shared.objects import store_url
 
     cfg.store = store_url(cfg.store)  # else CONDUCTOR_STORE (Dagster's assets share the data volume instead)

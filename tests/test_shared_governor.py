@@ -25,11 +25,45 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server is not installed (make setup-test installs Debian's)")
 
 
-@pytest.fixture
-def redis_server():
+PORTS = range(9420, 9450)  # the loopback ports the servers and listeners of these tests may take
+
+
+def listen() -> "socket.socket":
+    """A listening socket on 127.0.0.1 and a free port in PORTS (random order: two test
+    processes at once seldom try the same one)."""
+    import random
+    import socket
+
+    for port in random.sample(PORTS, len(PORTS)):
+        try:
+            return socket.create_server(("127.0.0.1", port))
+        except OSError:
+            continue
+    raise RuntimeError(f"no free loopback port in {PORTS.start}-{PORTS.stop - 1}")
+
+
+def free_port() -> int:
+    """A port in PORTS that nothing listens on now, for a server to take."""
+    with listen() as s:
+        return s.getsockname()[1]
+
+
+def start_redis(password: str | None = None):
+    """A RedisServer on a port in PORTS; another port if another process took that one first."""
+    from conductor.errors import ConductorError
     from conductor.execute.shared.servers import RedisServer
 
-    with RedisServer() as server:
+    for _ in range(5):
+        try:
+            return RedisServer(password=password, port=free_port())
+        except ConductorError:
+            continue
+    raise RuntimeError("redis-server did not start on any port tried")
+
+
+@pytest.fixture
+def redis_server():
+    with start_redis() as server:
         yield server
 
 
@@ -201,11 +235,10 @@ def test_the_run_summary_shows_the_shared_budget_a_run_drew_on(tmp_path, fresh_s
 def test_killing_the_governor_fails_calls_clearly_loses_nothing_and_the_rerun_finishes(tmp_path, fresh_sim,
                                                                                      sample_queries, monkeypatch):
     from conductor.runner import RunConfig, run_all
-    from conductor.execute.shared.servers import RedisServer
 
     secret = "s3cr3t-pw-42"
     monkeypatch.setenv("TEST_GOVERNOR_URL", "")
-    server = RedisServer(password=secret)
+    server = start_redis(password=secret)
     try:
         monkeypatch.setenv("TEST_GOVERNOR_URL", server.url)
         pool = tmp_path / "pool.yaml"
@@ -274,10 +307,9 @@ class SlowLink:
     slow network, where settling a call's cost takes as long as a round trip."""
 
     def __init__(self, target_port: int, delay_s: float):
-        import socket
-
         self.delay_s, self.target = delay_s, ("127.0.0.1", target_port)
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.held = 0  # answers held: how many times a client waited on the link
+        self.sock = listen()
         self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -297,6 +329,7 @@ class SlowLink:
         try:
             while data := src.recv(65536):
                 if answers:
+                    self.held += 1
                     time.sleep(self.delay_s)
                 dst.sendall(data)
         except OSError:

@@ -25,6 +25,7 @@ from typing import IO, Any, Callable
 import orjson
 
 from conductor.errors import ConductorError
+from conductor.execute.shared.url import failed_on_governor
 from conductor.execute.turns import AfterTurn
 
 # Statuses that end a plan for good; others (budget_exhausted) are retried on resume.
@@ -159,11 +160,23 @@ def step_failures(folder: Path) -> dict[str, list[dict[str, Any]]]:
     return failed
 
 
+def not_sent(row: dict[str, Any]) -> bool:
+    """A plan that failed because the shared governor could not be used before its call left
+    (down, or refusing its URL's password): nothing was sent, so it uses up none of its reruns
+    (RETRY_TRANSIENT) and is never final: the rerun once the server is back resumes it."""
+    return row["status"] == "error" and failed_on_governor(row.get("error"))
+
+
+def counts_as_retry(row: dict[str, Any]) -> bool:
+    """A plan's transient failure, one of the RETRY_TRANSIENT a rerun retries."""
+    return row["status"] == "error" and row.get("failure") in TRANSIENT_KINDS and not not_sent(row)
+
+
 def retries_used_up(folder: Path) -> set[str]:
     """Plans whose transient failures a rerun no longer retries: counted as load_state counts them."""
     transient: Counter[str] = Counter()
     for row in _read(folder / PLANS_FILE) if (folder / PLANS_FILE).exists() else ():
-        if row["status"] == "error" and row.get("failure") in TRANSIENT_KINDS:
+        if counts_as_retry(row):
             transient[row["plan_id"]] += 1
     return {pid for pid, n in transient.items() if n > RETRY_TRANSIENT}
 
@@ -183,9 +196,11 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
     transient: dict[str, int] = {}  # plan id -> transient failures logged
     for row in _read(folder / PLANS_FILE):
         status, pid = row["status"], row["plan_id"]
-        if status == "error" and row.get("failure") in TRANSIENT_KINDS:
+        if counts_as_retry(row):
             transient[pid] = transient.get(pid, 0) + 1
             final = transient[pid] > RETRY_TRANSIENT
+        elif not_sent(row):
+            final = False
         else:
             final = status in FINAL_PLAN_STATUSES
         if final and not (retry_failed and status == "error"):

@@ -383,6 +383,9 @@ def _final_failure(failed: list[dict[str, Any]]) -> tuple[str, str] | None:
     """Why (and of what kind) a query's planning failed for good in an earlier run, from its
     failed rows since its last answer; None when a rerun asks again: a failure a rerun may cure
     (a transient one, on its first RETRY_TRANSIENT reruns; a budget; a key or model fixed since)."""
+    from conductor.execute.shared.url import failed_on_governor
+
+    failed = [r for r in failed if not failed_on_governor(r.get("error"))]  # never sent: no try used up
     if not failed:
         return None
     last = failed[-1]

@@ -5,9 +5,12 @@ The in-process governor (conductor.execute.limits / budget) stays the default;
 a `governor:` URL in the pool file or CONDUCTOR_GOVERNOR chooses this one.
 """
 
-from conductor.execute.shared.url import GovernorUnavailable, governor_url, redact
+from conductor.execute.shared.url import (GovernorDown, GovernorUnavailable, SharedURLError, governor_url,
+                                          redact)
 
-__all__ = ["GovernorUnavailable", "governor_url", "redact"]
+__all__ = ["GovernorDown", "GovernorUnavailable", "SharedURLError", "check_shared_urls", "governor_url", "redact"]
+
+CHECK_TIMEOUT_S = 3.0  # for each server, before the run: a hung one is told from a slow one's PING
 
 
 def build_governor(pool, run_budget_usd, spent):
@@ -27,3 +30,53 @@ def build_governor(pool, run_budget_usd, spent):
     gov = RedisGovernor(url, os.environ.get("CONDUCTOR_BUDGET_SCOPE") or "default")
     return ({pid: SharedLimiter(gov, p) for pid, p in pool.providers.items()},
             SharedLedger(gov, pool.providers, run_budget_usd, spent), gov.close)
+
+
+def check_shared_urls(pool, cache: bool = True, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Before any call: the governor's URL and, when `cache` (no --no-cache), CONDUCTOR_CACHE,
+    read and their servers reached. Without it a wrong password failed every plan as
+    "unreachable", retried on each rerun, and a malformed URL was a traceback.
+
+    Raises SharedURLError for a URL that cannot be used as written or whose server refuses its
+    password or database number (naming where the URL comes from, the URL masked), GovernorDown
+    for a governor that cannot be reached. An unreachable cache only warns, once: the run goes on."""
+    from conductor.execute.shared.cache import probe
+    from conductor.execute.shared.url import CACHE_ENV, REDIS_SCHEMES, cache_setting, governor_source
+
+    url = governor_url(getattr(pool, "governor", None))
+    shared = url.partition("://")[0] in REDIS_SCHEMES
+    if shared:
+        _check_governor(url, governor_source(), timeout_s)
+    if not cache:
+        return
+    cache_url = cache_setting() or (url if shared else None)
+    if cache_url is None or cache_url == url or cache_url.partition("://")[0] not in REDIS_SCHEMES:
+        return  # a SQLite file (checked by cache_setting), or the governor's server, just reached
+    refused = probe(cache_url, timeout_s)
+    if refused:
+        raise SharedURLError(f"environment variable {CACHE_ENV}: the Redis server at {redact(cache_url)} "
+                             f"refused {refused} in the URL; fix it and rerun; nothing was called")
+
+
+def _check_governor(url: str, where: str, timeout_s: float) -> None:
+    """The governor's server answers a script (its every decision is one), with this password and database."""
+    from redis.exceptions import RedisError
+
+    from conductor.execute.shared.cache import client
+    from conductor.execute.shared.url import refusal
+
+    r = client(url, timeout_s)
+    try:
+        r.eval("return 1", 0)
+    except (RedisError, OSError) as e:
+        why = str(e) or type(e).__name__
+        refused = refusal(e)
+        if refused:
+            raise SharedURLError(f"{where}: the shared governor at {redact(url)} refused {refused} in the URL "
+                                 f"({why}); fix it and rerun; nothing was called") from None
+        tls = " (a rediss:// URL for a server without TLS waits like this)" if url.startswith("rediss:") else ""
+        raise GovernorDown(f"shared governor {redact(url)} ({where}) is unreachable ({why}){tls}: the run cannot "
+                           f"go on without it, as it holds the rate limits and budgets; nothing was called. "
+                           f"Start it, or fix the URL, and rerun the same command") from None
+    finally:
+        r.close()
