@@ -13,6 +13,7 @@ and a 200 whose shape is wrong is a `malformed` failure of that call only.
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 from typing import Any, Callable
 
@@ -56,7 +57,9 @@ class OpenAIEndpoint:
         # `user:password@` (a gateway with Basic auth): aiohttp refuses it beside an Authorization
         # header, so it goes out as that header, in place of the key, and never in the URL
         self.url = str(url.with_user(None))
-        basic = aiohttp.BasicAuth(url.user or "", url.password or "").encode() if url.user is not None else None
+        basic = None
+        if url.user is not None:  # yarl gives them decoded (%40 as @)
+            basic = "Basic " + base64.b64encode(f"{url.user}:{url.password or ''}".encode()).decode("ascii")
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
                          "Authorization": basic or f"Bearer {api_key or 'no-key'}"}
         self._api_key = api_key
