@@ -10,27 +10,25 @@ from pathlib import Path
 
 def int_in(low: int, high: int):
     """A whole number in [low, high]."""
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not low <= n <= high:
-            raise argparse.ArgumentTypeError(f"{n} is out of range ({low} to {high})")
-        return n
-    return parse
+    return _in_range(int, "a whole number", low, high)
 
 
 def number_in(low: float, high: float):
     """A finite number in [low, high]."""
-    def parse(text: str) -> float:
+    return _in_range(float, "a number", low, high)
+
+
+def _in_range(convert, noun: str, low, high):
+    def parse(text: str):
         try:
-            x = float(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= x <= high:  # NaN too
-            raise argparse.ArgumentTypeError(f"{text} is out of range ({low:g} to {high:g})")
-        return x
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not low <= value <= high:  # NaN too
+            raise argparse.ArgumentTypeError(f"{text.strip()} is out of range ({low:g} to {high:g})"
+                                             if isinstance(low, float) else
+                                             f"{text.strip()} is out of range ({low} to {high})")
+        return value
     return parse
 
 
