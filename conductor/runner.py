@@ -113,7 +113,7 @@ def prepare(cfg: RunConfig) -> Run:
     pool = load_pool(cfg.pool)
     if why := plannable(pool):  # a pool of function workers only: every plan would be invalid
         raise ConductorError(why)
-    if unpriced := unpriced_under_budget(pool, {w.id for w in pool.workers}, cfg.budget_usd is not None):
+    if unpriced := _unpriced_under_budget(pool, cfg.budget_usd is not None):
         # before the run folder: the price added is part of what the planner reads, so the fixed
         # command is a new run, and this one's plans would be left behind for nothing
         raise ConductorError("; ".join(unpriced) + " (nothing was written or sent)")
@@ -571,8 +571,7 @@ def check_ready(run: Run, plans_path: Path) -> None:
     for batch in pq.ParquetFile(plans_path).iter_batches(columns=["workers"], batch_size=65536):
         for ws in batch.column(0).to_pylist():
             used.update(ws or ())
-    problems = []
-    budget_on = run.config.budget_usd is not None
+    problems = []  # an unpriced worker under a budget was refused by prepare, before the run folder
     for pid, provider in run.pool.providers.items():
         workers = [w for w in run.pool.workers if w.provider == pid and w.id in used]
         if not workers:
@@ -580,7 +579,6 @@ def check_ready(run: Run, plans_path: Path) -> None:
         if provider.api_key_env and not os.environ.get(provider.api_key_env):
             problems.append(f"provider {pid}: environment variable {provider.api_key_env} is not set "
                             f"(needed by {', '.join(w.id for w in workers)})")
-    problems += unpriced_under_budget(run.pool, used, budget_on)
     if not problems:
         from conductor.preflight import preflight
 
@@ -589,14 +587,14 @@ def check_ready(run: Run, plans_path: Path) -> None:
         raise ConductorError("cannot start executing (plans are saved; fix this and rerun): " + "; ".join(problems))
 
 
-def unpriced_under_budget(pool: Pool, used: set[str], budget_on: bool) -> list[str]:
-    """Providers under a budget whose `used` workers have no known price: never a silent $0."""
+def _unpriced_under_budget(pool: Pool, budget_on: bool) -> list[str]:
+    """Providers under a budget with workers of no known price: never a silent $0."""
     problems = []
     for pid, provider in pool.providers.items():
         if provider.budget_usd is None and not budget_on:
             continue
-        unpriced = [w.id for w in pool.workers if w.provider == pid and w.id in used and w.kind != "function"
-                    and w.model and resolve_price(w) is None]
+        unpriced = [w.id for w in pool.workers if w.provider == pid and w.kind != "function" and w.model
+                    and resolve_price(w) is None]
         if unpriced:
             problems.append(f"provider {pid}: no known price for worker(s) {', '.join(unpriced)}, so they cannot "
                             f"run under a budget; add price: {{input_per_mtok, output_per_mtok}} in the pool file")
