@@ -92,8 +92,9 @@ class Run:
 MAX_SAMPLES = 4096
 
 
-def prepare(cfg: RunConfig) -> Run:
-    """Validate every input before anything is written; create or reopen the run."""
+def prepare(cfg: RunConfig, pool: Pool | None = None) -> Run:
+    """Validate every input before anything is written; create or reopen the run. `pool`: the
+    pool file as already loaded (run_all loads it first, to build the planner)."""
     if not 1 <= cfg.samples <= MAX_SAMPLES:
         raise ConductorError(f"--samples is plans per query: 1 to {MAX_SAMPLES} (got {cfg.samples})")
     if not 1 <= cfg.max_steps <= MAX_STEPS:
@@ -110,7 +111,7 @@ def prepare(cfg: RunConfig) -> Run:
 
         sync_interval()
     queries = load_queries(cfg.queries)
-    pool = load_pool(cfg.pool)
+    pool = pool or load_pool(cfg.pool)
     if why := plannable(pool):  # a pool of function workers only: every plan would be invalid
         raise ConductorError(why)
     if unpriced := _unpriced_under_budget(pool, cfg.budget_usd is not None):
@@ -760,7 +761,7 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     from conductor.execute.shared.objects import store_url
 
     cfg.store = store_url(cfg.store)  # else CONDUCTOR_STORE (Dagster's assets share the data volume instead)
-    run = prepare(cfg)
+    run = prepare(cfg, pool)
     store = run.lease.store if run.lease is not None else None
     # The run's lease on the store is renewed while the run goes on and released when it ends, however it ends.
     with run.lease or contextlib.nullcontext():
