@@ -334,6 +334,23 @@ def test_of_two_processes_taking_a_free_or_lapsed_lease_at_once_only_one_wins(s3
         assert lease(objects) is None
 
 
+def test_a_lease_taken_with_plain_writes_is_live_when_taken_at_the_shortest_interval(s3):
+    """A plain-write take waits 1 s to read its lease back before the renewals begin; the lease
+    lived four intervals from its write, so at CONDUCTOR_STORE_SYNC_S=0.2 it had lapsed by the
+    time take() returned, and a second process took the live run over."""
+    from conductor.errors import ConductorError
+    from conductor.execute.shared.objects import ObjectStore, RunLease
+
+    objects = ObjectStore("s3://conductor-test/settle")
+    held, other = RunLease(objects, "s3run", interval=0.2), RunLease(objects, "s3run", interval=0.2)
+    held._object = other._object = None  # plain writes, as without AWS_* credentials
+    held.take()
+    assert RunLease._live(lease(objects))
+    with held:
+        with pytest.raises(ConductorError, match="already running"):
+            other.take()
+
+
 def test_the_lease_requests_are_signed_as_aws_signs_them():
     """Conditional writes go out signed by conductor (pyarrow cannot send the conditions):
     the signature must be AWS's own, else a real S3 refuses every lease. botocore signs the

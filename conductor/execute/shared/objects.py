@@ -239,7 +239,9 @@ class RunLease:
     The lease is an object beside the run's, naming its holder (host, pid, a random token).
     The holder renews it every sync interval (CONDUCTOR_STORE_SYNC_S) and deletes it when
     the run ends, however it ends short of SIGKILL; one not renewed for `ttl` (four
-    intervals, 2 minutes by default) has lapsed and is taken over.
+    intervals and a second, 121 s by default) has lapsed and is taken over. The second covers
+    the settle of a plain-write take, before the first renewal: without it a lease renewed
+    every 0.25 s had lapsed by the time it was taken.
 
     Taking and renewing it are conditional writes (s3cond: create only if absent, replace
     only the version read), so of two takers exactly one wins, and a holder whose lease was
@@ -258,7 +260,7 @@ class RunLease:
     def __init__(self, store: ObjectStore, run_id: str, interval: float | None = None):
         self.store, self.run_id = store, run_id
         self.interval = interval or sync_interval()
-        self.ttl = 4 * self.interval
+        self.ttl = 4 * self.interval + self.settle
         self.token = secrets.token_hex(16)
         self.started = time.time()
         self.lost: dict | None = None  # the holder that took it over after ours lapsed
