@@ -162,6 +162,16 @@ def test_a_bad_embedded_planner_option_is_refused_before_any_run_folder(sim, tmp
     _nothing_written_or_sent(tmp_path, sim)
 
 
+def test_a_policy_folder_with_nothing_for_the_pool_is_refused_before_any_run_folder(sim, tmp_path, queries):
+    """The folder was looked in only by planning: the run folder stayed behind in `planning`."""
+    for folder in (tmp_path / "nothing", tmp_path):
+        r = cli("run", queries, "--pool", _pool(tmp_path, sim), "--data-dir", tmp_path / "data", "--quiet",
+                "--planner-option", f"policy={folder}")
+        assert r.returncode == 2, r.stderr
+        assert f"planner option policy={folder}: no policy artifact there for this pool" in r.stderr, r.stderr
+        _nothing_written_or_sent(tmp_path, sim)
+
+
 def test_a_planner_option_without_a_name_is_refused_naming_the_problem(sim, tmp_path, queries):
     r = cli("run", queries, "--pool", _pool(tmp_path, sim), "--data-dir", tmp_path / "data",
             "--planner-option", "=3")

@@ -157,6 +157,11 @@ class EmbeddedPlanner(PlannerBackEnd):
         self.config = config or EmbeddedConfig()
         self._learned: dict[str, object] = {}  # pool key -> loaded artifact (or None)
 
+    def resolve(self, pool: Pool) -> None:
+        """Load the learned policy before the run folder exists: a `policy=` folder with nothing
+        for this pool, or a damaged artifact, was found only by planning, leaving a run behind."""
+        self.learned_policy(pool)
+
     def replanner(self, pool: Pool, max_steps: int):
         from conductor.planners.replan import EmbeddedReplanner
 
