@@ -30,6 +30,7 @@ from conductor.execute.context import ExecutionContext, add_lost, lost_in_flight
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
 from conductor.execute.journal import STEPS_FILE, count_unanswered, load_state, unpriced_calls
 from conductor.execute.shared import check_shared_urls
+from conductor.execute.shared.cache import check_file_cache
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve, reserve_size
@@ -758,6 +759,8 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     pool = load_pool(cfg.pool)
     planner = planner or configured_planner(cfg, pool)
     check_shared_urls(pool, cache=cfg.cache)  # before the run folder: a wrong Redis password failed every plan
+    if cfg.cache:
+        check_file_cache(_cache_path(cfg), pool)
     from conductor.execute.shared.objects import store_url
 
     cfg.store = store_url(cfg.store)  # else CONDUCTOR_STORE (Dagster's assets share the data volume instead)

@@ -794,6 +794,7 @@ def test_damaged_files_and_bad_text_get_a_message_naming_the_file_and_what_to_do
     r = run_cli(*cmd)
     assert r.returncode == 2 and f"{cache} is not a readable response cache" in r.stderr and "mv " in r.stderr
     assert "Traceback" not in r.stderr
+    assert not (data / "runs").exists()  # refused before planning: no run folder left planned and not executed
 
     t = pq.read_table(queries)
     prompts = t.column("prompt").combine_chunks().cast(pa.binary()).to_pylist()

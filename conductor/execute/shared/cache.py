@@ -166,18 +166,31 @@ class RedisCache:
         self._r.close()
 
 
-def open_cache(default_path: str | Path, pool=None) -> Cache | RedisCache:
-    """The shared response cache: CONDUCTOR_CACHE (a redis:// URL or a file path); else, with a
-    shared governor, the governor's server; else the SQLite file at `default_path`."""
+def cache_location(default_path: str | Path, pool=None) -> str | Path:
+    """Where the shared response cache is: CONDUCTOR_CACHE (a redis:// URL or a file path); else,
+    with a shared governor, the governor's server; else the SQLite file at `default_path`."""
     from conductor.execute.shared.url import governor_url
 
     url = cache_setting()
     if not url:
         gov = governor_url(getattr(pool, "governor", None)) if pool is not None else "memory://"
         url = gov if gov.startswith(("redis://", "rediss://")) else None
-    if url and url.startswith(("redis://", "rediss://")):
-        return RedisCache(url)
-    return Cache(url or default_path)
+    return url or Path(default_path)
+
+
+def open_cache(default_path: str | Path, pool=None) -> Cache | RedisCache:
+    where = cache_location(default_path, pool)
+    if isinstance(where, str) and where.startswith(("redis://", "rediss://")):
+        return RedisCache(where)
+    return Cache(where)
+
+
+def check_file_cache(default_path: str | Path, pool=None) -> None:
+    """A SQLite cache file that is there but not a cache is named before the run folder is
+    written: found by execution, it left a run behind, planned and never executed."""
+    where = cache_location(default_path, pool)
+    if not (isinstance(where, str) and "://" in where) and Path(where).exists():
+        Cache(where).close()
 
 
 def _mark_down(url: str, why: str, refused: str | None, what: str) -> None:
