@@ -59,7 +59,7 @@ def test_intervals_are_written_as_duckdb_writes_them(data):
     q = ("SELECT INTERVAL '1 month 2 days' AS i, 1 AS i, TIMESTAMP '2026-01-01 10:00:05' - "
          "TIMESTAMP '2026-01-01 09:00:00' AS took, NULL::INTERVAL AS none")
     r = cli("sql", q, "--data-dir", data, "--format", "csv")
-    assert r.returncode == 0 and r.stdout.splitlines() == ["i,i,took,none", "1 month 2 days,1,01:00:05,"], r
+    assert r.returncode == 0 and r.stdout.splitlines() == ["i,i_1,took,none", "1 month 2 days,1,01:00:05,"], r
     r = cli("sql", q.replace("1 AS i", "1 AS n"), "--data-dir", data, "--format", "json")
     assert r.returncode == 0 and r.stdout == '{"i":"1 month 2 days","n":1,"took":"01:00:05","none":null}\n', r
     # inside a list, a struct or a map too (audit46: "14 months" came out as "420 days, 0:00:00")
@@ -110,6 +110,15 @@ def test_json_keeps_every_column_of_the_same_name(data):
     duckdb_names = cli("sql", f"SELECT * FROM ({q})", "--data-dir", data, "--format", "csv").stdout.splitlines()[0]
     assert duckdb_names == "x,x_1,x_1_1,X_2,y"
     assert r.returncode == 0 and r.stdout == '{"x":1,"x_1":2,"x_1_1":3,"X_2":4,"y":5}\n', r
+    csv = cli("sql", q, "--data-dir", data, "--format", "csv")  # its header repeated x, read back as one column
+    assert csv.returncode == 0 and csv.stdout.splitlines()[0] == duckdb_names, csv
+
+
+def test_an_error_in_table_format_quotes_the_query_without_the_limit_duckdb_adds(data):
+    """The quoted line ended in `LIMIT 10000`, which the user never wrote."""
+    r = cli("sql", "SELECT 'a'::INTEGER AS n LIMIT 3", "--data-dir", data)
+    assert r.returncode == 2 and "Could not convert string 'a'" in r.stderr, r.stderr
+    assert "LIMIT 3\n" in r.stderr and "10000" not in r.stderr, r.stderr
 
 
 def test_json_columns_are_objects_and_blobs_read_as_duckdb_writes_them(data):

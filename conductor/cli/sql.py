@@ -83,7 +83,10 @@ def main(args: argparse.Namespace) -> int:
         if (missing := _missing_view(str(e), store or args.data_dir / "runs")) is not None:
             raise ConductorError(f"SQL error: {missing}") from None  # not DuckDB's "Did you mean pg_tables?"
         advice = damaged_file_advice(str(e))
-        raise ConductorError(f"SQL error: {e}" + (f"; {advice}" if advice else "")) from None
+        message = str(e)
+        if args.format == "table":  # DuckDB's show() appends a LIMIT of its own to the query it quotes
+            message = re.sub(r"^(LINE \d+:.*) LIMIT 10000$", r"\1", message, flags=re.M)
+        raise ConductorError(f"SQL error: {message}" + (f"; {advice}" if advice else "")) from None
     finally:
         con.close()
     return 0
@@ -203,7 +206,7 @@ def _stream(result, fmt: str, nested: set[int] = frozenset()) -> None:
     keys = _unique(cols)
     out = sys.stdout
     if fmt == "csv":
-        out.write(",".join(_csv_field(c) for c in cols) + "\n")
+        out.write(",".join(_csv_field(c) for c in keys) + "\n")  # a header that repeats a name reads back as one
     while batch := result.fetchmany(10_000):
         if fmt == "csv":
             out.write("".join(",".join(_csv_field(v) for v in row) + "\n" for row in batch))
