@@ -12,6 +12,7 @@ from typing import Any
 
 CHARS_PER_TOKEN = 4
 MESSAGE_FRAMING_TOKENS = 4  # role and separators a chat template adds per message
+MESSAGE_FRAMING_BOUND = 8  # their bound, beside a message's UTF-8 bytes (max_prompt_tokens)
 
 
 def tokens_from_chars(chars: Any) -> Any:
@@ -42,4 +43,5 @@ def max_prompt_tokens(messages: list[dict[str, str]]) -> int:
     """An upper bound on a prompt's tokens in any script and tokenizer: its UTF-8
     bytes (a byte-level tokenizer never makes a token of less than one byte),
     plus framing per message. For budget reservations, which must not undershoot."""
-    return sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + 8 for m in messages)
+    return sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + MESSAGE_FRAMING_BOUND
+               for m in messages)

@@ -25,8 +25,8 @@ import pyarrow as pa
 from conductor.errors import ConductorError
 from conductor.grading import grade_all
 from conductor.pool import Pool
-from conductor.replay.tables import (COST_COLUMN, MIXED, read_table, replay_source, replay_workers, shared_texts,
-                                     with_tokens)
+from conductor.replay.tables import (COST_COLUMN, MIXED, charged_tokens_in, read_table, replay_source,
+                                     replay_workers, shared_texts, with_tokens)
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,10 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
     t = (t.filter(pl.col("question_id").is_in(list(question_ids)))
          .unique(subset=["question_id", "model"], keep="first", maintain_order=True)
          .join(by_model, on="model", how="inner"))
-    # Completion tokens as the executor counts them on the same replayed answer: at most max_tokens,
-    # so a single worker here costs what it costs when a plan runs it.
-    t = with_tokens(t).with_columns(pl.min_horizontal("tokens_out", "cap").alias("tokens_out"))
+    # Tokens as the executor counts them on the same replayed answer (completions at most max_tokens,
+    # prompts at most their bytes), so a single worker here costs what it costs when a plan runs it.
+    t = with_tokens(t).with_columns(pl.min_horizontal("tokens_out", "cap").alias("tokens_out"),
+                                    charged_tokens_in().alias("tokens_in"))
     # A question with an unlabelled row is left out of the labels' figures altogether, so that
     # every policy's accuracy by the labels is over the same questions.
     t = t.with_columns(pl.col("correct").is_not_null().all().over("question_id").alias("labelled"))

@@ -5,8 +5,8 @@ every (action, question) pair at once, for analyses that need many more of them 
 would be worth (bench/ceiling.py, bench/resplit.py). A step's condition goes through the
 executor's `condition_holds`, a `vote` step through the `vote` function worker, the answer
 is the last step's that ran, and each call costs its recorded tokens at the worker's price
-(completion tokens capped at max_tokens, as the executor counts them) or the row's recorded
-`cost_usd`.
+(completion tokens capped at max_tokens and prompt tokens at their bytes, as the executor
+counts them) or the row's recorded `cost_usd`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from conductor.grading import answers_agree, grade
 from conductor.plans import validate_plan
 from conductor.policy.actions import Action
 from conductor.pool import Pool
-from conductor.replay.tables import COST_COLUMN, read_table, replay_workers, with_tokens
+from conductor.replay.tables import COST_COLUMN, charged_tokens_in, read_table, replay_workers, with_tokens
 
 
 class Recorded:
@@ -40,7 +40,8 @@ class Recorded:
         price = {w.id: w.price for w in pool.workers}
         cap = {w.id: w.max_tokens() for w in pool.workers}  # the executor counts no more (engine._clamped)
         t = with_tokens(read_table(table, ["question_id", "question", "model", "response"])
-                        .filter(pl.col("model").is_in(list(worker_of))))
+                        .filter(pl.col("model").is_in(list(worker_of)))).with_columns(
+            charged_tokens_in().alias("tokens_in"))
         text_of = dict(t.filter(pl.col("question_id").is_in(list(references)))
                        .select("question_id", "question").unique("question_id", keep="first").iter_rows())
         wanted = set(text_of.values())

@@ -29,7 +29,7 @@ import polars as pl
 from conductor.errors import ConductorError, PoolError
 from conductor.grading import TASKS  # the tasks a replay table may name: the graders'
 from conductor.pool import Pool, Worker
-from conductor.tokens import tokens_from_chars
+from conductor.tokens import MESSAGE_FRAMING_BOUND, tokens_from_chars
 from conductor.replay.datasets import DATASETS, REPLAY_ENV, SPLITS, TRAIN_FRACTION, default_replay_dir  # noqa: F401
 
 MIXED = "mixed"  # the pool's replay.task when the table's rows have more than one task
@@ -316,6 +316,15 @@ def with_tokens(t: pl.DataFrame) -> pl.DataFrame:
     flags = [pl.col(c).is_null() if c in t.columns else pl.lit(True) for c in TOKEN_COLUMNS]
     return t.with_columns(t_in.alias("tokens_in"), t_out.alias("tokens_out"),
                           (flags[0] | flags[1]).alias("tokens_estimated"))
+
+
+def charged_tokens_in() -> pl.Expr:
+    """tokens_in as the executor charges a replayed call: at most the question's UTF-8 bytes and
+    a message's framing (tokens.max_prompt_tokens, its bound on any prompt's tokens; a replay
+    step sends the question alone). A log's counts often include a system prompt or few-shot
+    examples the question lacks: taken as recorded, a table policy cost more than the same
+    call in a plan."""
+    return pl.min_horizontal("tokens_in", pl.col("question").str.len_bytes() + MESSAGE_FRAMING_BOUND)
 
 
 def _ids(t: pl.DataFrame, mask: pl.Expr) -> str:
