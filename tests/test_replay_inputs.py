@@ -96,6 +96,9 @@ def test_eval_judges_by_the_labels_only_the_queries_whose_rows_all_have_one(tmp_
     assert by["m-good"]["accuracy_labels"] == 1.0 and by["m-good"]["accuracy"] == 1.0
     assert by["m-mid"]["accuracy_labels"] == pytest.approx(17 / 35)  # q5..q39: 18 odd, 17 even
     assert by["oracle (labels)"]["accuracy_labels"] == 1.0
+    # and the 5 are left out of all its figures: they counted as wrong by our grader, free and without a call
+    oracle = by["oracle (labels)"]
+    assert (oracle["accuracy"], oracle["calls_per_query"], oracle["queries"]) == (1.0, 1.0, 35), oracle
     assert by["best single (labels): m-good"]["accuracy_labels"] == 1.0
     report = (tmp_path / "ev" / "report.md").read_text()
     assert "over the 35 of the 40 queries whose rows all have one" in report
@@ -284,16 +287,25 @@ def test_queries_refuse_a_repeated_question_and_model_pair(tmp_path, capsys):
     assert "2 rows repeat a (question_id, model) pair, e.g. question id(s) q0" in capsys.readouterr().err
 
 
-def test_a_csv_table_gets_a_recipe(tmp_path, capsys):
+def test_a_csv_table_gets_a_recipe_that_keeps_its_text_as_written(tmp_path, capsys):
+    """The recipe let polars infer types: id 007 became 7, a reference 0.5 a float the table then
+    refused; and it wrote into the current folder, not beside the CSV."""
     csv = tmp_path / "mine.csv"
-    _table().write_csv(csv)
+    t = _table()
+    first = t.get_column("question_id")[0]
+    t.with_columns(pl.when(pl.col("question_id") == first).then(pl.lit("007")).otherwise(pl.col("question_id"))
+                   .alias("question_id"), pl.lit("0.5").alias("reference")).write_csv(csv)
     assert _replay("pool", "--table", str(csv), "--out", str(tmp_path / "p.yaml"), tmp_path=tmp_path) == 2
     err = capsys.readouterr().err
     assert "replay tables are read as Parquet only: convert it first" in err
     recipe = err.split("e.g. ", 1)[1].strip()
-    subprocess.run([sys.executable, *shlex.split(recipe)[1:]], cwd=tmp_path, check=True)
-    assert _replay("pool", "--table", str(tmp_path / "mine.parquet"), "--out", str(tmp_path / "p.yaml"),
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    subprocess.run([sys.executable, *shlex.split(recipe)[1:]], cwd=elsewhere, check=True)
+    assert _replay("queries", "--table", str(tmp_path / "mine.parquet"), "--out", str(tmp_path / "q.parquet"),
                    tmp_path=tmp_path) == 0
+    q = pl.read_parquet(tmp_path / "q.parquet")
+    assert "007" in q.get_column("query_id").to_list() and set(q.get_column("reference")) == {"0.5"}
 
 
 def _prices(tmp_path, text: str, encoding: str = "utf-8"):

@@ -8,7 +8,8 @@ Table policies choose rows of the recorded matrix (see `table`):
   queries), ties to the cheaper; chosen once by our grader and once by the labels;
 - oracle: per question the cheapest correct recorded response; a question no
   worker answered correctly costs nothing and makes no call (as the reference
-  figures count it); again once per way of judging "correct";
+  figures count it); again once per way of judging "correct", over the
+  questions that way can judge (the labels' oracle leaves unlabelled ones out);
 - uniform random: a worker drawn uniformly per question among those that
   recorded it; reported as its exact expected value, so no seed is involved.
 
@@ -103,10 +104,11 @@ def table_policies(m: Matrix, eval_ids: list[str], select_ids: list[str]) -> lis
                           info={"chosen_by": metric, "chosen_on_queries": len(select_ids),
                                 "chosen_accuracy": _acc(best, metric), "chosen_usd": best.usd_per_query},
                           outcomes=_outcomes(rows, pick.worker, m.graded_ids.intersection(eval_ids))))
+    graded, labelled = m.graded_ids.intersection(eval_ids), m.labelled_ids.intersection(eval_ids)
     for metric, said in METRICS.items():
         if not judged[metric][0]:
             continue
-        out.append(_oracle(rows, n, g, nl, metric, said))
+        out.append(_oracle(rows, graded, labelled, metric, said))
     out.append(_random(rows, n, g, nl))
     return out
 
@@ -135,11 +137,15 @@ def _singles(rows: pl.DataFrame, workers: list[str], n: int, g: int, nl: int) ->
     return out
 
 
-def _oracle(rows: pl.DataFrame, n: int, g: int, nl: int, metric: str, said: str) -> Policy:
+def _oracle(rows: pl.DataFrame, graded: set[str], labelled: set[str], metric: str, said: str) -> Policy:
     """Per question the cheapest row correct by `metric`; its accuracy by the other way of
-    judging is reported in that way's own column."""
-    best = (rows.filter(pl.col(metric)).sort(["question_id", "cost", "tokens", "worker"])
-            .group_by("question_id", maintain_order=True).first())
+    judging is reported in that way's own column. Over the questions `metric` can judge only:
+    on an unlabelled question the labels' oracle can choose nothing, and counting that as
+    wrong and free made it look worse and cheaper than it is."""
+    over = graded if metric == "grader" else labelled
+    n, g, nl = len(over), len(graded & over), len(labelled & over)
+    best = (rows.filter(pl.col("question_id").is_in(list(over)) & pl.col(metric))
+            .sort(["question_id", "cost", "tokens", "worker"]).group_by("question_id", maintain_order=True).first())
     k = best.height
     by_grader = (k if metric == "grader" else best.get_column("grader").sum()) / g if g else None
     by_label = (k if metric == "label" else best.get_column("label").sum()) / nl if nl else None

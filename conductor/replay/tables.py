@@ -130,11 +130,14 @@ def table_columns(path: Path) -> dict[str, pl.DataType]:
     except Exception as e:  # polars raises several types for a bad file
         reader = {".csv": "read_csv", ".tsv": "read_csv", ".jsonl": "read_ndjson", ".ndjson": "read_ndjson",
                   ".json": "read_json"}.get(Path(path).suffix.lower())
+        # A CSV's text columns are read as text: inferred, id 007 became 7 and reference 0.5 a float.
+        names = ["question_id", "reference", *_STRINGS, "category"]
+        text = "" if reader != "read_csv" else f", schema_overrides=dict.fromkeys({names}, pl.String)"
         hint = ("" if reader is None else
                 f"; replay tables are read as Parquet only: convert it first, e.g. python -c \"import polars as pl; "
-                f"pl.{reader}('{path}'{', infer_schema_length=None' if reader != 'read_json' else ''}"
+                f"pl.{reader}('{path}'{', infer_schema_length=None' if reader != 'read_json' else ''}{text}"
                 f"{', separator=chr(9)' if Path(path).suffix.lower() == '.tsv' else ''})"
-                f".write_parquet('{Path(path).with_suffix('.parquet').name}')\"")
+                f".write_parquet('{Path(path).with_suffix('.parquet')}')\"")
         raise ConductorError(f"replay table {path}: not a readable Parquet file ({e}){hint}") from None
 
 
