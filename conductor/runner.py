@@ -17,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 import pyarrow as pa
@@ -93,9 +93,10 @@ class Run:
 MAX_SAMPLES = 4096
 
 
-def prepare(cfg: RunConfig, pool: Pool | None = None) -> Run:
+def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], None] | None = None) -> Run:
     """Validate every input before anything is written; create or reopen the run. `pool`: the
-    pool file as already loaded (run_all loads it first, to build the planner)."""
+    pool file as already loaded (run_all loads it first, to build the planner). `before_new`:
+    checks that matter only to a run not begun yet (its planner's endpoint), run before its folder."""
     if not 1 <= cfg.samples <= MAX_SAMPLES:
         raise ConductorError(f"--samples is plans per query: 1 to {MAX_SAMPLES} (got {cfg.samples})")
     if not 1 <= cfg.max_steps <= MAX_STEPS:
@@ -153,6 +154,8 @@ def prepare(cfg: RunConfig, pool: Pool | None = None) -> Run:
                     f"run {run_id} already exists at {run.path} with other inputs or settings; "
                     f"choose another --run-id (or omit it to get one derived from the inputs)")
             return Run(cfg, pool, queries, run, resumed=True, lease=lease)
+        if before_new is not None:
+            before_new()
         run.write_manifest({
             "run_id": run_id, "status": "created", "created_at": _now(), "fingerprint": digest,
             "conductor_version": __version__,
@@ -764,7 +767,12 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     from conductor.execute.shared.objects import store_url
 
     cfg.store = store_url(cfg.store)  # else CONDUCTOR_STORE (Dagster's assets share the data volume instead)
-    run = prepare(cfg, pool)
+
+    def planner_ready() -> None:  # for a new run only: a resumed one may have all its plans
+        if hasattr(planner, "ready"):
+            planner.ready(pool)
+
+    run = prepare(cfg, pool, before_new=planner_ready)
     store = run.lease.store if run.lease is not None else None
     # The run's lease on the store is renewed while the run goes on and released when it ends, however it ends.
     with run.lease or contextlib.nullcontext():

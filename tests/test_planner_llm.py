@@ -196,15 +196,22 @@ def test_planner_model_string_adds_an_implicit_worker(sim, tmp_path, queries):
 @pytest.mark.parametrize("extra, message", [
     ([], "model openai/gpt-4o needs OPENAI_API_KEY, which is not set"),
     (["--planner-option", "api_key_env=MY_PLANNER_KEY"], "environment variable MY_PLANNER_KEY is not set"),
+    (["--planner-option", "api_base=http://127.0.0.1:9/v1"],
+     "LLM planner: cannot plan: worker conductor-planner: cannot reach http://127.0.0.1:9/v1"),
 ])
-def test_a_hosted_planner_without_its_key_stops_before_any_call(tmp_path, queries, monkeypatch, extra, message):
-    """Not six retries of 'Missing credentials' after the run folder exists: the variable is named."""
+def test_a_hosted_planner_without_its_key_or_server_stops_before_any_call(tmp_path, queries, monkeypatch, extra,
+                                                                          message):
+    """Not six retries of 'Missing credentials' after the run folder exists: the variable is named.
+    Found by planning, these left a run folder behind in status `planning`."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("MY_PLANNER_KEY", raising=False)
+    if "api_base" in str(extra):
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     pool = plannersim.pool_file(tmp_path / "pool.yaml", "http://127.0.0.1:9/v1")
     r = cli("run", queries, "--pool", pool, "--data-dir", tmp_path / "data", "--planner", "llm", "--quiet",
             "--planner-model", "openai/gpt-4o", *extra)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "data" / "runs").exists()
 
 
 @pytest.mark.parametrize("options, message", [

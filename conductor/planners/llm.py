@@ -269,6 +269,21 @@ class LLMPlanner(PlannerBackEnd):
             params["drop_params"] = True
         return params
 
+    def ready(self, pool: Pool) -> tuple[Worker, Pool]:
+        """What would fail every planning call, found before any is sent: the key's variable
+        unset, the endpoint unreachable, the model not served. `conductor run` asks before it
+        writes a new run folder, which was otherwise left behind in `planning`."""
+        worker, exec_pool = self.resolve(pool)
+        provider = exec_pool.provider_of(worker)
+        if provider.api_key_env and not os.environ.get(provider.api_key_env):
+            raise ConductorError(f"LLM planner: environment variable {provider.api_key_env} is not set "
+                                 f"(the key of provider {provider.id}, which serves {worker.model})")
+        from conductor.preflight import preflight
+
+        if problems := preflight(exec_pool, [worker.id]):
+            raise ConductorError("LLM planner: cannot plan: " + "; ".join(problems))
+        return worker, exec_pool
+
     # ---- planning ---------------------------------------------------------
 
     def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
@@ -280,16 +295,9 @@ class LLMPlanner(PlannerBackEnd):
         if not prompts.first_step_workers(pool, c.kinds):
             err = f"the pool has no workers of kind {', '.join(k for k in c.kinds if k != 'function')} to plan with"
             return [[_invalid(None, err, {}) for _ in range(samples)] for _ in queries]
-        worker, exec_pool = self.resolve(pool)
+        worker, exec_pool = self.ready(pool)
         b = self.binding
         provider = exec_pool.provider_of(worker)
-        if provider.api_key_env and not os.environ.get(provider.api_key_env):
-            raise ConductorError(f"LLM planner: environment variable {provider.api_key_env} is not set "
-                                 f"(the key of provider {provider.id}, which serves {worker.model})")
-        from conductor.preflight import preflight
-
-        if problems := preflight(exec_pool, [worker.id]):
-            raise ConductorError("LLM planner: cannot plan: " + "; ".join(problems))
         if (b.budget_usd is not None or provider.budget_usd is not None):
             from conductor.execute.prices import resolve_price
 
