@@ -80,7 +80,8 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
     except Exception as e:  # polars raises several types for a bad file
         raise ConductorError(f"table {path}: not a readable Parquet or CSV file ({e})") from None
     wanted = {"response": response_col, "reference": reference_col, "correct": label_col}
-    missing = [f"{c!r} (--{k}-col)" if c != k else repr(c) for k, c in wanted.items() if c not in table.columns]
+    flag = {"response": "--response-col", "reference": "--reference-col", "correct": "--label-col"}
+    missing = [f"{c!r} ({flag[k]})" if c != k else repr(c) for k, c in wanted.items() if c not in table.columns]
     if missing:
         raise ConductorError(f"table {path}: missing column(s) {', '.join(missing)}; "
                              f"it has {', '.join(table.columns[:12])}")

@@ -369,3 +369,47 @@ def test_convert_says_what_it_left_out_and_refuses_a_threshold_outside_the_score
         assert cli_main(["replay", "convert", "--wide", str(wide), "--out", str(long), "--task", "math",
                          "--threshold", bad]) == 2
         assert "--threshold must be above 0 and at most 1" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- audit54 F4, F5, F7, F8
+
+
+@pytest.mark.parametrize("col, value, words", [
+    ("prompt_tokens", pl.lit(2 ** 64 - 1, pl.UInt64), "whole numbers of tokens from 0 to 1,000,000,000"),
+    ("prompt_tokens", pl.lit(1e30), "whole numbers of tokens from 0 to 1,000,000,000"),
+    ("completion_tokens", pl.lit(10 ** 18), "whole numbers of tokens from 0 to 1,000,000,000"),
+    ("cost_usd", pl.lit(1e300), "USD amounts of one call: finite numbers from 0 to 10,000"),
+])
+def test_recorded_usage_past_any_call_is_refused_by_name(tmp_path, capsys, col, value, words):
+    """2**64 - 1 (an "unknown" sentinel) and 1e30 were a polars traceback; 10**18 tokens summed past
+    Int64 and the report showed a wrapped-around figure; $1e300 was printed as 300 digits."""
+    table = _write(tmp_path, _table(**{col: value}))
+    assert _replay("queries", "--table", str(table), "--out", str(tmp_path / "q.parquet"), tmp_path=tmp_path) == 2
+    err = capsys.readouterr().err
+    assert f"column '{col}' must hold {words}; other values for question id(s) q0" in err, err
+    assert "Traceback" not in err
+
+
+def test_graders_check_names_the_flag_of_a_missing_label_column(tmp_path, capsys):
+    table = _write(tmp_path, _table())
+    assert cli_main(["graders", "check", "--table", str(table), "--label-col", "nope"]) == 2
+    assert "missing column(s) 'nope' (--label-col)" in capsys.readouterr().err  # it said --correct-col
+
+
+def test_convert_refuses_an_infinite_cost_and_an_empty_table(tmp_path, capsys):
+    """Both were written, and the next command refused what convert had said was fine."""
+    long = tmp_path / "long.parquet"
+    wide = _wide(tmp_path, **{"A|total_cost": [1e-5, float("inf"), 1e-5]})
+    assert cli_main(["replay", "convert", "--wide", str(wide), "--out", str(long), "--task", "math"]) == 2
+    assert "column 'A|total_cost' must hold USD of one call, from 0 to 10,000; found inf" in capsys.readouterr().err
+    empty = _write(tmp_path, pl.read_parquet(_wide(tmp_path)).head(0), "empty.parquet")
+    assert cli_main(["replay", "convert", "--wide", str(empty), "--out", str(long), "--task", "math"]) == 2
+    assert f"--wide {empty}: has no rows" in capsys.readouterr().err
+    assert not long.exists()
+
+
+def test_a_default_dataset_name_keeps_accented_letters(tmp_path, capsys):
+    table = _write(tmp_path, _table(), "my logs ünï.parquet")
+    assert _replay("queries", "--table", str(table), "--out", str(tmp_path / "q.parquet"), tmp_path=tmp_path) == 0
+    meta = json.loads(pq.read_table(tmp_path / "q.parquet").column("metadata")[0].as_py())
+    assert meta["dataset"] == "my-logs-uni"  # was my-logs-n

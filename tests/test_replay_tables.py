@@ -445,7 +445,7 @@ def test_bad_optional_columns_and_names_are_refused(tmp_path, capsys):
     path, _ = _small(tmp_path, cost_usd=pl.lit("cheap"))
     assert "column 'cost_usd' must hold numbers, not String" in _pool_error(path, capsys)
     path, _ = _small(tmp_path, name="neg.parquet", cost_usd=pl.lit(-1.0))
-    assert "column 'cost_usd' must hold USD amounts: finite numbers, not negative" in _pool_error(path, capsys)
+    assert "column 'cost_usd' must hold USD amounts of one call: finite numbers from 0 to 10,000" in _pool_error(path, capsys)
     path, _ = _small(tmp_path, name="ok.parquet")
     assert "--name 'my logs'" in _pool_error(path, capsys, "--task", "math", "--name", "my logs")
 

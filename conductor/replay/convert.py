@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from conductor.errors import ConductorError
-from conductor.replay.tables import TASKS
+from conductor.replay.tables import MAX_RECORDED_USD, TASKS
 
 READERS = (".parquet", ".csv", ".jsonl", ".ndjson")
 
@@ -86,6 +86,8 @@ def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[
     at `path`, when the caller has read it already."""
     path = Path(path)
     wide = read_wide(path) if wide is None else wide
+    if wide.height == 0:  # else 0 questions were written, and the next command refused them
+        raise ConductorError(f"--wide {path}: has no rows")
     cols = set(wide.columns)
     flags = {"--id-column": layout.id_column, "--prompt-column": layout.prompt_column,
              "--reference-column": layout.reference_column, "--category-column": layout.category_column}
@@ -109,7 +111,8 @@ def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[
         _within(wide, m, path, "a score from 0 to 1", 0.0, 1.0)
         if layout.cost_suffix and f"{m}{layout.cost_suffix}" in cols:
             _numeric(wide, f"{m}{layout.cost_suffix}", path, "USD")
-            _within(wide, f"{m}{layout.cost_suffix}", path, "USD, at least 0", 0.0, math.inf)
+            _within(wide, f"{m}{layout.cost_suffix}", path, f"USD of one call, from 0 to {MAX_RECORDED_USD:,}",
+                    0.0, MAX_RECORDED_USD)  # as the long table takes it: inf was written, then refused
     ids = _text(wide, layout.id_column)
     for flag, col in (("--id-column", layout.id_column), ("--prompt-column", layout.prompt_column)):
         # Named here, by the wide table's rows: the long table's would point at rows the user never wrote.

@@ -21,6 +21,7 @@ import hashlib
 import math
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -117,7 +118,9 @@ def dataset_name(path: Path, name: str | None = None) -> str:
             raise ConductorError(f"--name {name!r}: use up to 64 letters, digits, '-', '_' and '.', "
                                  f"starting with a letter or digit")
         return name
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(path).stem).strip("-_.")[:64] or "table"
+    # Accents dropped, not the letters: `ünï` was `-n-`
+    ascii_stem = unicodedata.normalize("NFKD", Path(path).stem).encode("ascii", "ignore").decode()
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", ascii_stem).strip("-_.")[:64] or "table"
 
 
 # ---------------------------------------------------------------- reading and checking a table
@@ -181,6 +184,10 @@ _STRINGS = ("question", "model", "response", TASK_COLUMN)
 _NUMBERS = (*TOKEN_COLUMNS, COST_COLUMN)
 
 
+MAX_RECORDED_TOKENS = 10 ** 9  # no call reads or writes a billion tokens
+MAX_RECORDED_USD = 10_000  # nor costs ten thousand dollars
+
+
 def _check_type(path: Path, col: str, dtype: pl.DataType) -> None:
     def bad(want: str) -> ConductorError:
         return ConductorError(f"replay table {path}: column '{col}' must hold {want}, not {dtype}")
@@ -237,11 +244,14 @@ def _normalize(path: Path, t: pl.DataFrame) -> pl.DataFrame:
         if c not in t.columns:
             continue
         v = pl.col(c).cast(pl.Float64)
-        off = v.is_not_null() & (v.is_nan() | v.is_infinite() | (v < 0))
+        # Bounded too: 2**64 (an "unknown" sentinel) was a traceback, and sums of 1e18 wrapped around
+        most = MAX_RECORDED_TOKENS if c in TOKEN_COLUMNS else MAX_RECORDED_USD
+        off = v.is_not_null() & (v.is_nan() | v.is_infinite() | (v < 0) | (v > most))
         if c in TOKEN_COLUMNS:
             off = off | (v.is_not_null() & (v != v.round(0)))
         if t.select(off.any()).item():
-            what = "whole numbers of tokens, not negative" if c in TOKEN_COLUMNS else "USD amounts: finite numbers, not negative"
+            what = (f"whole numbers of tokens from 0 to {most:,}" if c in TOKEN_COLUMNS else
+                    f"USD amounts of one call: finite numbers from 0 to {most:,}")
             raise ConductorError(f"replay table {path}: column '{c}' must hold {what}; other values for "
                                  f"question id(s) {_ids(t, off)}")
         t = t.with_columns(v.cast(pl.Int64) if c in TOKEN_COLUMNS else v)
