@@ -2,7 +2,10 @@
 
 Reward (the published scheme, configurable): 1 correct, 0.5 parsed but wrong,
 0 when no answer could be read, the plan was invalid or its execution failed;
-minus `cost_penalty` x USD when a cost penalty is set. Plans of queries with
+minus `cost_penalty` x USD when a cost penalty is set, the USD being what the
+plan's answers cost when first paid for (runner._full_costs), so a plan served
+from the cache is charged like the first; rewards' `cost_usd` column is instead
+what the run paid (0 for cache hits). Plans of queries with
 no task or no reference are not graded (reward null). Plans stopped by a budget
 are not graded either: they have no answer yet, and a rerun finishes them.
 

@@ -245,7 +245,8 @@ def configured_planner(cfg: RunConfig, pool: Pool | None = None) -> Planner:
     """The planner the configuration names; model planners get the run's max_steps unless set.
     Given the pool, the planner's worker is found in it, as `job check` does (enrich.job): a
     planner worker missing, of another kind, or an implicit one its options cannot make is
-    refused before the run folder is written."""
+    refused before the run folder is written; so is a setting planning would refuse for the
+    run's queries and samples (`check_samples`: the embedded planner's sweep short of samples)."""
     options = dict(cfg.planner_options)
     if cfg.planner in ("vllm", "llm"):
         options.setdefault("max_steps", cfg.max_steps)
@@ -253,6 +254,8 @@ def configured_planner(cfg: RunConfig, pool: Pool | None = None) -> Planner:
     if pool is not None and hasattr(planner, "resolve"):
         try:
             planner.resolve(pool)
+            if hasattr(planner, "check_samples"):
+                planner.check_samples(cfg.queries, planning_pool(pool), cfg.samples)
         except BaseException:
             close_planner(planner)
             raise

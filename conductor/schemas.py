@@ -178,7 +178,11 @@ REWARDS_TABLE = Table("rewards", [
     Column('reward', F64, "1 correct, 0.5 parsed but wrong, 0 otherwise, minus the cost penalty x what the plan's "
                           "answers cost when first paid for (a cache hit is priced, not free); null if not graded"),
     Column('advantage', F64, "(reward - group mean) / (group std + 1e-4) over the query's K plans"),
-    Column('cost_usd', F64, "the plan's cost"),
+    Column('cost_usd', F64, "what this run paid for the plan: results' `cost_usd`, the sum over its steps, where a "
+                            "step answered from the response cache counts 0 (a plan served wholly from the cache: "
+                            "0); null if any price is unknown. The reward's cost penalty (`--cost-penalty`) charges "
+                            "instead what the plan's answers cost when first paid for (traces' "
+                            "`original_cost_usd`), as export's `cost_usd` does"),
 ])
 
 

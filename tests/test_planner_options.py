@@ -141,6 +141,7 @@ def test_a_folder_without_a_model_is_refused_before_any_run_folder(sim, tmp_path
 @pytest.mark.parametrize("option, message", [
     ("policy=5", "policy must be auto, none or a policy folder (got 5)"),
     ("policy=true", "policy must be auto, none or a policy folder (got True)"),
+    ("policy=", "policy must be auto, none or a policy folder (got nothing)"),
     ("use=bogus", "use must be one of auto, learned, fixed (got 'bogus')"),
     ("use=5", "use must be one of auto, learned, fixed (got 5)"),
     ("seed=abc", "seed must be a whole number, at least 0 (got 'abc')"),
@@ -154,7 +155,7 @@ def test_a_folder_without_a_model_is_refused_before_any_run_folder(sim, tmp_path
 ])
 def test_a_bad_embedded_planner_option_is_refused_before_any_run_folder(sim, tmp_path, queries, option, message):
     """policy=5 was a traceback once the run folder existed; the others planned as if unset (sweep=abc as
-    true); templates= said "(got None)"."""
+    true; policy= as none, though unset means auto); templates= said "(got None)"."""
     r = cli("run", queries, "--pool", _pool(tmp_path, sim), "--data-dir", tmp_path / "data", "--quiet",
             "--planner-option", option)
     assert r.returncode == 2 and f"planner embedded: {message}" in r.stderr, r.stderr
@@ -185,6 +186,7 @@ def test_a_sweep_short_of_samples_says_how_many_and_that_count_runs(sim, tmp_pat
     args = ["run", queries, "--pool", pool, "--quiet", "--planner-option", "sweep=true"]
     r = cli(*args, "--data-dir", tmp_path / "short")
     assert r.returncode == 2 and "use --samples all with `conductor policy rollouts`" in r.stderr, r.stderr
+    assert not (tmp_path / "short" / "runs").exists()  # refused before the run folder, not by planning
     wanted = re.search(r"or --samples (\d+) or more with `conductor run`", r.stderr)
     assert wanted, r.stderr
     r = cli(*args, "--data-dir", tmp_path / "data", "--samples", wanted.group(1))

@@ -25,6 +25,7 @@ import math
 import random
 from dataclasses import dataclass
 from itertools import combinations
+from pathlib import Path
 from typing import Sequence
 
 import orjson
@@ -80,7 +81,7 @@ class EmbeddedConfig:
     # Learned policy: "auto" uses the newest artifact for this pool under the default folder
     # ($CONDUCTOR_POLICY_DIR, else data/policy) if there is one; "none" plans with the prior;
     # a path names a policy folder (a root, a pool's folder, or one version).
-    policy: str | None = "auto"
+    policy: str = "auto"
     # K>1: share of draws spread evenly over the candidates (default: 0.2 with a learned policy;
     # none with the prior, whose softmax already explores). 1.0 draws uniformly.
     explore: float | None = None
@@ -114,8 +115,10 @@ class EmbeddedConfig:
         """The learned policy's options: `policy=5` was a traceback once the run folder existed."""
         if self.policy is False:  # YAML reads policy=off as false
             object.__setattr__(self, "policy", "none")
-        if self.policy is not None and (not isinstance(self.policy, str) or not self.policy.strip()):
-            raise ValueError(f"policy must be auto, none or a policy folder (got {shown_value(self.policy)})")
+        if not isinstance(self.policy, str) or not self.policy.strip():
+            # `policy=` (YAML: null) meant the prior without a word, while unset means auto
+            got = "nothing" if self.policy is None or self.policy == "" else shown_value(self.policy)
+            raise ValueError(f"policy must be auto, none or a policy folder (got {got})")
         if self.use not in USES:
             raise ValueError(f"use must be one of {', '.join(USES)} (got {shown_value(self.use)})")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
@@ -145,6 +148,28 @@ def _templates(given: object) -> tuple[str, ...]:
     return names
 
 
+def _check_workers(key: str, pool: Pool) -> Action:
+    """The action `key` names, refused when a worker of it is not in the pool."""
+    action = Action.from_key(key)
+    missing = [w for w in action.workers if not pool.has(w)]
+    if missing:
+        raise ConductorError(f"planner option action={key}: worker(s) {', '.join(missing)} not in the pool")
+    return action
+
+
+def _sweep_actions(pool: Pool, task: str | None, allowed: set[str] | frozenset[str]) -> list[Action]:
+    """A sweep's candidates for one query: the action set's actions its workers can serve."""
+    from conductor.policy.actions import action_set, servable
+
+    return servable(action_set(pool, task), allowed)
+
+
+def _sweep_short(query_id: str, n: int, samples: int) -> str:
+    return (f"sweep: query {query_id} has {n} candidate actions but only {samples} samples; a sweep needs as "
+            f"many samples per query as the largest candidate set: use --samples all with `conductor policy "
+            f"rollouts`, or --samples {n} or more with `conductor run`")
+
+
 def _number(v: object, low: float, high: float) -> bool:
     """A real number in [low, high], and finite: NaN passes no comparison, so it is caught here."""
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and low <= v <= high
@@ -158,9 +183,39 @@ class EmbeddedPlanner(PlannerBackEnd):
         self._learned: dict[str, object] = {}  # pool key -> loaded artifact (or None)
 
     def resolve(self, pool: Pool) -> None:
-        """Load the learned policy before the run folder exists: a `policy=` folder with nothing
-        for this pool, or a damaged artifact, was found only by planning, leaving a run behind."""
+        """Check what the pool decides before the run folder exists: an `action=` worker the pool
+        lacks, a `policy=` folder with nothing for this pool, or a damaged artifact, were found
+        only by planning, leaving a run behind in status `planning`."""
+        for key in self._action_keys():
+            _check_workers(key, pool)
         self.learned_policy(pool)
+
+    def check_samples(self, queries: Path, pool: Pool, samples: int) -> None:
+        """Refuse a sweep short of samples before the run folder exists, as planning would: per
+        query, its candidates are the action set's actions its recorded workers can serve."""
+        if not self.config.sweep or self.config.action is not None or samples < 1:
+            return  # `action` plans instead of a sweep; --samples out of range is the run's to refuse
+        from conductor.queries import load_queries
+
+        recorded = pool.servable_questions()  # `pool` as planning sees it (runner.planning_pool)
+        solvers = frozenset(w.id for w in pool.workers if w.kind == "llm")
+        t = load_queries(queries).select(["query_id", "task", "prompt"])
+        sizes: dict[tuple, int] = {}
+        for qid, task, prompt in zip(*(t.column(c).to_pylist() for c in ("query_id", "task", "prompt"))):
+            allowed = solvers if recorded is None else solvers & recorded.get(prompt, frozenset())
+            if not allowed:
+                continue  # planned invalid: no worker recorded it
+            key = (task, allowed)
+            if key not in sizes:
+                sizes[key] = len(_sweep_actions(pool, task, allowed))
+            if sizes[key] > samples:
+                raise ConductorError(_sweep_short(qid, sizes[key], samples))
+
+    def _action_keys(self) -> list[str]:
+        action = self.config.action
+        if action is None:
+            return []
+        return list(action.values()) if isinstance(action, dict) else [action]
 
     def replanner(self, pool: Pool, max_steps: int):
         from conductor.planners.replan import EmbeddedReplanner
@@ -207,7 +262,7 @@ class EmbeddedPlanner(PlannerBackEnd):
         from conductor.policy.artifact import find, load, pool_key
 
         setting = self.config.policy
-        if setting is None or str(setting).lower() in ("none", "prior", "off"):
+        if setting.lower() in ("none", "prior", "off"):
             return None
         key = pool_key(pool)
         if key not in self._learned:
@@ -249,14 +304,9 @@ class EmbeddedPlanner(PlannerBackEnd):
     def _sweep(self, q: Query, pool: Pool, allowed: set[str], samples: int, replay: bool) -> list[PlanDraft]:
         """Every servable candidate once, in action-set order; the rest of the K slots are
         marked invalid (this query has fewer candidates than the largest set)."""
-        from conductor.policy.actions import action_set, servable
-
-        acts = servable(action_set(pool, q.task), allowed)
+        acts = _sweep_actions(pool, q.task, allowed)
         if len(acts) > samples:
-            raise ConductorError(f"sweep: query {q.query_id} has {len(acts)} candidate actions but only "
-                                 f"{samples} samples; a sweep needs as many samples per query as the largest "
-                                 f"candidate set: use --samples all with `conductor policy rollouts`, or "
-                                 f"--samples {len(acts)} or more with `conductor run`")
+            raise ConductorError(_sweep_short(q.query_id, len(acts), samples))
         drafts = []
         for a in acts:
             d = self._draft(q, self._estimate(q, pool, a), 1.0 / len(acts), replay)
@@ -272,10 +322,7 @@ class EmbeddedPlanner(PlannerBackEnd):
             key = key.get(q.task or "none")
             if key is None:
                 return [_invalid(f"planner option action: no action for task {q.task!r}") for _ in range(samples)]
-        action = Action.from_key(key)
-        missing = [w for w in action.workers if not pool.has(w)]
-        if missing:
-            raise ConductorError(f"planner option action={key}: worker(s) {', '.join(missing)} not in the pool")
+        action = _check_workers(key, pool)
         if any(w not in allowed for w in action.solvers + action.escalation):
             return [_invalid(f"action {action.key}: a worker has no recorded response to this query")
                     for _ in range(samples)]
