@@ -233,4 +233,4 @@ def test_policy_show_says_what_the_groups_chose():
     (line,) = _groups_text(seg.why, "subject")
     shrink = seg.why["choice"]["shrink"]
     assert line.startswith(f"groups   choice: 2 groups by subject, shrink {shrink:g} (of 0 30), lambda ")
-    assert "cross-fitted 1.0000 at $0.001000, task-wide 1.0000 at $0.010000" in line
+    assert "cross-fitted 1.0000 at $0.00100, task-wide 1.0000 at $0.0100" in line

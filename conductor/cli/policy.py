@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import argparse
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from conductor import argtypes
@@ -95,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--passes", type=options.int_in(1, 10_000), default=None,
                    help="VW passes over the data (1 to 10000)")
     options.seed(t)
-    t.set_defaults(func=train)
+    t.set_defaults(func=train, resumes=False)  # Ctrl-C keeps nothing: see _stops_start_over
 
     e = actions.add_parser("eval", help="the evaluation report (conductor eval) with learned policies added",
                            description="Everything `conductor eval` reports (every single worker, best single, "
@@ -227,12 +229,14 @@ def _samples(value: str, pool, queries: Path) -> int:
 
         tasks = set(load_queries(queries).column("task").to_pylist())
         return max(max(len(action_set(pool, t)) for t in tasks), 1)
+    from conductor.runner import MAX_SAMPLES
+
     try:
         k = int(value)
     except ValueError:
         raise ConductorError(f"--samples {value!r}: expected a number or `all`") from None
-    if k < 1:
-        raise ConductorError(f"--samples must be at least 1 (got {k})")
+    if not 1 <= k <= MAX_SAMPLES:
+        raise ConductorError(f"--samples is plans per query: 1 to {MAX_SAMPLES} (got {k})")
     return k
 
 
@@ -262,19 +266,51 @@ def train(args: argparse.Namespace) -> int:
     twice = sorted({r for r in args.runs if args.runs.count(r) > 1})
     if twice:  # its logs would count twice in training
         raise ConductorError(f"--runs names {', '.join(twice)} more than once")
-    folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
-                                      out=args.out, learner=args.learner, seed=args.seed,
-                                      holdout=0.25 if args.holdout is None else args.holdout, folds=args.folds,
-                                      floor=args.floor, budget=args.budget, ship_margin=args.ship_margin,
-                                      features=FeatureSettings(group_by=args.group_by),
-                                      shrinks=None if args.shrinks is None else tuple(args.shrinks),
-                                      allow_other_pool=args.allow_other_pool,
-                                      vw=vw if args.learner.startswith("vw") else {}),
-                          pool=planning_pool(load_pool(args.pool)))
+    with _stops_start_over():
+        folder, summary = fit(TrainConfig(pool=args.pool, runs=args.runs, data_dir=args.data_dir, lam=args.lam,
+                                          out=args.out, learner=args.learner, seed=args.seed,
+                                          holdout=0.25 if args.holdout is None else args.holdout, folds=args.folds,
+                                          floor=args.floor, budget=args.budget, ship_margin=args.ship_margin,
+                                          features=FeatureSettings(group_by=args.group_by),
+                                          shrinks=None if args.shrinks is None else tuple(args.shrinks),
+                                          allow_other_pool=args.allow_other_pool,
+                                          vw=vw if args.learner.startswith("vw") else {}),
+                              pool=planning_pool(load_pool(args.pool)))
     print(describe(folder))
     print("estimates " + dumps(summary["estimates"]))
     print("selection " + dumps(summary["selection"]))
     return 0
+
+
+@contextmanager
+def _stops_start_over():
+    """Ctrl-C or SIGTERM while training: nothing is kept (the version folder is written whole, at
+    the end), so a rerun trains from the start; the generic message would promise a resume."""
+    import signal
+
+    came: list[int] = []
+    before = signal.getsignal(signal.SIGTERM)
+    mine = callable(before) and threading.current_thread() is threading.main_thread()
+    if mine:
+        def on_term(signum, frame):
+            came.append(signum)
+            before(signum, frame)
+
+        signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    except BaseException as e:
+        # DuckDB (reading the runs) turns Ctrl-C into its own error
+        if not isinstance(e, KeyboardInterrupt) and type(e).__name__ != "InterruptException":
+            raise
+        stopped = ConductorError(f"{'terminated' if came else 'interrupted'}: policy train keeps nothing until "
+                                 f"it writes the new version, so nothing was saved; rerun the same command to "
+                                 f"train again from the start")
+        stopped.exit_code = 143 if came else 130
+        raise stopped from None
+    finally:
+        if mine:
+            signal.signal(signal.SIGTERM, before)
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -311,17 +347,23 @@ def _check_policies(pool_path: Path, folders: list[Path]) -> None:
 
 
 def show(args: argparse.Namespace) -> int:
-    from conductor.policy.artifact import default_root, find
+    from conductor.policy.artifact import META_FILE, default_root, find, pool_key
     from conductor.policy.training import describe
     from conductor.pool import load_pool
 
     pool = load_pool(args.pool)
     if args.policy is not None and not Path(args.policy).exists():
         raise ConductorError(f"--policy {args.policy}: no such folder")
+    if args.policy is not None and not Path(args.policy).is_dir():
+        raise ConductorError(f"--policy {args.policy}: is a file; give a policy folder (a version folder vNNNN, "
+                             f"a pool's folder, or a policy root)")
     folder = find(pool, args.policy)
+    if folder is None and args.policy is not None:
+        # What planning with policy=FOLDER does (run, rollouts and eval refuse it), not the prior.
+        raise ConductorError(f"--policy {args.policy}: no policy artifact there for this pool ({pool_key(pool)}): "
+                             f"no {META_FILE} in it and no version folder under it; planning with it is refused")
     if folder is None:
-        where = args.policy or default_root()
-        print(f"no policy for this pool under {where}: the embedded planner plans with its prior")
+        print(f"no policy for this pool under {default_root()}: the embedded planner plans with its prior")
         return 0
     print(describe(folder, pool))
     return 0

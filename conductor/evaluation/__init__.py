@@ -67,9 +67,9 @@ class Target:
             delta, share = (float(x) for x in text.split(":"))
         except ValueError:
             raise ConductorError(f"--target {text!r}: expected ACCURACY_DELTA:COST_SHARE, e.g. 0:0.25") from None
-        if not (0 < share < math.inf and math.isfinite(delta)):
-            raise ConductorError(f"--target {text!r}: the accuracy delta must be a finite number and the cost share "
-                                 f"a finite number above 0")
+        if not (0 < share < math.inf and -1 <= delta <= 1):
+            raise ConductorError(f"--target {text!r}: the accuracy delta is a difference of accuracies, from -1 to 1 "
+                                 f"(-0.01: within a point), and the cost share a finite number above 0")
         return cls(f"accuracy >= best single {delta:+.3f} at <= {share:.0%} of its cost", delta, share)
 
 
@@ -161,16 +161,23 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
             meta["planner"] = facts
         learned = [q for i, p in enumerate(cfg.policies) for q in _learned(pool, sub_q, out, Path(p), i, cfg,
                                                                               source.dataset)]
+        on_subset = f" ({len(subset)} of {len(ids)} queries)" if len(subset) < len(ids) else ""
         if learned:
             learned.sort(key=lambda p: (*objective_order(p.info), p.kind))
             if cfg.fixed:
                 cascade = _fixed_cascade(pool, sub_q, out, cfg, source.dataset, policies)
                 if cascade is not None:
                     learned.append(cascade)
+            for p in learned:  # the table's other rows are over every query
+                head, mark, _ = p.name.partition(" *shipped*")
+                p.name = head + on_subset + mark
             policies[:0] = learned
             meta["learned"] = [p.info for p in learned]
-            meta["comparisons"] = comparisons(policies)
-            meta["targets"] = [check_target(t, policies) for t in cfg.targets]
+            # Under --planner-limit the learned rows ran on a subset: judge them against the best
+            # single on the same queries, not on all of them.
+            ref = (_best_by_grader(table_policies(matrix, subset, select_ids)) if len(subset) < len(ids) else None)
+            meta["comparisons"] = comparisons(policies, ref)
+            meta["targets"] = [check_target(t, policies, ref) for t in cfg.targets]
             if len(subset) < len(ids) and "subset_reference" not in meta.get("planner", {}):
                 meta["learned_subset_reference"] = _subset_reference(table_policies(matrix, subset, select_ids))
         meta["wall_time_s"] = round(time.monotonic() - t0, 2)
@@ -209,7 +216,7 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
     for use in uses:
         how = objective({"lambda": lam, "floor": floor, "budget": budget})
         name = (f"learned policy, {how} ({learner} v{meta['version']:04d})" if use == "learned"
-                else f"best fixed action on train, {how}")
+                else f"best fixed action on train, {how} (v{meta['version']:04d})")
         policy, _ = run_planner(pool, queries, out, planner_options={**cfg.planner_options, "policy": str(found),
                                                                      "use": use},
                                 seed=cfg.seed, run_id=f"eval-{dataset}-{cfg.split}-{use}-{i}",
@@ -253,17 +260,23 @@ def _fixed_cascade(pool, queries: pa.Table, out: Path, cfg: EvalConfig, dataset:
     return policy
 
 
-def comparisons(policies: list[Policy]) -> list[dict[str, Any]]:
-    """Per artifact (lambda, floor or budget): the shipped policy against the best single (accuracy) and against the best
-    fixed action (the lambda's objective), on the same queries, with paired standard errors."""
-    best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
+def _best_by_grader(policies: list[Policy]) -> Policy | None:
+    return next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
+
+
+def comparisons(policies: list[Policy], best: Policy | None = None) -> list[dict[str, Any]]:
+    """Per artifact (each version, by lambda, floor or budget): the shipped policy against the best single (accuracy)
+    and against the best fixed action (the lambda's objective), on the same queries, with paired standard errors.
+    `best`: the best single on the queries the artifacts ran on (default: the table's)."""
+    best = best or _best_by_grader(policies)
     out = []
-    ids = lambda p: objective_order(p.info)  # noqa: E731
+    ids = lambda p: (*objective_order(p.info), str(p.info.get("artifact")))  # noqa: E731
     for key in sorted({ids(p) for p in policies if p.kind in ("learned", "fixed")}):
         rows = {p.kind: p for p in policies if p.kind in ("learned", "fixed") and ids(p) == key}
         shipped = next((p for p in rows.values() if p.info.get("shipped")), rows.get("learned"))
         lam = key[2]
         row: dict[str, Any] = {"lambda": lam, "floor": shipped.info.get("floor"), "budget": shipped.info.get("budget"),
+                               "version": shipped.info.get("version"), "artifact": shipped.info.get("artifact"),
                                "shipped": shipped.kind,
                                "accuracy": shipped.accuracy, "se": shipped.se, "usd": shipped.usd_per_query}
         if best is not None and best.usd_per_query:
@@ -278,9 +291,11 @@ def comparisons(policies: list[Policy]) -> list[dict[str, Any]]:
     return out
 
 
-def check_target(t: Target, policies: list[Policy]) -> dict[str, Any]:
-    """Met when some shipped policy reaches the accuracy within the cost; else the closest, with its gap."""
-    best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
+def check_target(t: Target, policies: list[Policy], best: Policy | None = None) -> dict[str, Any]:
+    """Met when some shipped policy reaches the accuracy within the cost; else the closest, with its gap.
+    `best`: the best single on the queries the policies ran on (default: the table's)."""
+    subset = best is not None
+    best = best or _best_by_grader(policies)
     if best is None or best.accuracy is None or not best.usd_per_query:
         return {"name": t.name, "met": None, "why": "no best single by our grader"}
     need, budget = best.accuracy + t.accuracy_delta, t.cost_share * best.usd_per_query
@@ -290,7 +305,8 @@ def check_target(t: Target, policies: list[Policy]) -> dict[str, Any]:
     pick = (max(meeting, key=lambda p: p.accuracy) if meeting else
             max(within, key=lambda p: p.accuracy) if within else min(shipped, key=lambda p: p.usd_per_query)
             if shipped else None)
-    out = {"name": t.name, "met": bool(meeting), "need_accuracy": need, "budget_usd": budget}
+    out = {"name": t.name, "met": bool(meeting), "need_accuracy": need, "budget_usd": budget,
+           "queries": best.queries if subset else None}
     if pick is not None:
         out.update(policy=pick.name, lambda_=pick.info.get("lambda"), accuracy=pick.accuracy, se=pick.se,
                    usd=pick.usd_per_query, cost_share=pick.usd_per_query / best.usd_per_query,

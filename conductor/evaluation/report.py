@@ -82,7 +82,8 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
     if chart_name:
         parts += [f"![accuracy against cost]({chart_name})", ""]
     if learned:
-        parts += ["## Learned policy: the lambda sweep", "", sweep_table(learned, policies), ""]
+        sub = meta.get("learned_subset_reference") or (meta.get("planner") or {}).get("subset_reference")
+        parts += ["## Learned policy: the lambda sweep", "", sweep_table(learned, policies, sub), ""]
     if meta.get("comparisons"):
         parts += ["## The shipped policy against the best single and the best fixed action", "",
                   comparison_table(meta["comparisons"]), ""]
@@ -169,21 +170,29 @@ def objective_order(info: dict[str, Any]) -> tuple:
     return kind, value, info.get("lambda") or 0.0
 
 
-def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy]) -> str:
-    """One row per lambda: accuracy and cost, against the best single worker chosen by our grader."""
+def sweep_table(learned: Sequence[Policy], policies: Sequence[Policy], subset: dict | None = None) -> str:
+    """One row per lambda: accuracy and cost, against the best single worker chosen by our grader
+    (on the same queries: `subset`, the reference figures of a --planner-limit subset)."""
     best = next((p for p in policies if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
+    if best is not None and subset and subset.get("by") == "grader":
+        from dataclasses import replace
+
+        best = replace(best, accuracy=subset["best_single_accuracy"], usd_per_query=subset["best_single_usd"],
+                       queries=learned[0].queries)
     lines = ["| objective | accuracy | USD / query | cost vs best single | calls / query | plan shapes | top action |",
              "|---:|---:|---:|---:|---:|---|---|"]
+    twice = _shared_objectives([p.info for p in learned])
     for p in sorted(learned, key=lambda p: objective_order(p.info)):
         ratio = (f"{p.usd_per_query / best.usd_per_query:.0%}"
                  if best and best.usd_per_query and p.usd_per_query is not None else "—")
         shapes = ", ".join(f"{k} {v}" for k, v in sorted(p.info.get("shapes", {}).items()))
         top = next(iter(p.info.get("most_used_actions", {})), "—")
-        lines.append(f"| {objective(p.info)} | {_f(p.accuracy, 3)} | {_usd(p.usd_per_query)} | {ratio} | "
+        lines.append(f"| {_objective_of(p.info, twice)} | {_f(p.accuracy, 3)} | {_usd(p.usd_per_query)} | {ratio} | "
                      f"{p.calls_per_query:.2f} | {shapes} | `{top}` |")
     if best:
+        on = f" on the same {best.queries} queries" if subset and subset.get("by") == "grader" else ""
         lines.append(f"\nBest single worker (chosen by our grader): {best.worker}, {_f(best.accuracy, 3)} at "
-                     f"{_usd(best.usd_per_query)}.")
+                     f"{_usd(best.usd_per_query)}{on}.")
     return "\n".join(lines)
 
 
@@ -191,11 +200,25 @@ def comparison_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| objective | ships | accuracy ± SE | USD / query | cost vs best single | accuracy − best single "
              "(paired SE) | reward: shipped − best fixed (paired SE) | learned − best fixed |",
              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    twice = _shared_objectives(rows)
     for r in rows:
-        lines.append(f"| {objective(r)} | {r['shipped']} | {_f(r['accuracy'], 3)} ± {_f(r['se'], 3)} | "
+        lines.append(f"| {_objective_of(r, twice)} | {r['shipped']} | {_f(r['accuracy'], 3)} ± {_f(r['se'], 3)} | "
                      f"{_usd(r['usd'])} | {_pct(r.get('cost_share'))} | {_pm(r.get('vs_best_single'))} | "
                      f"{_pm(r.get('shipped_vs_fixed'))} | {_pm(r.get('learned_vs_fixed'))} |")
     return "\n".join(lines)
+
+
+def _shared_objectives(infos: Sequence[dict[str, Any]]) -> set[str]:
+    """Objectives held by more than one artifact: their rows need the artifact's version to be told apart."""
+    seen: dict[str, set] = {}
+    for i in infos:
+        seen.setdefault(objective(i), set()).add(i.get("artifact"))
+    return {o for o, arts in seen.items() if len(arts) > 1}
+
+
+def _objective_of(info: dict[str, Any], twice: set[str]) -> str:
+    o = objective(info)
+    return f"{o}, v{info['version']:04d}" if o in twice and isinstance(info.get("version"), int) else o
 
 
 def target_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
@@ -208,7 +231,9 @@ def target_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
         if "accuracy" not in t:
             out.append(f"- {t['name']}: {verdict} (no shipped policy).")
             continue
-        out.append(f"- {t['name']} (needs {t['need_accuracy']:.4f} at ≤ {_usd(t['budget_usd'])}): {verdict}. "
+        over = (f"; the best single on the same {t['queries']} queries the policies ran on" if t.get("queries")
+                else "")
+        out.append(f"- {t['name']} (needs {t['need_accuracy']:.4f} at ≤ {_usd(t['budget_usd'])}{over}): {verdict}. "
                    f"{'Meets it' if t['met'] else 'Closest'}: {t['policy']}, {t['accuracy']:.4f} ± {t['se']:.4f} at "
                    f"{_usd(t['usd'])} ({t['cost_share']:.1%} of the best single's cost); accuracy gap "
                    f"{t['accuracy_gap']:+.4f}; against the best single on the same queries "

@@ -16,9 +16,9 @@ import hashlib
 import math
 import os
 import re
+import secrets
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +28,7 @@ import orjson
 
 from conductor import __version__
 from conductor.errors import ConductorError
+from conductor.policy import metacheck
 from conductor.policy.actions import Action, ActionSettings
 from conductor.policy.features import FeatureSettings
 from conductor.pool import Pool
@@ -61,17 +62,17 @@ def price_changes(meta: dict[str, Any], pool: Pool) -> list[str]:
     then, now = meta["pool"].get("prices"), prices(pool)
     if not isinstance(then, dict):
         return []
-    return [f"{w}: {_usd(old)} -> {_usd(now[w])}" for w, old in then.items()
-            if w in now and not _same_price(old, now[w])]
+    return [f"{w}: {usd_pair(old)} -> {usd_pair(now[w])}" for w, old in then.items()
+            if w in now and not same_price(old, now[w])]
 
 
-def _same_price(a: list[float] | None, b: list[float] | None) -> bool:
+def same_price(a: list[float] | None, b: list[float] | None) -> bool:
     if a is None or b is None:
         return a is b
     return all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-18) for x, y in zip(a, b))
 
 
-def _usd(p: list[float] | None) -> str:
+def usd_pair(p: list[float] | None) -> str:
     return "no price" if p is None else f"${p[0] * 1e6:.6g}/${p[1] * 1e6:.6g}"
 
 
@@ -131,13 +132,18 @@ class Artifact:
 def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: str = "learned",
          actions: dict[str, list[Action]], action_settings: ActionSettings,
          features: FeatureSettings, lam: float, training: dict[str, Any], floor: float | None = None,
-         budget: float | None = None) -> Path:
+         budget: float | None = None, fitted_prices: dict[str, list[float] | None] | None = None) -> Path:
     """Write the next version for this pool under `root`; returns its folder. `fixed` (the
-    best fixed action per task) is saved beside the learner; `shipped` says which plans."""
+    best fixed action per task) is saved beside the learner; `shipped` says which plans.
+    `fitted_prices`: the prices the logged costs were paid at (default: the pool's), which
+    later price warnings compare against."""
     key = pool_key(pool)
     base = Path(root) / key
     base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=base))
+    # os.mkdir, not tempfile.mkdtemp: mkdtemp's mode 0700 would leave the version unreadable to
+    # other users of a shared policy root (a Dagster service); this one follows the umask.
+    tmp = base / f".tmp-{secrets.token_hex(8)}"
+    os.mkdir(tmp)
     try:
         files = learner.save(tmp)
         fixed_meta = None
@@ -150,7 +156,8 @@ def save(root: Path, pool: Pool, learner: Any, *, fixed: Any = None, shipped: st
             "conductor_version": __version__,
             "pool": {"key": key, "path": str(pool.path) if pool.path else None,
                      "dataset": (pool.replay or {}).get("dataset"),
-                     "workers": [w.id for w in pool.workers], "prices": prices(pool)},
+                     "workers": [w.id for w in pool.workers],
+                     "prices": prices(pool) if fitted_prices is None else fitted_prices},
             "learner": {"kind": learner.kind, **learner.describe(), "files": files},
             "fixed": fixed_meta,
             "shipped": shipped,
@@ -224,6 +231,9 @@ def read_meta(folder: Path) -> dict[str, Any]:
         raise ConductorError(f"policy {folder}: no {META_FILE} (not a policy artifact folder)") from None
     except orjson.JSONDecodeError as e:
         raise ConductorError(f"policy {path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ConductorError(f"policy {path}: not a conductor policy (a JSON {type(meta).__name__}, not an object); "
+                             f"restore the folder or retrain with `conductor policy train`")
     if meta.get("format") != FORMAT:
         raise ConductorError(f"policy {path}: not a conductor policy (format {meta.get('format')!r})")
     if meta.get("format_version") != FORMAT_VERSION:
@@ -251,7 +261,13 @@ def _check(folder: Path, meta: dict[str, Any]) -> None:
                 raise ConductorError(f"policy {path}: incomplete, no {'.'.join(keys)}; retrain with "
                                      f"`conductor policy train` or restore the folder")
             node = node[k]
-    for name, want in (meta.get("checksums") or {}).items():  # artifacts before 2026-11-27 have none
+    if "checksums" not in meta:  # written before 2026-11-27: a model file cut short would plan without a word
+        runs = " ".join(str(r.get("run_id")) for r in meta["training"].get("runs") or [] if isinstance(r, dict))
+        raise ConductorError(f"policy {path}: no checksums (written before they were recorded), so a model file "
+                             f"cut short by a copy cannot be told from a whole one; retrain it with `conductor "
+                             f"policy train --runs {runs or 'RUN...'}` and the same options")
+    metacheck.check(path, meta)
+    for name, want in meta["checksums"].items():
         f = Path(folder) / name
         if not f.is_file():
             raise ConductorError(f"policy {folder}: {name} is missing")
@@ -276,7 +292,7 @@ def load(folder: Path, pool: Pool, use: str = "auto") -> Artifact:
         raise ConductorError(f"policy {folder}: actions use worker(s) {', '.join(missing)} missing from the pool")
     if use not in ("auto", "learned", "fixed"):
         raise ConductorError(f"planner option use={use!r}: choose auto, learned or fixed")
-    which = meta.get("shipped", "learned") if use == "auto" else use
+    which = meta.get("shipped", "learned") if use == "auto" else use  # checked by metacheck
     spec = meta["learner"]
     if which == "fixed" and spec["kind"] != "fixed":
         spec = meta.get("fixed")
@@ -284,7 +300,7 @@ def load(folder: Path, pool: Pool, use: str = "auto") -> Artifact:
             raise ConductorError(f"policy {folder}: holds no fixed action (trained before version 2)")
     try:
         learner = load_learner(folder, spec)
-    except (OSError, RuntimeError, ValueError) as e:
+    except (OSError, RuntimeError, ValueError, TypeError, KeyError) as e:
         raise ConductorError(f"policy {folder}: cannot load the model ({e})") from None
     return Artifact(folder, meta, learner, actions, FeatureSettings.from_dict(meta["features"]),
                     extra={"use": which, "price_changes": warn_prices(folder, meta, pool)})

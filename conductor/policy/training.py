@@ -50,10 +50,12 @@ import orjson
 
 from conductor.errors import ConductorError
 from conductor.policy import artifact as artifacts
+from conductor.policy import traininputs
 from conductor.policy.actions import Action, ActionSettings, Measured, action_set, from_steps, pareto, servable
 from conductor.policy.features import Context, FeatureSettings, context
 from conductor.policy.learner import (LEARNERS, FixedLearner, Logged, SegmentLearner, best_singles,
                                       make_learner, per_query_means, target_choice)
+from conductor.policy.metacheck import guarded
 from conductor.pool import Pool, load_pool
 from conductor.queries import load_queries
 from conductor.store import RunDir
@@ -99,6 +101,8 @@ class Logs:
     skipped: Counter
     runs: list[dict[str, Any]]
     by_action: Counter
+    prices: dict[str, Any] = field(default_factory=dict)  # run id -> the prices its costs were paid at, or None
+    null_group: int = 0  # queries whose metadata has the --group-by field, but null
 
 
 def logged_plans(data_dir: Path, run_ids: Sequence[str]) -> list[dict[str, Any]]:
@@ -140,6 +144,7 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
     rows = logged_plans(cfg.data_dir, cfg.runs)
     prompts: dict[tuple[str, str], tuple[str, str | None]] = {}
     runs = []
+    run_prices: dict[str, Any] = {}
     for run_id in cfg.runs:
         manifest = RunDir(cfg.data_dir, run_id).read_manifest()
         qpath = Path(manifest["inputs"]["queries"])
@@ -147,8 +152,10 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
             raise ConductorError(f"run {run_id}: its query set {qpath} is gone; the policy needs the query text")
         t = load_queries(qpath).select(["query_id", "prompt", "task", "metadata"]).to_pylist()
         prompts.update({(run_id, r["query_id"]): (r["prompt"], r["task"], r["metadata"]) for r in t})
+        key, theirs = _check_run_pool(cfg, run_id, manifest["inputs"].get("pool"), pool)
+        run_prices[run_id] = traininputs.run_prices(run_id, manifest, theirs)
         runs.append({"run_id": run_id, "queries": str(qpath), "pool": manifest["inputs"].get("pool"),
-                     "pool_key": _check_run_pool(cfg, run_id, manifest["inputs"].get("pool"), pool),
+                     "pool_key": key,
                      "planner": manifest["inputs"].get("planner"), "samples": manifest["inputs"].get("samples")})
     allowed = pool.servable_questions()
     sets: dict[str | None, list[Action]] = {}
@@ -187,11 +194,24 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
         examples.append(Logged(contexts[key], cands, cands.index(action), float(r["propensity"]), reward,
                                correct=bool(r["correct"]), cost=cost, query=r["query_id"]))
         by_action[action.key] += 1
-    return Logs(examples, len({r["query_id"] for r in rows}), skipped, runs, by_action)  # distinct queries
+    null = sum(1 for (_, _, meta) in prompts.values() if _null_field(meta, cfg.features.group_by))
+    return Logs(examples, len({r["query_id"] for r in rows}), skipped, runs, by_action,  # distinct queries
+                prices=run_prices, null_group=null)
 
 
-def _check_run_pool(cfg: TrainConfig, run_id: str, run_pool: str | None, pool: Pool) -> str | None:
-    """The run's pool key. A run of another pool key (other workers, or another dataset's
+def _null_field(metadata: str | None, field_: str | None) -> bool:
+    """The query's metadata has the field, as null (a data set whose field is empty everywhere)."""
+    if not field_ or not metadata:
+        return False
+    try:
+        value = orjson.loads(metadata)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and field_ in value and value[field_] is None
+
+
+def _check_run_pool(cfg: TrainConfig, run_id: str, run_pool: str | None, pool: Pool) -> tuple[str | None, Pool | None]:
+    """The run's pool key and pool. A run of another pool key (other workers, or another dataset's
     questions) is refused unless `allow_other_pool`: its plans would train this pool's policy
     without a word. A run whose pool file no longer loads cannot be checked: said, not refused."""
     try:
@@ -199,9 +219,9 @@ def _check_run_pool(cfg: TrainConfig, run_id: str, run_pool: str | None, pool: P
     except ConductorError as e:
         print(f"conductor: warning: run {run_id}: its pool {run_pool} does not load ({e}); cannot check that it "
               f"was made with --pool {cfg.pool}", file=sys.stderr, flush=True)
-        return None
+        return None, None
     if theirs is None:
-        return None
+        return None, None
     key, ours = artifacts.pool_key(theirs), artifacts.pool_key(pool)
     if key != ours:
         what = (f"run {run_id} was made with pool {run_pool} (pool key {key}, dataset "
@@ -211,7 +231,7 @@ def _check_run_pool(cfg: TrainConfig, run_id: str, run_pool: str | None, pool: P
             raise ConductorError(f"{what}: its plans are of other workers or other questions; train on this "
                                  f"pool's runs, or pass --allow-other-pool to train on it anyway")
         print(f"conductor: warning: {what}; training on it as --allow-other-pool asks", file=sys.stderr, flush=True)
-    return key
+    return key, theirs
 
 
 def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, Any]]:
@@ -226,6 +246,11 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
                              f"{MAX_LAMBDA:g} already ranks every action by its cost alone")
     if not 0 <= cfg.holdout < 1:
         raise ConductorError(f"--holdout must be at least 0 and below 1 (got {cfg.holdout})")
+    if cfg.holdout == 0 and cfg.folds < 2 and cfg.learner != "fixed":
+        raise ConductorError("--holdout 0 holds no query back, so the learned policy could not be compared with "
+                             "the best fixed action and would ship unchecked; give a share above 0 (default "
+                             "0.25) or --folds K. To plan with the learned policy whatever training ships, use "
+                             "the planner option use=learned")
     if cfg.folds < 1:
         raise ConductorError(f"--folds must be 1 (hold back --holdout of the queries once) or more (hold back "
                              f"every query once, in that many parts); got {cfg.folds}")
@@ -248,6 +273,8 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
     if (cfg.learner == "segment") != bool(group_by):
         raise ConductorError("--learner segment plans per group of queries: give it --group-by FIELD (a field of "
                              "the queries' metadata), and --group-by only with --learner segment")
+    root = cfg.out or artifacts.default_root()
+    traininputs.check_out(root, "--out" if cfg.out else "the policy root")  # before minutes of fitting
     pool = pool or load_pool(cfg.pool)
     t0 = time.monotonic()
     logs = collect(cfg, pool)
@@ -255,8 +282,15 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
         why = ", ".join(f"{k}: {v}" for k, v in logs.skipped.items()) or "the runs hold no plans"
         raise ConductorError(f"no training examples in run(s) {', '.join(cfg.runs)} ({why})")
     if group_by and not any(e.context.group is not None for e in logs.examples):
-        raise ConductorError(f"--group-by {group_by}: no query of run(s) {', '.join(cfg.runs)} has the field "
-                             f"{group_by!r} in its metadata")
+        null = (f": {logs.null_group} queries have it, but null (no value), so there is no group to plan by"
+                if logs.null_group else " in its metadata")
+        raise ConductorError(f"--group-by {group_by}: no query of run(s) {', '.join(cfg.runs)} has a value for the "
+                             f"field {group_by!r}{null}")
+    n_queries = len({e.query for e in logs.examples})
+    if cfg.folds > n_queries and cfg.learner != "fixed":
+        raise ConductorError(f"--folds {cfg.folds}: more parts than the {n_queries} queries with training "
+                             f"examples (each part holds at least one query back); give at most {n_queries}")
+    prices = traininputs.fitted_prices(logs.prices, pool, cfg.pool)
     fitted = fit_policy(cfg, logs.examples)
     cfg, learner, examples, selection = fitted.cfg, fitted.learner, fitted.examples, fitted.selection
     try:
@@ -280,10 +314,10 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
             "seconds": round(time.monotonic() - t0, 2),
         }
         actions = {t: [m.action for m in ms] for t, ms in fitted.kept.items()}
-        folder = artifacts.save(cfg.out or artifacts.default_root(), pool, learner, fixed=fitted.fixed,
+        folder = artifacts.save(root, pool, learner, fixed=fitted.fixed,
                                 shipped=selection["shipped"], actions=actions, action_settings=cfg.actions,
                                 features=cfg.features, lam=cfg.lam, floor=cfg.floor, budget=cfg.budget,
-                                training=summary)
+                                training=summary, fitted_prices=prices)
     finally:
         close = getattr(learner, "close", None)
         if callable(close):
@@ -395,7 +429,8 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
         return {"shipped": "fixed", "why": "--learner fixed"}
     parts = _parts(cfg, {e.query for e in examples})
     if not parts:
-        return {"shipped": "learned", "why": "too few queries to hold any back"}
+        return {"shipped": "learned", "why": "too few queries to hold any back: the learned policy ships without "
+                                             "being compared with the fixed action"}
     per_q: dict[str, dict[str, tuple[float, float, float]]] = {"learned": {}, "fixed": {}, "best_single": {}}
     fits = []
     for held_ids in parts:
@@ -653,13 +688,15 @@ def describe(folder: Path, pool: Pool | None = None) -> str:
              f"{', '.join(r['run_id'] for r in t['runs'])} in {t['seconds']:.1f} s"]
     if t.get("skipped"):
         lines.append("skipped  " + ", ".join(f"{k}: {v}" for k, v in t["skipped"].items()))
-    lines += _target_text(meta.get("fixed") or {})
+    path = Path(folder) / artifacts.META_FILE
+    lines += guarded(path, "fixed.why", lambda: _target_text(meta.get("fixed") or {}))
     if meta["learner"].get("kind") == "segment":
-        lines += _groups_text(meta["learner"].get("why", {}), meta.get("features", {}).get("group_by"))
+        lines += guarded(path, "learner.why", lambda: _groups_text(meta["learner"].get("why", {}),
+                                                                   meta.get("features", {}).get("group_by")))
     sel = t.get("selection") or {}
     shipped = meta.get("shipped", "learned")
     if sel:
-        lines.append(f"ships    {shipped} ({_selection_text(sel)})")
+        lines.append(f"ships    {shipped} ({guarded(path, 'training.selection', lambda: _selection_text(sel))})")
     # The fixed action saved in the artifact (fitted on every train query), which may differ from
     # the one the selection above fitted without its held-back queries.
     fixed = (meta.get("fixed") or (meta["learner"] if meta["learner"].get("kind") == "fixed" else {})).get("choice")
@@ -691,8 +728,8 @@ def _target_text(fixed: dict[str, Any]) -> list[str]:
                        f"single's {w['best_single_accuracy']:.4f} {fixed.get('floor'):+g}); the fixed action is the "
                        f"most accurate, {w['accuracy']:.4f}")
         else:
-            out.append(f"budget   {task}: NOT MET on train: no action costs at most ${w['cap_usd']:.6f}; the fixed "
-                       f"action is the cheapest, ${w['usd']:.6f}")
+            out.append(f"budget   {task}: NOT MET on train: no action costs at most {usd(w['cap_usd'])}; the fixed "
+                       f"action is the cheapest, {usd(w['usd'])}")
     return out
 
 
@@ -701,8 +738,8 @@ def _groups_text(why: dict[str, dict], field: str | None) -> list[str]:
     out = []
     for task, w in why.items():
         wide = w["task_wide_crossfit"]
-        figures = (f"cross-fitted {w['crossfit_accuracy']:.4f} at ${w['crossfit_usd']:.6f}, task-wide "
-                   f"{wide[0]:.4f} at ${wide[1]:.6f}")
+        figures = (f"cross-fitted {w['crossfit_accuracy']:.4f} at {usd(w['crossfit_usd'])}, task-wide "
+                   f"{wide[0]:.4f} at {usd(wide[1])}")
         if w["grouped"]:
             sized = sum(1 for g in w["groups"] if g != "(task-wide)")
             out.append(f"groups   {task}: {sized} groups by {field}, shrink {w.get('shrink') or 0:g} "
@@ -722,10 +759,22 @@ def _selection_text(sel: dict[str, Any]) -> str:
         return f"{num(v.get('reward'))} ± {num(v.get('reward_se'))}"
 
     how = f", {sel['how']}" if sel.get("how") else ""
-    text = (f"on {sel['held_back_queries']} held-back queries{how}: learned {f(sel['learned'])}, "
+    n = sel["held_back_queries"]
+    # The estimates are over the queries whose logs hold each policy's choice ("matched").
+    short = [f"{k} {sel[k]['matched']}" for k in ("learned", "fixed")
+             if isinstance(sel[k].get("matched"), int) and sel[k]["matched"] < n]
+    over = f" (estimates over those whose logs hold its choice: {', '.join(short)})" if short else ""
+    text = (f"on {n} held-back queries{how}{over}: learned {f(sel['learned'])}, "
             f"fixed {f(sel['fixed'])} (as fitted without them: "
             f"{', '.join(f'{t}: {k}' for t, k in sel['fixed']['choice'].items())})")
     return text + (f"; rule: {sel['rule']}" if sel.get("rule") else "")
+
+
+def usd(x: float) -> str:
+    """Three significant digits, never rounded to $0.000000: $0.0000800, $0.00144."""
+    if x <= 0:
+        return "$0"
+    return f"${x:.{max(0, 2 - math.floor(math.log10(x)))}f}"
 
 
 def dumps(obj: Any) -> str:
