@@ -247,14 +247,17 @@ def test_a_token_expanded_into_api_base_is_never_shown(tmp_path, echo, sample_qu
 
 
 def test_a_token_typed_into_a_planner_url_is_masked_in_the_manifest(tmp_path, sample_queries, fresh_sim):
-    """`--planner-option api_base=...` was kept as typed in manifest.json (audit 26)."""
+    """`--planner-option api_base=...` was kept as typed in manifest.json (audit 26). The endpoint
+    answers (the preflight refuses an unreachable one before the run folder), but not at that
+    path, so planning fails after the manifest is written."""
     token = "plntok" + secrets.token_hex(10)
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url)
+    port = fresh_sim.url.rsplit(":", 1)[1].split("/")[0]
     r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--quiet", "--planner", "llm",
                 "--planner-option", "model=openai/planner",
-                "--planner-option", f"api_base=http://me:{token}@127.0.0.1:9/v1?api_key={token}")
-    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr  # nothing listens on port 9
+                "--planner-option", f"api_base=http://me:{token}@127.0.0.1:{port}/v1?api_key={token}")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     (manifest,) = (tmp_path / "data" / "runs").glob("*/manifest.json")
     shown = orjson.loads(manifest.read_bytes())["inputs"]["planner_options"]
-    assert shown == {"model": "openai/planner", "api_base": "http://me:***@127.0.0.1:9/v1?api_key=***"}
+    assert shown == {"model": "openai/planner", "api_base": f"http://me:***@127.0.0.1:{port}/v1?api_key=***"}
     assert _leaks(token, r.stdout, r.stderr, folder=tmp_path / "data") == []
