@@ -5,9 +5,11 @@ with lookup tables. Read with polars.
 Values reach prompts and row hashes as they were written, so that a grown file
 does not change its old rows: CSV columns are read as text (no type inference:
 `00501` stays `00501`, and one `1.5` appended to a column of `7`s leaves the 7s
-alone), and where polars reads a JSON column holding 7 and 2.5 as floats, the
-values written as integers are kept beside it (`as_written`), so 7 renders `7`,
-not `7.0`. Parquet has types of its own and is read as it is."""
+alone). polars reads JSON into one type per column, which a later row can change for
+every earlier one: 7 becomes 7.0 once 2.5 arrives, true becomes "true" once a string
+does, and an object gains every key any row has (`'region': None`). So each value
+polars changed is kept beside its column as JSON wrote it (`as_written`). Parquet has
+types of its own and is read as it is."""
 
 from __future__ import annotations
 
@@ -41,8 +43,8 @@ def input_files(path: Path) -> list[Path]:
     return [path]
 
 
-# Beside a JSON column read as floats: its values written as integers (null for the others).
-_INT = "\0int:"
+# Beside a JSON column: the values polars changed, as JSON text of what the file holds (null: unchanged).
+_RAW = "\0raw:"
 
 
 def is_csv(path: Path) -> bool:
@@ -76,7 +78,7 @@ def columns(path: Path) -> list[str]:
 
 
 def read(path: Path) -> pl.DataFrame:
-    """The table, with the `as_written` integers of a JSON input's float columns beside them."""
+    """The table, with the `as_written` values of a JSON input's columns beside them."""
     try:
         df = scan(path).collect()
     except InputError:
@@ -84,52 +86,75 @@ def read(path: Path) -> pl.DataFrame:
     except Exception as e:
         raise _unreadable(path, input_files(path), e) from None
     files = input_files(path)
-    return _json_integers(files, df) if FORMATS[files[0].suffix.lower()] == "ndjson" else df
+    return _json_as_written(files, df) if FORMATS[files[0].suffix.lower()] == "ndjson" else df
 
 
 def as_written(df: pl.DataFrame, name: str) -> list[Any]:
-    """A column's values for prompts and hashes: a JSON float column's integers as integers."""
+    """A column's values for prompts and hashes, as the input wrote them."""
     values = df.get_column(name).to_list()
-    if _INT + name not in df.columns:
+    if _RAW + name not in df.columns:
         return values
-    return [v if i is None else i for v, i in zip(values, df.get_column(_INT + name).to_list())]
+    return [v if r is None else orjson.loads(r) for v, r in zip(values, df.get_column(_RAW + name).to_list())]
 
 
 def kept_columns(right: pl.DataFrame, left: list[str]) -> list[str]:
     """The columns a join takes from `right` (those `left` lacks), with what `as_written` needs of them."""
-    kept = [c for c in right.columns if c not in left and not c.startswith(_INT)]
-    return kept + [_INT + c for c in kept if _INT + c in right.columns]
+    kept = [c for c in right.columns if c not in left and not c.startswith(_RAW)]
+    return kept + [_RAW + c for c in kept if _RAW + c in right.columns]
 
 
-def _json_integers(files: list[Path], df: pl.DataFrame) -> pl.DataFrame:
-    """polars reads a JSON column holding 7 and 2.5 (in one file, or in two files of a folder) as
-    floats, and 7 would become 7.0 in prompts and hashes once 2.5 arrives: every row changed, sent
-    and paid again. Keep the integers as written beside such a column. Rows that cannot be told
+def _json_as_written(files: list[Path], df: pl.DataFrame) -> pl.DataFrame:
+    """Beside each column, the values polars changed from what the file holds (see the module's
+    docstring): a grown file changed its old rows' prompts and hashes, and every row was sent
+    and paid again. Text is compared by type (a value that is not a string was made one), so
+    are other scalars (7 made 7.0), objects and lists by their JSON. Rows that cannot be told
     apart (a line orjson cannot read) leave the table as polars read it."""
-    floats = [c for c, t in df.schema.items() if t.is_float()]
-    if not floats:
-        return df
+    texts = [c for c, t in df.schema.items() if t == pl.String]
+    nested = {c: df.get_column(c).to_list() for c, t in df.schema.items()
+              if isinstance(t, (pl.Struct, pl.List, pl.Array))}
+    scalars = {c: df.get_column(c).to_list() for c in df.columns if c not in nested and c not in texts}
+    changed: dict[str, dict[int, str]] = {c: {} for c in df.columns}
+    i = -1
     try:
-        rows = [r for f in files for r in _json_values(f, floats)]
+        for i, o in enumerate(o for f in files for o in _json_objects(f)):
+            if i >= df.height or not isinstance(o, dict):
+                return df
+            for c in texts:
+                v = o.get(c)
+                if v is not None and type(v) is not str:
+                    changed[c][i] = orjson.dumps(v).decode()
+            for c, values in scalars.items():  # 7 made 7.0, true made 1; orjson reads 2**70 as a float
+                v, read = o.get(c), values[i]
+                if v is not None and read is not None and type(v) is not type(read) and \
+                        not (type(v) is float and type(read) is int):
+                    changed[c][i] = orjson.dumps(v).decode()
+            for c, values in nested.items():
+                v = o.get(c)
+                if v is not None and (read := _json_text(values[i])) is not None and (raw := _json_text(v)) != read:
+                    changed[c][i] = raw
     except (OSError, orjson.JSONDecodeError):
         return df
-    if len(rows) != df.height:
+    if i + 1 != df.height:
         return df
-    extra = []
-    for k, c in enumerate(floats):
-        ints = [v if type(v) is int and -2**63 <= v < 2**63 else None for v in (r[k] for r in rows)]
-        if any(v is not None for v in ints):
-            extra.append(pl.Series(_INT + c, ints, pl.Int64))
+    extra = [pl.Series(_RAW + c, [rows.get(k) for k in range(df.height)], pl.String)
+             for c, rows in changed.items() if rows]
     return df.with_columns(extra) if extra else df
 
 
-def _json_values(f: Path, names: list[str]) -> list[tuple]:
-    """Per object of a JSON Lines file (blank lines skipped, as polars does) or of a JSON array,
-    the values of `names` as JSON wrote them (7 an int, 7.0 a float)."""
+def _json_text(v: Any) -> str | None:
+    """`v` as JSON, or None for what JSON cannot hold exactly (an integer past 64 bits, which
+    orjson reads as a float and polars as a 128-bit integer: polars' value is kept)."""
+    try:
+        return orjson.dumps(v, default=str).decode()
+    except TypeError:
+        return None
+
+
+def _json_objects(f: Path):
+    """The objects of a JSON Lines file (blank lines skipped, as polars does) or of a JSON array."""
     data = f.read_bytes()
-    objects = orjson.loads(data) if _json_array(f) else (orjson.loads(line) for line in data.splitlines()
-                                                          if line.strip())
-    return [tuple(o.get(n) for n in names) if isinstance(o, dict) else (None,) * len(names) for o in objects]
+    return orjson.loads(data) if _json_array(f) else (orjson.loads(line) for line in data.splitlines()
+                                                       if line.strip())
 
 
 def _json_array(f: Path) -> bool:
