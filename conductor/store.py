@@ -449,9 +449,14 @@ def job_runs(runs: Path) -> dict[str, dict[str, Any]]:
 
 def _job_views(con: duckdb.DuckDBPyConnection, runs: Path) -> list[tuple[Path, str]]:
     """One view per enrichment job: the records of its newest run. A job whose newest records
-    are damaged gets none (its older runs' would pass for today's); returns those files."""
+    are damaged gets none (its older runs' would pass for today's); returns those files. A job
+    with no run left (its folders deleted) loses its view, as `plans` does when no run has one:
+    kept, it read files that are gone, and `conductor sql` called them damaged."""
     left_out = []
-    for name, entry in job_runs(runs).items():
+    jobs = job_runs(runs)
+    for name in _stale_job_views(con, set(jobs)):
+        con.execute(f'DROP VIEW IF EXISTS "{name}"')
+    for name, entry in jobs.items():
         if name in schemas.TABLES or name == "runs" or not entry["id_column"]:
             continue
         damaged = [(Path(f), why) for f in entry["files"] if (why := file_damage(Path(f))) is not None]
@@ -462,6 +467,14 @@ def _job_views(con: duckdb.DuckDBPyConnection, runs: Path) -> list[tuple[Path, s
         files = "[" + ", ".join(_q(f) for f in entry["files"]) + "]"
         con.execute(f"""CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM read_parquet({files})""")
     return left_out
+
+
+def _stale_job_views(con: duckdb.DuckDBPyConnection, jobs: set[str]) -> list[str]:
+    """The catalog's job views (those reading a run's records.parquet) of jobs no longer in `jobs`."""
+    views = con.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
+                        "AND database_name = current_database()").fetchall()
+    return [name for name, sql in views
+            if name not in jobs and name not in schemas.TABLES and name != "runs" and "/records.parquet'" in sql]
 
 
 def _q(path: Path | str) -> str:

@@ -42,7 +42,8 @@ def test_samples_past_the_runners_limit_are_refused_by_check_naming_the_key(fold
     assert r.returncode == 2, r.stdout
     assert f"job.yaml:{line_of(text, 'samples:')}: samples: must be an integer from 1 to 4096 (got 5000)" in r.stderr
     assert "--samples" not in r.stderr
-    assert checked(folder, GOOD + "samples: 4096\n").returncode == 0
+    planned = GOOD.replace("mode: direct\nworker: fast\n", "mode: planned\n")  # direct mode takes samples: 1 only
+    assert checked(folder, planned + "samples: 4096\n").returncode == 0
 
 
 def test_an_unknown_planner_option_is_refused_by_check_at_its_line(folder):

@@ -502,7 +502,8 @@ def test_prompt_longer_than_context_window_is_refused_before_any_call(sim, tmp_p
     doc = yaml.safe_load(path.read_text())
     doc["pool"] = str(tmp_path / "pool.yaml")
     path.write_text(yaml.safe_dump(doc))
-    with pytest.raises(InputError, match=r"longer than worker mid's context window \(400 tokens\): question_id '"):
+    with pytest.raises(InputError, match=r"longer than worker mid's context window \(400 tokens\), counting each "
+                                         r"rendered prompt plus the fields' JSON Schema block .*: question_id '"):
         run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
     assert sim.log()["total"] == 0 and not (tmp_path / "data" / "runs").exists()
     rows = questions(60)  # integer ids are named as the input holds them, not quoted as text
@@ -511,7 +512,7 @@ def test_prompt_longer_than_context_window_is_refused_before_any_call(sim, tmp_p
     doc = yaml.safe_load(path.read_text())
     doc["pool"] = str(tmp_path / "pool.yaml")
     path.write_text(yaml.safe_dump(doc))
-    with pytest.raises(InputError, match=r"context window \(400 tokens\): question_id 10\d\d, 10\d\d"):
+    with pytest.raises(InputError, match=r"context window \(400 tokens\), .*: question_id 10\d\d, 10\d\d"):
         run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
 
 
@@ -681,11 +682,12 @@ def test_planned_mode_refuses_rows_a_plan_gives_to_a_worker_too_small_for_them(s
     (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
     docs = pq.read_table(FINANCE / "documents.parquet").slice(0, 10)
     path = variant(DOCS_JOB, tmp_path, "docs_window", rows=docs, pool=str(tmp_path / "pool.yaml"))
-    with pytest.raises(ConductorError, match=r"worker budget \(300 tokens\): doc_id '"):
+    with pytest.raises(ConductorError, match=r"worker budget \(300 tokens; the longest about \d+\): doc_id '"):
         run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
     assert sim.log()["total"] == 0
     docs = docs.set_column(docs.column_names.index("doc_id"), "doc_id", pa.array(range(10)))
     path = variant(DOCS_JOB, tmp_path, "docs_window_ints", rows=docs, pool=str(tmp_path / "pool.yaml"))
-    with pytest.raises(ConductorError, match=r"worker budget \(300 tokens\): doc_id \d, \d"):  # as the input holds them
+    with pytest.raises(ConductorError,  # the ids as the input holds them
+                       match=r"worker budget \(300 tokens; the longest about \d+\): doc_id \d, \d"):
         run_job(load_job(path), data_dir=tmp_path / "data", progress=False)
     assert sim.log()["total"] == 0

@@ -25,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("job", type=argtypes.path, help="job file (YAML)")
     options.data_dir(r)
     r.add_argument("--run-id", type=argtypes.run_id, help="name of the run (default: <job>-<UTC time>)")
-    r.add_argument("--full-refresh", action="store_true", help="recompute every row, reusing no record")
+    r.add_argument("--full-refresh", action="store_true",
+                   help="recompute every row, reusing no record and bypassing the response cache: every row "
+                        "is sent and paid for again")
     r.add_argument("--keep-work", action="store_true",
                    help="keep the run's work/ folder (its journal) once the records are written; by default it "
                         "is removed, as no later run reads it")
@@ -42,13 +44,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def check(args: argparse.Namespace) -> int:
     from conductor.enrich import load_job
-    from conductor.enrich.context import check_context
+    from conductor.enrich.context import check_budget, check_context
     from conductor.enrich.table import load_rows, render
     from conductor.pool import load_pool
 
     job = load_job(args.job)
     rows = load_rows(job)
-    check_context(job, load_pool(job.pool_path), rows.get_column(job.id_column).to_list(), render(job, rows))
+    pool, ids, prompts = load_pool(job.pool_path), rows.get_column(job.id_column).to_list(), render(job, rows)
+    check_context(job, pool, ids, prompts)
+    check_budget(job, pool, ids, prompts)
     kind = f"{len(job.fields)} field(s)" if job.fields else "plain text"
     print(f"job {job.name}: ok ({rows.height} rows, {kind}, {job.mode} mode)")
     return 0

@@ -58,11 +58,11 @@ def _lost_in_flight(s: dict[str, Any]) -> list[tuple[str, str]]:
 def job_summary(s: dict[str, Any]) -> str:
     """`conductor job run`: one enrichment run's summary."""
     m = s["metrics"]
-    stopped = s["statuses"].get("budget_exhausted", 0)  # rows to compute that a budget stopped, not computed
+    stopped = s["statuses"].get("budget_exhausted", 0)  # rows to compute that a budget stopped (not in computed)
     unpriced = s.get("unpriced_rows") or 0  # never a silent $0: their cost is unknown, not in the figure
     rows = [("job", s["job"]),
             ("run", s["run_id"] + ("  (complete already: nothing executed, nothing written)" if s.get("kept") else "")),
-            ("rows", f"{s['rows']}  (computed {s['computed'] - stopped}, "
+            ("rows", f"{s['rows']}  (computed {s['computed']}, "
                      + (f"stopped by a budget {stopped}, " if stopped else "") + f"reused {s['reused']} at $0)"),
             ("valid", f"{s['valid']} ({m['valid_share']:.1%})"),
             ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))),

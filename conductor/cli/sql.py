@@ -46,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
         except OSError as e:
             raise ConductorError(f"store {store}: cannot read the runs there: {e}") from None
     elif not (args.data_dir / "runs").is_dir():
-        raise ConductorError(f"no runs under {args.data_dir / 'runs'}: run `conductor run` first")
+        raise ConductorError(f"no runs under {args.data_dir / 'runs'}: run `conductor run` or `conductor job run` "
+                             f"first")
     else:
         con = _open(args.data_dir)
     try:
@@ -99,6 +100,14 @@ def _missing_view(message: str, runs) -> str | None:
 
     found = re.search(r"Table with name (\w+) does not exist", message)
     name = found.group(1).lower() if found else None
+    if name is not None and name not in (*schemas.TABLES, "runs") and isinstance(runs, Path):
+        from conductor.store import job_runs
+
+        jobs = sorted(job_runs(runs))
+        return (f"there is no view {found.group(1)}: the catalog's views are plans, traces, results, rewards, runs "
+                f"and one per enrichment job that has a run under {runs} "
+                f"({'jobs: ' + ', '.join(jobs) if jobs else 'none has'}); a job's view goes with its last run "
+                f"folder, and `conductor job run` makes it again")
     if name not in (*schemas.TABLES, "runs"):
         return None
     what = "manifest.json" if name == "runs" else f"{name}.parquet"

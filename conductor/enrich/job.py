@@ -170,6 +170,9 @@ def load_job(path: str | Path) -> Job:
     names = _template_names(doc, prompt, all_cols)
     _refuse_numbers_from_text(doc, prompt, text_cols - {id_column})
 
+    if "fields" in raw and raw["fields"] is None:  # `fields:` with every entry commented out
+        raise doc.error(("fields",), "is empty (every field commented out?); give at least one field, or "
+                                     "remove the `fields` key for a plain-text job")
     fields = _fields(doc, raw.get("fields"), ("fields",))
     _check_column_names(doc, id_column, carry, fields)
     carry = [c for c in carry if c != id_column]
@@ -207,6 +210,11 @@ def load_job(path: str | Path) -> Job:
     from conductor.runner import MAX_SAMPLES
 
     samples = _int(doc, raw, "samples", 1, maximum=MAX_SAMPLES)
+    if mode == "direct" and samples > 1:
+        raise doc.error(("samples",), "direct mode sends every sample of a row the same request, so each sample "
+                                      "after sample 0 is the response cache's copy of its reply (an invalid one "
+                                      "too) and adds nothing; set samples: 1 (or leave it out), or use mode: "
+                                      "planned, whose samples are plans of their own")
     share = quality.get("min_valid_share", 0.95)
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
         raise doc.error(("quality", "min_valid_share"), f"must be a number in [0, 1] (got {share!r})")
@@ -364,8 +372,11 @@ def _fields(doc: Located, raw: Any, at: tuple) -> tuple[Field, ...]:
                 raise doc.error(fat + ("values",), "values repeat")
             if not all(isinstance(x, str) for x in v):  # records hold an enum as text
                 odd = next(x for x in v if not isinstance(x, str))
-                raise doc.error(fat + ("values",), f"values must be text, and YAML reads {odd!r} as a "
-                                                   f"{type(odd).__name__}: quote them, e.g. values: [\"yes\", \"no\"]")
+                kind = type(odd).__name__
+                what = "an empty value as null" if odd is None else \
+                    f"{odd!r} as {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+                raise doc.error(fat + ("values",), f"values must be text, and YAML reads {what}: quote them, "
+                                                   f"e.g. values: [\"yes\", \"no\"]")
             values = tuple(v)
         elif "values" in spec:
             raise doc.error(fat + ("values",), f"only an enum takes values (this field is {t})")

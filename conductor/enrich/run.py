@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor import schemas
-from conductor.enrich.context import check_context, check_planned_context
+from conductor.enrich.context import check_budget, check_context, check_planned_context
 from conductor.enrich.history import (OK, abandon_interrupted, failed_before, interrupted_run, previous_records,
                                       read_table)
 from conductor.enrich.job import Job
@@ -78,7 +78,8 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     ids = ids_of(job, df)
     prompts = render(job, df)
     hashes = row_hashes(job, df, definition)
-    check_context(job, pool, df.get_column(job.id_column).to_list(), prompts)
+    raw_ids = df.get_column(job.id_column).to_list()  # as the input holds them, for the refusals
+    check_context(job, pool, raw_ids, prompts)
     now = datetime.now(timezone.utc)
     info = {"name": job.name, "path": str(job.path.resolve()), "id_column": job.id_column,
             "definition": definition, "full_refresh": full_refresh}
@@ -99,6 +100,8 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     reuse = [i for i, (rid, h) in enumerate(zip(ids, hashes)) if previous.get(rid, {}).get("row_hash") == h]
     reused = set(reuse)
     todo = [i for i in range(len(ids)) if i not in reused]
+    # the rows it sends only: a run reusing every row calls no extraction worker (it may only rescore)
+    check_budget(job, pool, [raw_ids[i] for i in todo], [prompts[i] for i in todo])
     say(f"{len(ids):,} rows: {len(todo):,} to compute, {len(reuse):,} reused")
     run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo])
               or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}")
@@ -519,9 +522,13 @@ def _write_rewards(job: Job, df: pl.DataFrame, ids: list[str], run: RunDir, plan
 
 # ---- summary ----------------------------------------------------------------
 
-def _summary(job: Job, table: pa.Table, run: RunDir, computed: int, reused: int, wall: float,
+def _summary(job: Job, table: pa.Table, run: RunDir, todo: int, reused: int, wall: float,
              metrics: dict[str, Any]) -> dict[str, Any]:
+    """`computed`: the rows this run computed, not those of its `todo` that a budget stopped
+    (`statuses.budget_exhausted`, only ever rows to compute): counted as computed, SQL over
+    summary->>'computed' overstated the work of a stopped run."""
     statuses = {d["values"]: d["counts"] for d in pc.value_counts(table.column("status")).to_pylist()}
+    computed = todo - statuses.get("budget_exhausted", 0)
     cost = pc.sum(table.column("cost_usd")).as_py() or 0.0
     return {
         "job": job.name, "run_id": run.run_id, "id_column": job.id_column,

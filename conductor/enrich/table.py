@@ -46,10 +46,18 @@ def load_rows(job: Job) -> pl.DataFrame:
         right = right.select([j.on] + inputs.kept_columns(right, df.columns))
         missing = df.join(right.select(j.on), on=j.on, how="anti")
         if missing.height:
-            keys = missing.get_column(j.on).to_list()
-            rows = missing.get_column(job.id_column).to_list()
-            raise InputError(f"job {job.path}: join {j.path}: {missing.height} row(s) have no match on {j.on!r} "
-                             f"(keys {_list(keys)}; ids {_list(rows)})")
+            empty = missing.filter(pl.col(j.on).is_null())  # no key to look up: not a key the table lacks
+            unmatched = missing.filter(pl.col(j.on).is_not_null())
+            why = []
+            if empty.height:
+                why.append(f"{empty.height} row(s) have an empty {j.on!r} (ids "
+                           f"{_list(empty.get_column(job.id_column).to_list())}): fill their key in, or filter "
+                           f"them out of the input")
+            if unmatched.height:
+                why.append(f"{unmatched.height} row(s) have no match on {j.on!r} (keys "
+                           f"{_list(unmatched.get_column(j.on).to_list())}; ids "
+                           f"{_list(unmatched.get_column(job.id_column).to_list())})")
+            raise InputError(f"job {job.path}: join {j.path}: " + "; ".join(why))
         df = df.join(right, on=j.on, how="left", maintain_order="left")
     return df
 
