@@ -14,12 +14,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from conductor.policy import artifact
 from conductor.pool import load_pool
 from conductor.runner import RunConfig, run_all
 from tests.conftest import SAMPLE, cli, worker, write_pool
+from tests.test_policy_inputs import sim_server
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +34,7 @@ def logged(tmp_path_factory):
     pq.write_table(table, queries)
     nulls = d / "nulls.parquet"
     pq.write_table(table.set_column(4, "metadata", pa.array(['{"category": null}'] * 20)), nulls)
-    server = d / "server.yaml"
-    server.write_text(yaml.safe_dump({"workers": [
-        {"id": n, "model": f"openai/{n}", "simulate": {"skill": s, "latency_ms": {"mean": 2, "sd": 0}}}
-        for n, s in (("fast", 0.9), ("weak", 0.3))]}))
-    with start_sim(server, [queries]) as sim:
+    with start_sim(sim_server(d), [queries]) as sim:
         pool = write_pool(d / "a.yaml", sim.url)
         dear = [worker(n, sim.url) for n in ("fast", "weak")]
         dear[1]["price"] = {"input_per_mtok": 100.0, "output_per_mtok": 200.0}

@@ -5,6 +5,8 @@ pool, trained in a fraction of a second."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -18,6 +20,15 @@ from conductor.runner import RunConfig, run_all
 from tests.conftest import SAMPLE, cli, worker, write_pool
 
 
+def sim_server(d: Path) -> Path:
+    """The simulated server's workers: fast (skill 0.9) and weak (0.3), answering in 2 ms."""
+    server = d / "server.yaml"
+    server.write_text(yaml.safe_dump({"workers": [
+        {"id": n, "model": f"openai/{n}", "simulate": {"skill": s, "latency_ms": {"mean": 2, "sd": 0}}}
+        for n, s in (("fast", 0.9), ("weak", 0.3))]}))
+    return server
+
+
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
     """Pool A (fast, weak), a run of 20 queries x 4 uniform plans over it, and pool B (A plus
@@ -27,11 +38,7 @@ def logged(tmp_path_factory):
     d = tmp_path_factory.mktemp("policy-inputs")
     queries = d / "queries.parquet"
     pq.write_table(pq.read_table(SAMPLE).slice(0, 20), queries)
-    server = d / "server.yaml"
-    server.write_text(yaml.safe_dump({"workers": [
-        {"id": n, "model": f"openai/{n}", "simulate": {"skill": s, "latency_ms": {"mean": 2, "sd": 0}}}
-        for n, s in (("fast", 0.9), ("weak", 0.3))]}))
-    with start_sim(server, [queries]) as sim:
+    with start_sim(sim_server(d), [queries]) as sim:
         pool = write_pool(d / "a.yaml", sim.url)
         other = write_pool(d / "b.yaml", sim.url, workers=[worker(n, sim.url) for n in ("fast", "weak", "extra")])
         run_all(RunConfig(queries=queries, pool=pool, data_dir=d / "data", run_id="explore", samples=4,
