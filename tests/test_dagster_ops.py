@@ -378,7 +378,8 @@ from assets.concurrency import hold_pools
 @asset
 def holder(context):
     with hold_pools(context, ["provider-x"], poll_s=0.1):
-        Path(sys.argv[1]).write_text(context.run.run_id)
+        Path(sys.argv[1] + ".tmp").write_text(context.run.run_id)
+        Path(sys.argv[1] + ".tmp").rename(sys.argv[1])  # the test never reads it half-written
         time.sleep(600)
 
 with DagsterInstance.get() as instance:
@@ -504,7 +505,9 @@ def test_steps_claiming_a_new_pool_at_the_same_moment_still_take_turns(instance,
     while not all(o.with_suffix(".ready").exists() for o in outs):
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "claimers did not start"
         time.sleep(0.05)
-    go.write_text(str(time.time() + 3.0))  # every process has opened the instance by then
+    # written whole, then renamed: a claimer polling for the file never reads it half-written
+    go.with_suffix(".tmp").write_text(str(time.time() + 3.0))  # every process has opened the instance by then
+    go.with_suffix(".tmp").rename(go)
     for p in procs:
         assert p.wait(90) == 0
     spans = [s for o in outs for s in json.loads(o.read_text())]
