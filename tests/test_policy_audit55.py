@@ -299,3 +299,22 @@ def test_a_target_under_planner_limit_is_judged_on_the_same_queries():
     t = check_target(Target.parse("0:0.25"), [shipped, everyone], same)
     assert t["met"] and t["need_accuracy"] == pytest.approx(0.5) and t["queries"] == 2
     assert "the best single on the same 2 queries the policies ran on" in target_lines([t])[0]
+
+
+def test_the_chart_labels_two_artifacts_at_one_lambda_with_their_versions(tmp_path):
+    from conductor.evaluation.report import chart
+
+    rows = []
+    for v, usd in ((1, 0.001), (2, 0.0015)):
+        info = {"lambda": 30.0, "floor": None, "budget": None, "artifact": f"/p/v000{v}", "version": v,
+                "shipped": v == 2}
+        rows += [_policy("learned", f"learned v{v}", 0.5, usd, info),
+                 _policy("fixed", f"fixed v{v}", 0.75, usd * 2, info)]
+    lone = {"lambda": 100.0, "floor": None, "budget": None, "artifact": "/p/v0003", "version": 3}
+    rows += [_policy("learned", "learned v3", 0.25, 0.0005, lone),
+             _policy("best_single", "best single", 0.75, 0.004, {"chosen_by": "grader"})]
+    # SVG keeps every label's text in a comment beside its glyphs
+    svg = chart(rows, tmp_path / "chart.svg", "t").read_text()
+    for label in ("learned λ 30, v0001", "learned λ 30, v0002 (shipped)", "fixed λ 30, v0001",
+                  "fixed λ 30, v0002 (shipped)", "learned λ 100"):  # λ 100: one artifact, no version
+        assert f"<!-- {label} -->" in svg, label

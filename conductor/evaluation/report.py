@@ -284,6 +284,7 @@ def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader"
     # Labels: the named policies first, then the single workers, each at the first
     # nearby offset where it overlaps no label placed before it.
     order = sorted(plotted, key=lambda p: p.kind == "single")
+    twice = {k: _shared_objectives([p.info for p in plotted if p.kind == k]) for k in ("learned", "fixed")}
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
@@ -294,7 +295,7 @@ def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader"
     for p in order:
         special = p.kind != "single"
         color = _STYLES[p.kind][1] if special else "#555555"
-        text = _short(p)
+        text = _short(p, twice.get(p.kind, set()))
         for dx, dy in _OFFSETS:
             ann = ax.annotate(text, (p.usd_per_query, p.accuracy), textcoords="offset points", xytext=(dx, dy),
                               fontsize=7.5 if special else 5.5, color=color, zorder=4,
@@ -338,7 +339,8 @@ _OFFSETS = [(5, 0), (-5, 0), (5, 7), (5, -7), (-5, 7), (-5, -7), (5, 14), (5, -1
             (5, 21), (5, -21)]
 
 
-def _short(p: Policy) -> str:
+def _short(p: Policy, twice: set[str] = frozenset()) -> str:
+    """The chart label; `twice`: objectives more than one artifact holds, labeled with their version."""
     if p.kind == "best_single":
         return f"best single ({'labels' if p.info.get('chosen_by') == 'label' else 'grader'})"
     if p.kind == "oracle":
@@ -346,9 +348,9 @@ def _short(p: Policy) -> str:
     if p.kind == "planner":
         return "embedded planner (prior)"
     if p.kind == "learned":
-        return f"learned {objective(p.info)}" + (" (shipped)" if p.info.get("shipped") else "")
+        return f"learned {_objective_of(p.info, twice)}" + (" (shipped)" if p.info.get("shipped") else "")
     if p.kind == "fixed":
-        return f"fixed {objective(p.info)}" + (" (shipped)" if p.info.get("shipped") else "")
+        return f"fixed {_objective_of(p.info, twice)}" + (" (shipped)" if p.info.get("shipped") else "")
     if p.kind == "fixed_cascade":
         return "best fixed cascade"
     if p.kind == "random":
