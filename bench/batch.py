@@ -37,6 +37,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
 
+from conductor.argtypes import int_in, number_in  # noqa: E402
+
 PRICE_IN, PRICE_OUT = 1.0e-6, 2.0e-6  # USD per token, the pool's online price
 CHECK = "Check the answer above. If it is right, restate it; if not, solve it. End with 'Answer: <number>'."
 
@@ -165,13 +167,14 @@ def main() -> None:
     c = sub.add_parser("child")
     c.add_argument("--url", required=True)
     c.add_argument("--work", required=True)
-    c.add_argument("--plans", type=int, required=True)
-    c.add_argument("--retry", default="online")
-    c.add_argument("--poll-s", type=float, default=0.5)
-    ap.add_argument("--steps", type=int, default=10_000, help="steps per scenario (two per plan)")
-    ap.add_argument("--delay-s", type=float, default=5.0, help="the sim's time to finish a batch, resume scenario")
-    ap.add_argument("--expire", type=float, default=0.1, help="share of each batch left undone (expired)")
-    ap.add_argument("--line-errors", type=float, default=0.05, help="share of batch lines answered 500")
+    c.add_argument("--plans", type=int_in(1, 10 ** 8), required=True)
+    c.add_argument("--retry", default="online", choices=("online", "batch"))
+    c.add_argument("--poll-s", type=number_in(0.01, 3600.0), default=0.5)
+    ap.add_argument("--steps", type=int_in(2, 10 ** 8), default=10_000, help="steps per scenario (two per plan)")
+    ap.add_argument("--delay-s", type=number_in(0.0, 3600.0), default=5.0,
+                    help="the sim's time to finish a batch, resume scenario")
+    ap.add_argument("--expire", type=number_in(0.0, 1.0), default=0.1, help="share of each batch left undone (expired)")
+    ap.add_argument("--line-errors", type=number_in(0.0, 1.0), default=0.05, help="share of batch lines answered 500")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = ap.parse_args()
     if args.cmd == "child":

@@ -34,8 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from conductor import argtypes  # noqa: E402
 from conductor.policy.actions import Action  # noqa: E402
 from conductor.pool import load_pool  # noqa: E402
+from conductor.replay.datasets import default_replay_dir  # noqa: E402
 from conductor.replay.offline import Recorded  # noqa: E402
 
 
@@ -57,16 +59,24 @@ def on_train(work: Path, pool, task: str) -> tuple[dict[str, float], dict[str, f
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, default=REPO / "data" / "bench-policy" / "mmlu_pro")
-    ap.add_argument("--table", type=Path, default=None, help="recorded table (default: the shared replay table)")
-    ap.add_argument("--split", default="test")
-    ap.add_argument("--share", type=float, default=0.15, help="cost bound, a share of the best single's cost")
-    ap.add_argument("--delta", type=float, default=-0.01, help="accuracy needed: the best single's + delta")
-    ap.add_argument("--cheap", type=int, default=7)
-    ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--work", type=argtypes.path, default=REPO / "data" / "bench-policy" / "mmlu_pro")
+    ap.add_argument("--table", type=argtypes.path, default=None,
+                    help="recorded table (default: the shared one in $CONDUCTOR_REPLAY_DIR, else ../shared/replay)")
+    ap.add_argument("--split", default="test", choices=("all", "train", "test"))
+    ap.add_argument("--share", type=argtypes.number_in(0.001, 1000.0), default=0.15,
+                    help="cost bound, a share of the best single's cost")
+    ap.add_argument("--delta", type=argtypes.number_in(-1.0, 1.0), default=-0.01,
+                    help="accuracy needed: the best single's + delta")
+    ap.add_argument("--cheap", type=argtypes.int_in(1, 1000), default=7, help="cheap workers searched")
+    ap.add_argument("--top", type=argtypes.int_in(1, 10 ** 6), default=8, help="actions listed")
     args = ap.parse_args()
+    if not args.work.is_dir():
+        ap.error(f"--work {args.work}: no such folder; run bench/policy.py --datasets {args.work.name} first, "
+                 f"or give its dataset folder")
+    if args.table is not None and not args.table.is_file():
+        ap.error(f"--table {args.table}: no such file")
     dataset = args.work.name
-    table = args.table or REPO.parent / "shared" / "replay" / f"{dataset}.parquet"
+    table = args.table or default_replay_dir() / f"{dataset}.parquet"
     for need in (args.work / "pool.yaml", args.work / f"{dataset}-{args.split}.parquet", table):
         if not need.exists():
             sys.exit(f"{need} is missing: run bench/policy.py --datasets {dataset} first (or give --work/--table)")

@@ -8,6 +8,7 @@ Needs root (mount -t tmpfs). Usage: python bench/disk_full.py
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -27,6 +28,8 @@ SAMPLE = REPO / "data" / "queries" / "sample.parquet"
 
 
 def main() -> int:
+    # No options: the parser is for --help, and to refuse arguments rather than ignore them.
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     if os.geteuid() != 0:
         print("needs root to mount a small tmpfs")
         return 1

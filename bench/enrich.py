@@ -42,6 +42,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
 
+from conductor.argtypes import int_in  # noqa: E402
 from conductor.enrich import load_job, render_queries  # noqa: E402
 from conductor.sim import start_sim  # noqa: E402
 
@@ -143,8 +144,8 @@ def validation_alone(job_path: Path, queries: pa.Table) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--rows", type=int_in(1, 10 ** 8), default=100_000)
+    ap.add_argument("--concurrency", type=int_in(1, 10_000), default=64)
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (its path is printed)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="conductor-bench-enrich-"))

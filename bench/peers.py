@@ -9,8 +9,9 @@ environment (their pins conflict with ours): Curator's OpenAI back end
 Sends the same prompts as bench/executor.py (query i of offset..offset+N) to the
 OpenAI-compatible server at URL, which must be on 127.0.0.1, each tool with its own
 limiter and retries, and prints one line `RESULT {"seconds": ..., "completed": ...}`.
-This file imports nothing from conductor. `ensure_venv` builds the environments
-(under the folder given, never in the project's own venv).
+This file imports nothing from conductor but `conductor.argtypes` (the standard
+library only, so it loads in the peers' environments). `ensure_venv` builds the
+environments (under the folder given, never in the project's own venv).
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.parse
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # last: the repo shadows nothing of a peer's venv
+from conductor.argtypes import int_in, number_in  # noqa: E402
 
 MODEL = "bench"
 # What each peer's environment installs (pinned where the version matters for the comparison).
@@ -45,8 +50,10 @@ def ensure_venv(root: Path, peer: str) -> Path:
     done = venv / ".installed"
     if not done.exists():
         print(f"creating the {peer} environment in {venv} (first run only)...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES[peer]], check=True)
+        if subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)]).returncode:
+            raise RuntimeError(f"could not create its virtual environment in {venv}")
+        if subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES[peer]]).returncode:
+            raise RuntimeError(f"pip could not install {' '.join(PEER_PACKAGES[peer])} (no network?)")
         done.write_text(" ".join(PEER_PACKAGES[peer]))
     return python
 
@@ -69,7 +76,15 @@ def run_peer(python: Path, peer: str, url: str, calls: int, offset: int, concurr
 # ---- inside the peer's environment -------------------------------------------
 
 def _curator(a) -> dict:
+    """Curator's run, its cache in a temporary folder removed afterwards (they piled up in /tmp)."""
     tmp = tempfile.mkdtemp(prefix="curator-bench-")
+    try:
+        return _curator_in(a, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _curator_in(a, tmp: str) -> dict:
     os.environ.update({"CURATOR_CACHE_DIR": tmp, "CURATOR_DISABLE_RICH_DISPLAY": "1",
                        "TELEMETRY_ENABLED": "false", "CURATOR_VIEWER": "0", "OPENAI_API_KEY": "no-key"})
     import litellm  # its package ships tiktoken's encodings; nothing may be fetched from outside
@@ -146,11 +161,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("peer", choices=["curator", "openai", "litellm"])
     ap.add_argument("--url", required=True)
-    ap.add_argument("--calls", type=int, required=True)
-    ap.add_argument("--offset", type=int, default=0)
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--rpm", type=float)
-    ap.add_argument("--retries", type=int, default=10)
+    ap.add_argument("--calls", type=int_in(1, 10 ** 8), required=True)
+    ap.add_argument("--offset", type=int_in(0, 10 ** 9), default=0)
+    ap.add_argument("--concurrency", type=int_in(1, 10_000), default=64)
+    ap.add_argument("--rpm", type=number_in(1.0, 1e9))
+    ap.add_argument("--retries", type=int_in(0, 1000), default=10)
     a = ap.parse_args()
     if urllib.parse.urlsplit(a.url).hostname not in ("127.0.0.1", "localhost", "::1"):
         raise SystemExit(f"--url {a.url}: the benchmark sends traffic to 127.0.0.1 only")

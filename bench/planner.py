@@ -18,6 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: conductor, tests.tinymodel
+from conductor.argtypes import int_in  # noqa: E402
+
 TASKS = ["math", "choice", "exact", None]
 POOL = {"workers": [
     {"id": "qwen-small", "model": "openai/qwen-small", "description": "Fast small model, good at arithmetic."},
@@ -31,14 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--model", help="model directory or name (default: build a tiny random Qwen2)")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--queries", type=int, default=500)
-    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--queries", type=int_in(1, 10 ** 6), default=500)
+    ap.add_argument("--samples", type=int_in(1, 4096), default=4)
     ap.add_argument("--mode", choices=["structured", "free"], default="structured")
-    ap.add_argument("--instruction-chars", type=int, default=80)
-    ap.add_argument("--max-tokens", type=int, default=None, help="default: the schema's bound (structured), 64 (free)")
-    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--instruction-chars", type=int_in(1, 100_000), default=80)
+    ap.add_argument("--max-tokens", type=int_in(1, 10 ** 6), default=None,
+                    help="default: the schema's bound (structured), 64 (free)")
+    ap.add_argument("--max-model-len", type=int_in(1, 10 ** 7), default=4096)
     ap.add_argument("--no-logprobs", action="store_true", help="do not record cumulative log-probabilities")
-    ap.add_argument("--single-limit", type=int, default=None,
+    ap.add_argument("--single-limit", type=int_in(1, 10 ** 6), default=None,
                     help="time only this many one-call-per-query plans and scale up (default: all)")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
                     help="extra vllm.LLM argument, e.g. max_num_seqs=512 (repeatable)")
@@ -65,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, for tests.tinymodel
             from tests.tinymodel import build_tiny_qwen2
 
             corpus = [P.system_prompt(pool, m, instruction_chars=args.instruction_chars) for m in P.MODES]

@@ -54,30 +54,38 @@ TARGETS = {  # the issue's, relative to the best single chosen on train (accurac
 
 
 def main(argv: list[str] | None = None) -> int:
+    from conductor import argtypes
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--datasets", nargs="+", default=None, choices=["gsm8k", "mmlu_pro"],
                     help="shared tables (default: both, unless --tables is given)")
-    ap.add_argument("--tables", nargs="+", type=Path, default=[], metavar="PATH",
+    ap.add_argument("--tables", nargs="+", type=argtypes.path, default=[], metavar="PATH",
                     help="recorded tables at any path (each named by its file stem; tasks from their task column)")
     ap.add_argument("--task", default=None, help="task of rows of --tables that name none")
-    ap.add_argument("--prices", type=Path, default=None, help="price table for --tables (default: prices.csv)")
-    ap.add_argument("--lambdas", nargs="*", type=float, default=None, help="default: a sweep per dataset")
-    ap.add_argument("--floors", nargs="*", type=float, default=None, metavar="DELTA",
+    ap.add_argument("--prices", type=argtypes.path, default=None,
+                    help="price table for --tables (default: prices.csv of the replay folder)")
+    ap.add_argument("--lambdas", nargs="*", type=argtypes.number_in(0.0, 1e9), default=None,
+                    help="default: a sweep per dataset")
+    ap.add_argument("--floors", nargs="*", type=argtypes.number_in(-0.99, 0.99), default=None, metavar="DELTA",
                     help="accuracy floors relative to the best single on train (default: the targets' deltas)")
-    ap.add_argument("--budgets", nargs="*", type=float, default=None, metavar="SHARE",
+    ap.add_argument("--budgets", nargs="*", type=argtypes.number_in(0.001, 1000.0), default=None, metavar="SHARE",
                     help="cost caps, shares of the best single's cost on train (default: the targets' shares)")
     ap.add_argument("--target", action="append", default=None, metavar="DELTA:SHARE",
                     help="targets to check (default: the issue's for the shared tables)")
-    ap.add_argument("--replay-dir", type=Path, default=None)
-    ap.add_argument("--work", type=Path, default=REPO / "data" / "bench-policy")
-    ap.add_argument("--samples", type=int, default=4, help="plans per query of the on-policy round")
-    ap.add_argument("--explore", type=float, default=0.3, help="epsilon of the on-policy round")
-    ap.add_argument("--port", type=int, default=8931, help="the replay server's port (fixed, so reruns resume)")
+    ap.add_argument("--replay-dir", type=argtypes.path, default=None,
+                    help="folder of the shared tables and prices.csv (default: $CONDUCTOR_REPLAY_DIR, else "
+                         "../shared/replay)")
+    ap.add_argument("--work", type=argtypes.path, default=REPO / "data" / "bench-policy")
+    ap.add_argument("--samples", type=argtypes.int_in(1, 4096), default=4,
+                    help="plans per query of the on-policy round")
+    ap.add_argument("--explore", type=argtypes.number_in(0.0, 1.0), default=0.3, help="epsilon of the on-policy round")
+    ap.add_argument("--port", type=argtypes.int_in(1, 65535), default=8931,
+                    help="the replay server's port (fixed, so reruns resume)")
     ap.add_argument("--learner", default="vw", choices=("vw", "vw-task", "table", "segment"),
                     help="the per-query learner trained beside the best fixed action (default vw)")
     ap.add_argument("--group-by", default=None, metavar="FIELD",
                     help="with --learner segment: the metadata field naming each query's group (mmlu_pro: category)")
-    ap.add_argument("--folds", type=int, default=1, metavar="K",
+    ap.add_argument("--folds", type=argtypes.int_in(1, 1000), default=1, metavar="K",
                     help="training's choice between learned and fixed: 1, a held-back quarter (default); K, every "
                          "train query once in K parts (`policy train --folds`)")
     ap.add_argument("--docs", action="store_true", help="copy the charts to docs/img/policy_<dataset>.png")
@@ -96,17 +104,32 @@ def main(argv: list[str] | None = None) -> int:
         results = {p.parent.name: json.loads(p.read_text()) for p in sorted(args.work.glob("*/result.json"))}
         return _write_summary(args.work, results)
 
+    for flag, paths in (("--tables", args.tables), ("--prices", [args.prices] if args.prices else [])):
+        for path in paths:
+            if not path.expanduser().is_file():
+                ap.error(f"{flag} {path}: not found" if not path.expanduser().exists() else
+                         f"{flag} {path}: is a folder; give the file")
+
+    from conductor.errors import ConductorError
     from conductor.evaluation import Target
+    from conductor.replay.datasets import REPLAY_ENV
     from conductor.replay.tables import default_replay_dir, table_spec
 
     replay_dir = args.replay_dir or default_replay_dir()
     datasets = args.datasets if args.datasets is not None else ([] if args.tables else ["gsm8k", "mmlu_pro"])
-    if datasets and not replay_dir.is_dir():
-        print(f"shared replay data not found at {replay_dir}; set CONDUCTOR_REPLAY_DIR", file=sys.stderr)
+    missing = [ds for ds in datasets if not (replay_dir / f"{ds}.parquet").is_file()]
+    if missing:
+        print(f"shared replay table {missing[0]}.parquet not found in {replay_dir}; pass --replay-dir DIR or set "
+              f"${REPLAY_ENV}, or give your own tables with --tables PATH", file=sys.stderr)
         return 2
-    specs = [table_spec(dataset=ds, replay_dir=replay_dir) for ds in datasets]
-    specs += [table_spec(table=t, task=args.task, prices=args.prices, replay_dir=replay_dir) for t in args.tables]
-    results = {}
+    try:
+        for t in args.target or []:
+            Target.parse(t)
+        specs = [table_spec(dataset=ds, replay_dir=replay_dir) for ds in datasets]
+        specs += [table_spec(table=t, task=args.task, prices=args.prices, replay_dir=replay_dir) for t in args.tables]
+    except ConductorError as e:  # --task or --target: named in the message
+        ap.error(str(e))
+    plan = []  # (spec, objectives, targets), all checked before the first dataset's sweep
     for spec in specs:
         ds = spec.name
         lambdas = args.lambdas if args.lambdas is not None else DEFAULT_LAMBDAS.get(ds, [0, 10, 30, 100])
@@ -116,9 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         budgets = (args.budgets if args.budgets is not None
                    else sorted({t.cost_share for t in map(Target.parse, targets)}))
         if not lambdas and not floors and not budgets:
-            ap.error("nothing to train: give --lambdas, --floors or --budgets (or targets)")
-        objectives = ([("lambda", v) for v in lambdas] + [("floor", v) for v in floors]
-                      + [("budget", v) for v in budgets])
+            ap.error(f"nothing to train for {ds}: give --lambdas, --floors or --budgets (or --target)")
+        plan.append((spec, [("lambda", v) for v in lambdas] + [("floor", v) for v in floors]
+                     + [("budget", v) for v in budgets], targets))
+    results = {}
+    for spec, objectives, targets in plan:
+        ds = spec.name
         results[ds] = bench(spec, args.work / ds, objectives, targets, args)
         if args.sweep_only:
             continue

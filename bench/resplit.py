@@ -46,43 +46,48 @@ TARGETS = {"mmlu_pro": ["-0.01:0.15", "0:0.5"], "gsm8k": ["0:0.25"]}
 
 
 def main(argv: list[str] | None = None) -> int:
+    from conductor import argtypes
     from conductor.policy.training import TrainConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--dataset", default="mmlu_pro", choices=sorted(TARGETS))
-    ap.add_argument("--replay-dir", type=Path, default=None)
-    ap.add_argument("--splits", type=int, default=10, help="random halves besides the table's own split")
+    ap.add_argument("--replay-dir", type=argtypes.path, default=None,
+                    help="folder of the shared tables (default: $CONDUCTOR_REPLAY_DIR, else ../shared/replay)")
+    ap.add_argument("--splits", type=argtypes.int_in(0, 10_000), default=10,
+                    help="random halves besides the table's own split")
     ap.add_argument("--learner", default="segment", choices=("segment", "table", "fixed"),
                     help="the per-query learner (vw is too slow to fit this many times)")
     ap.add_argument("--group-by", default="category", metavar="FIELD")
-    ap.add_argument("--folds", nargs="+", type=int, default=[1, 5],
+    ap.add_argument("--folds", nargs="+", type=argtypes.int_in(1, 1000), default=[1, 5],
                     help="selection rules to compare: 1 (a held-back quarter) or K parts (default: 1 5)")
-    ap.add_argument("--floors", nargs="*", type=float, default=[-0.01, 0.0])
-    ap.add_argument("--budgets", nargs="*", type=float, default=[],
+    ap.add_argument("--floors", nargs="*", type=argtypes.number_in(-0.99, 0.99), default=[-0.01, 0.0])
+    ap.add_argument("--budgets", nargs="*", type=argtypes.number_in(0.001, 1000.0), default=[],
                     help="cost caps, shares of the best single's cost (objectives besides the floors)")
-    ap.add_argument("--ship-margins", nargs="+", type=float, default=[TrainConfig.ship_margin], metavar="SE",
+    ap.add_argument("--ship-margins", nargs="+", type=argtypes.number_in(0.0, 1000.0),
+                    default=[TrainConfig.ship_margin], metavar="SE",
                     help="ship rules to compare: the learned policy ships only if better than the fixed action "
                          "by this many paired SEs on the held-back queries (default: `policy train`'s)")
-    ap.add_argument("--shrinks", nargs="+", type=float, default=None, metavar="K",
+    ap.add_argument("--shrinks", nargs="+", type=argtypes.number_in(0.0, 1e9), default=None, metavar="K",
                     help="the segment learner's weights of the task-wide logs to cross-fit (default: its own; "
                          "0 alone: each group chooses on its own logs)")
     ap.add_argument("--within", choices=("train", "test"), default=None,
                     help="draw the halves from one split of the table only: `train` chooses settings without "
                          "ever reading the test split's outcomes")
-    ap.add_argument("--out", type=Path, default=None, help="also write the Markdown here")
+    ap.add_argument("--out", type=argtypes.path, default=None, help="also write the Markdown here")
     args = ap.parse_args(argv)
-    if any(k < 1 for k in args.folds) or args.splits < 0 or any(m < 0 for m in args.ship_margins + (args.shrinks or [])):
-        ap.error("--folds must be at least 1, --splits, --ship-margins and --shrinks at least 0")
-    if args.shrinks is not None and (args.learner != "segment" or not all(k < math.inf for k in args.shrinks)):
-        ap.error("--shrinks is the segment learner's, finite numbers")
+    if args.shrinks is not None and args.learner != "segment":
+        ap.error("--shrinks is the segment learner's (--learner segment)")
+    if args.out is not None and not args.out.parent.is_dir():
+        ap.error(f"--out {args.out}: no folder {args.out.parent} to write it in")
     if not args.floors and not args.budgets:
         ap.error("nothing to train: give --floors or --budgets")
 
-    from conductor.replay.tables import default_replay_dir
+    from conductor.replay.datasets import default_replay_dir
 
     replay_dir = args.replay_dir or default_replay_dir()
     if not (Path(replay_dir) / f"{args.dataset}.parquet").is_file():
-        print(f"shared replay data not found at {replay_dir}; set CONDUCTOR_REPLAY_DIR", file=sys.stderr)
+        print(f"shared replay table {args.dataset}.parquet not found in {replay_dir}; "
+              f"pass --replay-dir DIR or set $CONDUCTOR_REPLAY_DIR", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     game = Game(args.dataset, Path(replay_dir), args.group_by if args.learner == "segment" else None, args.within)

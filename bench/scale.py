@@ -32,6 +32,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
 
+from conductor.argtypes import int_in, number_in  # noqa: E402
+
 MODEL = "bench"
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
 
@@ -133,14 +135,16 @@ def specs_for(base: dict, workers: int, n: int, offset: int, tmp: Path, tag: str
 def rate_case(sim, tmp: Path, governor: str, tag: str, a, offset: int) -> dict:
     sim.reset()
     base = {"url": sim.url, "rpm": a.rpm, "concurrency": a.concurrency, "governor": governor}
-    outs = run_workers(specs_for(base, a.workers, a.calls, offset, tmp, tag), tmp)
+    specs = specs_for(base, a.workers, a.calls, offset, tmp, tag)
+    calls = sum(s["n"] for s in specs)  # a.calls rounded down to a multiple of the workers: the rest were "lost"
+    outs = run_workers(specs, tmp)
     log = sim._call("GET", "/admin/log")
     times = sorted(log["accepted_times"].get(MODEL, []))
     rate = (len(times) - 1) / (times[-1] - times[0]) * 60 if len(times) > 1 else 0.0
     ok_ids = [i for o in outs for i in o["ok_ids"]]
     dup = sum(c - 1 for c in log["by_request_key"].values() if c > 1)  # 200s per client request id
-    return {"calls": a.calls, "ok": len(ok_ids), "distinct_ok": len(set(ok_ids)),
-            "lost": a.calls - len(set(ok_ids)), "sustained_rpm": rate, "ratio": rate / a.rpm,
+    return {"calls": calls, "ok": len(ok_ids), "distinct_ok": len(set(ok_ids)),
+            "lost": calls - len(set(ok_ids)), "sustained_rpm": rate, "ratio": rate / a.rpm,
             "429s": log["by_status"].get("429", 0), "answered_twice": dup,
             "wall_s": max(o["elapsed_s"] for o in outs), "errors": [e for o in outs for e in o["errors"]][:2]}
 
@@ -176,18 +180,21 @@ def cache_case(sim, tmp: Path, governor: str, a, offset: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--rpm", type=float, default=3000)
-    ap.add_argument("--calls", type=int, default=8000)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--budget", type=float, default=0.05)
-    ap.add_argument("--budget-calls", type=int, default=4000)
-    ap.add_argument("--cache-calls", type=int, default=1000)
+    ap.add_argument("--workers", type=int_in(1, 256), default=4)
+    ap.add_argument("--rpm", type=number_in(1.0, 1e6), default=3000)
+    ap.add_argument("--calls", type=int_in(1, 10 ** 8), default=8000, help="split evenly among --workers")
+    ap.add_argument("--concurrency", type=int_in(1, 10_000), default=32)
+    ap.add_argument("--budget", type=number_in(1e-6, 1e6), default=0.05, help="USD")
+    ap.add_argument("--budget-calls", type=int_in(1, 10 ** 8), default=4000, help="split evenly among --workers")
+    ap.add_argument("--cache-calls", type=int_in(1, 10 ** 8), default=1000)
     ap.add_argument("--quick", action="store_true", help="small counts, a check that it runs (figures not meaningful)")
     ap.add_argument("--only", nargs="*", choices=["shared", "local", "budget", "cache"])
     a = ap.parse_args()
     if a.quick:
         a.calls, a.rpm, a.budget_calls, a.budget, a.cache_calls = 400, 600, 400, 0.02, 100
+    for flag, n in (("--calls", a.calls), ("--budget-calls", a.budget_calls)):
+        if n < a.workers:  # each worker sends n // workers
+            ap.error(f"{flag} {n}: fewer than --workers {a.workers}, so a worker would have none")
     sections = a.only or ["shared", "local", "budget", "cache"]
     from conductor.execute.shared.servers import RedisServer
     from conductor.sim import start_sim

@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from conductor import argtypes  # noqa: E402
+
 HEAVY = ("litellm", "dagster", "vllm", "polars", "torch")
 TARGET_S = 1.5
 
@@ -39,8 +42,9 @@ def heavy_imports(env: dict[str, str]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--data-dir", type=Path, default=None, help="data folder for the sql launch (default: a new one)")
+    ap.add_argument("--repeat", type=argtypes.int_in(1, 1000), default=5)
+    ap.add_argument("--data-dir", type=argtypes.path, default=None,
+                    help="data folder for the sql launch (default: a new one)")
     args = ap.parse_args()
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     with tempfile.TemporaryDirectory() as tmp:

@@ -211,4 +211,10 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m conductor.schemas",
+                            description="Print the README's schema section (every output table's columns, as "
+                                        "Markdown), generated from the declarations in conductor/schemas.py; "
+                                        "paste it between the README's schemas markers.").parse_args()
     print(markdown(), end="")
