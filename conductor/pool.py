@@ -315,17 +315,19 @@ def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
     if given and mode != "batch":
         raise PoolError(f"{at}.{given[0]}: only applies with mode: batch (this provider is online)")
     out: dict[str, Any] = {"mode": mode}
+    # A null value means the default, as for every other provider key: `batch_poll_s: null` was a
+    # TypeError traceback and `batch_max_requests: null` a limit of 0 that hung the run.
     for key in ("batch_poll_s", "batch_collect_s", "batch_max_wait_s"):
-        if key in cfg:
+        if cfg.get(key) is not None:
             out[key] = float(_num(cfg, key, at, positive=True))
-    if "batch_price_factor" in cfg:
+    if cfg.get("batch_price_factor") is not None:
         factor = _num(cfg, "batch_price_factor", at, minimum=0.0)
         if factor > 1:
             raise PoolError(f"{at}.batch_price_factor: must be at most 1 (the batch price as a share of the "
                             f"online price, e.g. 0.5; got {factor!r})")
         out["batch_price_factor"] = float(factor)
     for key in ("batch_max_requests", "batch_budget_rounds"):
-        if key in cfg:
+        if cfg.get(key) is not None:
             out[key] = _whole(cfg, key, at, default=0)
     if "batch_retry" in cfg:
         if cfg["batch_retry"] not in BATCH_RETRY:
@@ -357,7 +359,13 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     if kind == "llm":
         if not isinstance(model, str) or not model.strip():
             raise PoolError(f"{at}.model: required for an llm worker (a litellm model string such as 'openai/gpt-4o')")
+        if function is not None:  # it would be ignored: the worker calls its model
+            raise PoolError(f"{at}.function: only for a worker of kind: function (this one is an llm worker "
+                            f"calling {model}); add kind: function, or remove function")
     if kind == "function":
+        if model is not None:  # it would be ignored: a function worker calls no model
+            raise PoolError(f"{at}.model: a worker of kind: function calls no model (its function runs "
+                            f"locally); remove model, or remove kind: function for an llm worker")
         function = function or wid
         if function not in FUNCTION_NAMES:
             raise PoolError(f"{at}.function: must be one of {', '.join(FUNCTION_NAMES)} (got {function!r})")

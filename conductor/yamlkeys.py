@@ -96,11 +96,40 @@ def read_file(path: Path, what: str, error: type[Exception]) -> tuple[Any, yaml.
         where, problem = syntax_error(text, e)
         raise error(f"{what} {path}{where}: not valid YAML: {problem}") from None
     except (ValueError, RecursionError) as e:  # a date such as 2026-13-45, a 5,000-digit integer, deep nesting
-        why = "nested too deep, or an alias inside itself" if isinstance(e, RecursionError) else str(e).split("\n")[0].split(";")[0]
-        raise error(f"{what} {path}: a value cannot be read: {why}") from None
+        if isinstance(e, RecursionError):
+            raise error(f"{what} {path}: a value cannot be read: nested too deep, or an alias inside itself") from None
+        why = str(e).split("\n")[0].split(";")[0]
+        where, hint = "", ""
+        if (bad := _unreadable_scalar(text)) is not None:
+            where = f":{bad.start_mark.line + 1}:{bad.start_mark.column + 1}"
+            hint = " (YAML reads it as a date; quote it to keep it as text)" if bad.tag.endswith("timestamp") else ""
+        raise error(f"{what} {path}{where}: a value cannot be read: {why}{hint}") from None
     if twice is not None:
         raise error(f"{what} {path}:{twice[2]}: {message(twice)}")
     return data, node
+
+
+def _unreadable_scalar(text: str) -> yaml.ScalarNode | None:
+    """The first plain value YAML resolves to a type it then cannot build (a date such as
+    2026-13-45, a 5,000-digit integer), for its line: PyYAML's ValueError has no position."""
+    try:
+        root = yaml.compose(text, Loader=Loader)
+    except (yaml.YAMLError, RecursionError):
+        return None
+    builder = Loader("")
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                builder.construct_object(node)
+            except ValueError:
+                return node
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(v for pair in reversed(node.value) for v in reversed(pair))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed(node.value))
+    return None
 
 
 def shown_value(value: Any) -> str:

@@ -139,15 +139,43 @@ def test_a_variable_name_with_digits_is_not_taken_for_a_key():
     assert looks_like_a_key(aws_style) and not looks_like_a_key("GEMINIAPIKEY2025")
 
 
-@pytest.mark.parametrize("text, why", [("version: 2026-13-45\n", "month must be in 1..12"),
-                                       (f"version: {'9' * 5000}\n", "Exceeds the limit (4300 digits)"),
-                                       ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deep"),
-                                       ("a: &a [*a]\n", "nested too deep, or an alias inside itself")])
+@pytest.mark.parametrize("text, why", [
+    ("version: 2026-13-45\n", ":1:10: a value cannot be read: month must be in 1..12 (YAML reads it as a date; "
+                              "quote it to keep it as text)"),
+    # audit58 F4: the line of the value, not only what was wrong with it
+    ("workers:\n  - id: w\n    model: openai/x\n    description: 2026-13-45\n",
+     ":4:18: a value cannot be read: month must be in 1..12 (YAML reads it as a date"),
+    (f"version: {'9' * 5000}\n", ":1:10: a value cannot be read: Exceeds the limit (4300 digits)"),
+    ("x: " + "[" * 3000 + "]" * 3000 + "\n", ": a value cannot be read: nested too deep"),
+    ("a: &a [*a]\n", ": a value cannot be read: nested too deep, or an alias inside itself")])
 def test_a_value_yaml_cannot_build_is_named_not_a_traceback(tmp_path, text, why):
     f = tmp_path / "pool.yaml"
     f.write_text(text)
-    with pytest.raises(PoolError, match=re.escape(f"pool file {f}: a value cannot be read: {why}")):
+    with pytest.raises(PoolError, match=re.escape(f"pool file {f}{why}")):
         load_pool(f)
+
+
+@pytest.mark.parametrize("key", ["batch_poll_s", "batch_collect_s", "batch_max_wait_s", "batch_price_factor",
+                                 "batch_max_requests", "batch_budget_rounds"])
+def test_a_null_batch_option_takes_its_default(key):
+    """audit58 F1, F2: `batch_poll_s: null` was a TypeError traceback, `batch_max_requests: null`
+    a limit of 0 that left the run waiting for ever."""
+    default = parse_pool({"providers": {"p": {"mode": "batch"}},
+                          "workers": [{"id": "w", "model": "openai/w", "provider": "p"}]}).providers["p"]
+    got = parse_pool({"providers": {"p": {"mode": "batch", key: None}},
+                      "workers": [{"id": "w", "model": "openai/w", "provider": "p"}]}).providers["p"]
+    assert getattr(got, key) == getattr(default, key) and getattr(got, key) not in (None, 0)
+
+
+@pytest.mark.parametrize("worker, field", [
+    ({"id": "w", "model": "openai/w", "function": "vote"}, r"workers\[0\] \(w\).function: only for a worker of kind: function"),
+    ({"id": "v", "kind": "function", "function": "vote", "model": "openai/w"},
+     r"workers\[0\] \(v\).model: a worker of kind: function calls no model"),
+])
+def test_a_key_the_worker_kind_would_ignore_is_refused(worker, field):
+    """audit58 F4: both were accepted and ignored, so the worker did not do what the file said."""
+    with pytest.raises(PoolError, match=field):
+        parse_pool({"workers": [worker]})
 
 
 def test_bad_yaml_and_missing_file_name_the_file(tmp_path):
