@@ -32,7 +32,8 @@ from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_c
 
 from conductor import runner
 from conductor.errors import ConductorError
-from conductor.failures import ENV_MAX_FAILED_SHARE, failed_plans, failure_groups, max_failed_share, rerun_advice
+from conductor.failures import (ENV_MAX_FAILED_SHARE, failed_plans, failure_groups, max_failed_share, rerun_advice,
+                                retried_by_rerun)
 from conductor.pool import load_pool
 from conductor.report import markdown_table
 from conductor.stats import run_totals
@@ -119,22 +120,15 @@ def _rematerialize(group: dict, retried: bool = False) -> str:
     return rerun_advice(group, rerun="rematerialization", redo=redo, flag="retry_failed: true")
 
 
-def _retried_by_rematerializing(group: dict) -> bool:
-    """Whether a plain rematerialization sends some of the group's plans again (a budget stop needs a
-    larger budget, a final failure retry_failed: true, a deleted journal a new run)."""
-    return (group["retried_on_rerun"] and group["failure"] != "budget"
-            and group.get("retries_used_up", 0) < group["plans"])
-
-
 def _needs_retry_failed(group: dict) -> bool:
     """A failure only retry_failed: true sends again: final, or out of transient retries."""
-    return not (_retried_by_rematerializing(group) or group.get("journal_deleted") or group["failure"] == "budget")
+    return not (retried_by_rerun(group) or group.get("journal_deleted") or group["failure"] == "budget")
 
 
 def _next_step(groups: list[dict]) -> str:
     """What finishes a failed check. "Materialize again to retry" only when that retries something:
     with every group final it contradicted the groups' own advice, and the run failed the same way."""
-    if any(_retried_by_rematerializing(g) for g in groups):
+    if any(retried_by_rerun(g) for g in groups):
         step = "materialize the partition again to retry"
     elif any(_needs_retry_failed(g) for g in groups):
         step = ("materializing the partition again as it is retries none of these: fix the cause, then "

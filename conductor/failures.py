@@ -80,6 +80,13 @@ def invalid_plan_groups(plans: Path, examples: int = 3) -> list[dict[str, Any]]:
     return [{"error": e, "plans": n} for e, n in why.most_common(examples)]
 
 
+def retried_by_rerun(g: dict[str, Any]) -> bool:
+    """Whether a plain rerun sends some of the group's plans again (a budget stop needs a larger
+    budget, a final failure --retry-failed, a deleted journal a new run, and a plan retried on
+    RETRY_TRANSIENT reruns already --retry-failed too)."""
+    return g["retried_on_rerun"] and g["failure"] != "budget" and g.get("retries_used_up", 0) < g["plans"]
+
+
 def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun with --retry-failed",
                  flag: str = "--retry-failed") -> str:
     """What the next rerun does with a failure group, in the front end's words (the CLI's by

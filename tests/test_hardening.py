@@ -461,12 +461,20 @@ def test_transient_failures_say_when_reruns_stop_retrying_them(tmp_path, fresh_s
     cmd = ("run", _queries(tmp_path, sample_queries, 4), "--pool", pool, "--data-dir", tmp_path / "data",
            "--quiet", "--no-cache")
     sent = []
+    advice = []
     for _ in range(5):
         r = run_cli(*cmd)
         assert r.returncode == 4, r.stdout + r.stderr
         sent.append(fresh_sim.log()["total"])
+        advice.append(r.stderr)
     assert sent == [4, 8, 12, 16, 16]  # the first run and three reruns send, the fifth does not
     assert "server, 4 plan(s); final: retried on 3 reruns already (rerun with --retry-failed)" in r.stdout
+    assert "rerun the same command" in advice[0]
+    # audit58 F3: the closing advice said "rerun the same command" here too, and a scheduler following it
+    # would rerun for ever on exit 4 with nothing sent
+    for last in advice[3:]:
+        assert "then rerun with --retry-failed: these failures are final (or were retried on 3 reruns" in last, last
+        assert "rerun the same command" not in last
     fresh_sim.clear_faults()
     r = run_cli(*cmd, "--retry-failed")
     assert r.returncode == 0 and fresh_sim.log()["total"] == 20, r.stdout + r.stderr

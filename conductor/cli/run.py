@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from conductor.cli.render import run_summary
-    from conductor.failures import failed_plans, format_failures, max_failed_share
+    from conductor.failures import failed_plans, format_failures, max_failed_share, retried_by_rerun
     from conductor.rewards import RewardScheme
     from conductor.runner import RunConfig, run_all
 
@@ -104,9 +104,10 @@ def main(args: argparse.Namespace) -> int:
         if any(g.get("journal_deleted") for g in groups):
             then = ("Fix the cause above and start a new run (another --run-id): this run's work folder was "
                     "deleted, so rerunning the same command executes nothing again.")
-        elif groups and not any(g["retried_on_rerun"] or g["failure"] == "budget" for g in groups):
-            then = ("Fix the cause above, then rerun with --retry-failed: these failures are final, and a rerun "
-                    "without it retries none of them.")
+        elif groups and not any(retried_by_rerun(g) or g["failure"] == "budget" for g in groups):
+            # a scheduler told to rerun the same command would loop on exit 4 for ever
+            then = ("Fix the cause above, then rerun with --retry-failed: these failures are final (or were "
+                    "retried on 3 reruns already), and a rerun without it retries none of them.")
         else:
             then = ("Fix the cause above and rerun the same command: finished steps are kept, and transient "
                     "failures are retried (each plan on up to 3 reruns; then --retry-failed).")
