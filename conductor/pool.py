@@ -284,8 +284,11 @@ def _provider(pid: Any, cfg: Any) -> Provider:
     key_env = cfg.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key_env)
                                 or (looks_like_a_key(key_env) and key_env not in os.environ)):
-        raise PoolError(f"{at}.api_key_env: must be the NAME of an environment variable, not a key (the value "
-                        f"is not shown here; if it is a key, move it into a variable and revoke it)")
+        if isinstance(key_env, str) and looks_like_a_key(key_env):
+            raise PoolError(f"{at}.api_key_env: must be the NAME of an environment variable, not a key (the value "
+                            f"is not shown here; if it is a key, move it into a variable and revoke it)")
+        raise PoolError(f"{at}.api_key_env: must be the NAME of an environment variable: letters, digits and _, "
+                        f"not starting with a digit (the value is not shown here)")
     return Provider(
         id=pid,
         rpm=_num(cfg, "rpm", at, positive=True),

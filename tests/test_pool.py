@@ -69,6 +69,12 @@ workers:
     (_pool(price={"input_per_mtok": float("nan"), "output_per_mtok": 1}), r"\.price.input_per_mtok: must be a finite number"),
     ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "sk-abc def"}}}, r"providers.p.api_key_env: must be the NAME"),
     ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"budget": 3}}}, r"providers.p.budget: unknown field"),
+    # audit58 F4: a name with a space is a bad name, not a key to revoke
+    ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "my key"}}},
+     r"providers.p.api_key_env: must be the NAME of an environment variable: letters, digits and _, not starting "
+     r"with a digit \(the value is not shown here\)$"),
+    ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "gsk-9f8eA7b6C5d4E3f2G1h0"}}},
+     r"providers.p.api_key_env: must be the NAME of an environment variable, not a key .*revoke it\)$"),
     ({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"max_concurrency": 2.5}}},
      r"providers.p.max_concurrency: must be a whole number \(got 2.5\)"),
     # A mistyped provider would get default limits and no budget: refused, with the near name.
