@@ -311,7 +311,7 @@ def _whole(cfg: dict, key: str, at: str, default: int) -> int:
 
 def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
     """The provider's batch-API settings; batch_* keys only make sense with mode: batch."""
-    mode = cfg.get("mode", "online")
+    mode = "online" if cfg.get("mode") is None else cfg["mode"]
     if mode not in PROVIDER_MODES:
         raise PoolError(f"{at}.mode: must be one of {', '.join(PROVIDER_MODES)} (got {mode!r})")
     given = sorted(k for k in cfg if str(k).startswith("batch_"))
@@ -332,12 +332,12 @@ def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
     for key in ("batch_max_requests", "batch_budget_rounds"):
         if cfg.get(key) is not None:
             out[key] = _whole(cfg, key, at, default=0)
-    if "batch_retry" in cfg:
+    if cfg.get("batch_retry") is not None:
         if cfg["batch_retry"] not in BATCH_RETRY:
             raise PoolError(f"{at}.batch_retry: must be one of {', '.join(BATCH_RETRY)} "
                             f"(got {cfg['batch_retry']!r})")
         out["batch_retry"] = cfg["batch_retry"]
-    if "batch_completion_window" in cfg:
+    if cfg.get("batch_completion_window") is not None:
         window = cfg["batch_completion_window"]
         if not isinstance(window, str) or not re.match(r"^[0-9]+h\Z", window):
             raise PoolError(f"{at}.batch_completion_window: must be hours such as '24h' (got {window!r})")

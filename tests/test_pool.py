@@ -162,7 +162,8 @@ def test_a_value_yaml_cannot_build_is_named_not_a_traceback(tmp_path, text, why)
 
 
 @pytest.mark.parametrize("key", ["batch_poll_s", "batch_collect_s", "batch_max_wait_s", "batch_price_factor",
-                                 "batch_max_requests", "batch_budget_rounds"])
+                                 "batch_max_requests", "batch_budget_rounds", "batch_retry",
+                                 "batch_completion_window"])
 def test_a_null_batch_option_takes_its_default(key):
     """audit58 F1, F2: `batch_poll_s: null` was a TypeError traceback, `batch_max_requests: null`
     a limit of 0 that left the run waiting for ever."""
@@ -171,6 +172,14 @@ def test_a_null_batch_option_takes_its_default(key):
     got = parse_pool({"providers": {"p": {"mode": "batch", key: None}},
                       "workers": [{"id": "w", "model": "openai/w", "provider": "p"}]}).providers["p"]
     assert getattr(got, key) == getattr(default, key) and getattr(got, key) not in (None, 0)
+
+
+def test_a_null_provider_key_takes_its_default():
+    p = parse_pool({"providers": {"p": {k: None for k in ("mode", "rpm", "tpm", "budget_usd", "max_concurrency",
+                                                          "timeout_s", "max_attempts", "api_key_env")}},
+                    "workers": [{"id": "w", "model": "openai/w", "provider": "p"}]}).providers["p"]
+    assert (p.mode, p.rpm, p.tpm, p.budget_usd, p.max_concurrency, p.timeout_s, p.max_attempts, p.api_key_env) == \
+        ("online", None, None, None, 16, 120.0, 6, None)  # the README's defaults
 
 
 @pytest.mark.parametrize("worker, field", [
