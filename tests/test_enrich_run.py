@@ -445,7 +445,8 @@ def test_a_budget_that_stops_the_judge_exits_3_and_a_rerun_judges_the_rest(sim, 
     path = variant(DOCS_JOB, tmp_path, "docs_judged", rows=docs, budget_usd=budget, **job)
     data = tmp_path / "data"
     r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
-    assert r.returncode == 3 and "left unjudged by the budget" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 3 and "left unjudged by the budget" in r.stderr, r.stdout + r.stderr
+    assert "Raise it and rerun" not in r.stdout  # the advice is on stderr; stdout holds the summary only
     first = orjson.loads(next(data.glob("runs/docs_judged-*/summary.json")).read_bytes())
     assert first["judge_budget_exhausted"] > 0 and first["cost_usd"] + first["judge_cost_usd"] <= budget + 1e-12
     doc = yaml.safe_load(path.read_text())
@@ -544,7 +545,7 @@ def test_cli_exits_4_when_valid_share_is_below_the_jobs_floor(sim, tmp_path):
     sim.set_faults("*", malformed_json=1.0)  # every reply and every repair is broken
     r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--quiet")
     assert r.returncode == 4, r.stdout + r.stderr
-    assert "below the job's quality.min_valid_share 95.0%" in r.stdout
+    assert "below the job's quality.min_valid_share 95.0%" in r.stderr
     assert re.search(r"statuses\s+invalid 20", r.stdout)
     assert "rows without a valid record (a rerun retries them):" in r.stdout
     assert re.search(r"\n  \d+ invalid: the repaired reply was still not a valid record: ", r.stdout)

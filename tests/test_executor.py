@@ -362,7 +362,9 @@ def test_budget_is_never_exceeded_and_a_larger_budget_finishes_the_run(tmp_path,
     pool = _budget_pool(tmp_path / "pool.yaml", fresh_sim.url, 0.004)
     r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", data, "--no-cache")
     assert r.returncode == 3, r.stderr
-    assert "stopped by a budget" in r.stdout and "rerun the same command" in r.stdout
+    # the advice goes to stderr, beside exit 4's (audit58 F5): stdout holds the summary only
+    assert "plan(s) stopped by a budget" in r.stderr and "rerun the same command" in r.stderr
+    assert "rerun the same command" not in r.stdout
     assert "budget provider sim" in r.stdout
     run_dir = next((data / "runs").iterdir())
     traces = pq.read_table(run_dir / "traces.parquet").to_pylist()

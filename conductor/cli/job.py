@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import sys
 from pathlib import Path
 
 from conductor import argtypes
@@ -98,14 +99,16 @@ def run(args: argparse.Namespace) -> int:
     print(job_summary(summary))
     code = summary["exit_code"]
     if summary["statuses"].get("budget_exhausted"):
-        print(f"\n{summary['statuses']['budget_exhausted']} row(s) stopped by a budget. Raise it (job file "
-              f"budget_usd or the pool file) and rerun: finished rows are kept and only those are sent.")
+        print(f"\nconductor: {summary['statuses']['budget_exhausted']} row(s) stopped by a budget. Raise it (job "
+              f"file budget_usd or the pool file) and rerun: finished rows are kept and only those are sent.",
+              file=sys.stderr)
     elif summary.get("judge_budget_exhausted"):
-        print(f"\n{summary['judge_budget_exhausted']} record(s) left unjudged by the budget, or not yet rescored "
-              f"under a changed judge (the judge spends what the job's budget_usd leaves after extraction). "
-              f"Raise it and rerun: the rerun judges them.")
+        print(f"\nconductor: {summary['judge_budget_exhausted']} record(s) left unjudged by the budget, or not yet "
+              f"rescored under a changed judge (the judge spends what the job's budget_usd leaves after "
+              f"extraction). "
+              f"Raise it and rerun: the rerun judges them.", file=sys.stderr)
     elif code == 4:
         share, floor = summary["metrics"]["valid_share"], job.quality["min_valid_share"]
-        print(f"\nonly {share:.1%} of rows have a valid record, below the job's quality.min_valid_share "
-              f"{floor:.1%}; see the statuses and errors in the records")
+        print(f"\nconductor: only {share:.1%} of rows have a valid record, below the job's "
+              f"quality.min_valid_share {floor:.1%}; see the statuses and errors in the records", file=sys.stderr)
     return code

@@ -116,7 +116,7 @@ def main(args: argparse.Namespace) -> int:
         return 4
     if summary["exit_code"] == 3:
         blocked = summary["statuses"].get("budget_exhausted", 0)
-        print(f"\n{blocked} plan(s) stopped by a budget. Raise it (pool file or --budget) and rerun the "
-              f"same command: finished work is kept and only those plans run.")
+        print(f"\nconductor: {blocked} plan(s) stopped by a budget. Raise it (pool file or --budget) and rerun "
+              f"the same command: finished work is kept and only those plans run.", file=sys.stderr)
         return 3
     return 0
