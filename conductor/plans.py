@@ -118,12 +118,19 @@ def parse_plan(text: str, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> Pla
     """Parse either format and validate against the pool; raises PlanError."""
     if not isinstance(text, str) or not text.strip():
         raise PlanError("empty planner output")
-    raw = _parse_json(text)
-    if raw is None:
-        raw = _parse_three_lists(text)
-    if raw is None:
-        raise PlanError("no plan found: expected JSON with 'steps' or the lists model_id, subtasks, access_list")
-    return validate_plan(raw, pool, max_steps)
+    try:
+        raw = _parse_json(text)
+        if raw is None:
+            raw = _parse_three_lists(text)
+        if raw is None:
+            raise PlanError("no plan found: expected JSON with 'steps' or the lists model_id, subtasks, access_list")
+        return validate_plan(raw, pool, max_steps)
+    except PlanError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
+        # A planner's reply is untrusted text: whatever in it trips the reader is that plan's
+        # error, never a crash of the batch (and of every rerun, which replays the same reply).
+        raise PlanError(f"the plan could not be read ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def validate_plan(raw: Any, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> Plan:
@@ -151,7 +158,7 @@ def validate_plan(raw: Any, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> P
             # JSON allows "\ud800" escapes, but a lone surrogate is no text: it cannot be stored or sent.
             raise PlanError(f"step {i}: instruction holds a lone surrogate \\u{ord(bad.group()):04x}, "
                             f"which is not valid Unicode")
-        when = s.get("when", s.get("if", s.get("condition")))
+        when = _condition_of(s, i)
         access = _resolve_access(s.get("access", []), i)
         if not access and (function := pool.worker(worker).function) is not None:
             # A vote or extract reads nothing but the steps it may see: with none it can never run.
@@ -162,6 +169,21 @@ def validate_plan(raw: Any, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> P
 
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_STEP_NUMBER = re.compile(r"[0-9]+")  # ASCII: str.isdigit() also takes '²', which int() refuses
+
+
+def _number(text: str) -> int | None:
+    """A step or worker number written as text ('1'), or None."""
+    text = text.strip()
+    return int(text) if _STEP_NUMBER.fullmatch(text) else None
+
+
+def _condition_of(step: dict, i: int) -> Any:
+    """The step's condition under any of its keys; a null under one does not hide another."""
+    given = {k: step[k] for k in ("when", "if", "condition") if step.get(k) is not None}
+    if len({json.dumps(v, sort_keys=True, default=str) for v in given.values()}) > 1:
+        raise PlanError(f"step {i}: gives {' and '.join(given)} with different conditions; give one")
+    return next(iter(given.values()), None)
 _CALL = re.compile(r"^\s*([a-z_ ]+?)\s*\(\s*(.*?)\s*\)\s*$", re.I)
 
 
@@ -177,10 +199,9 @@ def _resolve_condition(raw: Any, i: int) -> Condition | None:
         if not m:
             raise PlanError(f"step {i}: condition {raw!r} is not of the form disagree(0, 1) or no_majority(0, 1, 2)")
         kind, args = m.group(1), m.group(2)
-        try:
-            steps = [int(a) for a in args.split(",") if a.strip()]
-        except ValueError:
-            raise PlanError(f"step {i}: condition {raw!r}: the steps must be step numbers") from None
+        steps = [_number(a) for a in args.split(",") if a.strip()]
+        if None in steps:
+            raise PlanError(f"step {i}: condition {raw!r}: the steps must be step numbers")
     elif isinstance(raw, dict) and "kind" in raw:
         kind, steps = raw.get("kind"), raw.get("steps")
     elif isinstance(raw, dict) and len(raw) == 1:
@@ -194,8 +215,8 @@ def _resolve_condition(raw: Any, i: int) -> Condition | None:
         raise PlanError(f"step {i}: condition {kind} needs a list of at least two earlier steps (got {steps!r})")
     out = []
     for a in steps:
-        if isinstance(a, str) and a.strip().isdigit():
-            a = int(a)
+        if isinstance(a, str) and _number(a) is not None:
+            a = _number(a)
         if isinstance(a, bool) or not isinstance(a, int) or a < 0:
             raise PlanError(f"step {i}: condition {kind}: {a!r} is not a step number")
         if a >= i:
@@ -218,8 +239,8 @@ def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
         ref = ref.strip()
         if ref in ids:
             return ref
-        if ref.isdigit() and int(ref) < len(ids):
-            return ids[int(ref)]
+        if (n := _number(ref)) is not None and n < len(ids):
+            return ids[n]
         raise PlanError(f"step {i}: worker {ref!r} is not in the pool (known: {', '.join(ids)})")
     if ref is None:
         raise PlanError(f"step {i}: worker is missing")
@@ -239,8 +260,8 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
         return tuple(range(i))
     out = set()
     for a in acc:
-        if isinstance(a, str) and a.strip().isdigit():
-            a = int(a)
+        if isinstance(a, str) and _number(a) is not None:
+            a = _number(a)
         if isinstance(a, bool) or not isinstance(a, int):
             raise PlanError(f"step {i}: access entry {a!r} is not a step number")
         if a < 0:
@@ -253,10 +274,11 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
 
 
 def _parse_json(text: str) -> Any:
-    """Find a JSON plan in text: the whole text, a fenced block, the text from its first { to its last },
-    or else the last object that starts with "steps" (a model may write a draft, then the plan)."""
+    """Find a JSON plan in text: the whole text, a fenced block (the last first), the text from its
+    first { to its last }, or else the last object that starts with "steps" (a model may write a
+    draft, then the plan)."""
     candidates = [text.strip()]
-    candidates += re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.S)
+    candidates += re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.S)[::-1]  # the last block first
     start = text.find("{")
     if start >= 0:
         candidates.append(text[start: text.rfind("}") + 1])

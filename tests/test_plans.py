@@ -1,5 +1,7 @@
 """Plan parsing: both formats, every validation error, and access resolution."""
 
+import re
+
 import pytest
 
 from conductor.errors import PlanError
@@ -151,3 +153,52 @@ def test_a_plan_cut_off_at_max_tokens_says_so(tmp_path, sample_queries):
                       planner=CutOff())
     plans = pq.read_table(tmp_path / "data" / "runs" / summary["run_id"] / "plans.parquet").to_pylist()
     assert all("cut off at max_tokens=20" in p["error"] for p in plans), plans[0]["error"]
+
+
+# audit59 F1: '²'.isdigit() is true and int('²') raises: the ValueError crashed planning, and every
+# rerun with it (the reply is cached); '١' was taken for worker 1
+@pytest.mark.parametrize("text, error", [
+    ('model_id = ["²"]\nsubtasks = ["x"]\naccess_list = [[]]', "step 0: worker '²' is not in the pool"),
+    ('model_id = ["١"]\nsubtasks = ["x"]\naccess_list = [[]]', "step 0: worker '١' is not in the pool"),
+    ('model_id = ["small", "big"]\nsubtasks = ["x", "y"]\naccess_list = [[], ["①"]]',
+     "step 1: access entry '①' is not a step number"),
+    ('{"steps": [{"worker": "small", "instruction": "a"}, {"worker": "big", "instruction": "b"},'
+     ' {"worker": "big", "instruction": "c", "when": {"disagree": ["0", "¹"]}}]}',
+     "step 2: condition disagree: '¹' is not a step number"),
+    ('{"steps": [{"worker": "small", "instruction": "a"}, {"worker": "big", "instruction": "b"},'
+     ' {"worker": "big", "instruction": "c", "when": "disagree(0, ²)"}]}',
+     "step 2: condition 'disagree(0, ²)': the steps must be step numbers"),
+])
+def test_a_digit_that_is_not_ascii_is_a_plan_error_not_a_crash(text, error):
+    with pytest.raises(PlanError, match=re.escape(error)):
+        parse_plan(text, POOL)
+
+
+def test_of_two_fenced_plans_the_last_is_read():
+    """audit59 F2: the README says the last plan of a reply is read; fenced blocks gave the first."""
+    draft = '{"steps": [{"worker": "small", "instruction": "draft", "access": []}]}'
+    final = '{"steps": [{"worker": "big", "instruction": "final", "access": []}]}'
+    text = f"A draft:\n```json\n{draft}\n```\nOn reflection:\n```json\n{final}\n```\n"
+    assert parse_plan(text, POOL).steps[0].instruction == "final"
+
+
+def test_a_null_when_does_not_hide_an_if():
+    """audit59 F6: `"when": null` beside `"if"` ran the step unconditionally."""
+    steps = ('{"steps": [{"worker": "small", "instruction": "a"}, {"worker": "big", "instruction": "b"},'
+             ' {"worker": "big", "instruction": "c", %s}]}')
+    plan = parse_plan(steps % '"when": null, "if": "disagree(0, 1)"', POOL)
+    assert plan.steps[2].when is not None and plan.steps[2].when.steps == (0, 1)
+    with pytest.raises(PlanError, match="step 2: gives when and if with different conditions; give one"):
+        parse_plan(steps % '"when": "disagree(0, 1)", "if": {"no_majority": [0, 1]}', POOL)
+
+
+def test_any_error_reading_a_reply_is_that_plans_error(monkeypatch):
+    """A reply that trips the reader some other way is still one invalid plan, not a crash of the batch."""
+    import conductor.plans as plans
+
+    def trips(text):
+        raise ValueError("a reader bug")
+
+    monkeypatch.setattr(plans, "_parse_json", trips)
+    with pytest.raises(PlanError, match=r"the plan could not be read \(ValueError: a reader bug\)"):
+        parse_plan('{"steps": []}', POOL)
