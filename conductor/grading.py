@@ -192,7 +192,7 @@ def _extract(text: str | None, task: str | None) -> str | None:
         if not value or value.startswith("```"):  # the answer is a fenced block: its last one
             blocks = _FENCE.findall(text)
             value = blocks[-1][1].strip() if blocks else ""
-        return value or None
+        return _bare_literal(value) or None
     if task == "exact":
         # "[]", "''" or "." normalize to nothing: keep them as written rather than lose them.
         return _normalize_text(span) or span.strip() or None
@@ -201,6 +201,15 @@ def _extract(text: str | None, task: str | None) -> str | None:
 
 _NOTHING = object()
 _FENCE = re.compile(r"```[ \t]*+([A-Za-z0-9_+-]*+)[^\n`]*+\n(.*?)```", re.S)
+
+
+def _bare_literal(value: str) -> str:
+    """A literal without the markup or full stop around it ("`[1, 2]`.", "**[1, 2]**"), only where the
+    text as written is no literal and what is left is one: a string's own "'a.'" stays as it is."""
+    if _literal_value(value) is not _NOTHING:
+        return value
+    bare = value.rstrip(".").strip().strip("*_`").strip().rstrip(".").strip()
+    return bare if bare and _literal_value(bare) is not _NOTHING else value
 
 
 def _literal_value(text: str | None):
