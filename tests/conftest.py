@@ -17,6 +17,13 @@ import yaml
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+# Started in the background by a shell without job control (`nohup make test &`, a scheduler),
+# the tests inherit SIGINT ignored, and so would every process they start: the tests that
+# interrupt a run or a grader with Ctrl-C's signal would see it ignored. Python's own handler
+# here is reset to the default in each child at exec, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "queries" / "sample.parquet"
 REPLAY = Path(os.environ.get("CONDUCTOR_REPLAY_DIR", REPO.parent / "shared" / "replay"))
