@@ -76,7 +76,7 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
     try:
         table = (pl.read_csv(path, n_rows=limit, infer_schema_length=0, encoding="utf8-lossy")
                  if path.suffix == ".csv"
-                 else pl.read_parquet(path, n_rows=limit))
+                 else _read_parquet_lossy(path, limit))
     except Exception as e:  # polars raises several types for a bad file
         raise ConductorError(f"table {path}: not a readable Parquet or CSV file ({e})") from None
     wanted = {"response": response_col, "reference": reference_col, "correct": label_col}
@@ -122,6 +122,35 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
                                 g.correct, resp or "", t, g.detail))
     return Agreement(name or path.stem, table.height - unlabelled, agreeing, time.perf_counter() - start, bad,
                      dict(counted), unlabelled)
+
+
+def _read_parquet_lossy(path: Path, limit: int | None) -> pl.DataFrame:
+    """A Parquet table with its text read as a CSV's is: bytes that are not valid UTF-8 become
+    U+FFFD, in text columns (which polars refuses to read then) and in Binary ones alike."""
+    try:
+        table = pl.read_parquet(path, n_rows=limit)
+    except Exception:  # not UTF-8 somewhere, or not Parquet at all (pyarrow then says why)
+        import pyarrow.parquet as pq
+
+        arrow = pq.read_table(path)  # pyarrow does not check the UTF-8 of what it reads
+        if limit is not None:
+            arrow = arrow.slice(0, limit)
+        table = pl.DataFrame([_lossy(name, arrow.column(name)) for name in arrow.column_names])
+    binary = [c for c, t in table.schema.items() if t == pl.Binary]
+    return table.with_columns(pl.Series(c, [None if v is None else v.decode("utf-8", "replace")
+                                            for v in table.get_column(c).to_list()], dtype=pl.String)
+                              for c in binary)
+
+
+def _lossy(name: str, col) -> pl.Series:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return pl.Series(name, [None if v is None else v.decode("utf-8", "replace")
+                                for v in col.cast(pa.large_binary()).to_pylist()], dtype=pl.String)
+    return pl.from_arrow(col).alias(name)
 
 
 def _labels(col: pl.Series, path: Path, name: str) -> list[bool | None]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections import Counter
 from pathlib import Path
@@ -118,8 +119,9 @@ def queries(args: argparse.Namespace) -> int:
     _writable(args.out, **{"--table": spec.path})
     table = query_table(spec, args.split)
     validate(table, f"written from {spec.path}")  # before writing: a bad table must not replace a good file
-    with replacing(args.out) as tmp:
-        pq.write_table(table, tmp)
+    with _writing(args.out):
+        with replacing(args.out) as tmp:
+            pq.write_table(table, tmp)
     table = load_queries(args.out)  # read back through the check every consumer uses
     splits = Counter(orjson.loads(m)["split"] for m in table.column("metadata").to_pylist())
     print(f"{args.out}  {table.num_rows} queries ({spec.name}, {task_counts(table)}; "
@@ -162,8 +164,9 @@ def convert(args: argparse.Namespace) -> int:
     wide = read_wide(args.wide)
     long = convert_wide(args.wide, layout, models=args.models, threshold=args.threshold, task=args.task,
                         task_map=parse_task_map(args.task_map), wide=wide)
-    with replacing(args.out) as tmp:
-        long.write_parquet(tmp, compression="zstd")
+    with _writing(args.out):
+        with replacing(args.out) as tmp:
+            long.write_parquet(tmp, compression="zstd")
     models = long.get_column("model").n_unique()
     questions = long.get_column("question_id").n_unique()
     costed = long.height - long.get_column("cost_usd").null_count()
@@ -185,13 +188,22 @@ def _shared_note(path: Path) -> None:
     since the replay server, seeing only the text, answers all of them with the first id's rows."""
     import polars as pl
 
-    from conductor.replay.tables import shared_texts
+    from conductor.replay.tables import read_columns, shared_texts
 
-    groups = shared_texts(pl.read_parquet(path, columns=["question_id", "question"]).cast(pl.String))
+    groups = shared_texts(read_columns(path, ["question_id", "question"]).cast(pl.String))
     if groups:
         shown = "; ".join(", ".join(g) for g in groups[:3]) + (f" and {len(groups) - 3} more" if len(groups) > 3 else "")
         print(f"note: {len(groups)} question text(s) recorded under more than one id ({shown}): the replay server "
               f"answers each text with its first id's recorded responses, for all its ids")
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    """A write to --out that fails (/proc/x.parquet, a read-only place) is an error naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise ConductorError(f"--out {path}: cannot write it ({e.strerror or e})") from None
 
 
 def _writable(path: Path, **inputs: Path | None) -> None:

@@ -5,8 +5,9 @@ models saw it (so the replay server can answer it), query_id = question_id,
 task = the question's task (row by row for a mixed table).
 
 The pool file: one llm worker per recorded model ("openai/<model>" at the replay
-server's URL), its price (the price table's list price, or an effective price
-from the recorded `cost_usd`, see `effective_prices`), its expected accuracy per
+server's URL), its price (the price table's list price, or for a model with no
+list price or with `cost_usd` on every row an effective price from the recorded
+`cost_usd`, see `effective_prices`), its expected accuracy per
 task (`skills`) measured on the train split only, and the local function workers
 `vote` and `extract`.
 """
@@ -104,7 +105,18 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
         chosen = list(dict.fromkeys(models))
     else:
         chosen = sorted(recorded, key=str.lower)
-    effective = effective_prices(t)
+    # A row's recorded cost_usd is its cost; the others are priced at the pool's price. That is the
+    # list price when the price table has the model: one costly recorded row (a retry, a long call)
+    # made an effective price of it that charged every other row about 40 times its list price. An
+    # effective price serves a model with no list price, or one whose every row is costed (nothing
+    # is charged tokens x price then: the price only estimates and reserves, and the recorded
+    # dollars do that better than a list price).
+    costed = (dict(t.group_by("model").agg(pl.col(COST_COLUMN).is_not_null().all()).iter_rows())
+              if COST_COLUMN in t.columns else {})
+    effective = {m: v for m, v in effective_prices(t).items() if m not in prices or costed.get(m)}
+    n_costed = (dict(t.group_by("model").agg(pl.col(COST_COLUMN).is_not_null().sum()).iter_rows())
+                if COST_COLUMN in t.columns else {})
+    n_rows = dict(t.group_by("model").len().iter_rows())
     # Each call is charged its recorded cost, unclamped: budgets must reserve the largest one.
     largest = (dict(t.group_by("model").agg(pl.col(COST_COLUMN).max()).drop_nulls().iter_rows())
                if COST_COLUMN in t.columns else {})
@@ -121,7 +133,8 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
              .agg(pl.col("correct").mean().alias("acc"), pl.col("correct").count().alias("n")))
     unlabelled = t.filter((pl.col("split") == "train") & pl.col("correct").is_null()).height
     skill = {(r["model"], r["task"]): (r["acc"], r["n"]) for r in train.to_dicts()}
-    source = SOURCES.get(spec.name) or f"the replay table {path.name}"
+    # The shared data's provenance only for the shared file itself, never for a table named like it.
+    source = SOURCES.get(spec.shared or "") or f"the replay table {path.name}"
     workers, ids = [], set()
     for m in chosen:
         wid = _worker_id(m, ids)
@@ -135,7 +148,9 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
         else:
             p_in, p_out, basis = prices[m]
             price_text = (f"${p_in:g} / ${p_out:g} per million input / output tokens "
-                          f"({basis or spec.prices.name}).")
+                          f"({basis or spec.prices.name})"
+                          + (f"; its recorded {COST_COLUMN} is charged on {n_costed[m]} of its {n_rows[m]} rows."
+                             if n_costed.get(m) else "."))
         desc = (f"{m}: real recorded responses from {source}. "
                 + (f"Train-split accuracy (questions): {measured}. " if measured else "")
                 + price_text)
@@ -189,11 +204,12 @@ HEADER = """\
 # another port). A step is answered only when its instruction is exactly the
 # original question; anything else is a labeled "not recorded" error.
 # skills: accuracy per task on the train split only (recorded labels).
-# price: the price table's list price; for a model whose rows record cost_usd, an
-# effective price instead: the sum of its recorded costs (train split) divided by the
-# sum of those rows' tokens (recorded, else characters / 4), the same for input and
-# output. Budgets reserve and the planner estimates with it; each call is charged
-# its row's recorded cost_usd, which the replay server sends with the response.
+# price: the price table's list price; for a model not in it (or whose every row records
+# cost_usd), an effective price instead: the sum of its recorded costs (train split)
+# divided by the sum of those rows' tokens (recorded, else characters / 4), the same for
+# input and output. Budgets reserve and the planner estimates with it; a row with a
+# recorded cost_usd is charged that (the replay server sends it with the response),
+# any other row its tokens x this price.
 # max_call_usd: the model's largest recorded cost_usd; a call reserves at least it.
 """
 
@@ -208,10 +224,13 @@ def write_pool(path: Path, doc: dict[str, Any]) -> Path:
     except PoolError as e:
         raise ConductorError(f"--out {path}: not written, the pool would not load: {e}") from None
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = HEADER.format(dataset=doc["replay"]["dataset"]) + "\n" + yaml.safe_dump(
         doc, sort_keys=False, allow_unicode=True, width=100)
-    path.write_text(text, encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:  # /proc/x.yaml, a read-only place, a folder's name
+        raise ConductorError(f"--out {path}: cannot write it ({e.strerror or e})") from None
     return path
 
 

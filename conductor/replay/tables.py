@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import math
 import os
 import re
@@ -80,6 +81,10 @@ class TableSpec:
     name: str  # names pool descriptions, run ids and reports: --name, else the file stem
     task: str | None  # for rows without a task of their own: --task, else a shared stem's default
     prices: Path | None  # list prices per model (prices.csv's columns), if any
+    # The shared dataset (gsm8k, mmlu_pro) when the table IS its shared file (--dataset, or --table at
+    # that file): only then do the pool's descriptions carry the shared data's provenance. A user's
+    # own table named gsm8k.parquet, or given --name gsm8k, is not the shared GSM8K.
+    shared: str | None = None
 
 
 def table_spec(*, table: Path | str | None = None, dataset: str | None = None, name: str | None = None,
@@ -94,11 +99,13 @@ def table_spec(*, table: Path | str | None = None, dataset: str | None = None, n
     folder = Path(replay_dir) if replay_dir else default_replay_dir()
     if dataset is not None:
         path = table_path(folder, dataset)
+        shared = dataset
     else:
         path = Path(table).expanduser()
         if not path.is_file():
             raise ConductorError(f"--table {path}: not found" if not path.exists() else
                                  f"--table {path}: is a folder; give the Parquet file")
+        shared = shared_dataset(path, folder)
     if task is not None and task not in TASKS:
         raise ConductorError(f"--task {task!r}: unknown (choose from {', '.join(TASKS)})")
     if prices is not None:
@@ -108,7 +115,20 @@ def table_spec(*, table: Path | str | None = None, dataset: str | None = None, n
     elif (folder / "prices.csv").is_file():
         prices = folder / "prices.csv"
     return TableSpec(path.resolve(), dataset_name(path, name), task or DATASETS.get(path.stem),
-                     prices.resolve() if prices else None)
+                     prices.resolve() if prices else None, shared)
+
+
+def shared_dataset(path: Path, replay_dir: Path | None = None) -> str | None:
+    """The shared dataset whose file `path` is (the same file, not the same name), else None."""
+    folder = Path(replay_dir) if replay_dir else default_replay_dir()
+    for dataset in DATASETS:
+        shared = folder / f"{dataset}.parquet"
+        try:
+            if shared.is_file() and os.path.samefile(path, shared):
+                return dataset
+        except OSError:
+            continue
+    return None
 
 
 def dataset_name(path: Path, name: str | None = None) -> str:
@@ -119,8 +139,16 @@ def dataset_name(path: Path, name: str | None = None) -> str:
                                  f"starting with a letter or digit")
         return name
     # Accents dropped, not the letters: `ünï` was `-n-`
-    ascii_stem = unicodedata.normalize("NFKD", Path(path).stem).encode("ascii", "ignore").decode()
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", ascii_stem).strip("-_.")[:64] or "table"
+    stem = Path(path).stem
+    decomposed = unicodedata.normalize("NFKD", stem)
+    ascii_stem = decomposed.encode("ascii", "ignore").decode()
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", ascii_stem).strip("-_.")
+    # Letters with no ASCII form (日本, 中文) are dropped too: a short hash of the stem keeps such
+    # tables apart, else all were `table` and shared run ids and report folders.
+    if any(not c.isascii() and not unicodedata.combining(c) for c in decomposed):
+        digest = hashlib.sha256(stem.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        return f"{(base or 'table')[:55]}-{digest}"
+    return base[:64] or "table"
 
 
 # ---------------------------------------------------------------- reading and checking a table
@@ -167,9 +195,9 @@ def read_table(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
     for c in dict.fromkeys([*REQUIRED_COLUMNS, *wanted]):
         _check_type(path, c, schema[c])
     # Every command checks the same values, whatever columns it uses: a table that one step takes
-    # must not fail a later one. Only the responses (the bulk of a table) are left unread.
-    checked = list(dict.fromkeys([*wanted, *(c for c in REQUIRED_COLUMNS if c != "response")]))
-    table = pl.read_parquet(path, columns=checked)
+    # must not fail a later one (the responses too: text that is not UTF-8 is refused by all).
+    checked = list(dict.fromkeys([*wanted, *REQUIRED_COLUMNS]))
+    table = read_columns(path, checked)
     if table.is_empty():
         raise ConductorError(f"replay table {path}: has no rows (a replay table holds one row per question "
                              f"and model: {', '.join(REQUIRED_COLUMNS)})")
@@ -180,12 +208,65 @@ def read_table(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
     return table.join(splits, on="question_id", how="left", maintain_order="left")
 
 
+def read_columns(path: Path, columns: list[str]) -> pl.DataFrame:
+    """pl.read_parquet of some columns, with text that is not valid UTF-8 (which polars refuses
+    with a bare "invalid utf-8") an error naming the file, the column and the rows."""
+    try:
+        return pl.read_parquet(path, columns=columns)
+    except Exception as e:  # polars raises several types for a bad file
+        bad = _invalid_utf8(path, columns)
+        if bad:
+            shown = "; ".join(f"column '{c}' at {where}" for c, where in bad.items())
+            raise ConductorError(
+                f"replay table {path}: text that is not valid UTF-8 in {shown}; replay tables hold UTF-8 text: "
+                f"write the table again with its text decoded (e.g. bytes.decode(encoding) with the encoding "
+                f"it was written in, or 'utf-8', errors='replace')") from None
+        raise ConductorError(f"replay table {path}: not a readable Parquet file ({e})") from None
+
+
+def _invalid_utf8(path: Path, columns: list[str]) -> dict[str, str]:
+    """column -> where its text is not valid UTF-8 (row numbers, question ids when readable)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        t = pq.read_table(path, columns=columns)  # pyarrow does not check the UTF-8 of what it reads
+    except Exception:
+        return {}
+    ids: list | None = None
+    if "question_id" in t.column_names:
+        try:
+            ids = t.column("question_id").to_pylist()
+        except Exception:  # the ids themselves are not text
+            ids = None
+    out: dict[str, str] = {}
+    for name in t.column_names:
+        col = t.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            continue
+        rows = []
+        for i, v in enumerate(col.cast(pa.large_binary()).to_pylist()):
+            if v is not None:
+                try:
+                    v.decode("utf-8")
+                except UnicodeDecodeError:
+                    rows.append(i)
+        if rows:
+            good_ids = ids is not None and name != "question_id"
+            out[name] = (f"{len(rows)} row(s), question id(s) {_show([str(ids[i]) for i in rows])}" if good_ids
+                         else f"{len(rows)} row(s), row(s) {_show([str(i) for i in rows])} (counting from 0)")
+    return out
+
+
 _STRINGS = ("question", "model", "response", TASK_COLUMN)
 _NUMBERS = (*TOKEN_COLUMNS, COST_COLUMN)
 
 
 MAX_RECORDED_TOKENS = 10 ** 9  # no call reads or writes a billion tokens
 MAX_RECORDED_USD = 10_000  # nor costs ten thousand dollars
+MAX_PRICE_PER_MTOK = 1_000_000  # nor is a token priced above a dollar: 10,000 tokens would cost the above
 
 
 def _check_type(path: Path, col: str, dtype: pl.DataType) -> None:
@@ -319,14 +400,30 @@ def check_shared_texts(t: pl.DataFrame, path: Path) -> list[list[str]]:
     return groups
 
 
+def recorded_tokens(t: pl.DataFrame) -> tuple[pl.Expr, pl.Expr]:
+    """The recorded prompt and completion tokens a row's usage can be believed for, null where
+    none: 0 tokens for the question (never empty), or for a response that has text, is taken as
+    not recorded, as the executor takes such usage from any server (engine._clamped: "0 tokens
+    reported for a prompt or answer with text"). Logs often write 0 where usage was not captured;
+    believed, every table policy was free while a plan paid for the same answers."""
+    p_in, p_out = TOKEN_COLUMNS
+    rec_in = (pl.when(pl.col(p_in) != 0).then(pl.col(p_in)) if p_in in t.columns
+              else pl.lit(None, dtype=pl.Int64))
+    has_text = pl.col("response").fill_null("") != ""
+    rec_out = (pl.when((pl.col(p_out) != 0) | ~has_text).then(pl.col(p_out)) if p_out in t.columns
+               else pl.lit(None, dtype=pl.Int64))
+    return rec_in, rec_out
+
+
 def with_tokens(t: pl.DataFrame) -> pl.DataFrame:
     """Add tokens_in, tokens_out (recorded, else characters / 4 of the question and of the
-    response) and tokens_estimated (either was estimated), as the replay server reports them."""
+    response) and tokens_estimated (either was estimated), as the replay server reports them.
+    A recorded 0 beside text counts as not recorded (`recorded_tokens`)."""
     est_in = tokens_from_chars(pl.col("question").str.len_chars())
     est_out = tokens_from_chars(pl.col("response").fill_null("").str.len_chars())
-    t_in = pl.col(TOKEN_COLUMNS[0]).fill_null(est_in) if TOKEN_COLUMNS[0] in t.columns else est_in
-    t_out = pl.col(TOKEN_COLUMNS[1]).fill_null(est_out) if TOKEN_COLUMNS[1] in t.columns else est_out
-    flags = [pl.col(c).is_null() if c in t.columns else pl.lit(True) for c in TOKEN_COLUMNS]
+    rec_in, rec_out = recorded_tokens(t)
+    t_in, t_out = rec_in.fill_null(est_in), rec_out.fill_null(est_out)
+    flags = [rec_in.is_null(), rec_out.is_null()]
     return t.with_columns(t_in.alias("tokens_in"), t_out.alias("tokens_out"),
                           (flags[0] | flags[1]).alias("tokens_estimated"))
 
@@ -361,8 +458,15 @@ def read_prices(path: Path) -> dict[str, tuple[float, float, str]]:
         raise ConductorError(f"price table {path} not found")
     out: dict[str, tuple[float, float, str]] = {}
     seen: dict[str, int] = {}
-    # utf-8-sig: spreadsheets save "CSV UTF-8" with a byte order mark before the first column's name.
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    raw = path.read_bytes()
+    try:
+        # utf-8-sig: spreadsheets save "CSV UTF-8" with a byte order mark before the first column's name.
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:  # Excel's plain "CSV" is Windows-1252 (an en dash is byte 0x96)
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConductorError(f"price table {path}, line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); "
+                             f"save it as UTF-8 (a spreadsheet's \"CSV UTF-8\")") from None
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
         need = {"model", "input_usd_per_mtok", "output_usd_per_mtok"}
@@ -389,6 +493,10 @@ def read_prices(path: Path) -> dict[str, tuple[float, float, str]]:
                                      f"{row['input_usd_per_mtok']!r}, {row['output_usd_per_mtok']!r})") from None
             if not (math.isfinite(p_in) and math.isfinite(p_out) and p_in >= 0 and p_out >= 0):
                 raise ConductorError(f"price table {path}, line {line}: prices must be finite and at least 0 "
+                                     f"(model {model!r}: {p_in:g}, {p_out:g})")
+            if max(p_in, p_out) > MAX_PRICE_PER_MTOK:  # as cost_usd is bounded: 1e300 was a crash downstream
+                raise ConductorError(f"price table {path}, line {line}: prices must be at most "
+                                     f"{MAX_PRICE_PER_MTOK:,} USD per million tokens, a dollar a token "
                                      f"(model {model!r}: {p_in:g}, {p_out:g})")
             out[model] = (p_in, p_out, row.get("basis", ""))
     return out
@@ -480,7 +588,7 @@ def servable(pool: Pool) -> dict[str, frozenset[str]]:
         by_model.setdefault(model, []).append(wid)
     if not by_model:
         return {}
-    t = pl.read_parquet(source.table, columns=["question", "model"]).select(pl.all().cast(pl.String)).filter(
+    t = read_columns(source.table, ["question", "model"]).select(pl.all().cast(pl.String)).filter(
         pl.col("model").is_in(list(by_model)) & pl.col("question").is_not_null()).unique()
     out: dict[str, set[str]] = {}
     for q, m in t.iter_rows():
