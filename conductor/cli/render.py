@@ -120,6 +120,9 @@ def eval_report(report: Any, *, learned: bool = False) -> str:
         if m.get("unlabelled_rows"):  # a missing label is left out, never counted as wrong
             agrees += (f"; {m['unlabelled_rows']} row(s) with no label: {m['queries'] - m['labelled_queries']} "
                        f"queries left out of accuracy (labels)")
+        if m.get("unrecorded_queries"):  # judged all the same: wrong for every policy
+            agrees += (f"; {m['unrecorded_queries']} queries recorded by no worker of the pool, "
+                       f"wrong for every policy")
         tasks = ", ".join(f"{t} {k}" for t, k in m["tasks"].items())
         head = (f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers "
                 f"(tasks: {tasks}; {agrees}; recorded cost_usd on {m['recorded_cost_rows']} of {m['rows']} rows)\n")
@@ -128,5 +131,7 @@ def eval_report(report: Any, *, learned: bool = False) -> str:
         if m.get("comparisons"):
             lines.append("\n" + comparison_table(m["comparisons"]))
         lines += target_lines(m.get("targets") or [])
-    lines.append(f"\nreport {report.report_path}\nchart  {report.chart_path}\ndata   {report.json_path}")
+    drawn = (f"{report.chart_path}" if not m.get("chart_error") else
+             f"not drawn ({m['chart_error']})" + (f"; {report.chart_path} says so" if report.chart_path else ""))
+    lines.append(f"\nreport {report.report_path}\nchart  {drawn}\ndata   {report.json_path}")
     return "\n".join(lines)

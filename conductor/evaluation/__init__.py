@@ -15,6 +15,8 @@ checks the targets given.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +30,9 @@ import pyarrow.compute as pc
 from conductor.errors import ConductorError
 from conductor.evaluation.planner import run_planner, sample_ids
 from conductor.evaluation.policies import Policy, paired, table_policies
-from conductor.evaluation.report import chart, markdown, objective, objective_order
+from conductor.evaluation.report import chart, markdown, objective, objective_order, off_chart, placeholder
 from conductor.evaluation.table import build_matrix
-from conductor.execute.lock import run_lock
+from conductor.execute.lock import LOCK_FILE, run_lock
 from conductor.pool import load_pool
 from conductor.queries import load_queries
 from conductor.replay.tables import SPLITS, read_table, replay_source, split_of
@@ -79,7 +81,7 @@ class EvalReport:
     meta: dict[str, Any]
     markdown: str
     report_path: Path
-    chart_path: Path
+    chart_path: Path | None  # None: not even a placeholder could be drawn (the report says why)
     json_path: Path
 
     def find(self, kind: str, by: str | None = None) -> Policy:
@@ -103,6 +105,9 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
         if find(pool, Path(folder)) is None:
             raise ConductorError(f"--policies {folder}: no policy artifact there for this pool ({cfg.pool})")
     source = replay_source(pool)
+    out = Path(cfg.out) if cfg.out else Path("data") / "eval" / f"{source.dataset}-{cfg.split}"
+    said = f"--out {out}" if cfg.out else f"report folder {out}"
+    _not_a_file(out, said)  # before the grading, which takes a while
     queries = load_queries(cfg.queries)
     all_ids = queries.column("query_id").to_pylist()
     ids = all_ids if cfg.split == "all" else [q for q in all_ids if split_of(q) == cfg.split]
@@ -140,12 +145,15 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
         "agreement": (judged.select((pl.col("grader") == pl.col("label")).mean()).item()
                       if judged.height else None),
         "rows": evaluated.height, "graded_rows": judged.height,
+        # Queries no worker of the pool recorded (a pool of some of the table's models): still judged,
+        # wrong for every policy, as in the pipeline's runs.
+        "unrecorded_queries": len(set(ids) - set(evaluated.get_column("question_id").to_list())),
         "recorded_cost_rows": int(evaluated.get_column("cost_recorded").sum()),
         "shared_texts": [g for g in matrix.shared if not set(ids).isdisjoint(g)],
         "recorded_cost_by_task": {t: int(n) for t, n in evaluated.filter(pl.col("cost_recorded"))
                                   .group_by("task").len().sort("task").iter_rows()},
     }
-    out = Path(cfg.out) if cfg.out else Path("data") / "eval" / f"{source.dataset}-{cfg.split}"
+    _make_folder(out, said)
     # Two evaluations into one folder would share its planner runs and overwrite each other's report.
     with run_lock(out, f"of eval into {out}"):
         subset = sample_ids(ids, cfg.planner_limit, cfg.seed)
@@ -184,15 +192,46 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
         title = (f"{source.dataset} ({cfg.split}, {len(ids)} queries): accuracy against cost per query")
         # Our grader's accuracy where anything has a reference; else (a table without any) the labels'.
         meta["chart_accuracy"] = "grader" if meta["graded_queries"] else "labels"
-        chart_path = chart(policies, out / "chart.png", title, by=meta["chart_accuracy"],
-                           cost_basis=_cost_basis(meta))
-        text = markdown(meta, policies, chart_path.name)
+        meta["off_chart"] = off_chart(policies, by=meta["chart_accuracy"])
+        chart_path: Path | None
+        try:
+            chart_path = chart(policies, out / "chart.png", title, by=meta["chart_accuracy"],
+                               cost_basis=_cost_basis(meta))
+            shown = chart_path.name
+        except Exception as e:  # noqa: BLE001 - whatever the chart does, the report is written
+            meta["chart_error"] = f"{type(e).__name__}: {e}"
+            print(f"conductor: warning: the chart could not be drawn ({meta['chart_error']}); "
+                  f"{out / 'report.md'} has every figure", file=sys.stderr)
+            chart_path, shown = placeholder(out / "chart.png", meta["chart_error"]), None
+        text = markdown(meta, policies, shown)
         report_path = out / "report.md"
         report_path.write_text(text, encoding="utf-8")
         json_path = out / "policies.json"
         json_path.write_bytes(orjson.dumps({"meta": meta, "policies": [p.to_dict() for p in policies]},
                                            option=orjson.OPT_INDENT_2, default=str))
         return EvalReport(policies, meta, text, report_path, chart_path, json_path)
+
+
+def _not_a_file(out: Path, said: str) -> None:
+    """The report folder (report.md, chart.png, policies.json) may not be a file, e.g. `--out report.md`."""
+    try:
+        is_file = out.exists() and not out.is_dir()
+    except OSError:  # not even looked at (a folder on the way that cannot be read): `_make_folder` says why
+        return
+    if is_file:
+        raise ConductorError(f"{said}: is a file, not a folder; eval writes report.md, chart.png and "
+                             f"policies.json into a folder: give a folder name (e.g. {out.with_suffix('')}-eval)")
+
+
+def _make_folder(out: Path, said: str) -> None:
+    """Create the report folder and its lock file (as `run_lock` does), or say why it cannot be."""
+    _not_a_file(out, said)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644))
+    except OSError as e:
+        raise ConductorError(f"{said}: cannot create the report folder or write in it "
+                             f"({e.strerror or e}{f': {e.filename}' if e.filename else ''})") from None
 
 
 def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: EvalConfig,

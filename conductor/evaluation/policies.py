@@ -16,8 +16,11 @@ Table policies choose rows of the recorded matrix (see `table`):
 Two accuracies, never mixed: `accuracy` is our grader's, over the queries that
 have a reference (`graded` of them); `accuracy_labels` is the recorded labels',
 over the queries whose rows all have a label (all of them, unless some `correct`
-is null). A table without references has no grader figures at all, and no policy
-chosen by our grader; one without labels, none by the labels.
+is null). Both count a query that no worker of the pool recorded: every policy
+gets it wrong (the oracle and random at no call and no cost), as the pipeline's
+runs do, so the table and the pipeline rows share their denominators. A table
+without references has no grader figures at all, and no policy chosen by our
+grader; one without labels, none by the labels.
 
 The embedded planner runs through the real pipeline instead (`planner`).
 """

@@ -81,6 +81,13 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
     parts += ["", "## Policies", "", policy_table(headline(policies)), ""]
     if chart_name:
         parts += [f"![accuracy against cost]({chart_name})", ""]
+    if meta.get("chart_error"):
+        parts += [f"The chart could not be drawn ({meta['chart_error']}); every figure is in the tables.", ""]
+    elif meta.get("off_chart"):
+        lo, hi = DRAWABLE_USD
+        shown = "; ".join(f"{o['name']} ({_usd(o['usd'])})" for o in meta["off_chart"])
+        parts += [f"Not on the chart, whose log axis shows costs from ${lo:g} to ${hi:g} per query (never $0): "
+                  f"{shown}.", ""]
     if learned:
         sub = meta.get("learned_subset_reference") or (meta.get("planner") or {}).get("subset_reference")
         parts += ["## Learned policy: the lambda sweep", "", sweep_table(learned, policies, sub), ""]
@@ -116,7 +123,7 @@ def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
         lines.append("- accuracy: no query has a reference, so `conductor.grading` can judge nothing: every "
                      "figure here comes from the recorded labels (*accuracy (labels)*), and policies that run "
                      "through the pipeline (the planner, learned policies) have no accuracy. " + labels)
-        return lines
+        return lines + _unrecorded_lines(meta)
     where = "" if g == n else (f" It judges only the {g} of the {n} queries that have a reference; its "
                                f"accuracy is over those {g}.")
     agreement = meta.get("agreement")
@@ -124,7 +131,18 @@ def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
               f"judges here." if agreement is not None else "")
     lines.append("- *accuracy (our grader)*: graded by `conductor.grading` (the grader the pipeline's rewards use, "
                  f"the only one that can judge a vote's output).{where} " + labels + agrees)
-    return lines
+    return lines + _unrecorded_lines(meta)
+
+
+def _unrecorded_lines(meta: dict[str, Any]) -> list[str]:
+    """Queries no worker of the pool recorded: judged all the same, and wrong for every policy."""
+    k = meta.get("unrecorded_queries") or 0
+    if not k:
+        return []
+    return [f"- {k} of the {meta['queries']} queries were recorded by no worker of the pool: every policy counts "
+            f"them as wrong, by our grader and by the labels alike, and spends nothing on them (a single worker "
+            f"still counts its refused call; the oracle and uniform random make none), as the pipeline's runs "
+            f"count them."]
 
 
 def _shared_lines(meta: dict[str, Any]) -> list[str]:
@@ -261,7 +279,7 @@ def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader"
 
     fig, ax = plt.subplots(figsize=(10, 7), dpi=100)
     policies = [_plotted(p, by) for p in policies]
-    plotted = [p for p in policies if p.accuracy is not None and p.usd_per_query and p.usd_per_query > 0]
+    plotted = [p for p in policies if p.accuracy is not None and _drawable(p.usd_per_query)]
     for kind, (marker, color, size, legend) in _STYLES.items():
         ps = [p for p in plotted if p.kind == kind]
         if ps:
@@ -314,6 +332,42 @@ def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader"
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+# The costs the log axis can show: beyond, matplotlib's ticks overflow (a price of 1e300 per
+# million tokens). A cost outside (and $0, which a log axis has no place for) is left off the
+# chart and named in the report (`off_chart`).
+DRAWABLE_USD = (1e-100, 1e100)
+
+
+def _drawable(usd: float | None) -> bool:
+    return usd is not None and DRAWABLE_USD[0] <= usd <= DRAWABLE_USD[1]  # False for NaN
+
+
+def off_chart(policies: Sequence[Policy], by: str = "grader") -> list[dict[str, Any]]:
+    """The policies the chart has an accuracy for but no place on its cost axis: name and cost."""
+    shown = [_plotted(p, by) for p in policies]
+    return [{"name": p.name, "usd": p.usd_per_query} for p in shown
+            if p.accuracy is not None and p.usd_per_query is not None and not _drawable(p.usd_per_query)]
+
+
+def placeholder(path: Path, reason: str) -> Path | None:
+    """When the chart cannot be drawn: an image that says so (None, and no stale chart, if even that fails)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(8, 2), dpi=100)
+        fig.text(0.5, 0.5, f"chart not drawn: {reason}"[:200], ha="center", va="center", fontsize=9, wrap=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+        plt.close(fig)
+        return path
+    except Exception:  # noqa: BLE001 - the report is written without any chart
+        path.unlink(missing_ok=True)
+        return None
 
 
 def _plotted(p: Policy, by: str) -> Policy:
@@ -372,9 +426,14 @@ def _subset_line(r: dict, queries: int, random: bool = True) -> str:
 
 
 def _usd(x: float | None) -> str:
-    """Three significant digits, never in scientific notation: $0.00144, $0.0000240."""
+    """Three significant digits, in scientific notation only from a million dollars: $0.00144,
+    $0.0000240, $1.9e+296 (a price far off), $inf."""
     if x is None:
+        return "—"
+    if math.isnan(x):
         return "—"
     if x <= 0:
         return "$0"
+    if x >= 1e6:  # a million dollars a query or more (a price far off, or infinite): its order of magnitude
+        return f"${x:.3g}" if math.isfinite(x) else "$inf"
     return f"${x:.{max(0, 2 - math.floor(math.log10(x)))}f}"

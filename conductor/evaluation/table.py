@@ -7,7 +7,9 @@ Each row is graded with its own task (a table may mix tasks); a row whose
 question has no reference cannot be graded (`grader` is null) and counts by its
 label only. A row with no label (`correct` null) is no evidence either way: its
 question is left out of every figure by the labels (`label` is null on all its
-rows), never counted as wrong. Tokens are what the replay server reports: recorded counts when the
+rows), never counted as wrong. A question no worker of the pool recorded has no
+row here but stays judged (`graded_ids`, `labelled_ids`): every policy counts it
+as wrong, as a run of the pipeline does. Tokens are what the replay server reports: recorded counts when the
 table has them, else characters / 4 (rounded up, conductor.tokens) of the question and
 of the response, the completion at most the worker's max_tokens as the executor
 counts it. Cost is the row's recorded `cost_usd` when it has one, else those tokens
@@ -37,9 +39,12 @@ class Matrix:
     dataset: str
     workers: list[str]  # the pool's replay workers, in pool order
     grading_s: float
-    graded_ids: frozenset[str]  # questions with a reference, which our grader can judge
-    # Questions whose rows all have a `correct` label: the denominator of every figure by the labels
-    # (a missing label is no evidence; `label` is null on every row of the other questions).
+    # Questions with a reference, which our grader can judge, whether or not a worker of the pool
+    # recorded them: the denominator of every figure by our grader (an unrecorded one counts as wrong).
+    graded_ids: frozenset[str]
+    # Questions none of whose pool rows lacks a `correct` label (a question no worker of the pool
+    # recorded included): the denominator of every figure by the labels (a missing label is no
+    # evidence; `label` is null on every row of the other questions).
     labelled_ids: frozenset[str] = frozenset()
     # Ids recorded under one question text (replay.tables.shared_texts) with one of them evaluated:
     # the pipeline gets the first id's answers for all, the table policies each id's own rows.
@@ -66,8 +71,13 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
     by_model = pl.DataFrame({"worker": list(workers), "model": list(workers.values()),
                              "p_in": [prices[w].input for w in workers], "p_out": [prices[w].output for w in workers],
                              "cap": [pool.worker(w).max_tokens() for w in workers]})
-    t = (t.filter(pl.col("question_id").is_in(list(question_ids)))
-         .unique(subset=["question_id", "model"], keep="first", maintain_order=True)
+    t = t.filter(pl.col("question_id").is_in(list(question_ids)))
+    # Which questions can be judged is a property of the question (its reference), not of the pool:
+    # taken before the pool's workers are joined, so a question no worker of the pool recorded
+    # stays in every denominator (wrong for every policy, as the pipeline counts it), not left out.
+    asked = frozenset(t.get_column("question_id").to_list())
+    graded = frozenset(t.filter(pl.col("reference").is_not_null()).get_column("question_id").to_list())
+    t = (t.unique(subset=["question_id", "model"], keep="first", maintain_order=True)
          .join(by_model, on="model", how="inner"))
     # Tokens as the executor counts them on the same replayed answer (completions at most max_tokens,
     # prompts at most their bytes), so a single worker here costs what it costs when a plan runs it.
@@ -94,8 +104,9 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
         pl.col("recorded_cost").is_not_null().alias("cost_recorded"),
     )
     tasks = sorted(set(t.get_column("task").to_list()))
-    graded = frozenset(t.filter(pl.col("reference").is_not_null()).get_column("question_id").to_list())
-    labelled = frozenset(t.filter(pl.col("labelled")).get_column("question_id").to_list())
+    # Left out of the labels' figures: only a question with an unlabelled row of the pool's workers;
+    # one no worker recorded has no such row, and counts (as wrong).
+    labelled = asked - frozenset(t.filter(~pl.col("labelled")).get_column("question_id").to_list())
     return Matrix(rows, tasks[0] if len(tasks) == 1 else (MIXED if tasks else source.task), source.dataset,
                   list(workers), grading_s, graded, labelled, shared)
 
