@@ -55,18 +55,21 @@ def eval_report(context: AssetExecutionContext, config: EvalReportConfig, storag
         pool=pool, queries=queries, split=config.split, out=out,
         planner=config.run_planner, planner_limit=config.planner_limit,
         planner_options=orjson.loads(config.planner_options_json or "{}"), seed=config.seed))
-    png = base64.b64encode(report.chart_path.read_bytes()).decode()
-    embedded = report.markdown.replace(f"]({report.chart_path.name})", f"](data:image/png;base64,{png})")
+    embedded = report.markdown
+    if report.chart_path is not None:  # None: not even the placeholder was saved (the report says why)
+        png = base64.b64encode(report.chart_path.read_bytes()).decode()
+        embedded = embedded.replace(f"]({report.chart_path.name})", f"](data:image/png;base64,{png})")
     best_l, oracle_l = report.find("best_single", "label"), report.find("oracle", "label")
     meta = {
         "report": MetadataValue.md(embedded),
         "report_path": MetadataValue.path(str(report.report_path.resolve())),
-        "chart": MetadataValue.path(str(report.chart_path.resolve())),
         "queries": report.meta["queries"],
         "best_single": best_l.worker,
         "best_single_accuracy_labels": best_l.accuracy_labels,
         "oracle_accuracy_labels": oracle_l.accuracy_labels,
     }
+    if report.chart_path is not None:
+        meta["chart"] = MetadataValue.path(str(report.chart_path.resolve()))
     if report.meta["graded_queries"]:  # our grader's figures: only where the table has references
         best, oracle = report.find("best_single", "grader"), report.find("oracle", "grader")
         meta.update(best_single=best.worker, best_single_accuracy=best.accuracy, oracle_accuracy=oracle.accuracy)

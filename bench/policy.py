@@ -261,7 +261,7 @@ def bench(spec, work: Path, objectives: list[tuple[str, float]], targets: list[s
            "comparisons": rep.meta.get("comparisons"), "targets": rep.meta.get("targets"), "rounds": rounds,
            "policies": [row(p) | {"kind": p.kind, "shipped": p.info.get("shipped")}
                         for p in rep.policies if p.kind in ("learned", "fixed")]}
-    if args.docs:
+    if args.docs and rep.chart_path is not None and not rep.meta.get("chart_error"):  # never a placeholder
         dest = REPO / "docs" / "img" / f"policy_{ds}.png"
         shutil.copyfile(rep.chart_path, dest)
         out["docs_chart"] = str(dest)
