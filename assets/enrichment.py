@@ -70,6 +70,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")  # \Z: `$` lets "abc\n" through, not a
 JOB_REQUIRED_KEYS = ("name", "input", "prompt", "pool")
 POOL_KEYS = ("workers", "providers")
 _PREVIEW_ROWS = 5
+JOB_SUFFIXES = (".yaml", ".yml")
 
 
 class JobRunSettings(Config):
@@ -185,6 +186,16 @@ def job_assets(path: str | Path) -> tuple[list[AssetsDefinition], list[AssetChec
     return [records, published], [valid_share_check, unique_ids_check, budget_stop_check]
 
 
+def job_files_in(folder: Path) -> list[Path]:
+    """The YAML files of the jobs folder, `.yaml` and `.yml` (any case) alike, as `conductor job`
+    takes both: a `.yml` job was left out without a word. Sorted by name, so of two files giving
+    one job name (`a.yaml` and `a.yml` with no readable `name`) the first is kept, with a warning
+    naming both."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in JOB_SUFFIXES)
+
+
 def all_job_assets(folder: Path | None = None, env=os.environ) -> tuple[list[AssetsDefinition],
                                                                          list[AssetChecksDefinition]]:
     """The assets of every job file. A YAML file that is clearly not a job file (a pool file kept
@@ -198,7 +209,7 @@ def all_job_assets(folder: Path | None = None, env=os.environ) -> tuple[list[Ass
         folder = jobs_dir(env)
     job_files: list[tuple[Path, Any]] = []
     left_out: list[str] = []
-    for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+    for path in job_files_in(folder):
         raw = _glance(path)
         if (why := not_a_job(raw)) is not None:
             log.warning("%s is left out of the enrichment jobs: %s", path, why)
@@ -209,7 +220,7 @@ def all_job_assets(folder: Path | None = None, env=os.environ) -> tuple[list[Ass
         log.warning(
             "CONDUCTOR_JOBS_DIR=%s: %s, so there are no enrichment job assets, no enrich_jobs job and no "
             "daily_enrich_jobs schedule", env["CONDUCTOR_JOBS_DIR"],
-            (f"no job files (*.yaml) in {folder.resolve()}"
+            (f"no job files ({', '.join('*' + e for e in JOB_SUFFIXES)}) in {folder.resolve()}"
              + (f" ({', '.join(left_out)} left out: not job files)" if left_out else ""))
             if folder.is_dir() else f"no folder {folder.resolve()}")
     assets: list[AssetsDefinition] = []
@@ -330,13 +341,40 @@ def evaluate_valid_share(path: Path, threshold: float) -> AssetCheckResult:
 
 
 def newest_records(data_dir: Path, job: str) -> pa.Table:
-    """The job's catalog view: the records of its newest run."""
-    db = refresh_catalog(data_dir)
+    """The job's catalog view: the records of its newest run, with the records' own Arrow types.
+    DuckDB hands a zoned timestamp back in its session's zone, named its own way
+    (`timestamp[us, tz=Etc/UTC]` for the records' `timestamp[us, tz=UTC]` `updated_at`), and
+    a timestamp in ms as us: a reader comparing `published` with `records.parquet`, or
+    concatenating them, saw two types."""
+    db = refresh_catalog(Path(data_dir))
     with duckdb.connect(str(db), read_only=True) as con:
         try:
-            return con.execute(f'SELECT * FROM "{job}"').to_arrow_table()
+            table = con.execute(f'SELECT * FROM "{job}"').to_arrow_table()
         except duckdb.CatalogException as e:
             raise ConductorError(f"catalog {db}: no view {job!r} for the job's records ({e})") from None
+    return _as_records(table, Path(data_dir), job)
+
+
+def _as_records(table: pa.Table, data_dir: Path, job: str) -> pa.Table:
+    """`table` cast to the schema of the job's newest records file (the file its view reads);
+    unchanged if that file is not found or has other columns (a newer run landed meanwhile),
+    but for `updated_at`, which is always UTC."""
+    from conductor.store import job_runs
+
+    entry = job_runs(Path(data_dir).resolve() / "runs").get(job)
+    try:
+        schema = pq.read_schema(entry["files"][0]) if entry else None
+    except (OSError, pa.ArrowException):
+        schema = None
+    if schema is not None and schema.names == table.schema.names:
+        try:
+            return table.cast(schema.remove_metadata())
+        except pa.ArrowException:
+            pass
+    i = table.schema.get_field_index("updated_at")
+    if i >= 0 and pa.types.is_timestamp(t := table.schema.field(i).type) and t.tz is not None:
+        table = table.set_column(i, "updated_at", table.column(i).cast(pa.timestamp("us", tz="UTC")))
+    return table
 
 
 JOB_ASSETS, JOB_CHECKS = all_job_assets()

@@ -245,7 +245,7 @@ def test_a_mistyped_jobs_dir_is_logged_not_silent(tmp_path, caplog, monkeypatch)
     typo.mkdir()
     with caplog.at_level("WARNING", logger="assets.enrichment"):
         all_job_assets(env={"CONDUCTOR_JOBS_DIR": str(typo)})
-    assert f"no job files (*.yaml) in {typo}" in caplog.records[0].getMessage()
+    assert f"no job files (*.yaml, *.yml) in {typo}" in caplog.records[0].getMessage()
     caplog.clear()
     monkeypatch.chdir(tmp_path)  # no jobs/ here: the default folder may be absent without a word
     with caplog.at_level("WARNING", logger="assets.enrichment"):
@@ -354,7 +354,7 @@ def test_a_pool_file_makes_no_asset_but_a_broken_job_file_does_and_fails_naming_
         assert all_job_assets(env={"CONDUCTOR_JOBS_DIR": str(only_pool)}) == ([], [])
     assert [r.getMessage().split(": ", 1)[0] for r in caplog.records] == [
         f"{only_pool / 'pool.yaml'} is left out of the enrichment jobs", f"CONDUCTOR_JOBS_DIR={only_pool}"]
-    assert (f"no job files (*.yaml) in {only_pool.resolve()} (pool.yaml left out: not job files), so there are "
+    assert (f"no job files (*.yaml, *.yml) in {only_pool.resolve()} (pool.yaml left out: not job files), so there are "
             "no enrichment job assets") in caplog.records[1].getMessage()
 
     # the job file's required keys, as assets/enrichment.py knows them, are still job keys

@@ -9,7 +9,11 @@ alone). polars reads JSON into one type per column, which a later row can change
 every earlier one: 7 becomes 7.0 once 2.5 arrives, true becomes "true" once a string
 does, and an object gains every key any row has (`'region': None`). So each value
 polars changed is kept beside its column as JSON wrote it (`as_written`). Parquet has
-types of its own and is read as it is."""
+types of its own and is read as it is; the files of a Parquet folder may differ in columns (a
+file without one gives its rows nulls there) and mix integers with decimals in a column (a
+daily file that gains a 2.5), which polars reads as decimals: the integers' values are then
+kept as written too (7, not 7.0), as for JSON. Other type differences are refused, naming the
+column and both files."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from conductor.errors import InputError
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "ndjson", ".ndjson": "ndjson",
            ".json": "ndjson"}
+_ACCEPTED = ", ".join(FORMATS)  # every extension read, for the messages that list them
 
 
 def input_files(path: Path) -> list[Path]:
@@ -33,13 +38,14 @@ def input_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FORMATS)
         if not files:
-            raise InputError(f"input {path}: folder holds no .parquet, .csv or .jsonl file")
+            raise InputError(f"input {path}: folder holds no file of a known format ({_ACCEPTED})")
         kinds = {FORMATS[p.suffix.lower()] for p in files}
         if len(kinds) > 1:
             raise InputError(f"input {path}: folder mixes formats ({', '.join(sorted(kinds))}); keep one")
         return files
     if path.suffix.lower() not in FORMATS:
-        raise InputError(f"input {path}: unknown format {path.suffix!r} (use .parquet, .csv or .jsonl)")
+        raise InputError(f"input {path}: unknown format {path.suffix!r} (use one of {_ACCEPTED}; a .json file "
+                         f"holds JSON Lines or one array of objects)")
     return [path]
 
 
@@ -59,11 +65,19 @@ def scan(path: Path) -> pl.LazyFrame:
     kind = FORMATS[files[0].suffix.lower()]
     try:
         if kind == "parquet":
-            return pl.scan_parquet(files)
+            _parquet_schemas(path, files)
+            if len(files) == 1:
+                return pl.scan_parquet(files[0])
+            return pl.concat([pl.scan_parquet(f) for f in files], how="diagonal_relaxed")
         if kind == "csv":
+            for f in files:
+                if (why := _csv_problem(f, header_only=True)) is not None:
+                    raise InputError(f"input {f}: {why}")
             return pl.concat([pl.scan_csv(f, infer_schema=False) for f in files], how="diagonal_relaxed")
         return pl.concat([pl.read_json(f).lazy() if _json_array(f) else pl.scan_ndjson(f) for f in files],
                          how="diagonal_relaxed")
+    except InputError:
+        raise
     except Exception as e:  # polars raises several types for unreadable files
         raise _unreadable(path, files, e) from None
 
@@ -78,15 +92,23 @@ def columns(path: Path) -> list[str]:
 
 
 def read(path: Path) -> pl.DataFrame:
-    """The table, with the `as_written` values of a JSON input's columns beside them."""
+    """The table, with the `as_written` values of a JSON input's columns, or of a Parquet
+    folder's integers read as decimals, beside them."""
+    files = input_files(path)
+    kind = FORMATS[files[0].suffix.lower()]
+    if kind == "parquet":
+        return _read_parquet(path, files)
+    if kind == "csv":  # polars reads a short line as nulls, and a repeated header name as `<name>_duplicated_0`
+        for f in files:
+            if (why := _csv_problem(f)) is not None:
+                raise InputError(f"input {f}: {why}")
     try:
         df = scan(path).collect()
     except InputError:
         raise
     except Exception as e:
-        raise _unreadable(path, input_files(path), e) from None
-    files = input_files(path)
-    return _json_as_written(files, df) if FORMATS[files[0].suffix.lower()] == "ndjson" else df
+        raise _unreadable(path, files, e) from None
+    return _json_as_written(files, df) if kind == "ndjson" else df
 
 
 def as_written(df: pl.DataFrame, name: str) -> list[Any]:
@@ -165,13 +187,106 @@ def _json_array(f: Path) -> bool:
         return fh.read(4096).lstrip().startswith(b"[")
 
 
+def _parquet_schemas(path: Path, files: list[Path]) -> list[dict[str, pl.DataType]]:
+    """Each file's schema (its footer only): a file that is not Parquet is named, and so is a
+    column whose type differs between two files in a way `_mixes` does not allow. polars' own
+    error names neither file (`data type mismatch for column amount: incoming: Float64 != target:
+    Int64`), and was reported as a JSON line that does not parse."""
+    schemas = []
+    for f in files:
+        try:
+            schemas.append(dict(pl.read_parquet_schema(f)))
+        except Exception as e:  # polars raises ComputeError, OSError, ... for what is not Parquet
+            raise _not_parquet(f, e) from None
+    first: dict[str, tuple[pl.DataType, Path]] = {}
+    for f, schema in zip(files, schemas):
+        for c, t in schema.items():
+            if c not in first or first[c][0] == pl.Null:
+                first[c] = (t, f)
+            elif not _mixes(first[c][0], t):
+                t0, f0 = first[c]
+                raise InputError(f"input {path}: column {c!r} is {t0} in {f0} but {t} in {f}; the files of a folder "
+                                 f"must give each column one type (only integers and decimals may mix); write it "
+                                 f"with one type in every file")
+    return schemas
+
+
+def _mixes(a: pl.DataType, b: pl.DataType) -> bool:
+    """Two Parquet types one column may have in different files of a folder: the same, one all
+    nulls, integers and decimals (read as the wider one), or lists of those."""
+    if a == b or a == pl.Null or b == pl.Null:
+        return True
+    if (a.is_integer() or a.is_float()) and (b.is_integer() or b.is_float()):
+        return True
+    if isinstance(a, pl.List) and isinstance(b, pl.List):
+        return _mixes(a.inner, b.inner)
+    return False
+
+
+def _keeps_values(src: pl.DataType, dst: pl.DataType) -> bool:
+    """Whether values of type `src` read as `dst` keep their Python values (so their prompts
+    and hashes): not integers made decimals (7 would render 7.0, and every old row of a folder
+    be sent again once a file brings a 2.5), nor 128-bit integers (stored as text)."""
+    if src == dst or src == pl.Null:
+        return True
+    if src.is_integer() and dst.is_integer():
+        return dst not in (pl.Int128, pl.UInt128)
+    if src.is_float() and dst.is_float():
+        return True
+    if isinstance(src, pl.List) and isinstance(dst, pl.List):
+        return _keeps_values(src.inner, dst.inner)
+    return False
+
+
+def _read_parquet(path: Path, files: list[Path]) -> pl.DataFrame:
+    """A Parquet file, or a folder's files one after the other (a column a file lacks is null
+    there); where a column's type was widened for a file's values that it changes (integers
+    read as decimals), those values as the file wrote them, beside it (see `as_written`)."""
+    _parquet_schemas(path, files)
+    frames = []
+    for f in files:
+        try:
+            frames.append(pl.read_parquet(f))
+        except Exception as e:  # a readable footer over damaged data
+            raise _not_parquet(f, e) from None
+    if len(frames) == 1:
+        return frames[0]
+    try:
+        df = pl.concat(frames, how="diagonal_relaxed")
+    except Exception as e:
+        raise InputError(f"input {path}: cannot read its files together ({type(e).__name__}: {_first_line(e)})") \
+            from None
+    raw = []
+    for c, target in df.schema.items():
+        widened = [c in fr.columns and not _keeps_values(fr.schema[c], target) for fr in frames]
+        if any(widened):
+            values: list[str | None] = []
+            for fr, w in zip(frames, widened):
+                values += ([None if v is None else orjson.dumps(v).decode() for v in fr.get_column(c).to_list()]
+                           if w else [None] * fr.height)
+            raw.append(pl.Series(_RAW + c, values, pl.String))
+    return df.with_columns(raw) if raw else df
+
+
+def _not_parquet(f: Path, e: Exception) -> InputError:
+    return InputError(f"input {f}: not a readable Parquet file ({type(e).__name__}: {_first_line(e)})")
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else ""
+
+
 def _unreadable(path: Path, files: list[Path], e: Exception, what: str = "cannot read") -> InputError:
     """The error for a file polars cannot read: for text that is not UTF-8, a CSV line with
-    more fields than its header, or a JSON line cut off, the file and line. polars' own message
-    names no line, and may advise an option of its own that a job file cannot set: only its
-    first line is shown."""
+    more or fewer fields than its header, or a JSON line cut off, the file and line; for a file
+    that is not Parquet, the file. polars' own message names no line, and may advise an option
+    of its own that a job file cannot set: only its first line is shown."""
     for f in files:
         if FORMATS[f.suffix.lower()] == "parquet":
+            try:
+                pl.read_parquet_schema(f)
+            except Exception as pe:
+                return _not_parquet(f, pe)
             continue
         with open(f, "rb") as fh:
             for n, line in enumerate(fh, 1):
@@ -183,23 +298,19 @@ def _unreadable(path: Path, files: list[Path], e: Exception, what: str = "cannot
     for f in files:
         if (why := _bad_line(f)) is not None:
             return InputError(f"input {f}: {why}")
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return InputError(f"input {path}: {what} ({type(e).__name__}: {first})")
+    return InputError(f"input {path}: {what} ({type(e).__name__}: {_first_line(e)})")
 
 
 def _bad_line(f: Path) -> str | None:
-    """The first line of a CSV or JSON file that polars cannot read, and why; None if none is found."""
+    """The first line of a CSV or JSON file that polars cannot read, and why; None if none is found
+    (and for Parquet, which has no lines)."""
     kind = FORMATS[f.suffix.lower()]
+    if kind == "parquet":
+        return None
+    if kind == "csv":
+        return _csv_problem(f)
     try:
-        if kind == "csv":
-            with open(f, newline="", encoding="utf-8") as fh:
-                rows = csv.reader(fh)
-                header = next(rows, [])
-                for row in rows:
-                    if len(row) > len(header):
-                        return (f"line {rows.line_num} has {len(row)} fields, the header {len(header)}: "
-                                f"a separator or quote out of place?")
-        elif _json_array(f):
+        if _json_array(f):
             try:
                 orjson.loads(f.read_bytes())
             except orjson.JSONDecodeError as e:
@@ -211,6 +322,43 @@ def _bad_line(f: Path) -> str | None:
                         orjson.loads(line)
                 except orjson.JSONDecodeError as e:
                     return f"line {n} is not valid JSON ({e.msg}); a line cut off, or two objects on one line?"
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _csv_problem(f: Path, header_only: bool = False) -> str | None:
+    """What polars would read wrongly, or not at all, in a CSV file, with its line: a column name
+    the header repeats (polars renames the second `<name>_duplicated_0`, which no template
+    expects), and a line with more fields than the header or fewer (a separator lost or a line
+    cut off: polars fills the missing fields with nulls, and the row went out with them). A
+    blank line is left to polars (a row of nulls, whose id is refused as null). A field that is
+    empty (`3,`) is a field; a quoted one may hold separators and line breaks. None when the
+    file cannot be read as UTF-8 text (polars' error says so) or looks right."""
+    limit = csv.field_size_limit()
+    csv.field_size_limit(2**31 - 1)  # a document's text may pass the default 131,072 characters
+    try:
+        with open(f, newline="", encoding="utf-8-sig") as fh:
+            rows = csv.reader(fh)
+            header = next(rows, [])
+            seen: dict[str, int] = {}
+            for i, name in enumerate(header, 1):
+                if name in seen:
+                    return (f"line {rows.line_num}: the header repeats the column name {name!r} (fields "
+                            f"{seen[name]} and {i}); give each column its own name")
+                seen[name] = i
+            if header_only:
+                return None
+            end = rows.line_num
+            for row in rows:
+                start, end = end + 1, rows.line_num
+                if row and len(row) != len(header):
+                    why = ("a separator or quote out of place?" if len(row) > len(header)
+                           else "a separator lost, a quote out of place, or the line cut off?")
+                    return (f"line {start} has {len(row)} field{'s' if len(row) != 1 else ''}, the header "
+                            f"{len(header)}: {why}")
     except (OSError, UnicodeDecodeError, csv.Error):
         return None
+    finally:
+        csv.field_size_limit(limit)
     return None
