@@ -142,12 +142,14 @@ class Pool:
     def provider_of(self, worker: Worker) -> Provider:
         return self.providers[worker.provider]
 
-    def identity_hash(self) -> str:
+    def identity_hash(self, only: tuple[str, ...] | None = None) -> str:
         """Hash of what decides results (workers, models, endpoints, params),
-        not of limits or budgets: raising a budget resumes the same run."""
+        not of limits or budgets: raising a budget resumes the same run. `only`: those
+        workers' alone (an enrichment job in direct mode, whose records its one worker
+        decides); by default every worker's."""
         ident = [
             [w.id, w.kind, w.model, w.api_base, w.params, w.system, w.function]
-            for w in self.workers
+            for w in self.workers if only is None or w.id in only
         ]
         return hashlib.sha256(orjson.dumps([ident, self.replay], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 

@@ -12,23 +12,31 @@ import pyarrow.parquet as pq
 
 from conductor.enrich.job import Job
 from conductor.errors import ConductorError
-from conductor.store import damage_advice, file_damage, load_manifest
+from conductor.store import RunDir, damage_advice, file_damage, load_manifest
 
 OK = "ok"  # a valid record
 ABANDONED = "abandoned"  # an interrupted run a later run of other rows superseded
 
 
-def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str]) -> str | None:
+def interrupted_run(data_dir: Path, info: dict[str, Any], todo: list[str], pool: Any = None) -> str | None:
     """The newest run of this job that stopped before writing its records and was computing
     exactly these rows with the same definition: rerunning the command resumes it, so
-    nothing is planned or paid twice."""
+    nothing is planned or paid twice. With `pool`, also with the same pool as the runner
+    fingerprints it (every worker's identity, and what planners read): a direct-mode job's
+    definition holds its own worker only, and the runner refused to resume under a pool edited
+    elsewhere ("already exists with other inputs or settings"), where a new run, which closes this
+    one as abandoned and gets its answers from the response cache, goes on."""
     runs = Path(data_dir) / "runs"
     found = []
+    same_pool = {} if pool is None else {"pool_identity": pool.identity_hash(), "pool_planning": pool.planning_hash()}
     for m in runs.glob("*/manifest.json") if runs.exists() else ():
         folder = m.parent
         if (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
             continue
         manifest = _manifest(m)
+        inputs = manifest.get("inputs") or {}
+        if any(k in inputs and inputs[k] != v for k, v in same_pool.items()):
+            continue
         if manifest.get("job") == info and manifest.get("status") != ABANDONED:
             found.append((manifest.get("created_at") or "", folder))
     for _, folder in sorted(found, reverse=True):
@@ -65,16 +73,19 @@ def _manifest(path: Path) -> dict[str, Any]:
 def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict[str, Any]]:
     """Close the runs of this job that stopped before writing their records and that `run_id`
     does not resume (their rows or definition changed): they never would be. Each is marked
-    `abandoned`, with what its journal says it paid, so that spend shows in the runs view; the
-    new run gets their answers from the response cache, at $0 there."""
+    `abandoned`, with what its journal says it paid, so that spend shows in the runs view, and so
+    is its judge run if it was killed judging; the new run gets their answers from the response
+    cache, at $0 there. A run that only judged (every row reused) has no query set: it is closed
+    when its judge run was left unfinished."""
     from conductor.execute.journal import load_state
-    from conductor.store import RunDir
 
     runs = Path(data_dir) / "runs"
     closed = []
     for m in sorted(runs.glob("*/manifest.json")) if runs.exists() else ():
         folder = m.parent
-        if folder.name == run_id or (folder / "records.parquet").exists() or not (folder / "queries.parquet").exists():
+        if folder.name == run_id or (folder / "records.parquet").exists():
+            continue
+        if not (folder / "queries.parquet").exists() and not (runs / f"{folder.name}-judge" / "manifest.json").exists():
             continue
         try:
             manifest = load_manifest(m)
@@ -92,7 +103,31 @@ def abandon_interrupted(data_dir: Path, job_name: str, run_id: str) -> list[dict
                    "batches_in_flight": [b.get("batch_id") or b.get("input_file_id") for b in batches]}
         RunDir(data_dir, folder.name).set_status(ABANDONED, summary=summary)
         closed.append(summary)
+        _abandon_judge_run(RunDir(data_dir, f"{folder.name}-judge"), job_name, run_id)
     return closed
+
+
+def _abandon_judge_run(jrun: RunDir, job_name: str, run_id: str) -> None:
+    """The judge run of an abandoned job run, if it was killed before it ended (no summary): marked
+    `abandoned` with what its journal says it paid, as its job run is, so the `runs` view holds
+    the judge's spend too."""
+    from conductor.execute.journal import load_state
+
+    if not jrun.exists():
+        return
+    try:
+        manifest = jrun.read_manifest()
+    except ConductorError:  # a damaged manifest is named by the catalog refresh, not here
+        return
+    if manifest.get("summary") is not None or manifest.get("status") == ABANDONED:
+        return
+    state = load_state(jrun.work)
+    lost = list(state.unsettled.values())
+    jrun.set_status(ABANDONED, summary={
+        "job": job_name, "run_id": jrun.run_id, "judge_of": jrun.run_id.removesuffix("-judge"),
+        "cost_usd": round(sum(state.spent.values()), 9), "calls": len(state.paid), "superseded_by": run_id,
+        "lost_in_flight": {"calls": len(lost), "unpriced_calls": sum(u is None for _, _, u in lost),
+                           "reserved_usd": round(sum(u or 0.0 for _, _, u in lost), 9)}})
 
 
 def _hand_over_batches(folder: Path, new_work: Path) -> list[dict[str, Any]]:
@@ -118,16 +153,23 @@ def _hand_over_batches(folder: Path, new_work: Path) -> list[dict[str, Any]]:
     return batches
 
 
-def failed_before(data_dir: Path, job: Job, definition: str, exclude: str, hashes: dict[str, str]) -> set[str]:
-    """Ids whose newest earlier record, for the same row, is not a valid one: asked again,
-    not answered from the response cache, which holds the same bad answer."""
+INVALID = "invalid"  # a reply that is not a valid record, even after its repair
+
+
+def invalid_before(data_dir: Path, job: Job, definition: str, exclude: str, hashes: dict[str, str]) -> set[str]:
+    """Ids whose newest earlier record, for the same row, is `invalid` (a reply that failed the
+    schema, even after its repair): asked again, not answered from the response cache, which holds
+    the same bad answer. The executor bypasses the cache for the whole row (every step of its plan),
+    so this is kept to those rows: a row a budget stopped (`budget_exhausted`) or whose step failed
+    (`error`) has its answered steps in the cache, good ones, and its rerun pays only for the steps
+    never answered (a planned row's extractors were paid again after a budget stop, audit60 F1)."""
     path = _newest_records(data_dir, job, definition, exclude)
     if path is None:
         return set()
     t = read_table(path, [job.id_column, "status", "row_hash"])  # three columns, not the records
     if job.id_column not in t.column_names:
         return set()
-    t = t.filter(pc.not_equal(t.column("status"), OK))
+    t = t.filter(pc.equal(t.column("status"), INVALID))
     return {rid for r in t.select([job.id_column, "row_hash"]).to_pylist()
             if hashes.get(rid := str(r[job.id_column])) == r["row_hash"]}
 

@@ -97,6 +97,13 @@ class Job:
         lists every field (an optional one may be null)."""
         return self.schema
 
+    def pool_identity(self, pool: Any) -> str:
+        """The part of the pool that decides this job's records: in direct mode its worker's model,
+        endpoint and parameters only (another worker's edit left every row to be computed again,
+        audit60 F5; the judge's worker has its own digest, `judge.judge_hash`, so changing it
+        rescores without extracting); in planned mode every worker's, any of which a plan may use."""
+        return pool.identity_hash() if self.mode == "planned" else pool.identity_hash(only=(self.worker,))
+
     def definition_hash(self, pool_identity: str = "") -> str:
         """What decides a row's record besides its content: template, fields, how it runs.
         References and quality settings are left out: changing them rescores, not recomputes."""
@@ -183,6 +190,10 @@ def load_job(path: str | Path) -> Job:
     if mode not in MODES:
         raise doc.error(("mode",), f"{mode!r}: must be one of {', '.join(MODES)}")
     worker = raw.get("worker")
+    if mode == "direct" and raw.get("planner") is not None:
+        # planned mode refuses `worker:`; direct mode dropped a planner (and its typos) in silence
+        raise doc.error(("planner",), "only planned mode takes a planner; direct mode sends the prompt to its "
+                                      "worker as it is (set mode: planned to use the planner, or remove the key)")
     planner = raw.get("planner") or {"name": "embedded"}
     if not isinstance(planner, dict) or not isinstance(planner.get("name", "embedded"), str):
         raise doc.error(("planner",), "must be a mapping like {name: embedded} with the planner's options")
@@ -198,6 +209,12 @@ def load_job(path: str | Path) -> Job:
         _no_unknown(doc, quality["judge"], ("quality", "judge"), ("worker", "rubric"))
     pool = _check_pool(doc, pool_path, mode, worker, raw)
     max_steps = _int(doc, raw, "max_steps", 5, maximum=MAX_STEPS)
+    seed = _int(doc, raw, "seed", 0, minimum=0)
+    if mode == "direct":  # one step, one worker: neither bounds nor draws anything there
+        for key, what in (("max_steps", "the most steps a plan may take"), ("seed", "the planner's draws")):
+            if raw.get(key) is not None:
+                raise doc.error((key,), f"only planned mode takes {key} ({what}); direct mode sends one call "
+                                        f"per row, so it would change nothing: remove the key")
     if mode == "planned":
         _check_planner(doc, planner, pool, max_steps)
     structured = raw.get("structured", "auto")
@@ -206,7 +223,7 @@ def load_job(path: str | Path) -> Job:
     budget = raw.get("budget_usd")
     if budget is not None and (not _finite(budget) or budget < 0):
         raise doc.error(("budget_usd",), f"must be a finite number >= 0 (got {shown_value(budget)})")
-    _check_prices(doc, pool, worker if mode == "direct" else None, quality.get("judge") if fields else None, budget)
+    _check_prices(doc, pool, worker if mode == "direct" else None, quality.get("judge"), budget)
     from conductor.runner import MAX_SAMPLES
 
     samples = _int(doc, raw, "samples", 1, maximum=MAX_SAMPLES)
@@ -224,7 +241,7 @@ def load_job(path: str | Path) -> Job:
         fields=fields, references=references, pool_path=pool_path, mode=mode, worker=worker,
         planner=dict(planner), budget_usd=None if budget is None else float(budget), samples=samples,
         quality={**quality, "min_valid_share": float(share)}, structured=structured,
-        max_steps=max_steps, seed=_int(doc, raw, "seed", 0, minimum=0), raw=raw)
+        max_steps=max_steps, seed=seed, raw=raw)
 
 
 def _check_column_names(doc: Located, id_column: str, carry: list[str], fields: tuple[Field, ...]) -> None:
@@ -295,45 +312,125 @@ _ARITHMETIC = (jinja2.nodes.Add, jinja2.nodes.Sub, jinja2.nodes.Mul, jinja2.node
                jinja2.nodes.Mod, jinja2.nodes.Pow, jinja2.nodes.Neg, jinja2.nodes.Pos)
 _ORDER = ("gt", "gteq", "lt", "lteq")
 _ORDERING_FILTERS = ("max", "min", "sort")
+# Filters whose result is a number, not the text they were given (`| float`, `| length`): what
+# comes out of any other filter (`| trim`, `| default('0')`, `| first`) is still the CSV's text.
+_NUMBER_FILTERS = ("float", "int", "length", "count", "wordcount", "abs", "round", "sum")
+# Methods of a string that give a number or a truth value rather than text.
+_NUMBER_METHODS = ("count", "find", "rfind", "index", "rindex", "isdigit", "isnumeric", "isdecimal", "isalpha",
+                   "isalnum", "isspace", "islower", "isupper", "startswith", "endswith")
 
 
 def _refuse_numbers_from_text(doc: Located, prompt: str, text_cols: set[str]) -> None:
     """A CSV column is text as written, so the template must convert it to compute with it: on
     text, `amount * 2` repeats the string ('12.5012.50'), `qty == 0` is never true, and `a > b`
-    and `[a, b] | max` compare letters, all silently. Refused where a CSV column is an operand as it is (not
-    through a filter such as `| float`), naming the column and the line."""
+    and `[a, b] | max` compare letters, all silently. Refused where a CSV column is an operand as it
+    is (not through a filter such as `| float`), or a name that holds it: `{% set a = amount %}`,
+    `{% for x in [a, b] %}`, `{% with %}`, a macro's argument (audit60 F4), naming the column and
+    the line. Names are followed by name, whatever their scope: one bound from a CSV column
+    anywhere counts as text everywhere."""
     if not text_cols:
         return
+    N = jinja2.nodes
     ast = template_env().parse(prompt)
+    held: dict[str, str] = {c: c for c in text_cols}  # name -> the CSV column whose text it holds
 
-    def bare(node: jinja2.nodes.Node) -> str | None:
-        return node.name if isinstance(node, jinja2.nodes.Name) and node.name in text_cols else None
+    def text_of(node: Any) -> str | None:
+        """The CSV column whose text the expression may give (as text), or None."""
+        if node is None or isinstance(node, (N.Const, N.Compare, N.Not, N.Test, N.TemplateData)):
+            return None
+        if isinstance(node, N.Name):
+            return held.get(node.name)
+        if isinstance(node, N.NSRef):
+            return held.get(node.name)
+        if isinstance(node, N.Filter):
+            if node.name in _NUMBER_FILTERS:
+                return None
+            if node.name == "map" and node.args and isinstance(node.args[0], N.Const) \
+                    and node.args[0].value in _NUMBER_FILTERS:
+                return None
+            return next(filter(None, map(text_of, [node.node, *node.args, *(k.value for k in node.kwargs)])),
+                        None)
+        if isinstance(node, N.CondExpr):
+            return text_of(node.expr1) or text_of(node.expr2)
+        if isinstance(node, (N.Getattr, N.Getitem)):
+            return text_of(node.node)
+        if isinstance(node, N.Call):
+            if isinstance(node.node, N.Getattr) and node.node.attr in _NUMBER_METHODS:
+                return None
+            return next(filter(None, map(text_of, [node.node, *node.args, *(k.value for k in node.kwargs),
+                                                   node.dyn_args, node.dyn_kwargs])), None)
+        return next(filter(None, map(text_of, node.iter_child_nodes())), None)
 
-    found: list[tuple[str, int, str]] = []
+    def names(target: Any) -> list[str]:
+        if isinstance(target, (N.Name, N.NSRef)):
+            return [target.name]
+        return [n for item in getattr(target, "items", []) for n in names(item)]
+
+    def hold(target: Any, col: str | None) -> bool:
+        new = [n for n in names(target) if col and n not in held]
+        for n in new:
+            held[n] = col  # type: ignore[assignment]
+        return bool(new)
+
+    macros = {m.name: m for m in ast.find_all(N.Macro)}
+    grew = True
+    while grew:  # a name bound from a name bound from a column: until nothing new is found
+        grew = False
+        for node in ast.find_all((N.Assign, N.For)):
+            grew |= hold(node.target, text_of(node.node if isinstance(node, N.Assign) else node.iter))
+        for node in ast.find_all(N.AssignBlock):
+            grew |= hold(node.target, next(filter(None, (text_of(x) for o in node.find_all(N.Output)
+                                                         for x in o.nodes)), None))
+        for node in ast.find_all(N.With):
+            for target, value in zip(node.targets, node.values):
+                grew |= hold(target, text_of(value))
+        for call in ast.find_all(N.Call):
+            m = macros.get(call.node.name) if isinstance(call.node, N.Name) else None
+            if m is None:
+                continue
+            for param, arg in zip(m.args, call.args):
+                grew |= hold(param, text_of(arg))
+            for kw in call.kwargs:
+                grew |= hold(N.Name(kw.key, "param"), text_of(kw.value))
+        for m in macros.values():  # a default value: `{% macro f(x=amount) %}`
+            for param, default in zip(m.args[len(m.args) - len(m.defaults):], m.defaults):
+                grew |= hold(param, text_of(default))
+
+    found: list[tuple[str, str, int, str]] = []  # (column, name it is read through, line, how)
     for node in ast.find_all(_ARITHMETIC):
         for operand in (getattr(node, "left", None), getattr(node, "right", None), getattr(node, "node", None)):
-            if operand is not None and (name := bare(operand)):
-                found.append((name, node.lineno, "in arithmetic"))
-    for node in ast.find_all(jinja2.nodes.Filter):  # `[a, b] | max` orders text as text too
+            if operand is not None and (col := text_of(operand)):
+                found.append((col, _read_as(operand), node.lineno, "in arithmetic"))
+    for node in ast.find_all(N.Filter):  # `[a, b] | max` orders text as text too
         if node.name in _ORDERING_FILTERS and node.node is not None:
-            items = node.node.items if isinstance(node.node, (jinja2.nodes.List, jinja2.nodes.Tuple)) else [node.node]
+            items = node.node.items if isinstance(node.node, (N.List, N.Tuple)) else [node.node]
             for item in items:
-                if name := bare(item):
-                    found.append((name, node.lineno, f"ordered with `{node.name}`"))
-    for node in ast.find_all(jinja2.nodes.Compare):
+                if col := text_of(item):
+                    found.append((col, _read_as(item), node.lineno, f"ordered with `{node.name}`"))
+    for node in ast.find_all(N.Compare):
         sides = [node.expr, *(op.expr for op in node.ops)]
-        numeric = any(isinstance(x, jinja2.nodes.Const) and isinstance(x.value, (int, float))
+        numeric = any(isinstance(x, N.Const) and isinstance(x.value, (int, float))
                       and not isinstance(x.value, bool) for x in sides)
         ordered = any(op.op in _ORDER for op in node.ops)
         for x in sides:
-            if (name := bare(x)) and (numeric or ordered):
-                found.append((name, node.lineno, "compared as a number"))
+            if (numeric or ordered) and (col := text_of(x)):
+                found.append((col, _read_as(x), node.lineno, "compared as a number"))
     if found:
-        name, lineno, how = min(found, key=lambda f: f[1])
+        col, name, lineno, how = min(found, key=lambda f: f[2])
         line = _prompt_line(doc) + lineno - 1
-        raise InputError(f"job file {doc.path}:{line}: prompt: column {name!r} is {how}, but a CSV input is read "
-                         f"as text, exactly as written; convert it in the template, e.g. {{{{ {name} | float }}}} "
-                         f"or {{{{ {name} | int }}}}")
+        through = f" (read as {name!r})" if name is not None and name != col else ""
+        raise InputError(f"job file {doc.path}:{line}: prompt: column {col!r}{through} is {how}, but a CSV input "
+                         f"is read as text, exactly as written; convert it in the template, e.g. "
+                         f"{{{{ {col} | float }}}} or {{{{ {col} | int }}}}")
+
+
+def _read_as(node: Any) -> str | None:
+    """The name an operand reads its value through (`a` in `a * 2`, `ns.total`), if it is one."""
+    if isinstance(node, (jinja2.nodes.Name, jinja2.nodes.NSRef)):
+        return node.name
+    if isinstance(node, jinja2.nodes.Getattr) and isinstance(node.node, jinja2.nodes.Name):
+        return f"{node.node.name}.{node.attr}"
+    return None
 
 
 def _prompt_line(doc: Located) -> int:

@@ -1,12 +1,14 @@
-"""The optional LLM judge: a pool worker scores records that have no reference,
-by the rubric in the job file (`quality.judge: {worker, rubric}`).
+"""The optional LLM judge: a pool worker scores records that have no reference (a
+plain-text job's replies: its `text`), by the rubric in the job file
+(`quality.judge: {worker, rubric}`).
 
 Its calls are a run of their own (`<run_id>-judge`) through the same executor,
 cache, budgets and traces; each answer is a validated record
 `{score: 0..1, reason}`. A score outside 0..1 (a judge that answers on a 1-10
 scale) is an invalid reply like any other: it gets the one repair, and if that is
 out of range too the record has no judge score, and `judge_reason` says why.
-Nothing is clamped.
+Nothing is clamped. The judge run's manifest gets a summary (`cost_usd`, `calls`, ...), so
+the catalog's `runs` view counts its spend.
 
 Each answer is stored with `judge_hash`, a digest of what decided the judge's
 request (see `judge_hash`): a reused record is judged again, and keeps its record,
@@ -22,7 +24,6 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor.fields import Field, object_schema
@@ -44,11 +45,18 @@ def judge_schema() -> dict[str, Any]:
     return schema
 
 
-def judge_prompt(rubric: str, prompt: str, record: dict[str, Any]) -> str:
-    return (f"You are reviewing a record extracted from a document.\n\nRubric:\n{rubric.strip()}\n\n"
-            f"The request the record answers:\n{prompt}\n\n"
-            f"The record:\n{orjson.dumps(record, default=str, option=orjson.OPT_INDENT_2).decode()}\n\n"
-            f"Score the record against the rubric.")
+def judge_prompt(rubric: str, prompt: str, record: dict[str, Any] | str | None) -> str:
+    """The judge's request for one row: a typed job's record (a dict), or a plain-text job's
+    reply (its text, as the records' `text` column holds it)."""
+    if isinstance(record, dict):
+        return (f"You are reviewing a record extracted from a document.\n\nRubric:\n{rubric.strip()}\n\n"
+                f"The request the record answers:\n{prompt}\n\n"
+                f"The record:\n{orjson.dumps(record, default=str, option=orjson.OPT_INDENT_2).decode()}\n\n"
+                f"Score the record against the rubric.")
+    return (f"You are reviewing a reply written for a request.\n\nRubric:\n{rubric.strip()}\n\n"
+            f"The request:\n{prompt}\n\n"
+            f"The reply:\n{record or ''}\n\n"
+            f"Score the reply against the rubric.")
 
 
 def judge_hash(job: Job, pool: Pool) -> str:
@@ -58,25 +66,33 @@ def judge_hash(job: Job, pool: Pool) -> str:
     under another digest is not this judge's: the record is judged again (not extracted again)."""
     spec = job.quality["judge"]
     w = pool.worker(spec["worker"])
-    ident = {"template": judge_prompt(spec.get("rubric") or "", "\x00prompt\x00", {"\x00record\x00": None}),
+    # a typed job's template as it always was (its records' digests stay), a plain-text job's its own
+    shown = {"\x00record\x00": None} if job.fields else "\x00record\x00"
+    ident = {"template": judge_prompt(spec.get("rubric") or "", "\x00prompt\x00", shown),
              "schema": judge_schema(), "structured": job.structured,
              "worker": [w.id, w.kind, w.model, w.api_base, w.params, w.system, w.function], "replay": pool.replay}
     return hashlib.sha256(orjson.dumps(ident, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
-def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dict[str, Any]]],
+def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dict[str, Any] | str | None]],
           progress: bool, budget_usd: float | None = None, refresh: bool = False
           ) -> tuple[dict[str, tuple[float | None, str, bool]], float, int]:
-    """Score (id, prompt, record) items within `budget_usd`; returns (id -> (score, reason,
-    answered), what the judge cost, items a budget stopped). An id a budget stopped is left out
-    of the mapping: it was not judged. `answered` is False when the call failed (an error, not
-    the judge's answer: the next run asks again); an answer that is not a valid record even after
-    the repair (a score outside 0..1, say) is the judge's answer, (None, why, True): asking the
-    same request again would get the same reply from the response cache. `refresh`
-    (--full-refresh) asks the judge again rather than the response cache."""
+    """Score (id, prompt, record) items within `budget_usd` (a plain-text job's record is its
+    text); returns (id -> (score, reason, answered), what the judge cost, items a budget
+    stopped). An id a budget stopped is left out of the mapping: it was not judged. `answered`
+    is False when the call failed (an error, not the judge's answer: the next run asks again);
+    an answer that is not a valid record even after the repair (a score outside 0..1, say) is
+    the judge's answer, (None, why, True): asking the same request again would get the same
+    reply from the response cache. `refresh`
+    (--full-refresh) asks the judge again rather than the response cache. The judge's run gets
+    a summary in its manifest, as every run does (its `cost_usd` and `calls` in the catalog's
+    `runs` view: SQL totals over runs left the judge's spend out, audit60 F9)."""
+    import time
+
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, execute_stage, plan_stage, prepare
 
+    t0 = time.monotonic()
     spec = job.quality["judge"]
     jrun = RunDir(data_dir, f"{run.run_id}-judge")
     queries = jrun.path / "queries.parquet"
@@ -111,5 +127,33 @@ def judge(job: Job, run: RunDir, data_dir: Path, items: list[tuple[str, str, dic
             out[r["query_id"]] = (None, f"no valid judge reply: {why}", True)
         else:
             out[r["query_id"]] = (None, f"the judge's call failed ({status}): {why}", False)
-    jrun.set_status("incomplete" if stopped else "complete", judge_of=run.run_id)
-    return out, pc.sum(results.column("cost_usd")).as_py() or 0.0, stopped
+    summary = _summary(job, run, jrun, prepared.queries.num_rows, sum(a for _, _, a in out.values()), stopped,
+                       time.monotonic() - t0)
+    jrun.set_status("incomplete" if stopped else "complete", judge_of=run.run_id, summary=summary)
+    return out, summary["cost_usd"], stopped
+
+
+def _summary(job: Job, run: RunDir, jrun: RunDir, queries: int, answered: int, stopped: int,
+             wall: float) -> dict[str, Any]:
+    """The judge run's summary, kept in its manifest as `conductor run` keeps its own (not in a
+    summary.json: a glob over `runs/<job>-*/summary.json` reads the job's runs only), with the
+    keys `runner.report_stage` gives the same things: `cost_usd` and `calls` above all, so that
+    totals over the `runs` view count the judge; `judged` (records it answered) and
+    `budget_exhausted` (records a budget left unjudged) are its own."""
+    from conductor.execute.context import lost_in_flight
+    from conductor.stats import run_totals
+
+    t = run_totals(jrun.path)
+    manifest = jrun.read_manifest()
+    before = (manifest.get("summary") or {}).get("wall_time_s")  # a resumed judge run: every command's time
+    return {
+        "run_id": jrun.run_id, "judge_of": run.run_id, "job": job.name, "queries": queries,
+        "plans": t.plans, "valid_plans": t.valid_plans, "statuses": t.statuses, "calls": t.calls,
+        "cache_hits": t.cache_hits, "cost_usd": t.cost_usd,
+        "cost_per_query_usd": t.cost_usd / queries if queries else None,
+        "plans_without_price": t.plans_without_price,
+        "tokens_per_query": t.tokens / queries if queries else None,
+        "judged": answered, "budget_exhausted": stopped,
+        "wall_time_s": round(wall + (before or 0.0), 3), "spend": manifest.get("spend", []),
+        "lost_in_flight": lost_in_flight(manifest), "outputs": str(jrun.path),
+    }

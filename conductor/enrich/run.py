@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from conductor import schemas
 from conductor.enrich.context import check_budget, check_context, check_planned_context
-from conductor.enrich.history import (OK, abandon_interrupted, failed_before, interrupted_run, previous_records,
+from conductor.enrich.history import (OK, abandon_interrupted, interrupted_run, invalid_before, previous_records,
                                       read_table)
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
@@ -71,7 +71,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     t0 = time.monotonic()
     data_dir = Path(data_dir)
     pool = load_pool(job.pool_path)
-    definition = job.definition_hash(pool.identity_hash())
+    definition = job.definition_hash(job.pool_identity(pool))
     say = Progress(label="job", enabled=progress).say
     say(f"reading {job.input_path}")
     df = load_rows(job)
@@ -90,20 +90,20 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
         return kept
 
     previous = {} if full_refresh else previous_records(data_dir, job, definition, exclude=run_id)
-    judging = bool(job.quality.get("judge") and job.fields)
+    judging = bool(job.quality.get("judge"))  # a plain-text job's replies are judged too (audit60 F3)
     current_judge = None
     if judging:
         from conductor.enrich.judge import judge_hash
 
         current_judge = judge_hash(job, pool)
-    retry = set() if full_refresh else failed_before(data_dir, job, definition, run_id, dict(zip(ids, hashes)))
+    retry = set() if full_refresh else invalid_before(data_dir, job, definition, run_id, dict(zip(ids, hashes)))
     reuse = [i for i, (rid, h) in enumerate(zip(ids, hashes)) if previous.get(rid, {}).get("row_hash") == h]
     reused = set(reuse)
     todo = [i for i in range(len(ids)) if i not in reused]
     # the rows it sends only: a run reusing every row calls no extraction worker (it may only rescore)
     check_budget(job, pool, [raw_ids[i] for i in todo], [prompts[i] for i in todo])
     say(f"{len(ids):,} rows: {len(todo):,} to compute, {len(reuse):,} reused")
-    run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo])
+    run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo], pool)
               or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}")
     run = RunDir(data_dir, run_id)
     made = [r.path for r in (RunDir(data_dir, f"{run_id}-judge"), run) if not r.path.exists()]
@@ -123,8 +123,8 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
                                        on_prepared=close_interrupted)
             _write_rewards(job, df, ids, run, plans)
         else:
-            if not run.exists():
-                run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat()})
+            if not run.exists():  # naming the job: killed while judging, a later run closes it and its judge run
+                run.write_manifest({"run_id": run_id, "status": "created", "created_at": now.isoformat(), "job": info})
             close_interrupted()
         if judging:
             judge_cost, judge_stopped = _judge(job, df, ids, prompts, todo, computed, reuse, previous, run,
@@ -230,9 +230,10 @@ def _remove_if_nothing_sent(made: list[Path]) -> None:
 
 def _remove_work(runs: list[RunDir], say) -> None:
     """Delete the journals of complete runs. A rerun starts a new run that reuses their records
-    (and asks again, past the cache, for rows without a valid one), and `--run-id` of a complete
-    run executes and writes nothing (`_as_it_was`), so the journal only takes disk: 892 MB for a 400,000-row run, against
-    78 MB of outputs. An incomplete run (stopped by a budget) keeps it, as a run would."""
+    (and asks again, past the cache, for rows whose record was invalid), and `--run-id` of a
+    complete run executes and writes nothing (`_as_it_was`), so the journal only takes disk:
+    892 MB for a 400,000-row run, against 78 MB of outputs. An incomplete run (stopped by a
+    budget) keeps it, as a run would."""
     import shutil
 
     freed = 0
@@ -258,7 +259,8 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     """Plan and execute the rows in `todo`; returns (id -> outcome, per-plan rows for rewards).
     `on_prepared()` runs once the run's manifest names the job, before any call.
     With --full-refresh (`info`) cached responses are ignored, so every row is asked again;
-    the rows in `retry` (no valid record last time) are asked again in any case."""
+    the rows in `retry` (an invalid record last time: the cache holds that reply) are asked
+    again in any case, every step of their plans (the executor refreshes whole rows)."""
     from conductor.enrich.direct import DirectPlanner
     from conductor.runner import RunConfig, close_planner, configured_planner, execute_stage, plan_stage, prepare
 
@@ -315,7 +317,8 @@ def _lost_in_flight(run: RunDir, judge_run: RunDir) -> dict[str, Any]:
 def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo: list[int], computed: dict,
            reuse: list[int], previous: dict, run: RunDir, data_dir: Path, progress: bool,
            current: str, refresh: bool = False) -> tuple[float, int]:
-    """Have the judge score the valid records of rows without any reference value: this run's,
+    """Have the judge score the valid records (a plain-text job's replies) of rows without any
+    reference value: this run's,
     and reused ones not judged under the current judge definition: their `judge_hash` differs
     from `current` (the rubric, the judge worker or its model or parameters changed) or is null
     (a budget or a failed call kept them from being judged, or they were written before
@@ -329,14 +332,15 @@ def _judge(job: Job, df: pl.DataFrame, ids: list[str], prompts: list[str], todo:
 
     gold = [df.get_column(r.column).to_list() for r in job.references.values()]
     items = []
+    answer = "record" if job.fields else "text"  # a plain-text job's reply is judged as it is
     for i in todo:
         c = computed.get(ids[i])
         if c and c["status"] == OK and all(g[i] is None for g in gold):
-            items.append((ids[i], prompts[i], c["record"]))
+            items.append((ids[i], prompts[i], c[answer]))
     for i in reuse:
         p = previous.get(ids[i])
         if p and p["status"] == OK and p.get("judge_hash") != current and all(g[i] is None for g in gold):
-            items.append((ids[i], prompts[i], p["record"]))
+            items.append((ids[i], prompts[i], p[answer]))
     if not items:
         return 0.0, 0
     budget = None
@@ -469,7 +473,7 @@ def _records_table(job: Job, df: pl.DataFrame, ids: list[str], hashes: list[str]
     if job.references:
         scores = row_scores(job, df, records)
         cols["score"] = pa.array(scores, pa.float64())
-    if job.quality.get("judge") and job.fields:
+    if job.quality.get("judge"):
         cols["judge_score"] = pa.array([r.get("judge_score") for r in rows], pa.float64())
         cols["judge_reason"] = pa.array([r.get("judge_reason") for r in rows], pa.string())
         cols["judge_hash"] = pa.array([r.get("judge_hash") for r in rows], pa.string())
