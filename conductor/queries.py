@@ -69,7 +69,7 @@ def validate(table: pa.Table, where: str) -> pa.Table:
     if problems:
         raise InputError(f"query set {where}: " + "; ".join(problems))
     for col, arr in cols.items():  # Parquet can hold bytes that are not UTF-8; planning would crash on them
-        bad = _invalid_utf8_rows(arr)
+        bad = invalid_utf8_rows(arr)
         if bad:
             shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
             who = "" if col == "query_id" else _utf8_ids(cols["query_id"], bad)
@@ -149,7 +149,8 @@ def input_columns(path: str | Path) -> pa.Table | None:
     return pq.read_table(path, columns=names) if names else None
 
 
-def _invalid_utf8_rows(arr: pa.Array) -> list[int]:
+def invalid_utf8_rows(arr: pa.Array | pa.ChunkedArray) -> list[int]:
+    """Positions of a text column's values that are not valid UTF-8 (pyarrow reads them unchecked)."""
     try:
         arr.validate(full=True)
         return []

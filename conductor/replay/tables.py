@@ -229,6 +229,8 @@ def _invalid_utf8(path: Path, columns: list[str]) -> dict[str, str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from conductor.queries import invalid_utf8_rows
+
     try:
         t = pq.read_table(path, columns=columns)  # pyarrow does not check the UTF-8 of what it reads
     except Exception:
@@ -246,13 +248,7 @@ def _invalid_utf8(path: Path, columns: list[str]) -> dict[str, str]:
             col = col.cast(col.type.value_type)
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             continue
-        rows = []
-        for i, v in enumerate(col.cast(pa.large_binary()).to_pylist()):
-            if v is not None:
-                try:
-                    v.decode("utf-8")
-                except UnicodeDecodeError:
-                    rows.append(i)
+        rows = invalid_utf8_rows(col)
         if rows:
             good_ids = ids is not None and name != "question_id"
             out[name] = (f"{len(rows)} row(s), question id(s) {_show([str(ids[i]) for i in rows])}" if good_ids
