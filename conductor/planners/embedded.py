@@ -165,9 +165,26 @@ def _sweep_actions(pool: Pool, task: str | None, allowed: set[str] | frozenset[s
 
 
 def _sweep_short(query_id: str, n: int, samples: int) -> str:
+    """`query_id` has the largest candidate set (`n`) of the queries checked: the count to ask for."""
     return (f"sweep: query {query_id} has {n} candidate actions but only {samples} samples; a sweep needs as "
-            f"many samples per query as the largest candidate set: use --samples all with `conductor policy "
-            f"rollouts`, or --samples {n} or more with `conductor run`")
+            f"many samples per query as the largest candidate set, {n} (no query has more): use --samples all "
+            f"with `conductor policy rollouts`, or --samples {n} or more with `conductor run`")
+
+
+def _largest_sweep(pool: Pool, rows) -> tuple[str, int] | None:
+    """The query with the most sweep candidates among `rows` (query id, task, servable workers) and
+    their count (the first such query on a tie), or None when no row has a worker."""
+    sizes: dict[tuple, int] = {}
+    best: tuple[str, int] | None = None
+    for qid, task, allowed in rows:
+        if not allowed:
+            continue  # planned invalid: no worker recorded it
+        key = (task, frozenset(allowed))
+        if key not in sizes:
+            sizes[key] = len(_sweep_actions(pool, task, allowed))
+        if best is None or sizes[key] > best[1]:
+            best = (qid, sizes[key])
+    return best
 
 
 def _number(v: object, low: float, high: float) -> bool:
@@ -200,16 +217,11 @@ class EmbeddedPlanner(PlannerBackEnd):
         recorded = pool.servable_questions()  # `pool` as planning sees it (runner.planning_pool)
         solvers = frozenset(w.id for w in pool.workers if w.kind == "llm")
         t = load_queries(queries).select(["query_id", "task", "prompt"])
-        sizes: dict[tuple, int] = {}
-        for qid, task, prompt in zip(*(t.column(c).to_pylist() for c in ("query_id", "task", "prompt"))):
-            allowed = solvers if recorded is None else solvers & recorded.get(prompt, frozenset())
-            if not allowed:
-                continue  # planned invalid: no worker recorded it
-            key = (task, allowed)
-            if key not in sizes:
-                sizes[key] = len(_sweep_actions(pool, task, allowed))
-            if sizes[key] > samples:
-                raise ConductorError(_sweep_short(qid, sizes[key], samples))
+        rows = ((qid, task, solvers if recorded is None else solvers & recorded.get(prompt, frozenset()))
+                for qid, task, prompt in zip(*(t.column(c).to_pylist() for c in ("query_id", "task", "prompt"))))
+        largest = _largest_sweep(pool, rows)  # the count needed is the largest set's, not the first short one's
+        if largest is not None and largest[1] > samples:
+            raise ConductorError(_sweep_short(largest[0], largest[1], samples))
 
     def _action_keys(self) -> list[str]:
         action = self.config.action
@@ -231,6 +243,12 @@ class EmbeddedPlanner(PlannerBackEnd):
         # the workers that recorded it, the prompt as is, and no step a model must write anew.
         recorded = pool.servable_questions()
         learned = self.learned_policy(pool)
+        if self.config.sweep and self.config.action is None:
+            largest = _largest_sweep(pool, ((q.query_id, q.task, frozenset(
+                w.id for w in solvers if recorded is None or w.id in recorded.get(q.prompt, ())))
+                for q in queries))
+            if largest is not None and largest[1] > samples:  # name the batch's largest set, as check_samples
+                raise ConductorError(_sweep_short(largest[0], largest[1], samples))
         out = []
         for q in queries:
             qs = solvers if recorded is None else [w for w in solvers if w.id in recorded.get(q.prompt, ())]

@@ -220,7 +220,28 @@ def find(pool: Pool, where: str | Path | None = None) -> Path | None:
         vs = versions(base)
         if vs:
             return base / f"v{vs[-1]:04d}"
+    if where is not None:
+        _other_pools(path, pool)
     return None
+
+
+def _other_pools(path: Path, pool: Pool) -> None:
+    """A folder given by name that holds only other pools' artifacts: say whose, naming both pool
+    keys, rather than let the caller say there is nothing under it (planning refuses it either way)."""
+    others = []
+    for sub in sorted(path.iterdir()) if path.is_dir() else []:
+        vs = versions(sub)
+        if sub.is_dir() and vs:
+            try:
+                meta = orjson.loads((sub / f"v{vs[-1]:04d}" / META_FILE).read_bytes())
+                where = meta["pool"].get("path") or "pool file not recorded"
+            except (OSError, orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+                where = "policy.json unreadable"
+            others.append(f"{sub.name} ({where}, {sub / f'v{vs[-1]:04d}'})")
+    if others:
+        raise ConductorError(f"policy {path} holds artifacts only for other pools: pool {'; pool '.join(others)}; "
+                             f"not this pool ({pool_key(pool)}, {pool.path}); train one for this pool with "
+                             f"`conductor policy train`, or pass the --pool it was trained for")
 
 
 def read_meta(folder: Path) -> dict[str, Any]:

@@ -69,7 +69,9 @@ def _check(meta: Any) -> None:
     _opt(meta.get("objective"), "objective", _str)
     _features(_dict(meta.get("features"), "features"))
     _actions(_dict(meta.get("actions"), "actions"))
-    _training(_dict(meta.get("training"), "training"))
+    training = _dict(meta.get("training"), "training")
+    _training(training)
+    _recorded(meta, training, shipped)
     sums = _dict(meta.get("checksums"), "checksums")
     for name, digest in sums.items():
         _str(digest, f"checksums.{name}")
@@ -77,6 +79,19 @@ def _check(meta: Any) -> None:
         for name in spec.get("files") or []:
             if name not in sums:
                 raise _Bad("checksums", f"a sha256 for {part}.files {name!r}", sorted(sums))
+
+
+def _recorded(meta: dict, t: dict, shipped: str) -> None:
+    """The decision fields against what training recorded of them in the same file: an edited
+    `shipped`, λ, floor or budget is valid on its own, so only the record tells it apart. A
+    layout that lacks a record (an older training summary) has nothing to compare."""
+    for field in ("lambda", "floor", "budget"):
+        if field in t and t[field] != meta.get(field):
+            raise _Bad(field, f"{t[field]!r}, the value training recorded (training.{field})", meta.get(field))
+    sel = t.get("selection")
+    if isinstance(sel, dict) and "shipped" in sel and sel["shipped"] != shipped:
+        raise _Bad("shipped", f"{sel['shipped']!r}, the choice training recorded (training.selection.shipped); "
+                   f"to plan with the other one, pass --planner-option use=learned or use=fixed", shipped)
 
 
 def _learner(spec: Any, field: str) -> dict:
