@@ -19,33 +19,21 @@ from conductor.planners.base import Query
 from conductor.planners.embedded import EmbeddedConfig, EmbeddedPlanner
 from conductor.policy import artifact
 from conductor.pool import load_pool
-from conductor.runner import RunConfig, run_all
-from tests.conftest import REPLAY, SAMPLE, cli, worker, write_pool
-from tests.test_policy_inputs import sim_server
+from conductor.runner import RunConfig
+from tests.conftest import REPLAY, cli
+from tests.test_policy_inputs import logged as base  # noqa: F401 - a fixture, by its name
 
 
 @pytest.fixture(scope="module")
-def logged(tmp_path_factory):
-    """Pool A (fast, weak), a run of 20 queries x 4 uniform plans over it, pool B (A plus a
-    worker: another pool key), and artifacts trained on the run: by λ, by a floor, by a budget."""
-    from conductor.sim import start_sim
-
-    d = tmp_path_factory.mktemp("audit62")
-    queries = d / "queries.parquet"
-    pq.write_table(pq.read_table(SAMPLE).slice(0, 20), queries)
-    with start_sim(sim_server(d), [queries]) as sim:
-        pool = write_pool(d / "a.yaml", sim.url)
-        other = write_pool(d / "b.yaml", sim.url, workers=[worker(n, sim.url) for n in ("fast", "weak", "extra")])
-        run_all(RunConfig(queries=queries, pool=pool, data_dir=d / "data", run_id="explore", samples=4,
-                          planner_options={"policy": "none", "candidates": "bandit", "explore": 1.0},
-                          progress=False))
-        roots = {}
-        for name, extra in (("lam", ("--lambda", "30")), ("floor", ("--floor", "0")), ("budget", ("--budget", "0.5"))):
-            roots[name] = d / f"pol-{name}"
-            r = cli("policy", "train", "--pool", pool, "--runs", "explore", "--data-dir", d / "data",
-                    "--out", roots[name], "--learner", "table", *extra)
-            assert r.returncode == 0, r.stderr
-        yield {"dir": d, "pool": pool, "other": other, "queries": queries, "data": d / "data", "roots": roots}
+def logged(base):
+    """test_policy_inputs' run and pools, and artifacts trained on the run: by λ, by a floor, by a budget."""
+    roots = {}
+    for name, extra in (("lam", ("--lambda", "30")), ("floor", ("--floor", "0")), ("budget", ("--budget", "0.5"))):
+        roots[name] = base["dir"] / f"pol-{name}"
+        r = cli("policy", "train", "--pool", base["pool"], "--runs", "explore", "--data-dir", base["data"],
+                "--out", roots[name], "--learner", "table", *extra)
+        assert r.returncode == 0, r.stderr
+    return {**base, "roots": roots}
 
 
 def _folder(logged, name):
