@@ -100,6 +100,15 @@ def paused(proc):
         os.kill(proc.pid, signal.SIGCONT)
 
 
+def visible(what, timeout=10):
+    """Held paused until the store shows the test's write: the holder must wake to find it (a fresh-clone
+    run on a busy machine saw the holder's renewal land after the test's write and keep the lease)."""
+    deadline = time.monotonic() + timeout
+    while not what() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert what(), "the store never showed the test's write"
+
+
 def wait_for(proc, what, timeout=240):
     deadline = time.monotonic() + timeout
     while not what() and time.monotonic() < deadline and proc.poll() is None:
@@ -270,8 +279,10 @@ def test_a_run_whose_lapsed_lease_was_taken_over_stops_and_leaves_the_store_to_t
     other = {"run_id": "s3run", "host": "machine-b", "pid": 4242, "token": "theirs",
              "started_at": now.isoformat(), "renewed_at": now.isoformat(),
              "expires_at": (now + timedelta(hours=1)).isoformat()}
-    with paused(first), objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
-        out.write(orjson.dumps(other))
+    with paused(first):
+        with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
+            out.write(orjson.dumps(other))
+        visible(lambda: lease(objects) == other)
     assert first.wait(timeout=120) == 2
     err = first.stderr.read()
     assert "process 4242 on host machine-b took the run over" in err, err
@@ -286,6 +297,7 @@ def test_a_paused_holder_whose_run_was_taken_over_and_released_stops(tmp_path, s
     _, _, objects, first = holding_run(tmp_path, fresh_sim, sample_queries, "released")
     with paused(first):
         objects.fs.delete_file(objects.path("runs", "s3run", "lease.json"))  # taken over, finished, released
+        visible(lambda: lease(objects) is None)
     assert first.wait(timeout=120) == 2
     err = first.stderr.read()
     assert "another process (which has since released it) took the run over" in err, err
