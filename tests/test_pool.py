@@ -73,7 +73,7 @@ workers:
     ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "my key"}}},
      r"providers.p.api_key_env: must be the NAME of an environment variable: letters, digits and _, not starting "
      r"with a digit \(the value is not shown here\)$"),
-    ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "gsk-9f8eA7b6C5d4E3f2G1h0"}}},
+    ({"workers": [{"id": "w", "model": "m"}], "providers": {"p": {"api_key_env": "gsk-" + "9f8eA7b6C5d4E3f2G1h0"}}},  # made up, split: no key-shaped text committed
      r"providers.p.api_key_env: must be the NAME of an environment variable, not a key .*revoke it\)$"),
     ({"workers": [{"id": "w", "model": "m", "provider": "p"}], "providers": {"p": {"max_concurrency": 2.5}}},
      r"providers.p.max_concurrency: must be a whole number \(got 2.5\)"),
