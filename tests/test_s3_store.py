@@ -363,6 +363,29 @@ def test_a_lease_taken_with_plain_writes_is_live_when_taken_at_the_shortest_inte
     assert lifetime.total_seconds() >= held.settle + 4 * 0.2 - 1e-3
 
 
+def test_a_holder_that_reads_the_new_holders_lease_cannot_renew_over_it(s3):
+    """Two threads share the lease: the journal uploader asks the store whether the lease is still
+    ours before each upload, and the renewal thread swaps on the version it last saw. The uploader's
+    read of the new holder's lease handed its version to the renewal thread, whose next swap then
+    succeeded: a process resumed after a pause wrote its lease over the new holder's (a fresh-clone
+    run beside a busy core caught it, both threads waking together)."""
+    from conductor.execute.shared.objects import ObjectStore, RunLease
+
+    objects = ObjectStore("s3://conductor-test/swap")
+    held = RunLease(objects, "s3run", interval=0.5)
+    held.take()
+    assert held._object is not None, "conditional writes expected against the test server"
+    now = datetime.now(timezone.utc)
+    other = {"run_id": "s3run", "host": "machine-b", "pid": 4242, "token": "theirs",
+             "started_at": now.isoformat(), "renewed_at": now.isoformat(),
+             "expires_at": (now + timedelta(hours=1)).isoformat()}
+    with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
+        out.write(orjson.dumps(other))
+    assert held._read() == other  # what the uploader's check reads
+    assert held._swap(held._etag) is False  # the renewal thread's next swap
+    assert lease(objects) == other
+
+
 def test_the_lease_requests_are_signed_as_aws_signs_them():
     """Conditional writes go out signed by conductor (pyarrow cannot send the conditions):
     the signature must be AWS's own, else a real S3 refuses every lease. botocore signs the

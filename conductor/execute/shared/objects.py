@@ -273,11 +273,15 @@ class RunLease:
     def where(self) -> str:
         return f"{self.store.url}/runs/{self.run_id}/{LEASE_FILE}"
 
-    def _read(self) -> dict | None:
-        """The lease as stored (None: no lease); with conditional writes, its ETag is kept."""
+    def _read(self, any_etag: bool = False) -> dict | None:
+        """The lease as stored (None: no lease). With conditional writes, its ETag is kept as the
+        version the next renewal swaps when the lease is ours, or, with `any_etag` (taking over a
+        lapsed lease), whoever's it is. Kept for another's, a check of the journal uploader's thread
+        armed the renewal thread's next swap with the new holder's version: a process resumed after a
+        pause wrote its lease over the new holder's."""
         import orjson
 
-        raw = None
+        raw, etag = None, None
         if self._object is not None:
             try:
                 got = self._object.get()
@@ -286,7 +290,7 @@ class RunLease:
             else:
                 if got is None:
                     return None
-                raw, self._etag = got
+                raw, etag = got
         if raw is None:
             try:
                 with self.store.fs.open_input_stream(self.store.path("runs", self.run_id, LEASE_FILE)) as f:
@@ -296,8 +300,11 @@ class RunLease:
         try:
             held = orjson.loads(raw)
         except orjson.JSONDecodeError:  # not a lease: taken over as a lapsed one
-            return {}
-        return held if isinstance(held, dict) else {}
+            held = {}
+        held = held if isinstance(held, dict) else {}
+        if etag is not None and (any_etag or held.get("token") == self.token):
+            self._etag = etag
+        return held
 
     def _plain_writes(self, why: Unsupported) -> None:
         log.warning("store %s: conditional writes are refused (%s); the lease of run %s is kept with plain "
@@ -336,7 +343,7 @@ class RunLease:
         looks live may be a killed holder's (a scheduler retrying an evicted pod): it is watched
         until it is renewed (refused: its holder lives) or lapses (taken over), at most `ttl`."""
         with self.store._reaching(f"look for run {self.run_id}"):
-            held = self._read()
+            held = self._read(any_etag=True)
         if held is not None and self._live(held):
             log.warning("store %s: run %s: its lease is held by process %s on host %s (renewed %s); waiting up "
                         "to %.0f s to see whether that process still runs it", self.store.url, self.run_id,
@@ -344,7 +351,7 @@ class RunLease:
             while held is not None and self._live(held):
                 time.sleep(min(self.interval / 4, 5.0))
                 with self.store._reaching(f"look for run {self.run_id}"):
-                    now = self._read()
+                    now = self._read(any_etag=True)
                 if now is not None and (now.get("token"), now.get("renewed_at")) != \
                         (held.get("token"), held.get("renewed_at")):
                     raise ConductorError(self._refusal(now))
