@@ -101,8 +101,7 @@ def paused(proc):
 
 
 def visible(what, timeout=10):
-    """Held paused until the store shows the test's write: the holder must wake to find it (a fresh-clone
-    run on a busy machine saw the holder's renewal land after the test's write and keep the lease)."""
+    """Held paused until the store shows the test's write, so the holder wakes to find it."""
     deadline = time.monotonic() + timeout
     while not what() and time.monotonic() < deadline:
         time.sleep(0.05)
