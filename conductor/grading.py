@@ -500,14 +500,14 @@ def _strip_markup(s: str) -> str:
 
 _LETTER = re.compile(r"""^(?:[\s*_`"'$}:]|\\[(\[]|\\(?:boxed|text|textbf|mathrm)\{)*
     (?:\(([A-J])(?:\)|$)|\[([A-J])\]|
-       ([A-J])(?=$|[\s*_`"'$}]*$|[.:)\]}]|\s*\\[)\]]|\s*[-–—]\s|,(?!\s*\(?[A-J]\b)))""", re.X)
+       ([A-J])(?=$|[\s*_`"'$}]*$|[*_`]*[.:)\]}]|\s*\\[)\]]|\s*[-–—]\s|,(?!\s*\(?[A-J]\b)))""", re.X)
 
 
 _CHOICE_IS = re.compile(r"(?i)\banswer\s+is\b(?=[\s:]*(.{0,40}))", re.S)
 
 
 def _choice_from_span(span: str) -> str | None:
-    """The letter an answer span starts with: "C", "(C) text", "C. text", "**C**", "\\boxed{C}"."""
+    """The letter an answer span starts with: "C", "(C) text", "C. text", "**C**", "**C**. text", "\\boxed{C}"."""
     m = _LETTER.match(span)
     if m:
         return next(g for g in m.groups() if g)

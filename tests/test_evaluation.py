@@ -113,7 +113,7 @@ def test_eval_command_on_mmlu_pro_reproduces_its_reference_figures(tmp_path, cap
     # The shared README's $0.0067 counts every character of gpt-4o's answers; a replayed call is
     # counted at most max_tokens (1024) completion tokens, as the executor counts it when a plan
     # runs the same worker, and 1% of gpt-4o's answers are longer.
-    assert "| best single (labels): gpt4o-2024-05 | 0.725 | 0.008 | 0.708 | $0.00648 |" in printed
+    assert "| best single (labels): gpt4o-2024-05 | 0.726 | 0.008 | 0.708 | $0.00648 |" in printed
     assert "| oracle (labels) | 0.920 | 0.005 | 0.927 | $0.000119 |" in printed
     assert (out / "report.md").exists() and (out / "chart.png").read_bytes().startswith(PNG)
     assert "embedded planner: not run" in (out / "report.md").read_text()

@@ -136,6 +136,11 @@ def test_math_grading_works_outside_the_main_thread():
     ("C", "C"),
     ("Answer: c", "C"),
     ("The answer is **(F)**.", "F"),
+    # a letter in emphasis before a full stop or colon (gpt-4o writes it on MMLU-Pro)
+    ("The answer is **A**.", "A"),
+    ("Answer: **C**. Paris", "C"),
+    ("The correct answer is:\n\n**G**.", "G"),
+    ("The answer is `E`.", "E"),
     ("The answer is **A. Epithelial tissue proliferation**.", "A"),
     ("Thus the answer is $\\boxed{D}$.", "D"),
     ("The answer is \\( I \\).", "I"),
@@ -157,6 +162,8 @@ def test_choice_extraction_forms(response, expected):
     "The answer is (B,H,J).",                                 # several letters are not one answer
     "Answer: unknown",
     "Now, let's evaluate the options:\nA. Begging the Question:",
+    "The answer is **C**, **D**.",                            # two letters in emphasis
+    "**A**. first option\n**B**. second option",              # a list in emphasis is still a list
 ])
 def test_choice_without_a_single_letter_is_unparsed(response):
     assert extract_answer(response, "choice") is None

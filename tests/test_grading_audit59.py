@@ -1,6 +1,6 @@
 """Audit 59: what `vote` and `extract` write is graded as the answer they picked (F3); a literal
-in markup (F5) is read. (F4, a choice letter as "**C**.", is left for the next rerun of the policy
-benchmark: reading it moves the published MMLU-Pro figures.)"""
+in markup (F5) is read. (F4, a choice letter as "**C**.", is read since the policy benchmark's
+rerun of 2026-11-29; its forms are in test_grading.py.)"""
 
 from __future__ import annotations
 
