@@ -11,6 +11,8 @@ SIM_PORT ?= 8911
 .PHONY: demo test test-fast setup setup-test ui sim bench clean-runs
 
 $(BIN)/python:
+	@$(PY) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null || \
+	  { echo "make: PY=$(PY) is missing or not Python 3.11 or 3.12, which conductor needs; name one: make $(MAKECMDGOALS) PY=python3.11" >&2; exit 2; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
