@@ -107,7 +107,8 @@ TRACES_TABLE = Table("traces", [
                           'failed); in an enrichment job, invalid: an answer with no valid record, even after its '
                           'repair'),
     Column('error', STR, 'what went wrong; for a skipped step, why (`condition disagree(0, 1) is false: steps 0, 1 '
-                         'agree`)'),
+                         'agree`); on an `ok` step with `usage_estimated`, how its usage was counted (a note, not a '
+                         'failure: filter failures on `status`)'),
     Column('attempts', I32, 'requests sent for this step (0: cache hit, restored, or not sent)'),
     Column('cache_hit', BOOL, 'answered from the cache, or (also with `--no-cache`) by the same request sent '
                               'earlier in this run'),
@@ -129,11 +130,13 @@ TRACES_TABLE = Table("traces", [
                             '`prompt_tokens` and `completion_tokens`. A step tried again by a rerun '
                             '(`--retry-failed`) keeps its latest row, charged what every try of it was billed'),
     Column('original_cost_usd', F64, 'what the answer cost when it was first paid for'),
-    Column('latency_s', F64, 'duration of the successful request'),
+    Column('latency_s', F64, 'duration of the successful request (for a cache hit, that of the request that first '
+                            'produced the answer)'),
     Column('started_at', TS, 'step start (UTC)'),
     Column('ended_at', TS, 'step end (UTC)'),
     Column('instruction', STR, "the step's instruction"),
-    Column('when', STR, "the step's condition, e.g. `disagree(0, 1)` (null: the step always runs)"),
+    Column('when', STR, "the step's condition, e.g. `disagree(0, 1)` (null: the step always runs); a reserved "
+                        'word in SQL: write `"when"`'),
     Column('response_text', STR, "the worker's output"),
     Column('simulated', BOOL, 'answered by the simulated pool (`conductor sim`); false for replayed answers, which '
                               'are real recorded outputs'),
