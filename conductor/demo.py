@@ -24,9 +24,15 @@ def main(argv: list[str] | None = None) -> int:
                          "the same from one demo to the next (0: any free port)")
     args = ap.parse_args(argv)
 
+    from conductor.localserver import ServerStartError
     from conductor.sim.process import start_sim
 
-    with start_sim(args.pool, [args.queries], port=args.port) as sim:
+    try:
+        sim = start_sim(args.pool, [args.queries], port=args.port)
+    except ServerStartError as e:  # a message, not a traceback (audit63 F8)
+        print(not_started(e, args.port), file=sys.stderr)
+        return 1
+    with sim:
         print(f"simulated pool serving on {sim.url}", flush=True)
         os.environ["CONDUCTOR_SIM_URL"] = sim.url  # the demo pool's api_base reads it
         summary = run_all(RunConfig(queries=args.queries, pool=args.pool, data_dir=args.data_dir))
@@ -39,6 +45,20 @@ def main(argv: list[str] | None = None) -> int:
                 "SELECT task, count(*) AS plans, round(avg(correct::INT), 3) AS accuracy, "
                 "round(sum(cost_usd), 6) AS usd FROM rewards "
                 f"WHERE run_id = '{summary['run_id']}' GROUP BY ALL ORDER BY task"])
+
+
+def not_started(e: Exception, port: int) -> str:
+    """What to do when the simulated pool did not start; a port in use is the usual cause."""
+    if "in use" not in str(e).lower():
+        return f"demo: the simulated pool did not start: {e}"
+    other = 8912 if port != 8912 else 8913
+    return (f"demo: port {port} on 127.0.0.1 is already in use, so the simulated pool cannot listen there.\n"
+            f"Most likely `make sim` is running (it serves the same pool on port 8911 by default), "
+            f"or another process holds the port.\n"
+            f"Stop it, or run the demo on another port: `make demo SIM_PORT={other}` "
+            f"(or `python -m conductor.demo --port {other}`).\n"
+            f"The run id depends on the port, so another port makes a new run: it does not resume "
+            f"the one made on port {port}.")
 
 
 if __name__ == "__main__":
