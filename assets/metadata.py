@@ -20,7 +20,9 @@ def column_schema(schema: pa.Schema) -> TableSchema:
 
 
 def table_metadata(path: Path, columns: Sequence[str]) -> dict:
-    """Metadata of a Parquet output: read from the footer and the first rows only."""
+    """Metadata of a Parquet output: read from the footer and the first rows only. The path is
+    made absolute, so that the UI shows where the file is whatever the code location's directory."""
+    path = Path(path).absolute()
     f = pq.ParquetFile(path)
     return {
         "dagster/row_count": f.metadata.num_rows,

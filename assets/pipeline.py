@@ -41,7 +41,8 @@ from assets.checks import failed_share_threshold
 from assets.concurrency import POOLS_TAG, hold_pools, planner_pools, provider_pools
 from assets.metadata import png_markdown, rows_metadata, table_metadata
 from assets.partitions import query_sets
-from assets.resources import PlannerResource, PoolResource, QueryFilesResource, StorageResource
+from assets.resources import (EnrichResource, PlannerResource, PoolResource, QueryFilesResource,
+                              StorageResource)
 
 GROUP = "conductor"
 
@@ -177,22 +178,27 @@ def run_report(rewards: runner.RunConfig) -> Output[dict]:
 # ---- enrichment over every run ------------------------------------------------
 
 class EnrichSettings(Config):
-    min_plans: int = Field(default=1, ge=1, description="leave out worker/task pairs seen in fewer plans")
+    min_plans: Optional[int] = Field(
+        default=None, ge=1,
+        description="leave out worker/task pairs seen in fewer plans (unset: the enrich resource's min_plans, "
+                    "from CONDUCTOR_ENRICH_MIN_PLANS, default 1)")
 
 
 @asset(deps=[run_report], group_name=GROUP,
        description="Per worker and task, over every run: plans, accuracy when used, cost, latency and error "
                    "rate; the observed skills to set in the pool file. Refreshes the DuckDB catalog.")
-def worker_stats(config: EnrichSettings, storage: StorageResource) -> MaterializeResult:
+def worker_stats(config: EnrichSettings, storage: StorageResource, enrich: EnrichResource) -> MaterializeResult:
+    min_plans = config.min_plans if config.min_plans is not None else enrich.min_plans
     data = Path(storage.data_dir).resolve()
     catalog = refresh_catalog(data)
     runs = data / "runs"
-    table = stats.worker_stats(runs, int(config.min_plans))
+    table = stats.worker_stats(runs, int(min_plans))
     out = data / "enrichment" / "worker_stats.parquet"
     write_table(out, table)
     return MaterializeResult(metadata={
         **table_metadata(out, ["worker", "task", "plans", "accuracy_when_used", "cost_usd"]),
         "runs": sum(1 for _ in runs.glob("*/rewards.parquet")),
+        "min_plans": int(min_plans),
         "cost_usd": pc.sum(table.column("cost_usd")).as_py() or 0.0,
         "catalog": MetadataValue.path(str(catalog)),
     })

@@ -1,6 +1,6 @@
-"""Dagster resources: the worker pool, the planner, where files live, and the
-check thresholds, configured in one place and handed to the assets, sensor and
-checks, which pass them on to `conductor` as plain settings.
+"""Dagster resources: the worker pool, the planner, where files live, the check
+thresholds and the enrichment's settings, configured in one place and handed to
+the assets, sensor and checks, which pass them on to `conductor` as plain settings.
 
 `from_env` builds them for the code location: every setting has a default that
 works from the repository root, and a CONDUCTOR_* environment variable to move
@@ -126,6 +126,23 @@ class ChecksResource(ConfigurableResource):
         description="spend limit per run, on top of the run's budget_usd and the pool's provider budgets")
 
 
+ENRICH_MIN_PLANS = "CONDUCTOR_ENRICH_MIN_PLANS"
+
+
+def enrich_min_plans(env: Mapping[str, str] = os.environ) -> int:
+    """CONDUCTOR_ENRICH_MIN_PLANS (default 1), or an error naming it."""
+    return env_number(env, ENRICH_MIN_PLANS, 1, "a whole number of plans, at least 1", lambda v: v >= 1, kind=int)
+
+
+class EnrichResource(ConfigurableResource):
+    """Settings of the enrichment over every run (worker_stats), for every run of the job: the
+    schedule's ticks, `dagster job execute` and the UI's launchpad alike."""
+
+    min_plans: int = Field(default=1, ge=1, description=f"leave out worker/task pairs seen in fewer plans "
+                                                        f"({ENRICH_MIN_PLANS}; a run's worker_stats config "
+                                                        f"min_plans overrides it)")
+
+
 class CheckedFilesystemIOManager(FilesystemIOManager):
     """The IO manager of CONDUCTOR_IO_DIR, whose folder is tried when a run's resources start, in
     the process that writes there (on Kubernetes, each step's pod): a folder it cannot create or
@@ -192,6 +209,10 @@ def from_env(env: Mapping[str, str] = os.environ) -> dict:
         checks: ChecksResource | ResourceDefinition = checks_from_env(env)
     except ConductorError as e:
         checks = unusable("checks", str(e))
+    try:  # a bad value fails each run of the enrichment at its start, not the whole code location
+        enrich: EnrichResource | ResourceDefinition = EnrichResource(min_plans=enrich_min_plans(env))
+    except ConductorError as e:
+        enrich = unusable("enrich", str(e))
     res: dict = {
         "pool": PoolResource(path=env.get("CONDUCTOR_POOL", "data/pools/sim.yaml")),
         "planner": PlannerResource(kind=env.get("CONDUCTOR_PLANNER", "embedded"),
@@ -203,6 +224,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> dict:
             store=env.get("CONDUCTOR_QUERY_SETS", str(Path(data) / "query_sets")),
             rejected=env.get("CONDUCTOR_REJECTED", str(Path(data) / "rejected"))),
         "checks": checks,
+        "enrich": enrich,
     }
     if env.get("CONDUCTOR_IO_DIR"):
         res["io_manager"] = CheckedFilesystemIOManager(base_dir=env["CONDUCTOR_IO_DIR"])

@@ -7,8 +7,9 @@ Asset modules under `assets/` (and their checks) are found automatically, so a
 new domain module needs no edit here; each job file in jobs/ (CONDUCTOR_JOBS_DIR)
 adds its assets (assets/enrichment.py) and, when there is one, the daily job schedule. Settings come from CONDUCTOR_*
 environment variables with defaults that work from the repository root (see
-assets/resources.py); a bad CONDUCTOR_ENRICH_START, like a bad schedule time,
-stops the location from loading with an error naming it."""
+assets/resources.py); a bad CONDUCTOR_ENRICH_START, like a bad schedule time
+(CONDUCTOR_ENRICH_CRON, CONDUCTOR_ENRICH_JOBS_HOUR, job files or not), stops the
+location from loading with an error naming it."""
 
 import os
 
@@ -23,6 +24,10 @@ from dagster import (  # noqa: E402
     load_assets_from_package_module,
 )
 from pipelines import executors, jobs, schedules, sensors  # noqa: E402
+
+# The daily job schedule exists only with job files, but a bad hour stops the location either
+# way: otherwise it would go unnoticed until the first job file is added.
+schedules.enrich_jobs_hour()
 
 defs = Definitions(
     assets=load_assets_from_package_module(assets),

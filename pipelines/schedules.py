@@ -3,7 +3,9 @@ config, and every enrichment job file once a day for the day just ended.
 
 A bad CONDUCTOR_ENRICH_* value is an error naming the variable: the times are
 needed to define the schedules, so a bad cron or hour stops the code location
-from loading; a bad CONDUCTOR_ENRICH_MIN_PLANS fails only the schedule's ticks."""
+from loading (the hour is checked whether or not there are job files); a bad
+CONDUCTOR_ENRICH_MIN_PLANS fails the schedule's ticks here, and every other run
+of enrich_catalog at its start (the `enrich` resource, assets/resources.py)."""
 
 import os
 
@@ -17,6 +19,7 @@ from dagster import (
 
 from conductor.errors import ConductorError
 from assets.pipeline import EnrichSettings
+from assets.resources import enrich_min_plans
 from conductor.envsettings import env_number
 from pipelines.jobs import enrich_catalog, enrich_jobs
 
@@ -26,9 +29,7 @@ def daily_enrichment(env=os.environ) -> ScheduleDefinition:
     cron = env.get("CONDUCTOR_ENRICH_CRON", "0 3 * * *")
 
     def run_config(_context) -> RunConfig:
-        min_plans = env_number(env, "CONDUCTOR_ENRICH_MIN_PLANS", 1, "a whole number of plans, at least 1",
-                               lambda v: v >= 1, kind=int)
-        return RunConfig(ops={"worker_stats": EnrichSettings(min_plans=min_plans)})
+        return RunConfig(ops={"worker_stats": EnrichSettings(min_plans=enrich_min_plans(env))})
 
     try:
         return ScheduleDefinition(
@@ -40,10 +41,15 @@ def daily_enrichment(env=os.environ) -> ScheduleDefinition:
                              f"({e})") from None
 
 
+def enrich_jobs_hour(env=os.environ) -> int:
+    """CONDUCTOR_ENRICH_JOBS_HOUR (UTC, default 4), or an error naming it."""
+    return env_number(env, "CONDUCTOR_ENRICH_JOBS_HOUR", 4, "an hour of the day (UTC), a whole number 0 to 23",
+                      lambda v: 0 <= v <= 23, kind=int)
+
+
 def daily_enrich_jobs(env=os.environ) -> ScheduleDefinition:
     """CONDUCTOR_ENRICH_JOBS_HOUR (UTC, default 4) sets when the day's partition runs."""
-    hour = env_number(env, "CONDUCTOR_ENRICH_JOBS_HOUR", 4, "an hour of the day (UTC), a whole number 0 to 23",
-                      lambda v: 0 <= v <= 23, kind=int)
+    hour = enrich_jobs_hour(env)
     return build_schedule_from_partitioned_job(
         enrich_jobs, name="daily_enrich_jobs", hour_of_day=hour,
         default_status=DefaultScheduleStatus.RUNNING,

@@ -527,7 +527,7 @@ def test_bad_schedule_settings_name_the_variable():
     with pytest.raises(ConductorError, match="CONDUCTOR_ENRICH_CRON='0 3 \\* \\*'"):
         schedules.daily_enrichment({"CONDUCTOR_ENRICH_CRON": "0 3 * *"})
     schedules.daily_enrich_jobs({"CONDUCTOR_ENRICH_JOBS_HOUR": "0"})
-    # The minimum is used by the schedule's ticks only: the location loads, each tick says what is wrong.
+    # A bad minimum does not stop the location: each tick (and each run, test_dagster_audit64) says what is wrong.
     for value in ("0", "2.5", "x"):
         schedule = schedules.daily_enrichment({"CONDUCTOR_ENRICH_MIN_PLANS": value})
         with DagsterInstance.ephemeral() as inst, pytest.raises(Exception) as e:
