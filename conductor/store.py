@@ -10,11 +10,14 @@ data/runs/<run_id>/
   work/                  the journal the run resumes from (safe to delete once complete)
   records.parquet        enrichment jobs: one typed record per input row (conductor.enrich)
 data/conductor.duckdb    views plans, traces, results, rewards, runs over every run's files,
-                         and one view per enrichment job: its newest run's records
+                         and one view per enrichment job: its newest run's records. A column
+                         carried over from the query sets whose type differs between runs is
+                         VARCHAR in its view (lists, structs and maps as JSON text)
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
@@ -170,13 +173,100 @@ _RUN_FILE = re.compile(r"""['"]((?:[^'"]*/)?runs/[^/'"]+/[^/'"]+\.(?:parquet|jso
 
 
 def damaged_file_advice(message: str) -> str | None:
-    """For a DuckDB error naming a file of a run folder (damaged since the catalog last checked
-    the footers): which file, and what to do. None when the message names no such file."""
+    """For a DuckDB error naming a file of a run folder: which file, and what to do. A file whose
+    footer reads is not called damaged: two runs whose column differs in type (BIGINT in one,
+    BIGINT[] in the other) are named with both types. None when the message names no such file."""
     found = _RUN_FILE.search(message)
     if found is None:
         return None
     path = Path(found.group(1))
-    return f"{path} is damaged or not readable; {damage_advice(path)}"
+    why = file_damage(path)
+    if why is not None or not path.exists():
+        return f"{path} is damaged or not readable; {damage_advice(path)}"
+    if path.suffix == ".parquet" and (clash := type_clash(path, message)) is not None:
+        return clash
+    reader = "read_json" if path.suffix == ".json" else "read_parquet"
+    return (f"{path} did not read alongside the other runs' files, though its "
+            f"{'JSON' if path.suffix == '.json' else 'footer'} reads; check it alone with "
+            f"`conductor sql \"SELECT count(*) FROM {reader}({_q(path)})\"`: if that fails too, the file is "
+            f"damaged: {damage_advice(path)}")
+
+
+# DuckDB's `failed to cast column "x" from type A to B` and `the column "x" has type A, but we are
+# trying to read it as type B`
+_CAST_COLUMN = re.compile(r"""column ["']([^"']+)["'] (?:from type|has type) (.+?)"""
+                          r"""(?: to |, but we are trying to read it as type )(.+?)(?:[:.]\s|[:.]?$)""", re.M)
+
+
+def type_clash(path: Path, message: str) -> str | None:
+    """The column DuckDB's error could not cast, its type in `path` and in another run's file of
+    the same table, or None when the message names no column or no other run has another type."""
+    found = _CAST_COLUMN.search(message)
+    if found is None:
+        return None
+    column, wanted = found.group(1), found.group(3).strip()
+    here = _column_type(path, column)
+    others = []
+    for f in catalog_files(path.parent.parent).get(path.stem, []):
+        if f != path and (t := _column_type(f, column)) not in (None, "NULL", here):
+            others.append((t != wanted, f, t))  # the type DuckDB wanted first: the file it took it from
+    if here is None or not others:
+        return None
+    _, other, theirs = min(others)
+    if column.lower() in {c.lower() for c in schemas.TABLES.get(path.stem, pa.schema([])).names}:
+        todo = (f"a column of the schema differs only between files written by different conductor versions: "
+                f"read each run's file apart, e.g. SELECT * FROM read_parquet({_q(path)})")
+    else:
+        todo = (f"the catalog's view {path.stem} reads a carried-over query-set column whose type differs "
+                f"between runs as text (VARCHAR): query the view (`conductor sql` refreshes it first), or read "
+                f"the runs' files apart")
+    return (f"column {column} is {here} in run {path.parent.name} ({path}) and {theirs} in run {other.parent.name} "
+            f"({other}); neither file is damaged: DuckDB cannot read the column as one type across the runs; "
+            f"{todo}")
+
+
+def schema_clashes(runs: Path, message: str, shown: int = 5) -> str | None:
+    """For DuckDB's `Unimplemented type for cast (A -> B)`, which names no file: the columns of the
+    schema that are A in one run's file and B in another's (written by different conductor
+    versions), with both runs; None when there is none. Carried-over columns are text in the views."""
+    cast = re.search(r"Unimplemented type for cast \((.+?) -> (.+?)\)", message)
+    if cast is None:
+        return None
+    found = []
+    for name, files in catalog_files(runs).items():
+        if name not in schemas.TABLES:
+            continue
+        seen: dict[str, dict[str, Path]] = {}  # a column -> its type -> the first file of that type
+        for f in files:
+            try:
+                schema = footer_schema(f)
+            except (OSError, ValueError, pa.ArrowException):
+                continue
+            for i, col in enumerate(schema.names):
+                if col in schemas.TABLES[name].names:
+                    seen.setdefault(col, {}).setdefault(sql_type(schema.field(i).type), f)
+        for col, kinds in seen.items():
+            if set(cast.groups()) <= set(kinds):
+                (a, fa), (b, fb) = [(t, kinds[t]) for t in cast.groups()]
+                found.append(f"column {col} of {name} is {a} in run {fa.parent.name} ({fa}) and {b} in run "
+                             f"{fb.parent.name} ({fb})")
+    if not found:
+        return None
+    more = f"; and {len(found) - shown} more" if len(found) > shown else ""
+    return ("; ".join(found[:shown]) + more + ": neither file is damaged (files written by different conductor "
+            "versions may differ so), but DuckDB cannot read the column as one type across the runs; read each "
+            "run's file apart (SELECT * FROM read_parquet('<file>'))")
+
+
+def _column_type(path: Path, column: str) -> str | None:
+    try:
+        schema = footer_schema(path)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    for field in schema:
+        if field.name.lower() == column.lower():
+            return sql_type(field.type)
+    return None
 
 
 def file_damage(path: Path) -> str | None:
@@ -185,10 +275,74 @@ def file_damage(path: Path) -> str | None:
         if path.suffix == ".json":
             load_manifest(path)
         else:
-            pq.read_metadata(path)
+            footer_schema(path)
     except (OSError, ValueError, pa.ArrowException) as e:
         return (str(e).strip().splitlines() or [type(e).__name__])[0].rstrip(".")
     return None
+
+
+def footer_schema(path: Path) -> pa.Schema:
+    """The schema in a Parquet file's footer (raising as pyarrow does when it does not read). Kept
+    per file, size and time: the catalog checks a footer and then reads its column types."""
+    st = os.stat(path)
+    return _footer_schema(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8192)
+def _footer_schema(path: str, size: int, mtime_ns: int) -> pa.Schema:
+    return pq.read_metadata(path).schema.to_arrow_schema()
+
+
+_INTS = {8: "TINYINT", 16: "SMALLINT", 32: "INTEGER", 64: "BIGINT"}
+
+
+def sql_type(t: pa.DataType) -> str:
+    """The DuckDB type a Parquet column of Arrow type `t` is read as (NULL: a column of nulls only)."""
+    if pa.types.is_dictionary(t):
+        return sql_type(t.value_type)
+    if pa.types.is_null(t):
+        return "NULL"
+    if pa.types.is_boolean(t):
+        return "BOOLEAN"
+    if pa.types.is_integer(t):
+        return ("U" if pa.types.is_unsigned_integer(t) else "") + _INTS[t.bit_width]
+    if pa.types.is_floating(t):
+        return "DOUBLE" if t.bit_width == 64 else "FLOAT"
+    if pa.types.is_decimal(t):
+        return f"DECIMAL({t.precision},{t.scale})"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "VARCHAR"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
+            or pa.types.is_binary_view(t):
+        return "BLOB"
+    if pa.types.is_date(t):
+        return "DATE"
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMP WITH TIME ZONE" if t.tz else ("TIMESTAMP_NS" if t.unit == "ns" else "TIMESTAMP")
+    if pa.types.is_time(t):
+        return "TIME"
+    if pa.types.is_duration(t):  # Parquet has no duration: pyarrow writes its count
+        return "BIGINT"
+    if pa.types.is_map(t):
+        return f"MAP({sql_type(t.key_type)}, {sql_type(t.item_type)})"
+    if isinstance(t, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)) or pa.types.is_list_view(t) \
+            or pa.types.is_large_list_view(t):
+        return sql_type(t.value_type) + "[]"
+    if pa.types.is_struct(t):
+        return "STRUCT(" + ", ".join(f"{_ident(t.field(i).name)} {sql_type(t.field(i).type)}"
+                                     for i in range(t.num_fields)) + ")"
+    return str(t).upper()
+
+
+_NUMBERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+            "FLOAT", "DOUBLE"}
+
+
+def _one_type(types: set[str]) -> bool:
+    """Whether DuckDB reads a column of these types (nulls-only columns aside) as one type without
+    loss: the same type, or numbers (it widens them: BIGINT, DOUBLE)."""
+    types = types - {"NULL"}
+    return len(types) <= 1 or all(t in _NUMBERS or t.startswith("DECIMAL(") for t in types)
 
 
 def rows_to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -301,12 +455,17 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20, warn: Callable[[st
     # `conductor sql` refreshes), never a stamp newer than the views
     signature = views_signature(data_dir)
     try:
+        elsewhere = _views_elsewhere(con, runs)
         left_out = create_views(con, runs, warn)
     except duckdb.Error as e:  # a file under runs/ whose footer reads but whose schema does not: name it
         advice = damaged_file_advice(str(e)) or "move the damaged file away and rerun `conductor sql`"
         raise ConductorError(f"the catalog {db} cannot read the runs' files ({e}); {advice}") from None
     finally:
         con.close()
+    if elsewhere:
+        (warn or _warn)(f"the catalog's views read the runs under {', '.join(map(str, elsewhere))} (this data "
+                        f"folder was copied or moved from there); they read {runs} from now on. Another DuckDB "
+                        f"client reads the folder the views name: run `conductor sql` once after a copy or move")
     try:
         if left_out:  # no stamp: every `conductor sql` checks again and says so, until the files are fixed
             (data_dir / VIEWS_STAMP).unlink(missing_ok=True)
@@ -315,6 +474,18 @@ def refresh_catalog(data_dir: str | Path, attempts: int = 20, warn: Callable[[st
     except OSError:
         pass  # only an optimization: `conductor sql` refreshes again next time
     return db
+
+
+_VIEW_FILE = re.compile(r"'((?:[^']|'')+)/[^/']+/[^/']+\.(?:parquet|json)'")
+
+
+def _views_elsewhere(con: duckdb.DuckDBPyConnection, runs: Path) -> list[str]:
+    """The runs folders, other than `runs`, that the catalog's views read: the views name files by
+    absolute path, so a data folder copied or moved keeps reading the old one until refreshed."""
+    views = con.execute("SELECT sql FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
+                        "AND database_name = current_database()").fetchall()
+    found = {m.group(1).replace("''", "'") for (sql,) in views for m in _VIEW_FILE.finditer(sql or "")}
+    return sorted(f for f in found if Path(f) != runs)
 
 
 class CatalogHeld(ConductorError):
@@ -390,21 +561,68 @@ def create_views(con: duckdb.DuckDBPyConnection, runs: Path, warn: Callable[[str
         if not good:
             con.execute(f"DROP VIEW IF EXISTS {name}")
             continue
-        # The pattern while every file reads, so other DuckDB clients see new runs without a refresh
-        source = (_q(runs / "*" / files[0].name) if len(good) == len(files)
-                  else "[" + ", ".join(_q(f) for f in good) + "]")
         if name == "runs":
+            # The pattern while every file reads, so other DuckDB clients see new runs without a refresh
+            source = _q(runs / "*" / files[0].name) if len(good) == len(files) else _list(good)
             con.execute(f"""CREATE OR REPLACE VIEW runs AS
                 SELECT run_id, status, created_at, updated_at, inputs, summary
                 FROM read_json({source}, format='auto', union_by_name=true,
                                columns={{run_id: 'VARCHAR', status: 'VARCHAR', created_at: 'TIMESTAMPTZ',
                                          updated_at: 'TIMESTAMPTZ', inputs: 'JSON', summary: 'JSON'}})""")
         else:
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({source}, union_by_name = true)")
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS {_table_view(name, runs, files, good)}")
     left_out += _job_views(con, runs)
     if left_out:
         (warn or _warn)(left_out_note(left_out))
     return [f for f, _ in left_out]
+
+
+def _table_view(name: str, runs: Path, files: list[Path], good: list[Path]) -> str:
+    """The query of a table's view over its readable files `good` (of `files`).
+
+    A column carried over from the query sets (not in schemas.py) whose type differs between runs
+    (BIGINT in one, BIGINT[] or VARCHAR in another) is VARCHAR in the view: a value as its text, a
+    list, struct or map as its JSON. Read as one, DuckDB failed on every query touching the column,
+    for every run. The runs are then read in groups, one per set of types of such columns, joined
+    by name. Numbers of different widths stay numbers (DuckDB widens them), and the schema's own
+    columns keep their types."""
+    names = set(schemas.TABLES[name].names)
+    declared = {c.lower() for c in names}
+    types: dict[str, tuple[str, set[str]]] = {}  # a carried column (lower-cased, as DuckDB matches) -> name, types
+    of_file: dict[Path, dict[str, str]] = {}
+    for f in good:
+        schema = of_file[f] = {}
+        cols = footer_schema(f)
+        if names.issuperset(cols.names):  # no carried column: most runs
+            continue
+        for i, col in enumerate(cols.names):
+            if (key := col.lower()) not in declared:
+                schema[key] = t = sql_type(cols.field(i).type)
+                types.setdefault(key, (col, set()))[1].add(t)
+    mixed = [key for key, (_, ts) in types.items() if not _one_type(ts)]
+    if not mixed:
+        # The pattern while every file reads, so other DuckDB clients see new runs without a refresh
+        source = _q(runs / "*" / files[0].name) if len(good) == len(files) else _list(good)
+        return f"SELECT * FROM read_parquet({source}, union_by_name = true)"
+    groups: dict[tuple[str | None, ...], list[Path]] = {}
+    for f in good:
+        groups.setdefault(tuple(of_file[f].get(key) for key in mixed), []).append(f)
+    parts = []
+    for kinds, fs in groups.items():
+        texts = [f"{_as_text(_ident(types[key][0]), t)} AS {_ident(types[key][0])}"
+                 for key, t in zip(mixed, kinds) if t is not None]
+        parts.append(f"SELECT *{' REPLACE (' + ', '.join(texts) + ')' if texts else ''} "
+                     f"FROM read_parquet({_list(fs)}, union_by_name = true)")
+    return "\nUNION ALL BY NAME\n".join(parts)
+
+
+def _as_text(column: str, sql: str) -> str:
+    nested = sql.endswith("]") or sql.startswith(("STRUCT(", "MAP("))
+    return f"CAST(to_json({column}) AS VARCHAR)" if nested else f"CAST({column} AS VARCHAR)"
+
+
+def _list(files: list[Path]) -> str:
+    return "[" + ", ".join(_q(f) for f in files) + "]"
 
 
 def left_out_note(left_out: list[tuple[Path, str]], shown: int = 10) -> str:
@@ -479,6 +697,10 @@ def _stale_job_views(con: duckdb.DuckDBPyConnection, jobs: set[str]) -> list[str
 
 def _q(path: Path | str) -> str:
     return "'" + str(path).replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _struct(cols: dict[str, str]) -> str:

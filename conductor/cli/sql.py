@@ -78,12 +78,14 @@ def main(args: argparse.Namespace) -> int:
             # JSON columns (the runs view's inputs and summary) as objects, not as strings of JSON
             nested |= {i for i, t in enumerate(rel.types) if str(t) == "JSON"}
             _stream(rel, args.format, nested)
-    except duckdb.Error as e:  # a file damaged since the catalog last read its footer: say which, and what to do
-        from conductor.store import damaged_file_advice
+    except duckdb.Error as e:  # a damaged file, or a column whose type differs between runs: say which, and what to do
+        from conductor.store import damaged_file_advice, schema_clashes
 
         if (missing := _missing_view(str(e), store or args.data_dir / "runs")) is not None:
             raise ConductorError(f"SQL error: {missing}") from None  # not DuckDB's "Did you mean pg_tables?"
         advice = damaged_file_advice(str(e))
+        if advice is None and store is None and isinstance(e, duckdb.ConversionException):
+            advice = schema_clashes(args.data_dir / "runs", str(e))  # a cast DuckDB could not make, naming no file
         message = str(e)
         if args.format == "table":  # DuckDB's show() appends a LIMIT of its own to the query it quotes
             message = re.sub(r"^(LINE \d+:.*) LIMIT 10000$", r"\1", message, flags=re.M)
@@ -95,7 +97,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _missing_view(message: str, runs) -> str | None:
     """Why a catalog view is missing, or None for any other error. A view is made once some run
-    has its file: after runs refused before their first call there may be none."""
+    has its file: after runs refused before their first call there may be none, and traces,
+    results and rewards are written when a run ends (the runs stopped before then are named)."""
     from conductor import schemas
 
     found = re.search(r"Table with name (\w+) does not exist", message)
@@ -111,8 +114,35 @@ def _missing_view(message: str, runs) -> str | None:
     if name not in (*schemas.TABLES, "runs"):
         return None
     what = "manifest.json" if name == "runs" else f"{name}.parquet"
-    return (f"there is no view {name}: no run under {runs} has written a {what} yet (a run refused "
-            f"before its first call writes none); `conductor run` or `conductor job run` first")
+    if name not in ("traces", "results", "rewards"):
+        return (f"there is no view {name}: no run under {runs} has written a {what} yet (a run refused "
+                f"before its first call writes none); `conductor run` or `conductor job run` first")
+    unfinished = _unfinished(runs, what) if isinstance(runs, Path) else []
+    shown = ", ".join(f"{run} ({'executing: still running, or killed' if status == 'executing' else status})"
+                      for run, status in unfinished[:10])
+    more = f" and {len(unfinished) - 10} more" if len(unfinished) > 10 else ""
+    return (f"there is no view {name}: no run under {runs} has written a {what} yet. A run writes it when it "
+            f"ends (one refused before its first call writes none); a run stopped before its end keeps the steps "
+            f"it made, and paid for, in its work/ folder until the same command is run again to resume it" +
+            (f". Not ended: {shown}{more}" if unfinished else "; `conductor run` or `conductor job run` first"))
+
+
+def _unfinished(runs: Path, what: str) -> list[tuple[str, str]]:
+    """The runs with a journal (work/steps.jsonl) but no `what` yet, with their manifests' status:
+    stopped (or still running) before their end."""
+    import orjson
+
+    found = []
+    for steps in sorted(runs.glob("*/work/steps.jsonl")):
+        folder = steps.parent.parent
+        if (folder / what).exists():
+            continue
+        try:
+            status = orjson.loads((folder / "manifest.json").read_bytes()).get("status")
+        except (OSError, ValueError, AttributeError):
+            status = None
+        found.append((folder.name, status if isinstance(status, str) else "no readable manifest"))
+    return found
 
 
 def _open(data_dir: Path):
