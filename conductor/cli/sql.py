@@ -41,8 +41,10 @@ def main(args: argparse.Namespace) -> int:
     query = sys.stdin.read() if args.query == "-" else args.query
     store = store_url(getattr(args, "store", None))
     if store is not None:
+        objects = ObjectStore(store)
+        objects.check_bucket()  # a mistyped bucket is named, as `conductor run` names it
         try:
-            con = catalog(ObjectStore(store))
+            con = catalog(objects)
         except OSError as e:
             raise ConductorError(f"store {store}: cannot read the runs there: {e}") from None
     elif not (args.data_dir / "runs").is_dir():
