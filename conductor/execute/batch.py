@@ -94,14 +94,17 @@ class Batches:
 
     async def call(self, worker: Worker, messages: list[dict[str, str]], params: dict[str, Any],
                    key: str) -> tuple[CallResponse, int, float]:
-        """One step's call through the batch API: (response, attempts, latency); raises StepFailed."""
+        """One step's call through the batch API: (response, attempts, latency); raises StepFailed.
+        `attempts`, there as for an online call, counts the requests sent: a line whose batch was
+        never submitted (its reservation refused, the shared governor unreachable, the upload
+        failed) was not sent, though it counts towards max_attempts."""
         ex = self.ex
         provider = ex.pool.provider_of(worker)
         if (dead := ex.dead_reason(worker, provider)) is not None:
             raise StepFailed("error", dead[0], kind=dead[1])
         worst = self._worst(worker, provider, messages, params)
         t0 = time.monotonic()
-        attempts = 0
+        attempts = sent = 0
         while True:
             waiter = Waiter(worker, messages, params, asyncio.get_running_loop().create_future(), worst)
             bid = self._by_key.get(key) if attempts == 0 else None
@@ -113,15 +116,21 @@ class Batches:
                 self._enqueue(worker, provider, key, waiter)
             try:
                 resp = await waiter.future
-                return resp, attempts + 1, time.monotonic() - t0
+                return resp, sent + 1, time.monotonic() - t0
+            except StepFailed as f:  # refused before its batch went (budget, governor): after earlier tries
+                if sent and f.attempts != sent:
+                    raise StepFailed(f.status, str(f), sent, f.extra, f.kind, f.row, f.billed) from None
+                raise
             except CallFailure as f:
                 attempts += 1
+                sent += waiter.sent
                 if not f.retryable or attempts >= provider.max_attempts or f.charged is not None:
-                    raise StepFailed("error", ex._failure_message(worker, provider, f, attempts), attempts,
+                    raise StepFailed("error", ex._failure_message(worker, provider, f, attempts), sent,
                                      kind="not_found" if f.status == 404 else f.kind, billed=f.charged) from None
                 ex.progress.c.retries += 1
                 if provider.batch_retry == "online":
-                    return await ex._call_with_retries(worker, messages, params, key, attempts_before=attempts)
+                    return await ex._call_with_retries(worker, messages, params, key, attempts_before=attempts,
+                                                       sent_before=sent)
 
     def _worst(self, worker: Worker, provider: Provider, messages: list[dict[str, str]],
                params: dict[str, Any]) -> float:
@@ -143,6 +152,7 @@ class Batches:
             self._collectors[group] = self._spawn(self._collect(group, worker, provider))
 
     def _attach(self, batch: OpenBatch, key: str, waiter: Waiter) -> None:
+        waiter.sent = True  # a batch a killed run submitted: its line went
         batch.waiters[key] = waiter
         if batch.task is None:
             worker = self.ex.pool.worker(batch.record["worker"])
@@ -234,6 +244,8 @@ class Batches:
                 await ex.ledger.settle(reservation, 0.0)
             return
         record["batch_id"] = made.id
+        for _, w, _ in lines:
+            w.sent = True
         batch = OpenBatch(record, {key: w for key, w, _ in lines}, reservation=reservation)
         self._open[made.id] = batch
         self.submissions += 1

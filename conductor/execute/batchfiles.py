@@ -30,6 +30,7 @@ class Waiter:
     future: asyncio.Future
     worst: float = 0.0  # worst-case cost at the batch price
     left_out: int = 0  # batches of its worker that went without it for want of budget room
+    sent: bool = False  # its line is in a batch the provider accepted (else the request never left)
 
 
 class BatchJournal:

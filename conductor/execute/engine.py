@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import logging
 import os
 import random
+import re
 import sqlite3
 import time
 from dataclasses import dataclass, field, replace
@@ -50,6 +52,7 @@ from conductor.plans import Condition, Plan, Step
 from conductor.pool import DEFAULT_MAX_TOKENS, Pool, Worker
 from conductor.progress import Progress
 from conductor.execute.shared import GovernorUnavailable, build_governor
+from conductor.execute.shared.url import failed_on_governor
 
 
 @dataclass  # not frozen: a frozen one of nine fields costs five times as much to build, one per plan
@@ -127,6 +130,7 @@ CACHED_BATCH = 256
 STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
 
 
+_governor_log = logging.getLogger("conductor.governor")
 _MAYBE = object()  # billed_usd of a request cut off unanswered: the provider may have billed it
 
 
@@ -162,6 +166,9 @@ class Executor:
         # requests cut off by timeout_s: maybe answered and billed, charged at their worst case
         # (as a killed process's calls are); their reservations stay unsettled in the journal
         self.unanswered: dict[str, Any] = {"calls": 0, "reserved_usd": 0.0}
+        # steps whose call was never sent because the shared governor could not be used, by why
+        # ("unreachable", "refused"): said in one line at the end, not one per step or attempt
+        self.not_sent: dict[str, int] = {}
         self._clients: dict[tuple[str, str | None], Any] = {}  # (api_base, key) -> client, for this run
         self._plan_tasks: set[asyncio.Task] = set()
         self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
@@ -305,7 +312,22 @@ class Executor:
             await batches.close()
         if self._close_governor is not None:
             close, self._close_governor = self._close_governor, None
+            self._say_not_sent()
             await close()
+
+    def _say_not_sent(self) -> None:
+        """One line for the calls a shared governor outage kept from being sent (the outage
+        itself was said once when it began, conductor.execute.shared.governor)."""
+        for why, n in sorted(self.not_sent.items(), reverse=True):
+            calls = "1 call" if n == 1 else f"{n:,} calls"
+            if why == "unreachable":
+                _governor_log.warning("%s not sent: the shared governor was unreachable; rerun the same "
+                                      "command once it is back (a plan uses up none of its reruns on these)",
+                                      calls)
+            else:
+                _governor_log.warning("%s not sent: the shared governor refused its URL's password, user "
+                                      "or database number; fix the URL and rerun the same command", calls)
+        self.not_sent = {}
 
     async def _run(self, jobs: Iterable[PlanJob], resume: ResumeState) -> None:
         limit = self.opt.max_plans_in_flight or max(
@@ -565,10 +587,16 @@ class Executor:
         raise StepFailed(failure.status, str(failure), row.get("attempts", 0), kind=failure.kind, row=logged)
 
     async def _call_with_retries(self, worker: Worker, messages: list[dict[str, str]], params: dict[str, Any],
-                                 key: str, attempts_before: int = 0) -> tuple[CallResponse, int, float]:
-        """Online attempts until an answer; `attempts_before`: those a batch already made."""
+                                 key: str, attempts_before: int = 0,
+                                 sent_before: int | None = None) -> tuple[CallResponse, int, float]:
+        """Online attempts until an answer: (response, requests sent, latency). `attempts_before`:
+        the tries a batch already made (they count towards max_attempts), `sent_before` those of
+        them whose request was sent (default: all). An attempt whose request never left (the
+        shared governor unreachable, a budget refusal) counts towards max_attempts, not as sent:
+        a step's `attempts` and a plan's `calls` count requests that were sent."""
         provider = self.pool.provider_of(worker)
-        self._check_alive(worker, provider, attempts_before)
+        n_sent = attempts_before if sent_before is None else sent_before
+        self._check_alive(worker, provider, n_sent)
         api_key = os.environ.get(provider.api_key_env) if provider.api_key_env else None
         if api_key is None and worker.api_base:
             api_key = "no-key"  # OpenAI-compatible local servers need some value
@@ -587,7 +615,7 @@ class Executor:
                 raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
                                           f"cannot run under a budget; add price: {{input_per_mtok, "
                                           f"output_per_mtok}} to it in the pool file", kind="config")
-            reservation = await self._reserve(worker, provider, worst)
+            reservation = await self._reserve(worker, provider, worst, n_sent)
         limiter = self.limiters[provider.id]
         attempt = attempts_before
         # An answer in hand still counts as in flight while its settlement awaits a shared governor:
@@ -607,7 +635,7 @@ class Executor:
                         # Checked again once a slot is free: while this call waited, another
                         # may have found the key rejected or the limit spent for hours.
                         try:
-                            self._check_alive(worker, provider, attempt - 1)
+                            self._check_alive(worker, provider, n_sent)
                         except StepFailed:
                             limiter.settle_tokens(est_tokens, 0)  # never sent: its tokens go back
                             raise
@@ -622,6 +650,7 @@ class Executor:
                         self._sending += 1
                         self.progress.c.requests += 1
                         sending = True
+                        n_sent += 1
                         try:
                             resp = await complete(req, api_key, sent)
                         except BaseException:
@@ -653,11 +682,11 @@ class Executor:
                         self._hold(provider, f.retry_after, "asked to retry in")  # the whole provider is out
                     if not f.retryable or attempt >= provider.max_attempts or too_long or billed is not None:
                         raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
-                                         attempt, kind="not_found" if f.status == 404 else f.kind,
+                                         n_sent, kind="not_found" if f.status == 404 else f.kind,
                                          billed=billed) from None
                     self.progress.c.retries += 1
                     if reservation is None and provider.id in self._budgeted:
-                        reservation = await self._reserve(worker, provider, worst)
+                        reservation = await self._reserve(worker, provider, worst, n_sent)
                     await asyncio.sleep(self._backoff(attempt, f, limiter))
                     continue
                 except asyncio.CancelledError:
@@ -681,7 +710,7 @@ class Executor:
                     pass  # the run stops (see _durably); the answer is still kept, and a resume
                     # counts the unsettled reservation only if the answer was not kept
                 rid = None
-                return resp, attempt, time.monotonic() - t
+                return resp, n_sent, time.monotonic() - t
         finally:
             if sending_counted:
                 self._sending -= 1
@@ -693,13 +722,15 @@ class Executor:
                 except STORAGE_ERRORS:
                     pass  # left unsettled: a resume counts it as spent, which errs on the safe side
 
-    async def _reserve(self, worker: Worker, provider, worst: float) -> Any:
+    async def _reserve(self, worker: Worker, provider, worst: float, sent: int = 0) -> Any:
+        """The call's worst case reserved; `sent`: the requests its earlier attempts sent, kept
+        in the failure (a retry refused by the budget still sent, and maybe paid for, those)."""
         try:
             return await self.ledger.reserve(provider.id, worst)
         except BudgetExhausted as e:
-            raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", kind="budget") from None
+            raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", sent, kind="budget") from None
         except GovernorUnavailable as e:
-            raise StepFailed("error", f"worker {worker.id}: {e}", kind="connection") from None
+            raise StepFailed("error", f"worker {worker.id}: {e}", sent, kind="connection") from None
 
     async def _charge_unanswered(self, provider, reservation: Any, worst: float | None) -> None:
         """A request cut off by timeout_s may still be answered, and billed, by the provider:
@@ -960,6 +991,9 @@ class Executor:
         now = ended or time.time()
         if status not in ("ok", "skipped", "budget_exhausted"):  # a budget stop is no error: the rerun finishes it
             self.progress.c.errors += 1
+            if failed_on_governor(error):
+                why = "refused" if re.search(r"shared governor \S+ refused ", error) else "unreachable"
+                self.not_sent[why] = self.not_sent.get(why, 0) + 1
         row = {
             "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
             "query_index": job.query_index, "sample": job.sample,

@@ -173,23 +173,51 @@ class RedisGovernor:
             ("acquire", _ACQUIRE), ("settle_tokens", _SETTLE_TOKENS), ("pause", _PAUSE), ("enter", _ENTER),
             ("reserve", _RESERVE), ("settle", _SETTLE))}
         self._background: set[asyncio.Task] = set()
+        # An outage is said once when it begins and once when the server answers again: each
+        # call attempt and each settlement that failed on it printed a line (450 for 55 plans).
+        self.down_since: float | None = None  # time.monotonic() of the first failure of this outage
+        self.unsettled = [0, 0.0]  # reservations that could not be settled (charged in full): count, USD
 
     async def run(self, name: str, keys: list[str], args: list) -> list | int:
         """A script on the server; any failure to reach it is GovernorUnavailable (naming the URL)."""
         from redis.exceptions import RedisError
 
         try:
-            return await self._scripts[name](keys=keys, args=args)
+            result = await self._scripts[name](keys=keys, args=args)
         except (RedisError, OSError, asyncio.TimeoutError) as e:
-            raise GovernorUnavailable(self.url, e) from None
+            failure = GovernorUnavailable(self.url, e)
+            self._went_down(failure, e)
+            raise failure from None
+        if self.down_since is not None:
+            self._came_back()
+        return result
+
+    def _went_down(self, failure: GovernorUnavailable, error: BaseException) -> None:
+        if self.down_since is not None:
+            return
+        self.down_since = time.monotonic()
+        why = str(error) or type(error).__name__
+        if failure.refused:
+            log.warning("shared governor %s refuses %s in its URL (%s): no call is sent while it does; "
+                        "fix the URL and rerun the same command (the calls not sent are counted at the end)",
+                        self.shown, failure.refused, why)
+        else:
+            log.warning("shared governor %s unreachable (%s): no call is sent while it is; the calls that "
+                        "fail for it are counted at the end: rerun the same command once the server is back",
+                        self.shown, why)
+
+    def _came_back(self) -> None:
+        down, self.down_since = self.down_since, None
+        if down is not None:
+            log.warning("shared governor %s answers again after %.0f s: calls are sent again",
+                        self.shown, time.monotonic() - down)
 
     def later(self, name: str, keys: list[str], args: list) -> None:
-        """Fire and forget (from sync code: a pause, a token refund); a failure is logged, never raised."""
+        """Fire and forget (from sync code: a pause, a token refund); a failure is never raised,
+        and said only as the outage it is part of (run())."""
         async def go() -> None:
-            try:
+            with contextlib.suppress(GovernorUnavailable):
                 await self.run(name, keys, args)
-            except GovernorUnavailable as e:
-                log.warning("%s", e)
 
         task = asyncio.get_running_loop().create_task(go())
         self._background.add(task)
@@ -198,6 +226,12 @@ class RedisGovernor:
     async def close(self) -> None:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        n, usd = self.unsettled
+        if n:
+            log.warning("shared governor %s: %s of $%.6f in all could not be settled while it was unreachable: "
+                        "charged in full when their leases end", self.shown,
+                        "1 reservation" if n == 1 else f"{n:,} reservations", usd)
+            self.unsettled = [0, 0.0]
         with contextlib.suppress(Exception):
             await self.client.aclose()
 
@@ -342,8 +376,9 @@ class SharedLedger(Ledger):
         if isinstance(r, SharedReservation) and r.remote_id is not None:
             try:
                 await self.gov.run("settle", self._keys(r.provider), [r.remote_id, r.amount, actual])
-            except GovernorUnavailable as e:
-                log.warning("%s: a reservation of $%.6f will be charged in full when its lease ends", e, r.amount)
+            except GovernorUnavailable:  # the outage is said once (run()); these are counted at close()
+                self.gov.unsettled[0] += 1
+                self.gov.unsettled[1] += r.amount
         await super().settle(r, actual)
 
     def summary(self) -> list[dict]:
