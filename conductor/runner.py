@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
+from conductor.execute.budget import Ledger
 from conductor.execute.context import ExecutionContext, add_lost, lost_in_flight
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
 from conductor.execute.journal import STEPS_FILE, count_unanswered, load_state, unpriced_calls
@@ -34,7 +35,7 @@ from conductor.execute.shared.cache import check_file_cache
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
 from conductor.execute.reserve import SpaceReserve, reserve_size
-from conductor.failures import failed_plans, failure_groups, invalid_plan_groups, too_many_failed
+from conductor.failures import failed_plans, failure_groups, invalid_plan_groups, max_failed_share, too_many_failed
 from conductor.grading import grade_all
 from conductor.planners import make_planner
 from conductor.planners.base import UNUSED_SLOT, Planner, PlannerBackEnd, Query
@@ -73,7 +74,9 @@ class RunConfig:
     progress: bool = True
     retry_failed: bool = False  # rerun every failed plan, not only those whose failure was transient
     store: str | None = None  # s3://bucket/prefix: the run is kept there too (conductor.execute.shared.objects)
-    max_failed_share: float | None = None  # `conductor run`: its exit status is kept in the summary (exit_code)
+    # `conductor run`'s --max-failed-share; None: $CONDUCTOR_MAX_FAILED_SHARE or 5%, as its default. The summary's
+    # exit_code is decided by it, for every caller.
+    max_failed_share: float | None = None
 
 
 @dataclass
@@ -86,6 +89,9 @@ class Run:
     dir: RunDir
     resumed: bool
     lease: Any = None  # with a store, the run's lease there (RunLease), held by run_all until the run ends
+    # What this command's settings changed in a run it resumed (`--cost-penalty 100 (was 0)`), for the
+    # caller to say: run_all returns them in the summary (`notes`), and `conductor run` prints them.
+    notes: list[str] = field(default_factory=list)
 
 
 # Every plan of a query is held in memory while it is planned and run: past this a typo
@@ -136,7 +142,7 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
         if earlier.exists() and _made_before_planning_hash(earlier, old_digest):
             run_id = earlier.run_id
     if not valid_run_id(run_id):
-        raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
+        raise ConductorError(f"--run-id {run_id!r}: {RUN_ID_RULE}")
     check_data_dir(cfg.data_dir)
     run = RunDir(cfg.data_dir, run_id)
     lease = None
@@ -149,9 +155,11 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
         if lease is not None:
             store.pull_run(run)
         if run.exists():
-            if run.read_manifest().get("fingerprint") != digest and not _made_before_planning_hash(run, old_digest):
+            manifest = run.read_manifest()
+            if manifest.get("fingerprint") != digest and not _made_before_planning_hash(run, old_digest):
+                differs = _fingerprint_changes(manifest.get("inputs") or {}, fingerprint, cfg)
                 raise ConductorError(
-                    f"run {run_id} already exists at {run.path} with other inputs or settings; "
+                    f"run {run_id} already exists at {run.path} with other inputs or settings ({differs}); "
                     f"choose another --run-id (or omit it to get one derived from the inputs)")
             return Run(cfg, pool, queries, run, resumed=True, lease=lease)
         if before_new is not None:
@@ -161,12 +169,81 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
             "conductor_version": __version__,
             "inputs": {"queries": str(Path(cfg.queries).resolve()), "pool": str(Path(cfg.pool).resolve()),
                        **fingerprint, "planner_options": _shown_options(cfg.planner_options)},
+            "settings": run_settings(cfg),
         })
         return Run(cfg, pool, queries, run, resumed=False, lease=lease)
     except BaseException:
         if lease is not None:  # or the same command, rerun, would be refused until it lapses
             lease.release()
         raise
+
+
+RUN_ID_RULE = "use up to 128 letters, digits, '-', '_' and '.', not starting with '.'"
+
+# What the fingerprint's keys are, for the run-exists refusal: "samples: 1 → 2", "queries file differs".
+_FINGERPRINT_NAMES = {
+    "queries_sha256": "the queries file's content differs",
+    "pool_identity": "the pool's workers differ (models, endpoints, params, system prompts or functions)",
+    "pool_planning": "the pool's descriptions, skills or prices differ",
+    "planner_options": "the planner options differ",
+}
+
+
+def _fingerprint_changes(before: dict[str, Any], now: dict[str, Any], cfg: RunConfig) -> str:
+    """What differs between a run's recorded inputs (its manifest's `inputs`) and this command's."""
+    changes = []
+    for key, value in now.items():
+        if key == "planner_options":
+            value = _shown_options(cfg.planner_options)  # as the manifest keeps them
+        if key not in before:
+            if key != "pool_planning":  # a run older than that key, whose other inputs differ
+                changes.append(f"{key} not recorded by that run")
+        elif before[key] != value:
+            changes.append(_FINGERPRINT_NAMES.get(key) or f"{key}: {before[key]} → {value}")
+    if not changes and "planner_options" in before:
+        changes.append(_FINGERPRINT_NAMES["planner_options"])  # a masked value (a key in a URL) changed
+    return "; ".join(changes) or "its manifest records no inputs to compare"
+
+
+def run_settings(cfg: RunConfig) -> dict[str, Any]:
+    """Settings that shape a run's outputs without being part of its id (a rerun with another
+    value resumes the same run): kept under `settings` in its manifest and summary, with a note
+    when a rerun changes one. max_depth and budget_usd apply to the plans executed (re-planning
+    depth, budget stops); cost_penalty to every reward, each time the run is graded."""
+    return {"max_depth": cfg.max_depth, "budget_usd": cfg.budget_usd, "cost_penalty": cfg.rewards.cost_penalty}
+
+
+EXECUTION_SETTINGS = {"max_depth": "--max-depth", "budget_usd": "--budget"}
+GRADING_SETTINGS = {"cost_penalty": "--cost-penalty"}
+
+
+def _shown_setting(value: Any) -> str:
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _with(flag: str, value: Any) -> str:
+    """`--budget 5`, or `no --budget` for a setting left unset."""
+    return f"no {flag}" if value is None else f"{flag} {_shown_setting(value)}"
+
+
+def _changed_settings(run: Run, manifest: dict[str, Any], names: dict[str, str], applied: bool,
+                      how: Callable[[str, Any, Any], str]) -> dict[str, Any]:
+    """Compare this command's settings `names` with those the run recorded. `applied`: they shape
+    what this command writes (then recorded, and each change kept under `settings_changed`), else
+    the run keeps its own. Notes go to run.notes, worded by `how(flag, new, old)`; returns the
+    manifest keys to write (none when nothing changed)."""
+    recorded = manifest.get("settings") or {}
+    now = {k: v for k, v in run_settings(run.config).items() if k in names}
+    # a key the run does not record (made before settings were): recorded once applied, with no note
+    unknown = {k: v for k, v in now.items() if k not in recorded}
+    changed = {k: v for k, v in now.items() if k in recorded and recorded[k] != v}
+    for k, v in changed.items():
+        run.notes.append(how(names[k], v, recorded[k]))
+    if not applied or not (changed or unknown):
+        return {}
+    history = list(manifest.get("settings_changed") or [])
+    history += [{"at": _now(), "setting": k, "from": recorded[k], "to": v} for k, v in changed.items()]
+    return {"settings": {**recorded, **unknown, **changed}, **({"settings_changed": history} if changed else {})}
 
 
 def run_id_stem(stem: str) -> str:
@@ -234,7 +311,7 @@ def plan_stage(run: Run, planner: Planner | None = None) -> Path:
     own = planner is None
     planner = planner or configured_planner(cfg)
     try:
-        with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir):
+        with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)):
             return _replan(run, planner, out, failed) if failed else _plan(run, planner, out)
     finally:
         if own:
@@ -415,27 +492,58 @@ def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> lis
 
 def execute_stage(run: Run, **kw: Any) -> Path:
     """`_execute_stage` holding the run's lock: a second process on the same run refuses."""
-    with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir):
+    with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)):
         return _execute_stage(run, **kw)
 
 
 INTERRUPTED = "interrupted"
+# The manifest's time of the commands interrupted since the last summary: the next summary adds it to its wall_time_s.
+INTERRUPTED_TIME = "interrupted_wall_time_s"
+
+
+def is_interrupt(e: BaseException) -> bool:
+    """KeyboardInterrupt (SIGTERM takes Ctrl-C's path), DuckDB's own for Ctrl-C, Dagster's Terminate."""
+    return (isinstance(e, KeyboardInterrupt) or type(e).__name__ in ("InterruptException",
+                                                                   "DagsterExecutionInterruptedError")
+            or str(e).startswith("Query interrupted"))
 
 
 @contextlib.contextmanager
-def noting_interrupt(run_dir: RunDir) -> Iterator[None]:
+def noting_interrupt(run_dir: RunDir,
+                     spent: Callable[[], tuple[list[dict], dict[str, Any]]] | None = None) -> Iterator[None]:
     """A stage stopped by Ctrl-C or SIGTERM marks the run `interrupted`: it stayed `executing`
-    for good, like a live run. The rerun that resumes it sets its status again."""
+    for good, like a live run. The rerun that resumes it sets its status again. `spent`: what the
+    run has paid so far and its calls lost in flight (spend_so_far), kept in the manifest as a
+    finished run keeps them (`spend`, `lost_in_flight`): an interrupted run has no summary, and what
+    it paid was in its journal alone."""
     try:
         yield
     except BaseException as e:
-        # KeyboardInterrupt (SIGTERM takes Ctrl-C's path), DuckDB's own for Ctrl-C, Dagster's Terminate
-        if (isinstance(e, KeyboardInterrupt) or type(e).__name__ in ("InterruptException",
-                                                                     "DagsterExecutionInterruptedError")
-                or str(e).startswith("Query interrupted")) and run_dir.exists():
+        if is_interrupt(e) and run_dir.exists():
             with contextlib.suppress(Exception):
-                run_dir.set_status(INTERRUPTED)
+                run_dir.set_status(INTERRUPTED)  # first: a second Ctrl-C below still leaves this
+            if spent is not None:
+                with contextlib.suppress(Exception):
+                    spend, lost = spent()
+                    run_dir.set_status(INTERRUPTED, spend=spend, lost_in_flight=lost, interrupted_at=_now())
         raise
+
+
+def spend_so_far(run: Run) -> tuple[list[dict], dict[str, Any]]:
+    """What the run has paid so far under each budget cap, and its calls lost in flight, as its
+    journals say and as the resume will count them: planning's and the execution's calls logged,
+    and at their worst case those sent and never settled (in flight when the run stopped)."""
+    spent, lost = planning_spent(run)
+    if (run.dir.work / STEPS_FILE).exists():
+        state = load_state(run.dir.work)
+        for pid, usd in state.spent.items():
+            spent[pid] = spent.get(pid, 0.0) + usd
+        for _, pid, usd in state.unsettled.values():
+            count_unanswered(lost, usd)
+            if usd is not None:
+                spent[pid] = spent.get(pid, 0.0) + usd
+    ledger = Ledger({pid: p.budget_usd for pid, p in run.pool.providers.items()}, run.config.budget_usd, spent)
+    return ledger.summary(), lost
 
 
 def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
@@ -459,10 +567,26 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
                 f"another --run-id (answers in the shared response cache are not paid again)")
         check_readable(run.dir.table("traces"), run.dir.table("results"))
         return run.dir.table("results")
-    check_ready(run, plans_path)
     state = load_state(run.dir.work, retry_failed=cfg.retry_failed)
     if state.invalid:  # invalid when they ran, valid now: planned again by --retry-failed
         state.finished -= state.invalid & _valid_plans(plans_path)
+    total = pq.ParquetFile(plans_path).metadata.num_rows
+    left = _plans_left(plans_path, state.finished)
+    if left:  # with none left nothing is sent: a finished run's rerun needs no endpoint up (it regrades, reports)
+        check_ready(run, plans_path)
+
+    def how(flag: str, new: Any, old: Any) -> str:
+        if not left:
+            return (f"{_with(flag, new)} changed nothing: every plan had already run, with {_with(flag, old)} "
+                    f"(to run them with {_with(flag, new)}, start a new run: --run-id NEW)")
+        return (f"{_with(flag, new)} (was {_with(flag, old)}) applies to the {left:,} plan(s) left to run; the "
+                f"{total - left:,} finished before ran with {_with(flag, old)}")
+
+    manifest = run.dir.read_manifest()
+    recorded = _changed_settings(run, manifest, EXECUTION_SETTINGS, bool(left), how)
+    budget = cfg.budget_usd
+    if not left:  # nothing runs: the spend lines keep the run's own cap, not one that changed nothing
+        budget = (manifest.get("settings") or {}).get("budget_usd", budget)
     planning, planning_lost = planning_spent(run)
     own_planner = None
     if replanner is None and any(w.kind == "planner" for w in run.pool.workers):
@@ -483,13 +607,13 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
         reserve = SpaceReserve(run.dir.work)
         context = ExecutionContext(
             run.dir.work, pool,
-            ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=cfg.budget_usd, seed=cfg.seed),
+            ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=budget, seed=cfg.seed),
             state=state, cache_path=_cache_path(cfg) if cfg.cache else None, progress=progress,
             spent_before=planning, functions=run_function, replanner=replanner, max_depth=cfg.max_depth,
             reserve=reserve)
         with context as executor:
             executing = True  # the journal exists from here on
-            run.dir.set_status("executing")
+            run.dir.set_status("executing", **recorded)
             asyncio.run(executor.run(_jobs(run, plans_path, record, refresh), state))
     except STORAGE_ERRORS as e:
         if executing:
@@ -507,6 +631,14 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     run.dir.set_status("executed", spend=context.spend(),
                        lost_in_flight=add_lost(context.lost_in_flight, planning_lost))
     return run.dir.table("results")
+
+
+def _plans_left(plans_path: Path, finished: set[str]) -> int:
+    """How many of the run's plans the journal does not show finished (to run now)."""
+    left = 0
+    for batch in pq.ParquetFile(plans_path).iter_batches(columns=["plan_id"], batch_size=65536):
+        left += sum(1 for p in batch.column(0).to_pylist() if p not in finished)
+    return left
 
 
 def _valid_plans(plans_path: Path) -> set[str]:
@@ -655,8 +787,18 @@ def _grade(run: Run) -> Path:
                      "status": r["status"], "reference": q["reference"], "cost_usd": r["cost_usd"], **s})
     _add_advantages(rows, cfg.rewards.eps)
     out = run.dir.table("rewards")
+    manifest = run.dir.read_manifest()
+    recorded = _changed_settings(run, manifest, GRADING_SETTINGS, True, lambda flag, new, old: (
+        f"rewards regraded with {flag} {_shown_setting(new)} (was {_shown_setting(old)}): rewards.parquet, "
+        f"advantage and mean_reward now use {_shown_setting(new)}"))
+    unknown = "cost_penalty" not in (manifest.get("settings") or {})
+    if unknown and cfg.rewards.cost_penalty != RewardScheme().cost_penalty:
+        # made before settings were recorded: what it was graded with before is not known
+        run.notes.append(f"rewards regraded with --cost-penalty {_shown_setting(cfg.rewards.cost_penalty)} (the "
+                         f"penalty this run was graded with before is not recorded): rewards.parquet, advantage "
+                         f"and mean_reward now use it")
     write_table(out, rows_to_table(rows, schemas.REWARDS))
-    run.dir.set_status("graded")
+    run.dir.set_status("graded", **recorded)
     return out
 
 
@@ -698,8 +840,14 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     statuses = t.statuses
     failed, total = failed_plans(statuses)
     threshold = run.config.max_failed_share
-    if wall_time_s is not None and before.get("wall_time_s") is not None:
-        wall_time_s = round(before["wall_time_s"] + wall_time_s, 3)  # every command that worked on the run
+    if threshold is None:  # not `conductor run` (the demo, Dagster): the exit code it would give, by its default
+        with contextlib.suppress(ConductorError):  # a bad $CONDUCTOR_MAX_FAILED_SHARE: `conductor run` refuses it
+            threshold = max_failed_share()
+    pending = manifest.get(INTERRUPTED_TIME) or 0.0
+    if wall_time_s is not None:
+        # every command that worked on the run: those that reached a summary, and those interrupted before
+        wall_time_s = round((before.get("wall_time_s") or 0.0) + pending + wall_time_s, 3)
+    settings = {**(manifest.get("settings") or {}), "max_failed_share": threshold}  # as the stages recorded them
     summary = {
         "run_id": run.dir.run_id,
         "queries": n_queries,
@@ -724,14 +872,23 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "failures": failure_groups(run.dir.table("traces"), run.pool),
         "invalid_plans": invalid_plan_groups(run.dir.table("plans")),
         # A run whose plans mostly failed is `complete` all the same (no budget stopped it): these tell
-        # it apart. exit_code is `conductor run`'s (None from Dagster and the other callers).
+        # it apart. exit_code is what `conductor run` exits with (for the demo and Dagster too, by its default
+        # --max-failed-share: the README's filter of usable runs reads it).
         "failed_plans": failed,
         "failed_share": failed / total if total else None,
         "exit_code": None if threshold is None else exit_code(statuses, threshold),
+        # what shaped the outputs besides the run's id: re-planning depth, run budget, cost penalty; and
+        # the largest share of failed plans exit_code was decided by
+        "settings": settings,
     }
     write_atomic(run.dir.path / "summary.json", orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     complete = "budget_exhausted" not in statuses
-    run.dir.set_status("complete" if complete else "incomplete", summary=summary)
+    manifest = run.dir.read_manifest()
+    manifest.update(status="complete" if complete else "incomplete", summary=summary, settings=settings)
+    if wall_time_s is not None:
+        manifest.pop(INTERRUPTED_TIME, None)  # counted in wall_time_s now
+    manifest.pop("interrupted_at", None)
+    run.dir.write_manifest(manifest)
     summary["catalog"] = catalog_line(run.config.data_dir)
     return summary
 
@@ -778,7 +935,7 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     run = prepare(cfg, pool, before_new=planner_ready)
     store = run.lease.store if run.lease is not None else None
     # The run's lease on the store is renewed while the run goes on and released when it ends, however it ends.
-    with run.lease or contextlib.nullcontext():
+    with run.lease or contextlib.nullcontext(), _timing_interrupts(run, t0):
         if store is not None:
             store.push_run(run.dir)
         try:
@@ -798,7 +955,24 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
         if store is not None:
             store.push_run(run.dir)
     summary["resumed"] = run.resumed
+    summary["notes"] = run.notes
     return summary
+
+
+@contextlib.contextmanager
+def _timing_interrupts(run: Run, t0: float) -> Iterator[None]:
+    """A command interrupted in a stage (the run left `interrupted`) keeps its time in the manifest,
+    which the summary's wall_time_s adds: the resume that reached it reported its own seconds alone."""
+    try:
+        yield
+    except BaseException as e:
+        if is_interrupt(e):
+            with contextlib.suppress(Exception):
+                m = run.dir.read_manifest()
+                if m.get("status") == INTERRUPTED:
+                    m[INTERRUPTED_TIME] = round((m.get(INTERRUPTED_TIME) or 0.0) + time.monotonic() - t0, 3)
+                    run.dir.write_manifest(m)
+        raise
 
 
 def _uploading(store, run: Run):

@@ -14,41 +14,20 @@ import pytest
 
 from tests.conftest import REPO, SAMPLE
 
-PORTS = range(9400, 9430)  # the loopback ports these tests may take
-
-
 @contextlib.contextmanager
 def _held_by_a_socket():
     """Another process's listener, as far as the demo can tell."""
-    for port in PORTS:
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            s.close()
-            continue
-        s.listen()
-        with s:
-            yield port
-        return
-    pytest.skip(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        yield s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def _held_by_make_sim():
     """What `make sim` runs: the simulated pool, serving the demo's pool."""
-    from conductor.localserver import ServerStartError
     from conductor.sim import start_sim
 
-    for port in PORTS:
-        try:
-            sim = start_sim(REPO / "data" / "pools" / "sim.yaml", [SAMPLE], port=port)
-        except ServerStartError:  # that port is taken: the next one
-            continue
-        with sim:
-            yield port
-        return
-    pytest.skip(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+    with start_sim(REPO / "data" / "pools" / "sim.yaml", [SAMPLE], port=0) as sim:
+        yield int(sim.url.rsplit(":", 1)[1].split("/")[0])
 
 
 @pytest.mark.parametrize("holder", [_held_by_make_sim, _held_by_a_socket], ids=["make sim", "another process"])

@@ -4,12 +4,11 @@ outage is said once, not once per attempt.
 Real parts only: `conductor run` as a user starts it, a simulated LLM server over HTTP
 that counts the requests it receives, and a real redis-server as the shared governor,
 killed (and started again) while the run goes on. Every server here listens on
-127.0.0.1, on a port in PORTS."""
+127.0.0.1, on a free port."""
 
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import socket
@@ -24,7 +23,6 @@ import yaml
 
 from tests.conftest import REPO, SAMPLE, SIM_MODELS, worker
 
-PORTS = range(9550, 9600)
 GOVERNOR_LINE = re.compile(r"shared governor \S+ unreachable \(")
 NOT_SENT_LINE = re.compile(r"^([0-9,]+) calls? not sent: the shared governor was unreachable", re.M)
 
@@ -32,13 +30,9 @@ needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="r
 
 
 def free_port() -> int:
-    for port in random.sample(PORTS, len(PORTS)):
-        try:
-            with socket.create_server(("127.0.0.1", port)):
-                return port
-        except OSError:
-            continue
-    raise RuntimeError(f"no free loopback port in {PORTS.start}-{PORTS.stop - 1}")
+    """A loopback port free now (a restarted redis-server must come back on the same one)."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
 
 
 def start_redis():
@@ -55,7 +49,7 @@ def start_redis():
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    """The simulated server on a port of PORTS; the tests count the requests it received."""
+    """The simulated server on a free port; the tests count the requests it received."""
     from conductor.sim import start_sim
 
     d = tmp_path_factory.mktemp("sim64")

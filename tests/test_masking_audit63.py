@@ -19,7 +19,6 @@ from tests.conftest import SAMPLE, run_cli, write_pool
 from tests.fakehttp import LoopbackServer, QuietHandler
 
 KEY_ENV = "CONDUCTOR_TEST_GATEWAY_B"  # not named like a secret: only the pool's own key masks it
-PORTS = range(9400, 9430)  # the loopback ports these tests may take
 
 
 def _key() -> str:
@@ -53,14 +52,8 @@ def _leaks(key: str, *texts: str, folder=None) -> list[str]:
 
 class _OnPortRange(LoopbackServer):
     def __init__(self, handler):
-        for port in PORTS:
-            try:
-                self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
-                break
-            except OSError:
-                continue
-        else:
-            pytest.skip(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        port = self.httpd.server_address[1]
         self.root = f"http://127.0.0.1:{port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -83,6 +83,8 @@ def main(args: argparse.Namespace) -> int:
     )
     summary = run_all(cfg)
     print(run_summary(summary))
+    for note in summary.get("notes") or ():  # a setting of this command that differs from the run's (runner)
+        print(f"\nconductor: note: run {summary['run_id']}: {note}", file=sys.stderr)
     if summary.get("resumed") and (args.refresh or args.no_cache):
         flag = " ".join(f for f, on in (("--refresh", args.refresh), ("--no-cache", args.no_cache)) if on)
         print(f"\nconductor: note: run {summary['run_id']} existed, so this command resumed it: {flag} applies only "
