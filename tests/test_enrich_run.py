@@ -370,8 +370,11 @@ def test_a_run_id_that_is_a_path_is_refused_before_anything_is_written(sim, tmp_
     path = variant(QA_JOB, tmp_path, "qa_path", rows=questions(3))
     r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--run-id", "../x", "--quiet",
                 env={"CONDUCTOR_SIM_URL": sim.url})
-    assert r.returncode == 2 and "--run-id '../x': use letters, digits" in r.stderr
+    assert r.returncode == 2 and "--run-id '../x': use up to 128 letters, digits" in r.stderr
     assert not (tmp_path / "data" / "x").exists() and sim.log()["total"] == 0
+    r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--run-id", ".hidden", "--quiet",
+                env={"CONDUCTOR_SIM_URL": sim.url})  # it was told to use '.', which it does
+    assert r.returncode == 2 and "not starting with '.'" in r.stderr, r.stderr
 
 
 def test_a_run_id_given_again_for_a_changed_job_is_refused(sim, tmp_path):

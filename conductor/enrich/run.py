@@ -56,10 +56,10 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     run is complete its work/ folders (the journal, about ten times the size of the outputs) are
     removed unless `keep_work`: nothing reads them again."""
     from conductor.execute.lock import run_lock
-    from conductor.runner import valid_run_id
+    from conductor.runner import RUN_ID_RULE, valid_run_id
 
     if run_id is not None and not valid_run_id(run_id):  # before anything is written under it
-        raise ConductorError(f"--run-id {run_id!r}: use letters, digits, '-', '_' and '.' only")
+        raise ConductorError(f"--run-id {run_id!r}: {RUN_ID_RULE}")
     check_data_dir(data_dir)
     with run_lock(Path(data_dir) / ".locks" / f"job-{job.name}", f"of job {job.name}"):
         return _run_job(job, data_dir=data_dir, run_id=run_id, full_refresh=full_refresh, progress=progress,
