@@ -334,8 +334,11 @@ def test_a_second_run_of_the_same_job_is_refused_while_the_first_runs(sim, tmp_p
     import sys
     import time
 
-    sim.set_faults(latency_ms=1000, latency_sd_ms=0)
-    path = variant(QA_JOB, tmp_path, "qa_twice", rows=questions(120))
+    # 400 rows at 4 s each (under the pool's 5 s timeout) keep the first run going for about 50 s
+    # while the second starts (its start-up alone takes seconds on a busy machine); the rest of
+    # the answers come at once after.
+    sim.set_faults(latency_ms=4000, latency_sd_ms=0)
+    path = variant(QA_JOB, tmp_path, "qa_twice", rows=questions(400))
     data = tmp_path / "data"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "CONDUCTOR_SIM_URL": sim.url}
     first = subprocess.Popen([sys.executable, "-m", "conductor", "job", "run", str(path), "--data-dir", str(data),
@@ -343,10 +346,11 @@ def test_a_second_run_of_the_same_job_is_refused_while_the_first_runs(sim, tmp_p
     while sim.log()["total"] < 4 and first.poll() is None:
         time.sleep(0.05)
     second = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    sim.clear_faults()
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, out + err
     assert second.returncode == 2 and f"already running in process {first.pid}" in second.stderr, second.stderr
-    assert sim.log()["total"] == 120  # each row asked once
+    assert sim.log()["total"] == 400  # each row asked once
 
 
 def test_the_catalog_view_follows_a_changed_field_type(sim, tmp_path):

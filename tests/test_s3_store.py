@@ -568,7 +568,8 @@ def test_an_unreachable_store_is_a_storage_error_naming_it(tmp_path, fresh_sim, 
     assert r.returncode == 5 and "store s3://runs/dev: cannot look for run s3run" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and fresh_sim.log()["total"] == 0
     sql = run_cli("sql", "SELECT 1", "--store", "s3://runs/dev", env=env)
-    assert sql.returncode == 5 and "cannot list the runs" in sql.stderr and "Traceback" not in sql.stderr
+    assert sql.returncode == 5 and "store s3://runs/dev: cannot reach the bucket" in sql.stderr, sql.stderr
+    assert "AWS_ENDPOINT_URL" in sql.stderr and "Traceback" not in sql.stderr
 
 
 def test_a_run_resumed_from_the_store_gets_its_batch_journal_and_a_lost_store_is_a_storage_error(
