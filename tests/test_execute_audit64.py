@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import REPO, SAMPLE, SIM_MODELS, worker
+from tests.conftest import REPO, SAMPLE, worker
 
 GOVERNOR_LINE = re.compile(r"shared governor \S+ unreachable \(")
 NOT_SENT_LINE = re.compile(r"^([0-9,]+) calls? not sent: the shared governor was unreachable", re.M)
@@ -47,32 +47,10 @@ def start_redis():
     raise RuntimeError("redis-server did not start on any port tried")
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    """The simulated server on a free port; the tests count the requests it received."""
-    from conductor.sim import start_sim
-
-    d = tmp_path_factory.mktemp("sim64")
-    (d / "server.yaml").write_text(yaml.safe_dump({"workers": [
-        {"id": name, "model": f"openai/{name}", "simulate": spec} for name, spec in SIM_MODELS.items()]}))
-    for _ in range(5):
-        try:
-            handle = start_sim(d / "server.yaml", [SAMPLE], port=free_port())
-            break
-        except Exception:  # noqa: BLE001 - the port was taken meanwhile: another one
-            continue
-    else:
-        raise RuntimeError("the simulated server did not start on any port tried")
-    with handle:
-        yield handle
-
-
 @pytest.fixture
-def fresh(sim):
-    sim.clear_faults()
-    sim.reset()
-    yield sim
-    sim.clear_faults()
+def fresh(fresh_sim):
+    """The session's simulated server (tests/conftest.py), its log and faults cleared."""
+    return fresh_sim
 
 
 def queries(tmp_path: Path, n: int) -> Path:

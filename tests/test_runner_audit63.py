@@ -34,20 +34,10 @@ def _server_pool(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    from conductor.sim import start_sim
-
-    with start_sim(_server_pool(tmp_path_factory.mktemp("sim63") / "server.yaml"), [SAMPLE], port=0) as h:
-        yield h
-
-
 @pytest.fixture
-def fresh(sim):
-    sim.clear_faults()
-    sim.reset()
-    yield sim
-    sim.clear_faults()
+def fresh(fresh_sim):
+    """The session's simulated server (tests/conftest.py), its log and faults cleared."""
+    return fresh_sim
 
 
 def _queries(tmp_path: Path, n: int, name: str = "q") -> Path:
