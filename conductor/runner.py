@@ -349,16 +349,23 @@ def planning_spent(run: Run) -> tuple[dict[str, float], dict[str, Any]]:
     and at their worst case those it sent and never saw answered (cut off by timeout_s, or
     in flight when a planning process was killed), which the provider may have billed; and
     those calls, to be counted in the run's lost-in-flight line."""
+    spent: dict[str, float] = {}
     lost = lost_in_flight({})
-    if not planning_dir(run).exists():
-        return {}, lost
-    state = load_state(planning_dir(run))
-    spent = dict(state.spent)
+    if planning_dir(run).exists():
+        add_journal_spend(planning_dir(run), spent, lost)
+    return spent, lost
+
+
+def add_journal_spend(work: Path, spent: dict[str, float], lost: dict[str, Any]) -> None:
+    """Add a journal's logged calls to `spent` (per provider), and those sent and never seen
+    answered at their worst case, counting them in `lost` too."""
+    state = load_state(work)
+    for pid, usd in state.spent.items():
+        spent[pid] = spent.get(pid, 0.0) + usd
     for _, pid, usd in state.unsettled.values():
         count_unanswered(lost, usd)
         if usd is not None:
             spent[pid] = spent.get(pid, 0.0) + usd
-    return spent, lost
 
 
 def bind_planner(run: Run, planner: Any) -> None:
@@ -535,13 +542,7 @@ def spend_so_far(run: Run) -> tuple[list[dict], dict[str, Any]]:
     and at their worst case those sent and never settled (in flight when the run stopped)."""
     spent, lost = planning_spent(run)
     if (run.dir.work / STEPS_FILE).exists():
-        state = load_state(run.dir.work)
-        for pid, usd in state.spent.items():
-            spent[pid] = spent.get(pid, 0.0) + usd
-        for _, pid, usd in state.unsettled.values():
-            count_unanswered(lost, usd)
-            if usd is not None:
-                spent[pid] = spent.get(pid, 0.0) + usd
+        add_journal_spend(run.dir.work, spent, lost)
     ledger = Ledger({pid: p.budget_usd for pid, p in run.pool.providers.items()}, run.config.budget_usd, spent)
     return ledger.summary(), lost
 
