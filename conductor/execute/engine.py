@@ -24,7 +24,6 @@ import itertools
 import logging
 import os
 import random
-import re
 import sqlite3
 import time
 from dataclasses import dataclass, field, replace
@@ -52,7 +51,7 @@ from conductor.plans import Condition, Plan, Step
 from conductor.pool import DEFAULT_MAX_TOKENS, Pool, Worker
 from conductor.progress import Progress
 from conductor.execute.shared import GovernorUnavailable, build_governor
-from conductor.execute.shared.url import failed_on_governor
+from conductor.execute.shared.url import governor_failure_kind
 
 
 @dataclass  # not frozen: a frozen one of nine fields costs five times as much to build, one per plan
@@ -991,8 +990,7 @@ class Executor:
         now = ended or time.time()
         if status not in ("ok", "skipped", "budget_exhausted"):  # a budget stop is no error: the rerun finishes it
             self.progress.c.errors += 1
-            if failed_on_governor(error):
-                why = "refused" if re.search(r"shared governor \S+ refused ", error) else "unreachable"
+            if (why := governor_failure_kind(error)) is not None:
                 self.not_sent[why] = self.not_sent.get(why, 0) + 1
         row = {
             "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,

@@ -184,6 +184,14 @@ def failed_on_governor(error: str | None) -> bool:
     return bool(error) and "shared governor " in error and NOT_SENT in error
 
 
+def governor_failure_kind(error: str | None) -> str | None:
+    """For a GovernorUnavailable's message: "refused" (its URL's password, user or database)
+    or "unreachable"; None for any other error. Read from the message, as the journal keeps it."""
+    if not failed_on_governor(error):
+        return None
+    return "refused" if re.search(r"shared governor \S+ refused ", error) else "unreachable"
+
+
 class GovernorUnavailable(CallFailure):
     """The shared governor could not be used: the call was not sent. Unreachable, it is retried
     like a connection error, then failed as a transient failure that a rerun retries. Refused (a
