@@ -63,6 +63,14 @@ def run_config(path: Path, config: RunSettings, pool: PoolResource, planner: Pla
         budget_usd=config.budget_usd, retry_failed=config.retry_failed, progress=False)
 
 
+def _noted(context: AssetExecutionContext, run: runner.Run) -> dict:
+    """A setting of this materialization that differs from the run's, as `conductor run` prints it:
+    a warning in the step's log and the asset's `notes`, so a rerun with another budget says what it did."""
+    for note in run.notes:
+        context.log.warning("run %s: %s", run.dir.run_id, note)
+    return {"notes": MetadataValue.json(list(run.notes))} if run.notes else {}
+
+
 def _counts(column: pa.ChunkedArray) -> dict:
     return {(d["values"] if d["values"] is not None else "none"): d["counts"]
             for d in pc.value_counts(column).to_pylist()}
@@ -141,11 +149,12 @@ def executions(context: AssetExecutionContext, plans: runner.RunConfig) -> Outpu
         "new_calls": sent.c.calls,
         "new_requests": sent.c.requests,  # new_calls and the attempts that failed: what the provider saw
         "pools": MetadataValue.json(held),
+        **_noted(context, run),
     })
 
 
 @asset(partitions_def=query_sets, group_name=GROUP, description="Graded plans: reward and group advantage per plan.")
-def rewards(executions: runner.RunConfig) -> Output[runner.RunConfig]:
+def rewards(context: AssetExecutionContext, executions: runner.RunConfig) -> Output[runner.RunConfig]:
     run = runner.prepare(executions)
     path = runner.grade_stage(run)
     t = pq.read_table(path, columns=["correct", "reward", "cost_usd"])
@@ -155,6 +164,7 @@ def rewards(executions: runner.RunConfig) -> Output[runner.RunConfig]:
         "accuracy": (pc.mean(correct.cast("int8")).as_py() if len(correct) else None),
         "mean_reward": pc.mean(t.column("reward")).as_py(),
         "cost_usd": pc.sum(t.column("cost_usd")).as_py() or 0.0,
+        **_noted(context, run),
     })
 
 
