@@ -128,9 +128,19 @@ class Batches:
                     raise StepFailed("error", ex._failure_message(worker, provider, f, attempts), sent,
                                      kind="not_found" if f.status == 404 else f.kind, billed=f.charged) from None
                 ex.progress.c.retries += 1
+                if isinstance(f, GovernorUnavailable):  # its batch never went: a new one after the backoff
+                    await asyncio.sleep(self._backoff(attempts))
+                    continue
                 if provider.batch_retry == "online":
                     return await ex._call_with_retries(worker, messages, params, key, attempts_before=attempts,
                                                        sent_before=sent)
+
+    def _backoff(self, attempts: int) -> float:
+        """The wait before a line whose batch the shared governor kept back is collected again:
+        not online (at twice the price), and without jitter, so that the lines of one batch
+        wait alike and go in one batch again."""
+        opt = self.ex.opt
+        return min(opt.backoff_max_s, opt.backoff_base_s * 2 ** (attempts - 1))
 
     def _worst(self, worker: Worker, provider: Provider, messages: list[dict[str, str]],
                params: dict[str, Any]) -> float:
@@ -284,9 +294,9 @@ class Batches:
                 if not over:  # it did not fit as a whole: one line fewer
                     over = [fit.pop()]
                 take, rest = fit, over + rest
-            except GovernorUnavailable as e:
+            except GovernorUnavailable as e:  # a failed attempt not sent: retried by call(), with backoff
                 for _, w, _ in lines:
-                    _fail(w.future, StepFailed("error", f"worker {worker.id}: {e}", kind="connection"))
+                    _fail(w.future, e)
                 return [], None
         pending = reservation is not None or ex.ledger.pending(provider.id)
         later = []

@@ -614,7 +614,6 @@ class Executor:
                 raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
                                           f"cannot run under a budget; add price: {{input_per_mtok, "
                                           f"output_per_mtok}} to it in the pool file", kind="config")
-            reservation = await self._reserve(worker, provider, worst, n_sent)
         limiter = self.limiters[provider.id]
         attempt = attempts_before
         # An answer in hand still counts as in flight while its settlement awaits a shared governor:
@@ -629,6 +628,16 @@ class Executor:
                 sending = False  # this attempt's request may have left: if cut off now, maybe billed
                 if self._abort is not None:
                     raise Aborted()
+                if reservation is None and provider.id in self._budgeted:
+                    try:
+                        reservation = await self._reserve(worker, provider, worst, n_sent)
+                    except GovernorUnavailable as f:  # not sent: retried as the limiter's own outages are
+                        if not f.retryable or attempt >= provider.max_attempts:
+                            raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
+                                             n_sent, kind=f.kind) from None
+                        self.progress.c.retries += 1
+                        await asyncio.sleep(self._backoff(attempt, f, limiter))
+                        continue
                 try:
                     async with limiter.slot(est_tokens) as sent:
                         # Checked again once a slot is free: while this call waited, another
@@ -684,8 +693,6 @@ class Executor:
                                          n_sent, kind="not_found" if f.status == 404 else f.kind,
                                          billed=billed) from None
                     self.progress.c.retries += 1
-                    if reservation is None and provider.id in self._budgeted:
-                        reservation = await self._reserve(worker, provider, worst, n_sent)
                     await asyncio.sleep(self._backoff(attempt, f, limiter))
                     continue
                 except asyncio.CancelledError:
@@ -723,13 +730,12 @@ class Executor:
 
     async def _reserve(self, worker: Worker, provider, worst: float, sent: int = 0) -> Any:
         """The call's worst case reserved; `sent`: the requests its earlier attempts sent, kept
-        in the failure (a retry refused by the budget still sent, and maybe paid for, those)."""
+        in the failure (a retry refused by the budget still sent, and maybe paid for, those).
+        GovernorUnavailable passes through: the caller retries it as an attempt not sent."""
         try:
             return await self.ledger.reserve(provider.id, worst)
         except BudgetExhausted as e:
             raise StepFailed("budget_exhausted", f"worker {worker.id}: {e}", sent, kind="budget") from None
-        except GovernorUnavailable as e:
-            raise StepFailed("error", f"worker {worker.id}: {e}", sent, kind="connection") from None
 
     async def _charge_unanswered(self, provider, reservation: Any, worst: float | None) -> None:
         """A request cut off by timeout_s may still be answered, and billed, by the provider:

@@ -1,0 +1,101 @@
+"""Batch mode under a budget with a shared governor that goes away mid-run: the calls a
+user is shown (the CLI's `calls`, results.calls, traces.attempts) are the requests the
+provider received, batch lines and online retries alike.
+
+The first stage's batch is reserved and submitted (two workers: a batch each, and
+solve-then-check plans), then the governor (a real redis-server) is killed while it runs. Its lines answered 500 are retried (online
+or in a new batch), and that retry's reservation cannot reach the governor: those steps
+sent one request. The plans' next steps never leave. Every server listens on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.conftest import REPO, SAMPLE, worker
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+
+NOT_SENT_LINE = re.compile(r"^([0-9,]+) calls? not sent: the shared governor was unreachable", re.M)
+
+
+def start_redis():
+    from conductor.errors import ConductorError
+    from conductor.execute.shared.servers import RedisServer
+
+    for _ in range(5):
+        with socket.create_server(("127.0.0.1", 0)) as s:
+            port = s.getsockname()[1]
+        try:
+            return RedisServer(port=port)
+        except ConductorError:
+            continue
+    raise RuntimeError("redis-server did not start on any port tried")
+
+
+def received(log: dict) -> int:
+    """Requests the simulated provider received: online ones and batch lines (answered or not)."""
+    return log["total"] + sum(log["batch_lines"].values())
+
+
+def summary_calls(stdout: str) -> int:
+    m = re.search(r"^calls\s+([0-9,]+)\s+\(cache hits", stdout, re.M)
+    assert m, stdout
+    return int(m.group(1).replace(",", ""))
+
+
+def kept_back(t: dict) -> bool:
+    """A step whose last try was not sent because the shared governor could not be reached."""
+    return t["status"] == "error" and "shared governor" in (t["error"] or "") and "the call was not sent" in t["error"]
+
+
+@pytest.mark.parametrize("retry", ["online", "batch"])
+def test_batch_calls_are_the_requests_sent_when_the_governor_goes_away(tmp_path, fresh_sim, retry):
+    fresh_sim.set_faults(batch_delay_s=3.0, batch_line_error_rate=0.5)
+    queries = tmp_path / "q.parquet"
+    pq.write_table(pq.read_table(SAMPLE).slice(0, 20), queries)
+    server = start_redis()
+    try:
+        pool = tmp_path / "pool.yaml"
+        pool.write_text(yaml.safe_dump({"governor": server.url, "providers": {"sim": {
+            "max_concurrency": 8, "timeout_s": 10, "max_attempts": 3, "budget_usd": 5.0, "mode": "batch",
+            "batch_poll_s": 0.2, "batch_collect_s": 0.3, "batch_retry": retry}},
+            "workers": [worker(n, fresh_sim.url) for n in ("fast", "weak")]}, sort_keys=False))
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        env.pop("CONDUCTOR_GOVERNOR", None)
+        p = subprocess.Popen([sys.executable, "-m", "conductor", "run", str(queries), "--pool", str(pool),
+                              "--data-dir", str(tmp_path / "data"), "--run-id", "gone", "--quiet", "--no-cache"],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while fresh_sim.log()["batches_created"] < 1 and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fresh_sim.log()["batches_created"] >= 1, "the first stage's batches were not submitted"
+        server.kill()  # while that batch runs (batch_delay_s)
+        stdout, stderr = p.communicate(timeout=300)
+    finally:
+        server.stop()
+    assert p.returncode != 0, stdout + stderr  # plans failed on the governor: rerun once it is back
+    sent = received(fresh_sim.log())
+    out = tmp_path / "data" / "runs" / "gone"
+    traces = pq.read_table(out / "traces.parquet").to_pylist()
+    results = pq.read_table(out / "results.parquet").to_pylist()
+    assert sum(t["attempts"] for t in traces) == sent, [(t["status"], t["attempts"], t["error"]) for t in traces]
+    assert sum(r["calls"] for r in results) == sent
+    assert summary_calls(stdout) == sent
+
+    # What the run went through: steps sent once, then kept back; steps never sent.
+    kept = [t for t in traces if kept_back(t)]
+    assert any(t["attempts"] == 1 for t in kept), "no line answered 500 was retried while the governor was down"
+    assert any(t["attempts"] == 0 for t in kept), "no later step was kept back by the governor"
+    counts = NOT_SENT_LINE.findall(stderr)
+    assert counts and int(counts[0].replace(",", "")) == len(kept), stderr
