@@ -248,14 +248,19 @@ def schema_clashes(runs: Path, message: str, shown: int = 5) -> str | None:
         for col, kinds in seen.items():
             if set(cast.groups()) <= set(kinds):
                 (a, fa), (b, fb) = [(t, kinds[t]) for t in cast.groups()]
-                found.append(f"column {col} of {name} is {a} in run {fa.parent.name} ({fa}) and {b} in run "
-                             f"{fb.parent.name} ({fb})")
+                found.append(column_clash(col, name, (a, fa.parent.name, fa), (b, fb.parent.name, fb)))
     if not found:
         return None
     more = f"; and {len(found) - shown} more" if len(found) > shown else ""
     return ("; ".join(found[:shown]) + more + ": neither file is damaged (files written by different conductor "
             "versions may differ so), but DuckDB cannot read the column as one type across the runs; read each "
             "run's file apart (SELECT * FROM read_parquet('<file>'))")
+
+
+def column_clash(column: str, table: str, one: tuple[str, str, Any], other: tuple[str, str, Any]) -> str:
+    """A column of `table` whose type differs between two runs' files: each (type, run id, file)."""
+    (a, run_a, file_a), (b, run_b, file_b) = one, other
+    return f"column {column} of {table} is {a} in run {run_a} ({file_a}) and {b} in run {run_b} ({file_b})"
 
 
 def _column_type(path: Path, column: str) -> str | None:
@@ -493,6 +498,7 @@ class CatalogHeld(ConductorError):
 
 
 VIEWS_STAMP = ".conductor.duckdb.views"  # which views the catalog holds, so `conductor sql` refreshes only on change
+VIEWS_SHAPE = 2  # raised whenever the views' queries change (2: the runs view's spent_usd, spend, ...)
 
 
 def views_signature(data_dir: Path) -> str:
@@ -502,8 +508,9 @@ def views_signature(data_dir: Path) -> str:
     runs = Path(data_dir).resolve() / "runs"
     files = catalog_files(runs)
     listing = "\n".join(f"{f} {_stat(f)}" for fs in files.values() for f in fs)
-    # The views name files by absolute path: a data folder copied or moved must rebuild them.
-    return orjson.dumps({"root": str(runs), "views": [n for n, fs in files.items() if fs],
+    # The views name files by absolute path: a data folder copied or moved must rebuild them. The
+    # queries' shape too: a catalog made by an older conductor gets the columns this one adds.
+    return orjson.dumps({"root": str(runs), "shape": VIEWS_SHAPE, "views": [n for n, fs in files.items() if fs],
                          "files": hashlib.sha256(listing.encode()).hexdigest(), "jobs": job_runs(runs)},
                         default=str, option=orjson.OPT_SORT_KEYS).decode()
 
@@ -564,11 +571,8 @@ def create_views(con: duckdb.DuckDBPyConnection, runs: Path, warn: Callable[[str
         if name == "runs":
             # The pattern while every file reads, so other DuckDB clients see new runs without a refresh
             source = _q(runs / "*" / files[0].name) if len(good) == len(files) else _list(good)
-            con.execute(f"""CREATE OR REPLACE VIEW runs AS
-                SELECT run_id, status, created_at, updated_at, inputs, summary
-                FROM read_json({source}, format='auto', union_by_name=true,
-                               columns={{run_id: 'VARCHAR', status: 'VARCHAR', created_at: 'TIMESTAMPTZ',
-                                         updated_at: 'TIMESTAMPTZ', inputs: 'JSON', summary: 'JSON'}})""")
+            con.execute(f"""CREATE OR REPLACE VIEW runs AS {runs_view(
+                f"read_json({source}, format='auto', union_by_name=true, columns={_struct(MANIFEST_FIELDS)})")}""")
         else:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {_table_view(name, runs, files, good)}")
     left_out += _job_views(con, runs)
@@ -577,8 +581,39 @@ def create_views(con: duckdb.DuckDBPyConnection, runs: Path, warn: Callable[[str
     return [f for f, _ in left_out]
 
 
+# The manifest's fields the runs view reads, with their types (a field a manifest lacks is NULL)
+MANIFEST_FIELDS = {"run_id": "VARCHAR", "status": "VARCHAR", "created_at": "TIMESTAMPTZ", "updated_at": "TIMESTAMPTZ",
+                   "inputs": "JSON", "summary": "JSON", "spend": "JSON", "lost_in_flight": "JSON",
+                   "interrupted_wall_time_s": "DOUBLE"}
+
+
+def runs_view(source: str) -> str:
+    """The runs view's query over `source`, a relation of MANIFEST_FIELDS (the local catalog's
+    read_json, the store's manifests). An interrupted run has no summary: `spent_usd` is what
+    the run cap of its manifest's `spend` counted, kept on Ctrl-C or SIGTERM, else (a run from
+    before `spend` was kept) the summary's `cost_usd`, so a sum over the view sees every run's
+    money. The six first columns are those the view always had."""
+    run_cap = "list_filter(json_extract(spend, '$[*]'), lambda c: c->>'cap' = 'run')[1]->>'spent_usd'"
+    return f"""SELECT run_id, status, created_at, updated_at, inputs, summary,
+        coalesce(TRY_CAST({run_cap} AS DOUBLE), TRY_CAST(summary->>'cost_usd' AS DOUBLE)) AS spent_usd,
+        spend, lost_in_flight, interrupted_wall_time_s
+        FROM {source}"""
+
+
 def _table_view(name: str, runs: Path, files: list[Path], good: list[Path]) -> str:
-    """The query of a table's view over its readable files `good` (of `files`).
+    """The query of a table's view over its readable files `good` (of `files`); see text_groups."""
+    groups = text_groups(name, {f: footer_schema(f) for f in good})
+    if groups is None:
+        # The pattern while every file reads, so other DuckDB clients see new runs without a refresh
+        source = _q(runs / "*" / files[0].name) if len(good) == len(files) else _list(good)
+        return f"SELECT * FROM read_parquet({source}, union_by_name = true)"
+    return union_by_name([(f"read_parquet({_list(fs)}, union_by_name = true)", texts) for fs, texts in groups])
+
+
+def text_groups(name: str, schema_of: dict[Any, pa.Schema]) -> list[tuple[list[Any], dict[str, str]]] | None:
+    """The files of a table (keys of `schema_of`, in order) in groups, each with the columns it
+    reads as text and their type in its files; None when the files read as one. Shared by the
+    local catalog and the store's (conductor.execute.shared.objects.catalog).
 
     A column carried over from the query sets (not in schemas.py) whose type differs between runs
     (BIGINT in one, BIGINT[] or VARCHAR in another) is VARCHAR in the view: a value as its text, a
@@ -586,13 +621,12 @@ def _table_view(name: str, runs: Path, files: list[Path], good: list[Path]) -> s
     for every run. The runs are then read in groups, one per set of types of such columns, joined
     by name. Numbers of different widths stay numbers (DuckDB widens them), and the schema's own
     columns keep their types."""
-    names = set(schemas.TABLES[name].names)
+    names = set(schemas.TABLES.get(name, pa.schema([])).names)
     declared = {c.lower() for c in names}
     types: dict[str, tuple[str, set[str]]] = {}  # a carried column (lower-cased, as DuckDB matches) -> name, types
-    of_file: dict[Path, dict[str, str]] = {}
-    for f in good:
+    of_file: dict[Any, dict[str, str]] = {}
+    for f, cols in schema_of.items():
         schema = of_file[f] = {}
-        cols = footer_schema(f)
         if names.issuperset(cols.names):  # no carried column: most runs
             continue
         for i, col in enumerate(cols.names):
@@ -601,19 +635,20 @@ def _table_view(name: str, runs: Path, files: list[Path], good: list[Path]) -> s
                 types.setdefault(key, (col, set()))[1].add(t)
     mixed = [key for key, (_, ts) in types.items() if not _one_type(ts)]
     if not mixed:
-        # The pattern while every file reads, so other DuckDB clients see new runs without a refresh
-        source = _q(runs / "*" / files[0].name) if len(good) == len(files) else _list(good)
-        return f"SELECT * FROM read_parquet({source}, union_by_name = true)"
-    groups: dict[tuple[str | None, ...], list[Path]] = {}
-    for f in good:
+        return None
+    groups: dict[tuple[str | None, ...], list[Any]] = {}
+    for f in schema_of:
         groups.setdefault(tuple(of_file[f].get(key) for key in mixed), []).append(f)
-    parts = []
-    for kinds, fs in groups.items():
-        texts = [f"{_as_text(_ident(types[key][0]), t)} AS {_ident(types[key][0])}"
-                 for key, t in zip(mixed, kinds) if t is not None]
-        parts.append(f"SELECT *{' REPLACE (' + ', '.join(texts) + ')' if texts else ''} "
-                     f"FROM read_parquet({_list(fs)}, union_by_name = true)")
-    return "\nUNION ALL BY NAME\n".join(parts)
+    return [(fs, {types[key][0]: t for key, t in zip(mixed, kinds) if t is not None}) for kinds, fs in groups.items()]
+
+
+def union_by_name(parts: list[tuple[str, dict[str, str]]]) -> str:
+    """SELECT * of each (source, {column read as text: its type there}), joined by column name."""
+    selects = []
+    for source, texts in parts:
+        replace = ", ".join(f"{_as_text(_ident(col), t)} AS {_ident(col)}" for col, t in texts.items())
+        selects.append(f"SELECT *{' REPLACE (' + replace + ')' if replace else ''} FROM {source}")
+    return "\nUNION ALL BY NAME\n".join(selects)
 
 
 def _as_text(column: str, sql: str) -> str:

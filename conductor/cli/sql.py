@@ -40,11 +40,12 @@ def main(args: argparse.Namespace) -> int:
 
     query = sys.stdin.read() if args.query == "-" else args.query
     store = store_url(getattr(args, "store", None))
+    left_out: dict[str, str] = {}  # the store's views left out, and why
     if store is not None:
         objects = ObjectStore(store)
         objects.check_bucket()  # a mistyped bucket is named, as `conductor run` names it
         try:
-            con = catalog(objects)
+            con = catalog(objects, left_out)
         except OSError as e:
             raise ConductorError(f"store {store}: cannot read the runs there: {e}") from None
     elif not (args.data_dir / "runs").is_dir():
@@ -83,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     except duckdb.Error as e:  # a damaged file, or a column whose type differs between runs: say which, and what to do
         from conductor.store import damaged_file_advice, schema_clashes
 
-        if (missing := _missing_view(str(e), store or args.data_dir / "runs")) is not None:
+        if (missing := _missing_view(str(e), store or args.data_dir / "runs", left_out)) is not None:
             raise ConductorError(f"SQL error: {missing}") from None  # not DuckDB's "Did you mean pg_tables?"
         advice = damaged_file_advice(str(e))
         if advice is None and store is None and isinstance(e, duckdb.ConversionException):
@@ -97,14 +98,17 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _missing_view(message: str, runs) -> str | None:
+def _missing_view(message: str, runs, left_out: dict[str, str] | None = None) -> str | None:
     """Why a catalog view is missing, or None for any other error. A view is made once some run
     has its file: after runs refused before their first call there may be none, and traces,
-    results and rewards are written when a run ends (the runs stopped before then are named)."""
+    results and rewards are written when a run ends (the runs stopped before then are named).
+    `left_out`: the store's views left out (its runs differ in a column's type), and why."""
     from conductor import schemas
 
     found = re.search(r"Table with name (\w+) does not exist", message)
     name = found.group(1).lower() if found else None
+    if name is not None and name in (left_out or {}):
+        return f"there is no view {name}: {left_out[name]}"
     if name is not None and name not in (*schemas.TABLES, "runs") and isinstance(runs, Path):
         from conductor.store import job_runs
 

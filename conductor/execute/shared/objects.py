@@ -498,31 +498,134 @@ class JournalUploader:
             log.warning("store %s: journal upload failed: %s", self.store.url, e)
 
 
-def catalog(store: ObjectStore):
+def catalog(store: ObjectStore, views_left_out: dict[str, str] | None = None):
     """An in-memory DuckDB with the catalog's views over the store's run files, read by
     pyarrow (DuckDB's httpfs extension cannot be installed offline, see docs/scaling.md)
-    and registered as Arrow datasets, which DuckDB scans lazily with filters pushed down."""
+    and registered as Arrow datasets, which DuckDB scans lazily with filters pushed down.
+    The views read as the local catalog's do (conductor.store): a carried-over query-set column
+    whose type differs between runs is text, and the runs view is the same query. A table whose
+    runs differ in the type of a column of its schema has no view; `views_left_out` (view ->
+    why) and standard error say which column, both types and both runs."""
+    import sys
+
     import duckdb
-    import orjson
     import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
+    from conductor.store import text_groups, union_by_name
+
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
     left_out: list[str] = []  # one damaged object must not take its whole view down for every run
+    clashes = views_left_out if views_left_out is not None else {}
     for name, paths in store.table_files().items():
-        schemas, good = [], []
+        schema_of: dict[str, pa.Schema] = {}
         for p in paths:
             try:
-                schemas.append(pq.read_schema(p, filesystem=store.fs))
-                good.append(p)
+                schema_of[p] = pq.read_schema(p, filesystem=store.fs)
             except (OSError, pa.ArrowException) as e:
                 left_out.append(f"{p} ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})")
-        if good:
-            con.register(name, ds.dataset(good, schema=pa.unify_schemas(schemas, promote_options="permissive"),
-                                          filesystem=store.fs, format="parquet"))
-    manifests = []
+        if not schema_of:
+            continue
+        groups = text_groups(name, schema_of) or [(list(schema_of), {})]
+        texted = {col.lower() for _, texts in groups for col in texts}
+        try:  # the columns not read as text must read as one type across every group
+            _unified(name, {p: pa.schema([f for f in s if f.name.lower() not in texted]) for p, s in schema_of.items()})
+            datasets = [ds.dataset(ps, schema=_unified(name, {p: schema_of[p] for p in ps}), filesystem=store.fs,
+                                   format="parquet") for ps, _ in groups]
+        except _Clash as e:
+            clashes[name] = str(e)
+            continue
+        if len(groups) == 1:
+            con.register(name, datasets[0])
+            continue
+        for i, dataset in enumerate(datasets):
+            con.register(f"_{name}_{i}", dataset)
+        con.execute(f"CREATE VIEW {_ident(name)} AS "
+                    f"{union_by_name([(_ident(f'_{name}_{i}'), texts) for i, (_, texts) in enumerate(groups)])}")
+    manifests = _manifests(store, left_out)
+    if manifests is not None:
+        from conductor.store import MANIFEST_FIELDS, runs_view
+
+        con.register("_manifests", manifests)
+        source = ", ".join(f"{_ident(k)}::{t} AS {_ident(k)}" for k, t in MANIFEST_FIELDS.items())
+        con.execute(f"CREATE VIEW runs AS {runs_view(f'(SELECT {source} FROM _manifests)')}")
+    for name, why in clashes.items():
+        print(f"conductor: the store's catalog has no view {name}: {why}", file=sys.stderr)
+    if left_out:
+        print(f"conductor: the store's catalog leaves out {len(left_out)} damaged object(s), so the views lack "
+              f"their runs' rows; replace or delete each: " + "; ".join(left_out[:10])
+              + (f"; and {len(left_out) - 10} more" if len(left_out) > 10 else ""), file=sys.stderr)
+    return con
+
+
+class _Clash(Exception):
+    """Two runs' files of a table whose column pyarrow cannot read as one type."""
+
+
+def _unified(name: str, schema_of: dict):
+    """The schema these objects of a table read as (numbers widened, a dictionary-encoded column
+    as its values, as DuckDB reads them); _Clash naming the column and the runs when there is none."""
+    import pyarrow as pa
+
+    plain = [pa.schema([f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in s])
+             for s in schema_of.values()]
+    try:
+        return pa.unify_schemas(plain, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        raise _Clash(_clash(name, dict(zip(schema_of, plain)))) from None
+
+
+def _clash(name: str, schema_of: dict) -> str:
+    """Which column of which two runs' objects does not unify, with both types, and what to do."""
+    import pyarrow as pa
+
+    from conductor import schemas
+    from conductor.store import column_clash, sql_type
+
+    found = _first_clash(schema_of)
+    if found is None:
+        return f"its runs' objects do not read as one table ({', '.join(f's3://{p}' for p in schema_of)})"
+    column, (a, where_a), (b, where_b) = found
+    clash = column_clash(column, name, (sql_type(a), where_a.split("/")[-2], f"s3://{where_a}"),
+                         (sql_type(b), where_b.split("/")[-2], f"s3://{where_b}"))
+    if column in schemas.TABLES.get(name, pa.schema([])).names:
+        clash += "; neither object is damaged (files written by different conductor versions may differ so)"
+    else:
+        clash += "; neither object is damaged"
+    return (f"{clash}, but the column cannot be read as one type across the runs: download each run's file and "
+            f"read it apart (SELECT * FROM read_parquet('<file>'))")
+
+
+def _first_clash(schema_of: dict):
+    """(column, (type, object), (other type, other object)) of the first column whose type in an
+    object does not unify with its type in an earlier one; None if there is none."""
+    import pyarrow as pa
+
+    first: dict = {}  # a column -> its first type, and that type's object
+    for where, schema in schema_of.items():
+        for field in schema:
+            if field.name not in first:
+                first[field.name] = (field.type, where)
+                continue
+            try:
+                pa.unify_schemas([pa.schema([pa.field("c", first[field.name][0])]),
+                                  pa.schema([pa.field("c", field.type)])], promote_options="permissive")
+            except (pa.ArrowTypeError, pa.ArrowInvalid):
+                return field.name, first[field.name], (field.type, where)
+    return None
+
+
+def _manifests(store: ObjectStore, left_out: list[str]):
+    """Every run's manifest.json on the store as a table of conductor.store.MANIFEST_FIELDS (JSON as
+    text, a missing field null); None when there is none. One that does not read is named in `left_out`."""
+    import orjson
+    import pyarrow as pa
+
+    from conductor.store import MANIFEST_FIELDS
+
+    rows = []
     sel = store._pafs.FileSelector(store.path("runs"), recursive=True, allow_not_found=True)
     for info in store.fs.get_file_info(sel):
         if info.path.endswith("/manifest.json") and info.path.count("/") == store.path("runs").count("/") + 2:
@@ -534,19 +637,20 @@ def catalog(store: ObjectStore):
             if not isinstance(m, dict):
                 left_out.append(f"{info.path} ({m if isinstance(m, str) else 'not a JSON object'})")
                 continue
-            manifests.append({"run_id": m.get("run_id"), "status": m.get("status"),
-                              "created_at": m.get("created_at"), "updated_at": m.get("updated_at"),
-                              "inputs": orjson.dumps(m.get("inputs")).decode(),
-                              "summary": orjson.dumps(m.get("summary")).decode()})
-    if manifests:
-        con.register("_manifests", pa.Table.from_pylist(manifests))
-        con.execute("""CREATE VIEW runs AS SELECT run_id, status, created_at::TIMESTAMPTZ AS created_at,
-            updated_at::TIMESTAMPTZ AS updated_at, inputs::JSON AS inputs, summary::JSON AS summary
-            FROM _manifests""")
-    if left_out:
-        import sys
+            row = {k: m[k] if isinstance(m.get(k), str) or m.get(k) is None else str(m[k])
+                   for k in ("run_id", "status", "created_at", "updated_at")}
+            row |= {k: None if m.get(k) is None else orjson.dumps(m[k]).decode()
+                    for k, t in MANIFEST_FIELDS.items() if t == "JSON"}
+            wall = m.get("interrupted_wall_time_s")
+            row["interrupted_wall_time_s"] = float(wall) if isinstance(wall, (int, float)) \
+                and not isinstance(wall, bool) else None
+            rows.append(row)
+    if not rows:
+        return None
+    types = {"DOUBLE": pa.float64()}
+    return pa.Table.from_pylist(rows, schema=pa.schema([(k, types.get(t, pa.string()))
+                                                        for k, t in MANIFEST_FIELDS.items()]))
 
-        print(f"conductor: the store's catalog leaves out {len(left_out)} damaged object(s), so the views lack "
-              f"their runs' rows; replace or delete each: " + "; ".join(left_out[:10])
-              + (f"; and {len(left_out) - 10} more" if len(left_out) > 10 else ""), file=sys.stderr)
-    return con
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
