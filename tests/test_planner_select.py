@@ -47,6 +47,7 @@ def kv_cache(monkeypatch):
         monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default would take far more
 
 
+@pytest.mark.timeout(1000)  # above its child's 900 s: the engine start is what a loaded machine slows
 def test_cli_plans_with_vllm_and_re_plans_on_the_same_engine(tmp_path, fresh_sim, small_queries, tiny_model,
                                                              kv_cache):
     url = fresh_sim.url
@@ -60,7 +61,8 @@ def test_cli_plans_with_vllm_and_re_plans_on_the_same_engine(tmp_path, fresh_sim
                 "--planner-model", tiny_model, *options, "--samples", "2", "--run-id", "v", "--quiet",
                 # a random model's workflows may fail (a vote over one step, ...): this test is about
                 # planning and re-planning on one engine, not about the plans' quality
-                "--max-failed-share", "1")
+                "--max-failed-share", "1",
+                timeout=900)  # a vLLM engine start in a child process: 300 s ran out on a loaded 2-core machine
     assert r.returncode == 0, r.stderr[-3000:]
     run = data / "runs" / "v"
     for name, schema in schemas.TABLES.items():
