@@ -14,6 +14,7 @@ import hashlib
 import math
 import os
 import re
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ import pyarrow.parquet as pq
 from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
 from conductor.execute.budget import Ledger
+from conductor.execute.cache import CacheDamaged
 from conductor.execute.context import ExecutionContext, add_lost, lost_in_flight
 from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
 from conductor.execute.journal import STEPS_FILE, count_unanswered, load_state, unpriced_calls
@@ -311,7 +313,8 @@ def plan_stage(run: Run, planner: Planner | None = None) -> Path:
     own = planner is None
     planner = planner or configured_planner(cfg)
     try:
-        with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)):
+        with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)), \
+                noting_failure(run.dir, "planning", lambda: spend_so_far(run)), _named_storage_errors(run):
             return _replan(run, planner, out, failed) if failed else _plan(run, planner, out)
     finally:
         if own:
@@ -401,7 +404,7 @@ def _plan(run: Run, planner: Planner, out: Path) -> Path:
     cfg = run.config
     bind_planner(run, planner)
     pool = planning_pool(run.pool)
-    run.dir.set_status("planning")
+    set_stage(run.dir, "planning")
     n = run.queries.num_rows
     folder = run.dir.work / "plan_parts"
     # A model planner may load an engine and generate for minutes with no counter: say what it does.
@@ -499,11 +502,16 @@ def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> lis
 
 def execute_stage(run: Run, **kw: Any) -> Path:
     """`_execute_stage` holding the run's lock: a second process on the same run refuses."""
-    with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)):
+    with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)), \
+            noting_failure(run.dir, "executing", lambda: spend_so_far(run)):
         return _execute_stage(run, **kw)
 
 
 INTERRUPTED = "interrupted"
+FAILED = "failed"
+# What a stage stopped by an error keeps in the manifest besides `status: failed` (and spend, lost_in_flight);
+# removed when a later command starts the stage again, or the run reaches its summary.
+FAILURE_KEYS = ("failed_in", "failed_at", "error")
 # The manifest's time of the commands interrupted since the last summary: the next summary adds it to its wall_time_s.
 INTERRUPTED_TIME = "interrupted_wall_time_s"
 
@@ -534,6 +542,57 @@ def noting_interrupt(run_dir: RunDir,
                     spend, lost = spent()
                     run_dir.set_status(INTERRUPTED, spend=spend, lost_in_flight=lost, interrupted_at=_now())
         raise
+
+
+@contextlib.contextmanager
+def noting_failure(run_dir: RunDir, stage: str,
+                   spent: Callable[[], tuple[list[dict], dict[str, Any]]] | None = None) -> Iterator[None]:
+    """A stage stopped by an error (a rejected planner key, a damaged cache, a full disk) marks the
+    run `failed`, with the stage, the time and the error: it stayed `planning` or `executing`, as if
+    it still ran. Only when this command got the stage under way (the manifest says `stage`): a
+    refusal before it (a run locked by another process, a preflight) leaves the status as it was.
+    The same command resumes the run and sets its status again. `spent`: as noting_interrupt's."""
+    try:
+        yield
+    except BaseException as e:
+        if not is_interrupt(e) and isinstance(e, Exception):
+            with contextlib.suppress(Exception):
+                if run_dir.read_manifest().get("status") == stage:
+                    extra: dict[str, Any] = {"failed_in": stage, "failed_at": _now(), "error": failure_text(e)}
+                    if spent is not None:
+                        with contextlib.suppress(Exception):
+                            extra["spend"], extra["lost_in_flight"] = spent()
+                    run_dir.set_status(FAILED, **extra)
+        raise
+
+
+def failure_text(e: BaseException) -> str:
+    """The error as the manifest keeps it: a ConductorError's message (already masked), else the
+    exception's type and text, masked: never a key."""
+    if isinstance(e, ConductorError):
+        return str(e)
+    from conductor.masking import mask
+
+    return mask(f"{type(e).__name__}: {e}")
+
+
+def set_stage(run_dir: RunDir, status: str, **extra: Any) -> None:
+    """Set the run's status as a stage starts, dropping what an earlier failed command left."""
+    m = run_dir.read_manifest()
+    for key in FAILURE_KEYS:
+        m.pop(key, None)
+    m.update(status=status, **extra)
+    run_dir.write_manifest(m)
+
+
+@contextlib.contextmanager
+def _named_storage_errors(run: Run) -> Iterator[None]:
+    """A database error in planning (an LLM planner's cache or journal) is a storage error, as in
+    execution: it ended the command in a traceback. A damaged cache is named (execute.cache)."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        raise storage_error(e, run.dir.path) from None
 
 
 def spend_so_far(run: Run) -> tuple[list[dict], dict[str, Any]]:
@@ -614,7 +673,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             reserve=reserve)
         with context as executor:
             executing = True  # the journal exists from here on
-            run.dir.set_status("executing", **recorded)
+            set_stage(run.dir, "executing", **recorded)
             asyncio.run(executor.run(_jobs(run, plans_path, record, refresh), state))
     except STORAGE_ERRORS as e:
         if executing:
@@ -697,7 +756,13 @@ def check_work(run: Run) -> None:
 
 
 def storage_error(e: BaseException, where: Path) -> StorageError:
-    """The message for a disk or database failure: what failed, and that a rerun loses nothing."""
+    """The message for a disk or database failure: what failed, and that a rerun loses nothing.
+    A response cache found damaged mid-run names that file and what to do with it instead."""
+    if isinstance(e, CacheDamaged):
+        return StorageError(f"stopped: the response cache {e.path} is damaged ({e.reason}). It holds cached answers "
+                            f"only: move it away (mv '{e.path}' '{e.path}.bad') and rerun the same command: the run "
+                            f"in {where} resumes, answers already paid for are kept and not paid again, and the moved "
+                            f"file's answers are asked for again")
     if isinstance(e, OSError) and e.strerror:
         what = e.strerror + (f": {e.filename}" if e.filename else "")
     else:
@@ -889,6 +954,8 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     if wall_time_s is not None:
         manifest.pop(INTERRUPTED_TIME, None)  # counted in wall_time_s now
     manifest.pop("interrupted_at", None)
+    for key in FAILURE_KEYS:  # a failed command's error, resumed since
+        manifest.pop(key, None)
     run.dir.write_manifest(manifest)
     summary["catalog"] = catalog_line(run.config.data_dir)
     return summary
@@ -916,7 +983,7 @@ def catalog_line(data_dir: str | Path) -> str:
 
 
 def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> dict[str, Any]:
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), _now()
     own = planner is None
     # Created here, not per stage, so that re-planning steps reuse it (a loaded
     # vLLM engine); and before the run folder, so that a bad setting writes nothing.
@@ -936,7 +1003,7 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     run = prepare(cfg, pool, before_new=planner_ready)
     store = run.lease.store if run.lease is not None else None
     # The run's lease on the store is renewed while the run goes on and released when it ends, however it ends.
-    with run.lease or contextlib.nullcontext(), _timing_interrupts(run, t0):
+    with run.lease or contextlib.nullcontext(), _timing_interrupts(run, t0, started):
         if store is not None:
             store.push_run(run.dir)
         try:
@@ -961,18 +1028,19 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
 
 
 @contextlib.contextmanager
-def _timing_interrupts(run: Run, t0: float) -> Iterator[None]:
-    """A command interrupted in a stage (the run left `interrupted`) keeps its time in the manifest,
-    which the summary's wall_time_s adds: the resume that reached it reported its own seconds alone."""
+def _timing_interrupts(run: Run, t0: float, started: str) -> Iterator[None]:
+    """A command interrupted in a stage (the run left `interrupted`), or stopped there by an error
+    (left `failed` by this command, which began at `started`), keeps its time in the manifest, which
+    the summary's wall_time_s adds: the resume that reached it reported its own seconds alone."""
     try:
         yield
     except BaseException as e:
-        if is_interrupt(e):
-            with contextlib.suppress(Exception):
-                m = run.dir.read_manifest()
-                if m.get("status") == INTERRUPTED:
-                    m[INTERRUPTED_TIME] = round((m.get(INTERRUPTED_TIME) or 0.0) + time.monotonic() - t0, 3)
-                    run.dir.write_manifest(m)
+        with contextlib.suppress(Exception):
+            m = run.dir.read_manifest()
+            if (m.get("status") == INTERRUPTED if is_interrupt(e)
+                    else m.get("status") == FAILED and str(m.get("failed_at") or "") >= started):
+                m[INTERRUPTED_TIME] = round((m.get(INTERRUPTED_TIME) or 0.0) + time.monotonic() - t0, 3)
+                run.dir.write_manifest(m)
         raise
 
 

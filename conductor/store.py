@@ -498,7 +498,7 @@ class CatalogHeld(ConductorError):
 
 
 VIEWS_STAMP = ".conductor.duckdb.views"  # which views the catalog holds, so `conductor sql` refreshes only on change
-VIEWS_SHAPE = 2  # raised whenever the views' queries change (2: the runs view's spent_usd, spend, ...)
+VIEWS_SHAPE = 3  # raised whenever the views' queries change (2: the runs view's spent_usd, spend, ...; 3: error)
 
 
 def views_signature(data_dir: Path) -> str:
@@ -584,7 +584,7 @@ def create_views(con: duckdb.DuckDBPyConnection, runs: Path, warn: Callable[[str
 # The manifest's fields the runs view reads, with their types (a field a manifest lacks is NULL)
 MANIFEST_FIELDS = {"run_id": "VARCHAR", "status": "VARCHAR", "created_at": "TIMESTAMPTZ", "updated_at": "TIMESTAMPTZ",
                    "inputs": "JSON", "summary": "JSON", "spend": "JSON", "lost_in_flight": "JSON",
-                   "interrupted_wall_time_s": "DOUBLE"}
+                   "interrupted_wall_time_s": "DOUBLE", "failed_in": "VARCHAR", "error": "VARCHAR"}
 
 
 def runs_view(source: str) -> str:
@@ -596,7 +596,7 @@ def runs_view(source: str) -> str:
     run_cap = "list_filter(json_extract(spend, '$[*]'), lambda c: c->>'cap' = 'run')[1]->>'spent_usd'"
     return f"""SELECT run_id, status, created_at, updated_at, inputs, summary,
         coalesce(TRY_CAST({run_cap} AS DOUBLE), TRY_CAST(summary->>'cost_usd' AS DOUBLE)) AS spent_usd,
-        spend, lost_in_flight, interrupted_wall_time_s
+        spend, lost_in_flight, interrupted_wall_time_s, failed_in, error
         FROM {source}"""
 
 

@@ -98,7 +98,8 @@ def test_an_interrupted_runs_spend_is_in_the_runs_view_beside_finished_and_old_r
     # The view's columns it always had are as they were, the new ones after them
     r = cli("sql", "SELECT column_name, column_type FROM (DESCRIBE runs)", "--data-dir", data, "--format", "json")
     assert [(c["column_name"], c["column_type"]) for c in _rows(r)] == RUNS_COLUMNS + [
-        ("spent_usd", "DOUBLE"), ("spend", "JSON"), ("lost_in_flight", "JSON"), ("interrupted_wall_time_s", "DOUBLE")]
+        ("spent_usd", "DOUBLE"), ("spend", "JSON"), ("lost_in_flight", "JSON"), ("interrupted_wall_time_s", "DOUBLE"),
+        ("failed_in", "VARCHAR"), ("error", "VARCHAR")]
 
     # Runs from before the manifest kept these fields: a finished one's spend is its summary's cost
     old = {k: v for k, v in manifest["done"].items() if k not in ("spend", "lost_in_flight")}
@@ -153,7 +154,8 @@ def test_the_stores_runs_view_shows_an_interrupted_runs_spend(tmp_path, s3, fres
     _check_spend(rows, manifest["stopped"], manifest["done"])
     r = run_cli("sql", "SELECT column_name, column_type FROM (DESCRIBE runs)", "--store", store, "--format", "json")
     assert [(c["column_name"], c["column_type"]) for c in _rows(r)] == RUNS_COLUMNS + [
-        ("spent_usd", "DOUBLE"), ("spend", "JSON"), ("lost_in_flight", "JSON"), ("interrupted_wall_time_s", "DOUBLE")]
+        ("spent_usd", "DOUBLE"), ("spend", "JSON"), ("lost_in_flight", "JSON"), ("interrupted_wall_time_s", "DOUBLE"),
+        ("failed_in", "VARCHAR"), ("error", "VARCHAR")]
     r = run_cli("sql", "SELECT sum(spent_usd) AS usd FROM runs", "--store", store, "--format", "json")
     assert _rows(r) == [{"usd": pytest.approx(rows["stopped"]["spent_usd"] + rows["done"]["spent_usd"])}]
 

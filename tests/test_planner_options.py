@@ -209,7 +209,7 @@ def test_a_planner_model_that_always_fails_exits_4_and_the_rerun_plans(sim, tmp_
 
 
 def test_a_rejected_planner_key_exits_4_and_says_how_the_run_resumes(sim, tmp_path, queries):
-    """A 401 is found only by calling: the run folder is left in status `planning`, and the message
+    """A 401 is found only by calling: the run folder is left in status `failed`, and the message
     says that the same command resumes it once the key is fixed."""
     pool = _pool(tmp_path, sim, max_attempts=1)
     sim.set_faults("sim-planner", fail_status=401)
@@ -217,7 +217,7 @@ def test_a_rejected_planner_key_exits_4_and_says_how_the_run_resumes(sim, tmp_pa
     run_id, status = _status(tmp_path)
     assert r.returncode == 4 and "LLM planner: cannot plan:" in r.stderr, r.stderr
     assert f"Fix this, then the same command resumes the planning of run {run_id}" in r.stderr, r.stderr
-    assert status == "planning" and sim.log()["total"] > 0
+    assert status == "failed" and sim.log()["total"] > 0
     sim.clear_faults()
     r = _llm_run(tmp_path, sim, queries, model=False, pool=pool)
     assert r.returncode == 0 and _status(tmp_path) == (run_id, "complete"), r.stderr

@@ -74,6 +74,30 @@ def read_entry(value: bytes) -> Entry | None:
 # SQLite's result codes for a disk that is full or failing, as the errno the CLI reports
 # as a storage error ("free space and rerun"): moving the cache away would not help.
 _DISK_ERRORS = {13: errno.ENOSPC, 10: errno.EIO}  # SQLITE_FULL, SQLITE_IOERR (and its extended codes)
+_DAMAGE_CODES = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: the file, not the disk
+
+
+def _move_away(path: Path) -> str:
+    return (f"It holds cached answers only: move it away (mv '{path}' '{path}.bad') and rerun; its answers will be "
+            f"asked for again")
+
+
+class CacheDamaged(sqlite3.DatabaseError):
+    """A cache file found damaged after it opened: a page deep in it, which opening does not read
+    (checking every page would cost each run a read of the whole file). Still a database error, so
+    the executor stops the run as on any storage error; its message names the file and what to do
+    (the runner's message said "free space" and named the run folder)."""
+
+    def __init__(self, path: Path, e: sqlite3.DatabaseError):
+        super().__init__(f"the response cache {path} is damaged ({e}). {_move_away(path)}")
+        self.path, self.reason = path, str(e)
+
+
+def _damaged(path: Path, e: sqlite3.DatabaseError) -> CacheDamaged | None:
+    """A CacheDamaged naming `path` when SQLite says the file is damaged, else None."""
+    if not isinstance(e, CacheDamaged) and getattr(e, "sqlite_errorcode", 0) & 0xFF in _DAMAGE_CODES:
+        return CacheDamaged(path, e)
+    return None
 
 
 class Cache:
@@ -81,7 +105,14 @@ class Cache:
         self.path = Path(path)
         self._pending: dict[str, tuple[str, str, bytes, float]] = {}
         self._turn = AfterTurn(self.flush, (OSError, sqlite3.DatabaseError))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():  # sqlite3's "unable to open database file" ended the run in a traceback
+            raise ConductorError(f"{self.path} is a folder, not a response cache file: move it away, or point "
+                                 f"CONDUCTOR_CACHE at a file (or run with --no-cache)")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConductorError(f"cannot make the response cache {self.path}: a file is in the way of its "
+                                 f"folder {self.path.parent}") from None
         self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -95,15 +126,19 @@ class Cache:
                 raise
             if getattr(e, "sqlite_errorcode", 0) & 0xFF in _DISK_ERRORS:  # the disk, not the file: exit 5
                 raise OSError(_DISK_ERRORS[e.sqlite_errorcode & 0xFF], str(e), str(self.path)) from None
-            raise ConductorError(
-                f"{self.path} is not a readable response cache ({e}). It holds cached answers only: move it "
-                f"away (mv '{self.path}' '{self.path}.bad') and rerun; its answers will be asked for again") from None
+            raise ConductorError(f"{self.path} is not a readable response cache ({e}). "
+                                 f"{_move_away(self.path)}") from None
 
     def get(self, key: str) -> Entry | None:
         pending = self._pending.get(key)
         if pending is not None:
             return read_entry(pending[2])
-        row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
+        try:
+            row = self._db.execute("SELECT value FROM responses WHERE key = ?", (key,)).fetchone()
+        except sqlite3.DatabaseError as e:
+            if (damaged := _damaged(self.path, e)) is not None:
+                raise damaged from None
+            raise
         if row is None:
             return None
         return read_entry(row[0])
@@ -119,16 +154,21 @@ class Cache:
                 found[key] = read_entry(pending[2])
             else:
                 rest.append(key)
-        if rest and _JSON_EACH:  # the keys as one JSON array: cheaper to bind than one parameter each
-            for key, value in self._db.execute("SELECT r.key, r.value FROM json_each(?) AS k "
-                                               "JOIN responses AS r ON r.key = k.value", (orjson.dumps(rest),)):
-                found[key] = read_entry(value)
-        else:
-            for i in range(0, len(rest), _KEYS_PER_QUERY):
-                part = rest[i:i + _KEYS_PER_QUERY]
-                query = f"SELECT key, value FROM responses WHERE key IN ({','.join('?' * len(part))})"
-                for key, value in self._db.execute(query, part):
+        try:
+            if rest and _JSON_EACH:  # the keys as one JSON array: cheaper to bind than one parameter each
+                for key, value in self._db.execute("SELECT r.key, r.value FROM json_each(?) AS k "
+                                                   "JOIN responses AS r ON r.key = k.value", (orjson.dumps(rest),)):
                     found[key] = read_entry(value)
+            else:
+                for i in range(0, len(rest), _KEYS_PER_QUERY):
+                    part = rest[i:i + _KEYS_PER_QUERY]
+                    query = f"SELECT key, value FROM responses WHERE key IN ({','.join('?' * len(part))})"
+                    for key, value in self._db.execute(query, part):
+                        found[key] = read_entry(value)
+        except sqlite3.DatabaseError as e:
+            if (damaged := _damaged(self.path, e)) is not None:
+                raise damaged from None
+            raise
         return {k: e for k, e in found.items() if e is not None}
 
     def put(self, key: str, model: str, entry: Entry) -> None:
@@ -146,11 +186,13 @@ class Cache:
         try:
             self._db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", rows)
             self._db.execute("COMMIT")
-        except BaseException:
+        except BaseException as e:
             try:
                 self._db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            if isinstance(e, sqlite3.DatabaseError) and (damaged := _damaged(self.path, e)) is not None:
+                raise damaged from None
             raise
         for row in rows:
             if self._pending.get(row[0]) is row:

@@ -192,6 +192,20 @@ def _number(v: object, low: float, high: float) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and low <= v <= high
 
 
+POLICY_FOLDERS = ("a folder `conductor policy train` wrote (its root, a pool's folder or one version vNNNN), "
+                  "or policy=auto (the newest for the pool, if any) or policy=none (the prior)")
+
+
+def _not_a_policy_folder(path: Path) -> str | None:
+    """Why a `policy=` path cannot hold a policy: one that does not exist (a typo, an unmounted
+    volume) was told "no policy artifact there for this pool", as if the folder were there."""
+    if not path.exists():
+        return f"there is no folder {path.absolute()}; give {POLICY_FOLDERS}"
+    if not path.is_dir():
+        return f"{path.absolute()} is a file, not a policy folder; give {POLICY_FOLDERS}"
+    return None
+
+
 class EmbeddedPlanner(PlannerBackEnd):
     name = "embedded"
 
@@ -284,7 +298,9 @@ class EmbeddedPlanner(PlannerBackEnd):
             return None
         key = pool_key(pool)
         if key not in self._learned:
-            where = None if str(setting).lower() == "auto" else setting
+            where = None if str(setting).lower() == "auto" else str(Path(setting).expanduser())
+            if where is not None and (why := _not_a_policy_folder(Path(where))):
+                raise ConductorError(f"planner option policy={setting}: no policy artifact there for this pool: {why}")
             folder = find(pool, where)
             if folder is None and where is not None:
                 raise ConductorError(f"planner option policy={setting}: no policy artifact there for this pool")

@@ -371,7 +371,7 @@ class LLMPlanner(PlannerBackEnd):
             progress.close()
             if tmp is not None:
                 tmp.cleanup()
-        _stop_on(failures, len(drafts), b)
+        _stop_on(failures, len(drafts), b, key_option=c.model is not None and worker.provider not in pool.providers)
         return [list(drafts[i * samples:(i + 1) * samples]) for i in range(len(queries))]
 
 
@@ -407,11 +407,17 @@ def _final_failure(failed: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
-def _stop_on(failures: list[StepFailed], n: int, binding: Binding) -> None:
+def _stop_on(failures: list[StepFailed], n: int, binding: Binding, key_option: bool = False) -> None:
     """Raise for the planning failures that must stop the run (see RERUN_KINDS, SETUP_KINDS). Its
-    calls were sent, so not exit 2 ("nothing called"): 3 when a budget stopped them, else 4."""
+    calls were sent, so not exit 2 ("nothing called"): 3 when a budget stopped them, else 4.
+    `key_option`: the planner's provider is --planner-model's own, so its key variable is named
+    with --planner-option api_key_env, not in the pool file (which has no such provider)."""
     if setup := [f for f in failures if f.kind in SETUP_KINDS]:
-        raise PlanningStopped(f"LLM planner: cannot plan: {setup[0]}"
+        why = str(setup[0])
+        if key_option:
+            why = re.sub(r"\(set api_key_env for provider \S+ in the pool file\)",
+                         "(name the variable that holds its key with --planner-option api_key_env=NAME)", why)
+        raise PlanningStopped(f"LLM planner: cannot plan: {why}"
                               + (_resumes(binding) if binding.work_dir is not None else ""))
     rerun = [f for f in failures if f.kind in RERUN_KINDS]
     if not rerun:
@@ -426,11 +432,11 @@ def _stop_on(failures: list[StepFailed], n: int, binding: Binding) -> None:
 
 
 def _resumes(binding: Binding) -> str:
-    """What to do with the run folder the failed planning left (status `planning`). Not a plain
-    "rerun": the same request fails the same way until its cause is fixed."""
-    return (f". Fix this, then the same command resumes the planning of run {binding.run_id} (its status "
-            f"stays `planning` until then; with other planner options it is a new run, and this one's "
-            f"folder can be deleted)")
+    """What to do with the run folder the failed planning left (status `failed`, runner.noting_failure).
+    Not a plain "rerun": the same request fails the same way until its cause is fixed."""
+    return (f". Fix this, then the same command resumes the planning of run {binding.run_id} (its status is "
+            f"`failed` until then; with other planner options it is a new run, and this one's folder can be "
+            f"deleted)")
 
 
 def _as_option(message: str) -> str:
