@@ -231,7 +231,8 @@ def load_pool(path: str | os.PathLike) -> Pool:
 
 def parse_pool(raw: Any, where: str | None = None) -> Pool:
     if not isinstance(raw, dict):
-        raise PoolError("the top level must be a mapping with 'workers' and 'providers'")
+        raise PoolError(("the file is empty" if raw is None else "the top level must be a mapping")
+                        + ": it needs a workers: list (providers:, version:, governor: and replay: are optional)")
     _no_unknown(raw, {"workers", "providers", "version", "replay", "governor"}, "")
     if raw.get("version", POOL_VERSION) != POOL_VERSION or isinstance(raw.get("version"), bool):  # True == 1
         raise PoolError(f"version: this conductor reads pool files of version {POOL_VERSION} "
@@ -377,6 +378,14 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
     provider = w.get("provider")
     if provider is None:
         provider = "local" if kind == "function" else provider_from_model(model)
+        if providers and kind != "function" and model is not None and provider not in providers:
+            # Its calls would run on the model's prefix with default limits and outside every budget,
+            # as a misspelled provider would (refused below); a function worker calls nothing, and a
+            # planner worker without a model is the run's own planner, which has its provider.
+            raise PoolError(f"{at}.provider: required, since the file has providers: ({', '.join(providers)}); "
+                            f"without it the worker would run on provider {provider!r} (its model's prefix), "
+                            f"which is not listed: default limits and no budget. Name one of them, or list "
+                            f"`{provider}: {{}}` to allow that")
     if not isinstance(provider, str):
         raise PoolError(f"{at}.provider: must be a provider id")
     if "provider" in w and providers and provider not in providers:
@@ -462,6 +471,9 @@ def _price(raw: Any, at: str) -> Price | None:
     per_m = {"input_per_mtok", "output_per_mtok"} & raw.keys()
     if per_tok and per_m:
         raise PoolError(f"{at}: give prices per token or per million tokens, not both")
+    if not per_tok and not per_m:  # `price: {}`: "input_per_token: required" sent users the rarer way
+        raise PoolError(f"{at}: give input_per_mtok and output_per_mtok (USD per million tokens), "
+                        f"or input_per_token and output_per_token")
     if per_m:
         return Price(_num(raw, "input_per_mtok", at, minimum=0.0, required=True) / 1e6,
                      _num(raw, "output_per_mtok", at, minimum=0.0, required=True) / 1e6)

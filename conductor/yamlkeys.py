@@ -31,6 +31,19 @@ def load(text: str):
     return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader)
 
 
+class Item(str):
+    """A list item in a key path, written as pool messages name it: `[0]`, or `[0] (id)` when the
+    item is a mapping with an `id` (`workers[0] (small).price`, not `workers.0.price`)."""
+
+
+def _item(i: int, node: yaml.Node) -> Item:
+    if isinstance(node, yaml.MappingNode):
+        for k_node, v_node in node.value:
+            if isinstance(k_node, yaml.ScalarNode) and k_node.value == "id" and isinstance(v_node, yaml.ScalarNode):
+                return Item(f"[{i}] ({v_node.value})")
+    return Item(f"[{i}]")
+
+
 def duplicate_key(node: yaml.Node | None, key: tuple = ()) -> tuple[tuple, int, int] | None:
     """The first key given twice in one mapping: (key path, first line, second line), 1-based."""
     if isinstance(node, yaml.MappingNode):
@@ -45,14 +58,15 @@ def duplicate_key(node: yaml.Node | None, key: tuple = ()) -> tuple[tuple, int, 
                 return found
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
-            if (found := duplicate_key(v, key + (i,))) is not None:
+            if (found := duplicate_key(v, key + (_item(i, v),))) is not None:
                 return found
     return None
 
 
 def message(found: tuple[tuple, int, int]) -> str:
     key, first, second = found
-    return f"{'.'.join(map(str, key))}: given twice (lines {first} and {second}); keep one"
+    path = "".join(part if isinstance(part, Item) or not n else f".{part}" for n, part in enumerate(key))
+    return f"{path}: given twice (lines {first} and {second}); keep one"
 
 
 def syntax_error(text: str, e: yaml.YAMLError) -> tuple[str, str]:

@@ -18,6 +18,7 @@ def test_full_pool_loads(tmp_path, monkeypatch):
     f.write_text("""
 providers:
   acme: {rpm: 600, tpm: 100000, max_concurrency: 8, budget_usd: 2.5, api_key_env: ACME_KEY}
+  anthropic: {}
 workers:
   - id: small
     provider: acme

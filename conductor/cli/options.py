@@ -25,8 +25,8 @@ def run_id(p: argparse.ArgumentParser, help: str | None = None) -> None:
     p.add_argument("--run-id", type=argtypes.run_id, default=None, help=help)
 
 
-def seed(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=SEED, default=0)
+def seed(p: argparse.ArgumentParser, help: str = "random seed, 0 or more (default 0)") -> None:
+    p.add_argument("--seed", type=SEED, default=0, help=help)
 
 
 def quiet(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def max_steps(p: argparse.ArgumentParser) -> None:
 
 
 def cost_penalty(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cost-penalty", type=float, default=0.0, help="reward points subtracted per USD")
+    p.add_argument("--cost-penalty", type=float, default=0.0, help="reward points subtracted per USD (default 0)")
 
 
 def planner_limit(p: argparse.ArgumentParser, help: str) -> None:

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(free space and rerun), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun to resume.")
     p.add_argument("queries", type=argtypes.path, help="Parquet query set (query_id, prompt, [task, reference, metadata])")
     options.pool(p)
-    p.add_argument("--samples", "-k", type=int, default=1, help="plans per query, 1 to 4096 (K>1 for RL rollouts)")
+    p.add_argument("--samples", "-k", type=int, default=1,
+                   help="plans per query, 1 to 4096 (K>1 for RL rollouts; default 1)")
     options.run_id(p, "name of the run (default: derived from the inputs, so a rerun resumes)")
     options.data_dir(p)
     p.add_argument("--store", metavar="s3://BUCKET/PREFIX",
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "stage, the journal while it runs; a run missing from --data-dir is fetched from it, "
                         "so a killed worker's run resumes on any machine")
     p.add_argument("--planner", choices=PLANNERS, default="embedded",
-                   help="embedded: templates scored by the pool's skills and prices (no model); "
+                   help="embedded (the default): templates scored by the pool's skills and prices (no model); "
                         "vllm: a local model on vLLM's offline engine, whole batches per call; "
                         "llm: any chat model through litellm, called like a worker (limits, budget, cache)")
     p.add_argument("--planner-model", metavar="MODEL",
@@ -43,8 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     options.max_steps(p)
     p.add_argument("--max-depth", type=int, default=1,
                    help="re-planning levels: a step given to a planner worker runs a new workflow one level "
-                        "deeper, and no deeper than this (0: no re-planning)")
-    options.seed(p)
+                        "deeper, and no deeper than this (0: no re-planning; default 1)")
+    options.seed(p, "random seed of the planners' sampling and of retry jitter, 0 or more; another seed is "
+                    "another run (default 0)")
     p.add_argument("--budget", type=float, help="USD cap for this run, on top of the pool's provider budgets")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the response cache")
     p.add_argument("--refresh", action="store_true", help="ignore cached responses; store the fresh ones")

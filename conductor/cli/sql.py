@@ -27,9 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", metavar="s3://BUCKET/PREFIX",
                    help="query the runs kept on object storage instead (default: $CONDUCTOR_STORE)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    p.add_argument("--max-rows", type=options.int_in(1, 10 ** 9), default=100, help="rows shown in table format")
+    p.add_argument("--max-rows", type=options.int_in(1, 10 ** 9), default=100,
+                   help="rows shown in table format (default 100)")
     p.add_argument("--max-width", type=options.int_in(40, 10 ** 6), default=200,
-                   help="characters a row may take in table format (columns past it are left out)")
+                   help="characters a row may take in table format (columns past it are left out; default 200)")
     p.set_defaults(func=main)
 
 

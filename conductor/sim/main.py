@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConductorError(f"--host {args.host}: the simulated pool binds loopback only; "
                              "pass --allow-remote to serve other hosts")
     pool = load_pool(args.pool)
-    models = served_models(pool)
+    try:
+        models = served_models(pool)
+    except SimConfigError as e:  # which file to fix: the message alone names only workers
+        raise SimConfigError(f"pool file {args.pool}: {e}") from None
     index = load_index(args.queries)
     overrides = {k: check_fault(k, getattr(args, k), "--" + k.replace("_", "-"))
                  for k in FAULT_KEYS if getattr(args, k) is not None}
