@@ -61,7 +61,8 @@ def job_summary(s: dict[str, Any]) -> str:
     stopped = s["statuses"].get("budget_exhausted", 0)  # rows to compute that a budget stopped (not in computed)
     unpriced = s.get("unpriced_rows") or 0  # never a silent $0: their cost is unknown, not in the figure
     rows = [("job", s["job"]),
-            ("run", s["run_id"] + ("  (complete already: nothing executed, nothing written)" if s.get("kept") else "")),
+            ("run", s["run_id"] + ("  (complete already: nothing executed, nothing written)" if s.get("kept") else "")
+             + _resumed(s.get("resumed_kept"))),
             ("rows", f"{s['rows']}  (computed {s['computed']}, "
                      + (f"stopped by a budget {stopped}, " if stopped else "") + f"reused {s['reused']} at $0)"),
             ("valid", f"{s['valid']} ({m['valid_share']:.1%})"),
@@ -102,7 +103,18 @@ def job_summary(s: dict[str, Any]) -> str:
     if s.get("failures"):
         out += "\n\nrows without a valid record (a rerun retries them):\n" + "\n".join(
             f"  {f['rows']} {f['status']}: {f['error']}" for f in s["failures"])
+        if (rest := s.get("failures_not_shown") or {}).get("rows"):
+            out += (f"\n  ... and {rest['rows']} more row(s) under {rest['groups']} other cause(s): see the status "
+                    f"and error columns of {s['records_path']}")
     return out
+
+
+def _resumed(r: dict[str, Any] | None) -> str:
+    """A job run that continued an interrupted one says so, as `conductor run` marks `(resumed)`."""
+    if not r:
+        return ""
+    return (f"  (resumed: {r['calls']} call(s) answered before it was interrupted, ${r['cost_usd']:.6f}, kept "
+            f"and counted below)")
 
 
 def eval_report(report: Any, *, learned: bool = False) -> str:

@@ -442,8 +442,11 @@ def _prompt_line(doc: Located) -> int:
 def _fields(doc: Located, raw: Any, at: tuple) -> tuple[Field, ...]:
     if raw is None:
         return ()
-    if not isinstance(raw, dict) or not raw:
+    if not isinstance(raw, dict):
         raise doc.error(at, "must be a mapping of field name to {type, description, required}")
+    if not raw:  # `{}` is a mapping: "must be a mapping" read as wrong (audit66 F8)
+        raise doc.error(at, "is empty; give at least one field, or remove the `fields` key for a plain-text job"
+                        if at == ("fields",) else "is empty; an object needs at least one field")
     out = []
     for name, spec in raw.items():
         fat = at + (name,)
@@ -457,6 +460,8 @@ def _fields(doc: Located, raw: Any, at: tuple) -> tuple[Field, ...]:
             if k not in ("type", "description", "required", "values", "items", "fields"):
                 raise doc.error(fat + (k,), "unknown key (allowed: type, description, required, values, items, fields)")
         t = spec.get("type")
+        if t is None:  # left out, or `type:` with no value: "unknown field type None" named no mistake
+            raise doc.error(fat + ("type",), f"required (one of {', '.join(TYPES)})")
         if t not in TYPES:
             raise doc.error(fat + ("type",), f"unknown field type {t!r} (allowed: {', '.join(TYPES)})")
         values: tuple = ()

@@ -16,6 +16,7 @@ judge's is judged again, without being extracted again.
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,8 +30,8 @@ import pyarrow.parquet as pq
 
 from conductor import schemas
 from conductor.enrich.context import check_budget, check_context, check_planned_context
-from conductor.enrich.history import (OK, abandon_interrupted, interrupted_run, invalid_before, previous_records,
-                                      read_table)
+from conductor.enrich.history import (ABANDONED, OK, abandon_interrupted, interrupted_run, invalid_before,
+                                      previous_records, read_table)
 from conductor.enrich.job import Job
 from conductor.enrich.metrics import metrics as compute_metrics, row_scores
 from conductor.records import RecordChecker, parse_reply, typed_columns
@@ -106,6 +107,10 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
     run_id = (run_id or interrupted_run(data_dir, info, [ids[i] for i in todo], pool)
               or f"{job.name}-{now.strftime('%Y%m%dT%H%M%S%f')}")
     run = RunDir(data_dir, run_id)
+    _check_resumable(run, info, [ids[i] for i in todo])
+    resumed = _resumed(run) if todo else None
+    if resumed:
+        say(_resuming_line(run_id, resumed))
     made = [r.path for r in (RunDir(data_dir, f"{run_id}-judge"), run) if not r.path.exists()]
     made += [] if (data_dir / "runs").exists() else [data_dir / "runs"]
     abandoned: list[dict[str, Any]] = []
@@ -144,9 +149,11 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
                        compute_metrics(job, df, records, table, judge_hash=current_judge))
     summary["judge_cost_usd"] = judge_cost
     summary["judge_budget_exhausted"] = judge_stopped
-    summary["failures"] = _failures(table)
+    summary["failures"], summary["failures_not_shown"] = failure_groups(table)
     summary["lost_in_flight"] = _lost_in_flight(run, RunDir(data_dir, f"{run_id}-judge"))
     summary["abandoned_runs"] = abandoned
+    # as `conductor run` has it (a bool), and what the interrupted run had answered before this command
+    summary["resumed"], summary["resumed_kept"] = resumed is not None, resumed
     # as `conductor run` counts it: rows a budget stopped are not failed (exit 3 says so)
     stopped = summary["statuses"].get("budget_exhausted", 0)
     summary["failed_share"] = (summary["failed"] - stopped) / summary["rows"] if summary["rows"] else 0.0
@@ -168,15 +175,29 @@ def _as_it_was(run: RunDir, job: Job, info: dict[str, Any], ids: list[str],
     """`--run-id` of a complete run: its summary as it was, executing and writing nothing, as
     `conductor run` keeps a complete run (rewritten, it took a newer run's records as reused
     ones, and its spend dropped to $0 in the `runs` view). None when the run is not complete:
-    it is made, or resumed. A complete run of another job, definition or rows is refused."""
+    it is made, or resumed. A complete run of another job, definition or rows is refused, and so
+    is an abandoned run: rewritten, what it paid left the `runs` view (audit66 F2). How the run
+    was made (--full-refresh or not) does not matter to look at it; the flag given with the id
+    of a run made without it asks to recompute it in place, which is refused (audit66 F5)."""
     manifest = run.read_manifest() if run.exists() else {}
-    if manifest.get("status") != "complete":
+    status = manifest.get("status")
+    if status == ABANDONED:
+        by = (manifest.get("summary") or {}).get("superseded_by")
+        raise ConductorError(f"run {run.run_id} already exists at {run.path}, abandoned: an interrupted run "
+                             + (f"that run {by} superseded" if by else "no rerun can continue")
+                             + ", with what it paid in its summary; it is kept as it is: choose another --run-id "
+                               "(or omit it)")
+    if status != "complete":
         return None
     had = manifest.get("job")
     if not had:  # `conductor run`'s run, or a judge's
         raise ConductorError(f"run {run.run_id} already exists at {run.path} and is not a run of job {job.name}; "
                              f"choose another --run-id (or omit it)")
-    what = _other(had, info, job)
+    what = _other(had, info)
+    if what is None and info["full_refresh"] and not had.get("full_refresh"):
+        raise ConductorError(f"run {run.run_id} already exists at {run.path}, complete, made without --full-refresh; "
+                             f"it is kept as it is, and --full-refresh would recompute it in place: to recompute "
+                             f"every row, omit --run-id (a new run) or choose a new one")
     if what is None:
         t = read_table(run.table("records"), [job.id_column, "row_hash"])
         same = (job.id_column in t.column_names and "row_hash" in t.column_names
@@ -195,15 +216,53 @@ def _as_it_was(run: RunDir, job: Job, info: dict[str, Any], ids: list[str],
                          f"is: choose another --run-id (or omit it)")
 
 
-def _other(had: dict[str, Any], info: dict[str, Any], job: Job) -> str | None:
+def _other(had: dict[str, Any], info: dict[str, Any]) -> str | None:
     """What an existing run of a job was made for, when not this job's definition; None if it is."""
-    keys = ("name", "definition", "full_refresh")
-    if {k: had.get(k) for k in keys} == {k: info[k] for k in keys}:
+    if had.get("name") != info["name"]:
+        return f"job {had.get('name')!r}"
+    if had.get("definition") != info["definition"]:
+        return f"job {had.get('name')!r} with another definition (template, fields, worker or settings)"
+    return None
+
+
+def _check_resumable(run: RunDir, info: dict[str, Any], todo: list[str]) -> None:
+    """An existing run that asked for rows (it has a query set) is continued only by the same job,
+    definition, --full-refresh setting and rows to compute. Any other run under its id would drop
+    its answers, and what it paid, from the `runs` view; with no row to compute as well (every row
+    reused from a newer run), which skipped this check (audit66 F2)."""
+    queries = run.path / "queries.parquet"
+    if not queries.exists():
+        return
+    had = (run.read_manifest().get("job") or {}) if run.exists() else {}  # none: killed before it was written
+    other = _other(had, info) if had else None
+    have = read_table(queries, ["query_id"]).column(0).to_pylist()
+    if other or have != todo:
+        raise ConductorError(f"run {run.run_id} already exists at {run.path} for {other or 'other rows'}; it is "
+                             f"kept as it is (its answers are not this command's): choose another --run-id "
+                             f"(or omit it)")
+    if had and bool(had.get("full_refresh")) != info["full_refresh"]:
+        begun = "with" if had.get("full_refresh") else "without"
+        raise ConductorError(f"run {run.run_id} already exists at {run.path}, begun {begun} --full-refresh; rerun "
+                             f"the command {begun} --full-refresh to resume it, or choose another --run-id "
+                             f"(or omit it) for a new run")
+
+
+def _resumed(run: RunDir) -> dict[str, Any] | None:
+    """What the interrupted run this command continues had done, from its journal: said when it
+    resumes, as `conductor run` marks a resumed run (a rerun after Ctrl-C said nothing of it,
+    audit66 F4). None for a new run."""
+    from conductor.execute.journal import load_state
+
+    if not (run.path / "queries.parquet").exists():
         return None
-    return (f"job {had.get('name')!r}" + (" with another definition (template, fields, worker or settings)"
-                                          if had.get("name") == job.name
-                                          and had.get("definition") != info["definition"] else "")
-            + (" (--full-refresh differs)" if had.get("full_refresh") != info["full_refresh"] else ""))
+    state = load_state(run.work)
+    return {"plans_finished": len(state.finished), "calls": len(state.paid),
+            "cost_usd": round(sum(state.spent.values()), 9)}
+
+
+def _resuming_line(run_id: str, r: dict[str, Any]) -> str:
+    return (f"resuming interrupted run {run_id}: {r['calls']} call(s) answered there (${r['cost_usd']:.6f}) and "
+            f"{r['plans_finished']} finished plan(s) are kept, not asked again")
 
 
 def _remove_if_nothing_sent(made: list[Path]) -> None:
@@ -265,15 +324,7 @@ def _compute(job: Job, pool: Pool, df: pl.DataFrame, ids: list[str], prompts: li
     from conductor.runner import RunConfig, close_planner, configured_planner, execute_stage, plan_stage, prepare
 
     queries = run.path / "queries.parquet"
-    if queries.exists():  # resuming: it must be the same job, definition and rows
-        had = run.read_manifest().get("job") or {}
-        other = _other(had, info, job) if had else None  # not had: killed before it was written
-        have = read_table(queries, ["query_id"]).column(0).to_pylist()
-        if other or have != [ids[i] for i in todo]:
-            what = other or "other rows"
-            raise ConductorError(f"run {run.run_id} already exists at {run.path} for {what}; its answers are "
-                                 f"not this job's: choose another --run-id (or omit it)")
-    else:
+    if not queries.exists():  # else resuming: _check_resumable found the same job, definition and rows
         sub = df[todo]
         write_table(queries, pa.table({
             "query_id": pa.array([ids[i] for i in todo], pa.string()),
@@ -555,15 +606,42 @@ def exit_code(job: Job, summary: dict[str, Any]) -> int:
     return 4 if summary["metrics"]["valid_share"] < job.quality["min_valid_share"] else 0
 
 
-def _failures(table: pa.Table, show: int = 5) -> list[dict[str, Any]]:
-    """Rows without a valid record, grouped by status and error (shortened)."""
-    groups: dict[tuple[str, str], int] = {}
+_AMOUNT = re.compile(r"\$[0-9][0-9,]*(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?")
+
+
+def failure_groups(table: pa.Table, show: int = 5) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Rows without a valid record, one group per status and cause, the largest `show` of them,
+    and what is left out ({"rows", "groups"}). Dollar amounts are not part of the cause: a budget
+    stop names the spend so far and the call's worst case, which vary row by row, and split one
+    cause into hundreds of groups of which five were shown with no word of the rest (audit66 F3).
+    A group's amounts that vary are shown as their range."""
+    groups: dict[tuple[str, str], list[list[str]]] = {}
     for status, error in zip(table.column("status").to_pylist(), table.column("error").to_pylist()):
         if status != OK:
-            key = (status, _short(error or ""))
-            groups[key] = groups.get(key, 0) + 1
-    top = sorted(groups.items(), key=lambda kv: -kv[1])[:show]
-    return [{"status": st, "error": err, "rows": n} for (st, err), n in top]
+            error = error or ""
+            groups.setdefault((status, _AMOUNT.sub("\0", error)), []).append(_AMOUNT.findall(error))
+    top = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    shown = [{"status": st, "error": _short(_with_amounts(cause, amounts)), "rows": len(amounts)}
+             for (st, cause), amounts in top[:show]]
+    rest = top[show:]
+    return shown, {"rows": sum(len(a) for _, a in rest), "groups": len(rest)}
+
+
+def _failures(table: pa.Table, show: int = 5) -> list[dict[str, Any]]:
+    """The groups failure_groups shows."""
+    return failure_groups(table, show)[0]
+
+
+def _with_amounts(cause: str, amounts: list[list[str]]) -> str:
+    """The cause with each of its amounts put back: as written when every row has the same, else
+    as the group's range (`$0.0013 to $0.0016`)."""
+    parts = cause.split("\0")  # where the amounts were
+    out = [parts[0]]
+    for k, tail in enumerate(parts[1:]):
+        seen = sorted({a[k] for a in amounts}, key=lambda x: float(x[1:].replace(",", "")))
+        out.append(seen[0] if len(seen) == 1 else f"{seen[0]} to {seen[-1]}")
+        out.append(tail)
+    return "".join(out)
 
 
 def _short(error: str, head: int = 160, tail: int = 100) -> str:

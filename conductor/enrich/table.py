@@ -27,8 +27,7 @@ def load_rows(job: Job) -> pl.DataFrame:
     if df.height == 0:
         raise InputError(f"{where}: has no rows")
     ids = df.get_column(job.id_column)
-    if ids.null_count():
-        raise InputError(f"{where}: id column {job.id_column!r} has {ids.null_count()} null value(s)")
+    _refuse_odd_ids(where, job.id_column, ids)
     dup = df.group_by(job.id_column).len().filter(pl.col("len") > 1).get_column(job.id_column).to_list()
     if dup:
         raise InputError(f"{where}: id column {job.id_column!r} has {len(dup)} duplicate id(s): {_list(sorted(dup))}")
@@ -60,6 +59,29 @@ def load_rows(job: Job) -> pl.DataFrame:
             raise InputError(f"job {job.path}: join {j.path}: " + "; ".join(why))
         df = df.join(right, on=j.on, how="left", maintain_order="left")
     return df
+
+
+def _refuse_odd_ids(where: str, column: str, ids: pl.Series) -> None:
+    """An id is one string or integer per row, never null (audit66 F9). A list or struct id ran,
+    and the view's id column was `int64[]`, which joins to nothing; an empty or blank text id was
+    taken as an id, one no one can name in SQL or tell from a missing value."""
+    if ids.dtype.is_nested():
+        kind = "structs" if ids.dtype == pl.Struct else "lists"
+        raise InputError(f"{where}: id column {column!r} holds {kind} ({ids.dtype}); an id is one string or "
+                         f"integer per row: give the job another id column")
+    missing = []
+    if ids.null_count():
+        missing.append(f"{ids.null_count()} null value(s) ({_rows(ids.is_null())})")
+    if ids.dtype == pl.String and (blank := (ids.str.strip_chars() == "").fill_null(False)).any():
+        missing.append(f"{blank.sum()} empty or blank value(s) ({_rows(blank)})")
+    if missing:
+        raise InputError(f"{where}: id column {column!r} has {' and '.join(missing)}; give those rows an id, or "
+                         f"filter them out of the input")
+
+
+def _rows(mask: pl.Series) -> str:
+    """The rows a mask marks, counting the input's rows from 1 (a CSV's header is not a row)."""
+    return "row(s) " + _list((mask.arg_true() + 1).to_list())
 
 
 def _csv_ids(job: Job, df: pl.DataFrame) -> pl.DataFrame:
