@@ -8,11 +8,17 @@ token a character for other scripts, which is what budget tests need to see."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
+
+import orjson
 
 CHARS_PER_TOKEN = 4
 MESSAGE_FRAMING_TOKENS = 4  # role and separators a chat template adds per message
 MESSAGE_FRAMING_BOUND = 8  # their bound, beside a message's UTF-8 bytes (max_prompt_tokens)
+# Request parameters a provider writes into the prompt it tokenizes, and bills as prompt tokens
+# (OpenAI's chat API, as litellm passes it): a response_format's JSON Schema, tool and function
+# definitions, a forced tool or function. Each counts as one more message: its JSON and framing.
+PROMPT_PARAMS = ("response_format", "tools", "tool_choice", "functions", "function_call")
 
 
 def tokens_from_chars(chars: Any) -> Any:
@@ -26,10 +32,20 @@ def tokens_from_chars(chars: Any) -> Any:
     return pl.max_horizontal((chars / CHARS_PER_TOKEN).round(0).cast(int), (chars > 0).cast(int))
 
 
-def estimate_tokens(messages: list[dict[str, str]]) -> int:
+def prompt_params(params: Mapping[str, Any] | None) -> list[bytes]:
+    """The JSON of each request parameter billed as prompt (PROMPT_PARAMS), as it is sent."""
+    if not params:
+        return []
+    return [orjson.dumps(params[k], option=orjson.OPT_NON_STR_KEYS) for k in PROMPT_PARAMS
+            if params.get(k) is not None]
+
+
+def estimate_tokens(messages: list[dict[str, str]], params: Mapping[str, Any] | None = None) -> int:
     """A prompt's tokens, plus a few of framing per message: cheap, and close enough for
-    rate limits and budget reservations, which reconcile afterwards."""
-    return sum(tokens_from_chars(len(m.get("content") or "")) + MESSAGE_FRAMING_TOKENS for m in messages)
+    rate limits, which reconcile afterwards. `params`: the request's, whose schema and tools
+    are prompt too (prompt_params)."""
+    return (sum(tokens_from_chars(len(m.get("content") or "")) + MESSAGE_FRAMING_TOKENS for m in messages)
+            + sum(tokens_from_chars(len(p.decode())) + MESSAGE_FRAMING_TOKENS for p in prompt_params(params)))
 
 
 def tokenizer_tokens(text: str) -> int:
@@ -39,9 +55,13 @@ def tokenizer_tokens(text: str) -> int:
     return tokens_from_chars(ascii_chars) + (len(text) - ascii_chars)
 
 
-def max_prompt_tokens(messages: list[dict[str, str]]) -> int:
-    """An upper bound on a prompt's tokens in any script and tokenizer: its UTF-8
-    bytes (a byte-level tokenizer never makes a token of less than one byte),
-    plus framing per message. For budget reservations, which must not undershoot."""
-    return sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + MESSAGE_FRAMING_BOUND
-               for m in messages)
+def max_prompt_tokens(messages: list[dict[str, str]], params: Mapping[str, Any] | None = None) -> int:
+    """An upper bound on a request's prompt tokens in any script and tokenizer: the UTF-8
+    bytes of its messages and of the parameters billed as prompt (`params`: the request's;
+    a JSON Schema in response_format, tools), plus framing for each (a byte-level tokenizer
+    never makes a token of less than one byte). The one bound of budget reservations, the
+    clamp on reported usage and preflight worst cases: left without the request's params,
+    each undershot a structured call's honest usage."""
+    return (sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + MESSAGE_FRAMING_BOUND
+                for m in messages)
+            + sum(len(p) + MESSAGE_FRAMING_BOUND for p in prompt_params(params)))

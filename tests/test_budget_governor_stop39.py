@@ -27,7 +27,9 @@ from tests.conftest import REPO, SAMPLE, worker
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 
 NOT_SENT = "the call was not sent"
-NOT_SENT_LINE = re.compile(r"^([0-9,]+) calls? not sent: the shared governor was unreachable", re.M)
+# the closing line: the steps the outage failed, and how many of them sent no request
+GOVERNOR_FAILED_LINE = re.compile(r"^([0-9,]+) steps? failed on the shared governor \(([^)]*)\): it was unreachable;",
+                                  re.M)
 DOWN_LINE = re.compile(r"shared governor \S+ unreachable \(")
 BACK_LINE = re.compile(r"shared governor \S+ answers again after [0-9]+ s")
 
@@ -91,8 +93,10 @@ def assert_finished_as_if_never_down(p, stdout, stderr, tmp_path, sim, plans: in
     assert p.returncode == 0, stdout + stderr
     traces, results = tables(tmp_path)
     assert [r["status"] for r in results] == ["ok"] * plans, [t["error"] for t in traces if t["error"]]
-    assert NOT_SENT not in stdout + stderr and not NOT_SENT_LINE.search(stderr), stderr
-    assert len(DOWN_LINE.findall(stderr)) == 1 and len(BACK_LINE.findall(stderr)) == 1, stderr  # it was down
+    assert NOT_SENT not in stdout + stderr and not GOVERNOR_FAILED_LINE.search(stderr), stderr
+    # it was down, and each outage is said once each way (a loaded machine's restarting redis may
+    # close the first connections it takes: a second, short outage, said as such)
+    assert len(DOWN_LINE.findall(stderr)) == len(BACK_LINE.findall(stderr)) >= 1, stderr
     sent = received(sim.log())
     assert sum(t["attempts"] for t in traces) == sent and summary_calls(stdout) == sent
 
@@ -154,8 +158,8 @@ def test_a_governor_that_stays_down_fails_loudly_and_the_rerun_pays_nothing_twic
             assert t["error"].startswith("worker slow (openai/slow): gave up after 3 attempts: shared governor "
                                          f"redis://127.0.0.1:{server.port}/0 unreachable"), t["error"]
             assert NOT_SENT in t["error"] and t["attempts"] == 0 and t["failure"] == "connection", t
-        counts = NOT_SENT_LINE.findall(stderr)
-        assert counts and int(counts[0].replace(",", "")) == len(failed), stderr
+        assert GOVERNOR_FAILED_LINE.findall(stderr) == [(f"{len(failed):,}", "none of them sent a request")
+                                                        if len(failed) > 1 else ("1", "it sent no request")], stderr
         assert re.search(r"connection, [0-9]+ plan\(s\)", stdout), stdout
         assert sum(t["attempts"] for t in traces) == fresh_sim.log()["total"] == summary_calls(stdout)
 

@@ -76,7 +76,7 @@ def test_a_rerun_after_a_budget_stop_sends_only_the_steps_not_yet_answered(fresh
     response cache: the rerun with a raised budget sent and paid those two again per row."""
     sim, data = fresh_sim, tmp_path / "data"
     # the extractors are free, so the budget stops reconcilers only: a few fit, the rest are stopped
-    first = run_job(load_job(planned_job(tmp_path, sim.url, budget_usd=0.0006)), data_dir=data, progress=False)
+    first = run_job(load_job(planned_job(tmp_path, sim.url, budget_usd=0.0012)), data_dir=data, progress=False)
     stopped = first["statuses"].get("budget_exhausted", 0)
     assert 0 < stopped < 8 and first["exit_code"] == 3, first["statuses"]
     assert sim.log()["by_model"] == {"fast": 8, "weak": 8, "flaky": 8 - stopped}

@@ -98,7 +98,7 @@ def check_budget(job: Job, pool: Pool, ids: list, prompts: list[str]) -> None:
         return
     max_tokens = worker.params.get("max_tokens", DEFAULT_MAX_TOKENS)
     name, limit = min(caps, key=lambda c: c[1])
-    worst = [max(max_prompt_tokens([{"role": "user", "content": p}]) * price.input + max_tokens * price.output,
+    worst = [max(max_prompt_tokens([{"role": "user", "content": p}], {"response_format": job.schema, **worker.params}) * price.input + max_tokens * price.output,
                  worker.max_call_usd or 0.0) for p in prompts]
     bad = [i for i, w in enumerate(worst) if w > limit + 1e-12]
     if bad:

@@ -152,7 +152,7 @@ class Batches:
             raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
                                       f"cannot run under a budget; add price: {{input_per_mtok, "
                                       f"output_per_mtok}} to it in the pool file", kind="config")
-        online = max_prompt_tokens(messages) * price.input + params["max_tokens"] * price.output
+        online = max_prompt_tokens(messages, params) * price.input + params["max_tokens"] * price.output
         return online * provider.batch_price_factor
 
     def _enqueue(self, worker: Worker, provider: Provider, key: str, waiter: Waiter) -> None:

@@ -198,7 +198,7 @@ def _read_response(req: CallRequest, resp: Any) -> CallResponse:
     estimated = pt is None or ct is None or headers.get("llm_provider-x-conductor-usage-estimated") == "1"
     reported = pt is not None and ct is not None
     if pt is None:
-        pt = estimate_tokens(req.messages)
+        pt = estimate_tokens(req.messages, req.params)
     if ct is None:
         ct = tokens_from_chars(len(text))
     simulated = (getattr(resp, "system_fingerprint", None) == "conductor-sim"

@@ -38,6 +38,7 @@ from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.cached import serve_cached
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
                                     max_prompt_tokens, maybe_billed)
+from conductor.tokens import prompt_params
 from conductor.execute.journal import Journal, ResumeState, count_unanswered
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.openai_http import OpenAIEndpoint, direct_model
@@ -52,6 +53,17 @@ from conductor.pool import DEFAULT_MAX_TOKENS, Pool, Worker
 from conductor.progress import Progress
 from conductor.execute.shared import GovernorUnavailable, build_governor
 from conductor.execute.shared.url import governor_failure_kind
+
+
+def _sent_note(steps: int, unsent: int) -> str:
+    """How many of the steps a governor outage failed sent no request: one that had sent a
+    request before its retry was held back is no call "not sent" (that request counts in `calls`)."""
+    if unsent == steps:
+        return "it sent no request" if steps == 1 else "none of them sent a request"
+    if unsent == 0:
+        return ("its retry was held back after a request it sent" if steps == 1 else
+                "each had sent a request before its retry was held back")
+    return f"{unsent:,} of them sent no request; the other {steps - unsent:,} had sent one before a retry was held back"
 
 
 @dataclass  # not frozen: a frozen one of nine fields costs five times as much to build, one per plan
@@ -165,9 +177,10 @@ class Executor:
         # requests cut off by timeout_s: maybe answered and billed, charged at their worst case
         # (as a killed process's calls are); their reservations stay unsettled in the journal
         self.unanswered: dict[str, Any] = {"calls": 0, "reserved_usd": 0.0}
-        # steps whose call was never sent because the shared governor could not be used, by why
-        # ("unreachable", "refused"): said in one line at the end, not one per step or attempt
-        self.not_sent: dict[str, int] = {}
+        # steps that failed because the shared governor could not be used, by why ("unreachable",
+        # "refused"): [steps, those of them that sent no request at all] (the others' retry was held
+        # back), said in one line at the end, not one per step or attempt
+        self.not_sent: dict[str, list[int]] = {}
         self._clients: dict[tuple[str, str | None], Any] = {}  # (api_base, key) -> client, for this run
         self._plan_tasks: set[asyncio.Task] = set()
         self.reserve = reserve  # disk space freed on the first storage error, for the answers in flight
@@ -315,17 +328,19 @@ class Executor:
             await close()
 
     def _say_not_sent(self) -> None:
-        """One line for the calls a shared governor outage kept from being sent (the outage
-        itself was said once when it began, conductor.execute.shared.governor)."""
-        for why, n in sorted(self.not_sent.items(), reverse=True):
-            calls = "1 call" if n == 1 else f"{n:,} calls"
+        """One line for the steps a shared governor outage failed, saying how many of them sent
+        no request (the others had sent one whose retry was then held back); the outage itself
+        was said once when it began (conductor.execute.shared.governor)."""
+        for why, (n, unsent) in sorted(self.not_sent.items(), reverse=True):
+            steps = "1 step failed" if n == 1 else f"{n:,} steps failed"
             if why == "unreachable":
-                _governor_log.warning("%s not sent: the shared governor was unreachable; rerun the same "
-                                      "command once it is back (a plan uses up none of its reruns on these)",
-                                      calls)
+                _governor_log.warning("%s on the shared governor (%s): it was unreachable; rerun the same command "
+                                      "once it is back (a plan uses up none of its reruns on these)",
+                                      steps, _sent_note(n, unsent))
             else:
-                _governor_log.warning("%s not sent: the shared governor refused its URL's password, user "
-                                      "or database number; fix the URL and rerun the same command", calls)
+                _governor_log.warning("%s on the shared governor (%s): it refused its URL's password, user or "
+                                      "database number; fix the URL and rerun the same command",
+                                      steps, _sent_note(n, unsent))
         self.not_sent = {}
 
     async def _run(self, jobs: Iterable[PlanJob], resume: ResumeState) -> None:
@@ -601,13 +616,14 @@ class Executor:
             api_key = "no-key"  # OpenAI-compatible local servers need some value
         req = CallRequest(worker.model, messages, params, worker.api_base, provider.timeout_s, key,
                           self._client(worker, api_key, track_sent=provider.rpm is not None))
-        est_in = estimate_tokens(messages)
+        est_in = estimate_tokens(messages, params)
         est_tokens = est_in + params["max_tokens"]
         reservation = rid = None
         price = self.prices[worker.id]
-        # UTF-8 bytes bound the prompt's tokens in any script (chars/4 undercounts CJK 4x); a recorded
-        # cost (replay) is charged as it is, unclamped, so its largest bounds the call too
-        worst = None if price is None else max(max_prompt_tokens(messages) * price.input
+        # UTF-8 bytes bound the prompt's tokens in any script (chars/4 undercounts CJK 4x), the schema's
+        # and tools' in params too; a recorded cost (replay) is charged as it is, unclamped, so its
+        # largest bounds the call too
+        worst = None if price is None else max(max_prompt_tokens(messages, params) * price.input
                                                + params["max_tokens"] * price.output, worker.max_call_usd or 0.0)
         if provider.id in self._budgeted:
             if price is None:
@@ -759,12 +775,13 @@ class Executor:
         return self._clients[k]
 
     def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:
-        """Reported usage no larger than the request could use (the prompt's UTF-8 bytes, max_tokens):
-        budgets hold against a server that over-reports; the overrun is counted and kept in the row.
-        An answer that carries its own cost (replayed logs) is charged that cost and left as it is."""
+        """Reported usage no larger than the request could use (the prompt's UTF-8 bytes, with its
+        response_format and tools, and max_tokens): budgets hold against a server that over-reports;
+        the overrun is counted and kept in the row. An answer that carries its own cost (replayed
+        logs) is charged that cost and left as it is."""
         if resp.cost_usd is not None:  # a recorded cost is what is charged; its tokens may be of another prompt
             return resp
-        pt_max, ct_max = max_prompt_tokens(messages), params.get("max_tokens")
+        pt_max, ct_max = max_prompt_tokens(messages, params), params.get("max_tokens")
         # 0 tokens for a prompt or an answer that has text cannot be: believed, budgets would never bind
         zero = resp.usage_reported and (resp.prompt_tokens == 0 or (resp.completion_tokens == 0 and resp.text))
         if (not resp.usage_reported or zero) and isinstance(ct_max, int):
@@ -774,7 +791,8 @@ class Executor:
                            ": counted at the request's upper bound (prompt UTF-8 bytes, max_tokens)")
         over = []
         if resp.prompt_tokens > pt_max:
-            over.append(f"prompt_tokens {resp.prompt_tokens} > {pt_max} (the prompt's UTF-8 bytes)")
+            over.append(f"prompt_tokens {resp.prompt_tokens} > {pt_max} (the prompt's UTF-8 bytes"
+                        f"{', with its response_format and tools' if prompt_params(params) else ''})")
         if isinstance(ct_max, int) and resp.completion_tokens > ct_max:
             over.append(f"completion_tokens {resp.completion_tokens} > max_tokens {ct_max}")
         if not over:
@@ -997,7 +1015,9 @@ class Executor:
         if status not in ("ok", "skipped", "budget_exhausted"):  # a budget stop is no error: the rerun finishes it
             self.progress.c.errors += 1
             if (why := governor_failure_kind(error)) is not None:
-                self.not_sent[why] = self.not_sent.get(why, 0) + 1
+                counts = self.not_sent.setdefault(why, [0, 0])
+                counts[0] += 1
+                counts[1] += attempts == 0  # its `attempts` are the requests it sent
         row = {
             "run_id": self.opt.run_id, "plan_id": job.plan_id, "query_id": job.query_id,
             "query_index": job.query_index, "sample": job.sample,

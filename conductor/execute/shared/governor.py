@@ -199,7 +199,7 @@ class RedisGovernor:
         why = str(error) or type(error).__name__
         if failure.refused:
             log.warning("shared governor %s refuses %s in its URL (%s): no call is sent while it does; "
-                        "fix the URL and rerun the same command (the calls not sent are counted at the end)",
+                        "fix the URL and rerun the same command (the steps it fails are counted at the end)",
                         self.shown, failure.refused, why)
         else:
             log.warning("shared governor %s unreachable (%s): no call is sent while it is; the calls that "
