@@ -18,7 +18,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from conductor.masking import mask
@@ -39,9 +39,23 @@ def plannable(pool: Pool) -> str | None:
             f"one worker of kind llm (a model) to answer the query, so add one")
 
 
+class Problem(NamedTuple):
+    """A preflight problem and what fixes it: `fix` is "env" (set a variable), "server" (start it, or
+    change api_base), "served" (serve the model there, or change the model), "model" or "api_base"
+    (change the pool file's worker). The caller says from it whether the fix keeps the run's id."""
+
+    text: str
+    fix: str
+
+
 def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
     """Problems that would fail every call of a worker, one line each (empty: go)."""
-    problems: list[str] = []
+    return [p.text for p in problems_of(pool, worker_ids)]
+
+
+def problems_of(pool: Pool, worker_ids: Iterable[str]) -> list[Problem]:
+    """preflight's problems, each with what fixes it (see Problem)."""
+    problems: list[Problem] = []
     listed: dict[str, Any] = {}  # api_base -> model ids, None (cannot say) or an error line
     unreachable: dict[str, list[str]] = {}  # api_base -> its workers: one line per endpoint, not per worker
     for wid in sorted(set(worker_ids)):
@@ -50,15 +64,15 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
             continue
         name, why = _provider_model(w)
         if why:
-            problems.append(f"worker {w.id}: {why}")
+            problems.append(Problem(f"worker {w.id}: {why}", "model"))
             continue
         if not w.api_base:
             provider = pool.providers.get(w.provider)
             if not (provider and provider.api_key_env) and (why := _missing_key(w)):
-                problems.append(f"worker {w.id}: {why}")
+                problems.append(Problem(f"worker {w.id}: {why}", "env"))
             continue
         if why := _credentials_in_url(w):
-            problems.append(f"worker {w.id}: {why}")
+            problems.append(Problem(f"worker {w.id}: {why}", "api_base"))
         base = w.api_base.rstrip("/")
         provider = pool.providers.get(w.provider)
         key = os.environ.get(provider.api_key_env) if provider and provider.api_key_env else None
@@ -69,13 +83,13 @@ def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
             unreachable.setdefault(base, []).append(w)
         elif models is not None and name not in models:
             shown = mask(", ".join(sorted(models)[:10]) + (" ..." if len(models) > 10 else ""), key)
-            problems.append(f"worker {w.id}: {shown_url(w)} does not serve model {name!r} (model {w.model}); "
-                            f"it serves: {shown or 'nothing'}")
+            problems.append(Problem(f"worker {w.id}: {shown_url(w)} does not serve model {name!r} (model {w.model}); "
+                                    f"it serves: {shown or 'nothing'}", "served"))
     for base, workers in unreachable.items():
         hint = (f" (a replay pool's server: `conductor replay serve --pool {pool.path}`, or `--serve` "
                 f"where the command has it)" if pool.replay is not None else "")
-        problems.append(f"worker{'s' if len(workers) > 1 else ''} {', '.join(w.id for w in workers)}: cannot reach "
-                        f"{shown_url(workers[0])} {listed[base]}{hint}")
+        problems.append(Problem(f"worker{'s' if len(workers) > 1 else ''} {', '.join(w.id for w in workers)}: "
+                                f"cannot reach {shown_url(workers[0])} {listed[base]}{hint}", "server"))
     return problems
 
 

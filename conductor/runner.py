@@ -777,20 +777,66 @@ def check_ready(run: Run, plans_path: Path) -> None:
     for batch in pq.ParquetFile(plans_path).iter_batches(columns=["workers"], batch_size=65536):
         for ws in batch.column(0).to_pylist():
             used.update(ws or ())
-    problems = []  # an unpriced worker under a budget was refused by prepare, before the run folder
-    for pid, provider in run.pool.providers.items():
-        workers = [w for w in run.pool.workers if w.provider == pid and w.id in used]
-        if not workers:
-            continue
-        if provider.api_key_env and not os.environ.get(provider.api_key_env):
-            problems.append(f"provider {pid}: environment variable {provider.api_key_env} is not set "
-                            f"(needed by {', '.join(w.id for w in workers)})")
-    if not problems:
-        from conductor.preflight import preflight
+    # an unpriced worker under a budget was refused by prepare, before the run folder
+    if problems := worker_problems(run.pool, used):
+        raise ConductorError("cannot start executing (plans are saved; no worker was called): "
+                             + "; ".join(p.text for p in problems) + ". " + rerun_advice(run, problems, "planned"))
 
-        problems = preflight(run.pool, used)
-    if problems:
-        raise ConductorError("cannot start executing (plans are saved; fix this and rerun): " + "; ".join(problems))
+
+def worker_problems(pool: Pool, used: set[str]) -> list[Any]:
+    """What would fail every call of the workers `used`: a provider's key variable unset, then
+    the preflight's (conductor.preflight.Problem, each with what fixes it)."""
+    from conductor.preflight import Problem, problems_of
+
+    problems = []
+    for pid, provider in pool.providers.items():
+        workers = [w for w in pool.workers if w.provider == pid and w.id in used]
+        if workers and provider.api_key_env and not os.environ.get(provider.api_key_env):
+            problems.append(Problem(f"provider {pid}: environment variable {provider.api_key_env} is not set "
+                                    f"(needed by {', '.join(w.id for w in workers)})", "env"))
+    return problems or problems_of(pool, used)
+
+
+# What a fix does to the run's id (prepare's fingerprint: the pool's workers, their descriptions, skills and
+# prices, and every planner option; not keys, nor providers' limits, budgets or api_key_env).
+_SAME_RUN = {"env": "setting the variable", "server": "starting the server at that api_base",
+             "served": "serving that model at that api_base"}
+_NEW_RUN = {"server": "a changed api_base", "served": "a corrected model", "model": "a corrected model",
+            "api_base": "a changed api_base"}
+
+
+def rerun_advice(run: Run, problems: list[Any], status: str) -> str:
+    """Whether the fix of `problems` resumes this run, or starts a new one that plans again (the
+    run's id covers the pool file's workers): "fix this and rerun" let a user believe either."""
+    kinds = list(dict.fromkeys(p.fix for p in problems))
+    same = [_SAME_RUN[k] for k in kinds if k in _SAME_RUN]
+    new = list(dict.fromkeys(_NEW_RUN[k] for k in kinds if k in _NEW_RUN))
+    what = "resumes it with these plans" if status == "planned" else "resumes its planning"  # else not planned yet
+    text = []
+    if same:
+        text.append(f"Fixed by {' or '.join(same)}, the same command {what} (run {run.dir.run_id})")
+    if new:
+        text.append(f"{' or '.join(new).capitalize()} in the pool file starts a new run (the run id covers the "
+                    f"pool file's workers and the planner options), which plans again; run {run.dir.run_id} then "
+                    f"stays `{status}` and its folder {run.dir.path} can be deleted")
+    return "; ".join(text)
+
+
+def check_before_planning(pool: Pool, planner: Any, run: Run | None = None) -> None:
+    """A planner whose planning costs money or time (an LLM's calls, a vLLM engine's start) checks
+    every worker its plans may use (the pool's) first, as check_ready does after planning: a key
+    variable unset or an endpoint down was found only after every planning call was paid for.
+    `run`: the run resumed, whose planning is not done; None: a new run, before its folder."""
+    if not getattr(planner, "plans_at_a_cost", False):
+        return
+    problems = worker_problems(pool, {w.id for w in pool.workers})
+    if not problems:
+        return
+    listed = "; ".join(p.text for p in problems)
+    if run is None:
+        raise ConductorError(f"cannot start planning (nothing was written or called): {listed}; fix this and rerun")
+    status = run.dir.read_manifest().get("status") or "planning"
+    raise ConductorError(f"cannot start planning (no call was made): {listed}. " + rerun_advice(run, problems, status))
 
 
 def _unpriced_under_budget(pool: Pool, budget_on: bool) -> list[str]:
@@ -998,7 +1044,8 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
 
     def planner_ready() -> None:  # for a new run only: a resumed one may have all its plans
         if hasattr(planner, "ready"):
-            planner.ready(pool)
+            planner.ready(pool, budget_usd=cfg.budget_usd)
+        check_before_planning(pool, planner)
 
     run = prepare(cfg, pool, before_new=planner_ready)
     store = run.lease.store if run.lease is not None else None
@@ -1009,6 +1056,8 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
         try:
             # With a store, plan parts and the journal go up as they are written.
             with _uploading(store, run):
+                if run.resumed and not run.dir.table("plans").exists():  # plans made: check_ready's turn
+                    check_before_planning(run.pool, planner, run)
                 plan_stage(run, planner)
                 if own and not any(w.kind == "planner" for w in run.pool.workers):
                     # Nothing re-plans: free the engine now. Held through execution, a loaded vLLM engine

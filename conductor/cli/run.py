@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Plan every query, run the plans against the pool, grade, and store "
                                    "plans, traces, results and rewards under DATA_DIR/runs/RUN_ID. "
                                    "Rerunning the same command resumes an interrupted run. Exit status: 0 done, "
-                                   "2 bad input or configuration (nothing called), 3 some plans (or the LLM "
+                                   "2 bad input or configuration (this command called no worker), 3 some plans (or the LLM "
                                    "planner's calls) stopped by a budget, 4 more than --max-failed-share of plans "
                                    "failed, or LLM planning failed after its calls, 5 a storage error "
                                    "(free space and rerun), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): rerun to resume.")

@@ -88,6 +88,9 @@ class PlannerBackEnd:
     `plan` method still plans (tests' scripted planners), without these."""
 
     name: str
+    # Planning calls models or starts an engine (money, minutes): the runner checks the workers the plans
+    # may use before it (runner.check_before_planning), not only after, as for the embedded planner.
+    plans_at_a_cost = False
 
     def plan(self, queries: Sequence[Query], pool: Pool, samples: int) -> list[list[PlanDraft]]:
         raise NotImplementedError

@@ -24,6 +24,7 @@ samples are K distinct requests (and cache entries).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import math
 import os
 import re
@@ -43,7 +44,7 @@ from conductor.planners import prompt as prompts
 from conductor.planners.base import PlanDraft, PlannerBackEnd, PlanningStopped, Query, option_checks
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS, Step
-from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool, provider_from_model
+from conductor.pool import WORKER_KINDS, Pool, Provider, Worker, parse_pool, provider_from_model
 from conductor.progress import Progress
 from conductor.yamlkeys import shown_value
 
@@ -116,6 +117,8 @@ class LLMPlannerConfig:
             _number("top_p", self.top_p, low=0.0, low_open=True, high=1.0)
         _whole("max_tokens", self.max_tokens, least=1, optional=True)
         _whole("seed", self.seed, least=None, optional=True)
+        if self.seed is not None and self.seed < 0:  # as `conductor run --seed` takes it
+            raise ConductorError(f"LLM planner: seed must be 0 or more, as --seed (got {self.seed})")
         _whole("max_in_flight", self.max_in_flight, least=1, optional=True)
         _whole("instruction_chars", self.instruction_chars, least=1)
 
@@ -166,6 +169,7 @@ class Binding:
 
 class LLMPlanner(PlannerBackEnd):
     name = "llm"
+    plans_at_a_cost = True
 
     def __init__(self, config: LLMPlannerConfig | None = None):
         self.config = config or LLMPlannerConfig()
@@ -217,6 +221,15 @@ class LLMPlanner(PlannerBackEnd):
         while pool.has(wid):
             wid += "_"
         pid = c.provider or provider_from_model(model)
+        # Providers with settings of their own (limits, a budget, a key): the pool file lists them.
+        listed = [p.id for p in pool.providers.values() if p != Provider(id=p.id)]
+        if c.provider is not None and listed and pid not in pool.providers:
+            # as the pool file refuses a worker's: a typo would plan with default limits and outside every budget
+            near = difflib.get_close_matches(pid, list(pool.providers), n=1)
+            raise ConductorError(f"LLM planner: option provider: {pid!r} is not under providers: in the pool file"
+                                 + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(listed)})")
+                                 + f"; to plan on it with default limits and no budget, list it there as "
+                                 f"`{pid}: {{}}`")
         spec: dict[str, Any] = {"id": wid, "kind": "planner", "model": model, "provider": pid,
                                 "description": "the run's planner"}
         if c.api_base:
@@ -269,12 +282,21 @@ class LLMPlanner(PlannerBackEnd):
             params["drop_params"] = True
         return params
 
-    def ready(self, pool: Pool) -> tuple[Worker, Pool]:
-        """What would fail every planning call, found before any is sent: the key's variable
-        unset, the endpoint unreachable, the model not served. `conductor run` asks before it
-        writes a new run folder, which was otherwise left behind in `planning`."""
+    def ready(self, pool: Pool, budget_usd: float | None = None) -> tuple[Worker, Pool]:
+        """What would fail every planning call, found before any is sent: no known price under a
+        budget (`budget_usd`: the run's, else the bound one), the key's variable unset, the endpoint
+        unreachable, the model not served. `conductor run` asks before it writes a new run folder,
+        which was otherwise left behind in `planning`."""
         worker, exec_pool = self.resolve(pool)
         provider = exec_pool.provider_of(worker)
+        budget_on = (budget_usd if budget_usd is not None else self.binding.budget_usd) is not None
+        if budget_on or provider.budget_usd is not None:
+            from conductor.execute.prices import resolve_price
+
+            if resolve_price(worker) is None:
+                raise ConductorError(f"LLM planner: no known price for model {worker.model}, so it cannot plan "
+                                     f"under a budget; give it a price (pool worker price, or "
+                                     f"--planner-option price={{input_per_mtok: ..., output_per_mtok: ...}})")
         if provider.api_key_env and not os.environ.get(provider.api_key_env):
             raise ConductorError(f"LLM planner: environment variable {provider.api_key_env} is not set "
                                  f"(the key of provider {provider.id}, which serves {worker.model})")
@@ -295,16 +317,7 @@ class LLMPlanner(PlannerBackEnd):
         if not prompts.first_step_workers(pool, c.kinds):
             err = f"the pool has no workers of kind {', '.join(k for k in c.kinds if k != 'function')} to plan with"
             return [[_invalid(None, err, {}) for _ in range(samples)] for _ in queries]
-        worker, exec_pool = self.ready(pool)
-        b = self.binding
-        provider = exec_pool.provider_of(worker)
-        if (b.budget_usd is not None or provider.budget_usd is not None):
-            from conductor.execute.prices import resolve_price
-
-            if resolve_price(worker) is None:
-                raise ConductorError(f"LLM planner: no known price for model {worker.model}, so it cannot plan "
-                                     f"under a budget; give it a price (pool worker price, or "
-                                     f"--planner-option price={{input_per_mtok: ..., output_per_mtok: ...}})")
+        worker, exec_pool = self.ready(pool)  # a resumed run's too: its budget may be new
         return asyncio.run(self._plan_all(queries, pool, exec_pool, worker, samples))
 
     async def _plan_all(self, queries: Sequence[Query], pool: Pool, exec_pool: Pool, worker: Worker,

@@ -16,8 +16,13 @@ once per planner and reused.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -75,6 +80,8 @@ class VLLMPlannerConfig:
             _whole(name, getattr(self, name), least=1, optional=name in ("max_model_len", "max_tokens",
                                                                             "chunk_size"))
         _whole("seed", self.seed, least=None)
+        if self.seed < 0:  # as `conductor run --seed` and the LLM planner take it
+            raise ConductorError(f"vLLM planner: seed must be 0 or more, as --seed (got {self.seed})")
         _number("temperature", self.temperature, low=0.0, low_open=False, high=None)
         _number("top_p", self.top_p, low=0.0, low_open=True, high=1.0)
         _number("gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, low_open=True, high=1.0)
@@ -108,6 +115,7 @@ class VLLMPlannerConfig:
 
 class VLLMPlanner(PlannerBackEnd):
     name = "vllm"
+    plans_at_a_cost = True
 
     def __init__(self, config: VLLMPlannerConfig, llm: Any = None):
         """`llm`: an already loaded vllm.LLM to share (its own engine settings
@@ -138,14 +146,17 @@ class VLLMPlanner(PlannerBackEnd):
             )
             kwargs.update(c.engine_kwargs)
             start = time.perf_counter()
+            log = StderrTail()
             try:
-                self._llm = LLM(**kwargs)
+                with log:  # the engine's processes log the cause; its exception says "see root cause above"
+                    self._llm = LLM(**kwargs)
             except (OSError, ValueError, TypeError, RuntimeError) as e:
                 # A name the hub does not know, a folder that is no model, an engine_kwargs key vLLM
                 # does not take: pydantic puts the reason on the lines after its first.
                 lines = [line.strip() for line in str(e).splitlines() if line.strip()][:4]
                 why = "; ".join(lines) or type(e).__name__
-                raise ConductorError(f"vLLM planner: cannot start the engine for model {c.model!r}: {why}") from None
+                raise ConductorError(f"vLLM planner: cannot start the engine for model {c.model!r}: {why}"
+                                     + start_advice(log.text())) from None
             self.load_seconds = time.perf_counter() - start
         return self._llm
 
@@ -264,3 +275,85 @@ class VLLMPlanner(PlannerBackEnd):
         return PlanDraft(text="", prompt=text, prompt_tokens=n_prompt, completion_tokens=0,
                          template_version=prompts.TEMPLATE_VERSION,
                          info={"mode": self.config.mode, "error": error, **info})
+
+
+class StderrTail:
+    """The last lines written to file descriptor 2 while the engine starts, passed on as they come:
+    vLLM's engine processes (which inherit it) log why a start failed, and its exception only says
+    "See root cause above". The processes keep writing through it after the start; it passes their
+    lines on until they exit."""
+
+    def __init__(self, lines: int = 400):
+        self.tail: deque[str] = deque(maxlen=lines)
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "StderrTail":
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        try:
+            self._out = os.dup(2)
+            read, write = os.pipe()
+            self._saved = os.dup(2)
+            os.dup2(write, 2)
+            os.close(write)
+        except OSError:  # no file descriptor 2 to take over: the message goes without the cause
+            return self
+        self._thread = threading.Thread(target=self._pump, args=(read,), daemon=True, name="vllm-stderr")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os.dup2(self._saved, 2)  # this process writes straight again; the engine's go through the pump
+        os.close(self._saved)
+        if exc[0] is not None:
+            self._thread.join(timeout=5.0)  # the failed engine's processes are gone: their last lines come
+
+    def _pump(self, read: int) -> None:
+        rest = b""
+        with os.fdopen(read, "rb", 0) as pipe:
+            while chunk := pipe.read(65536):
+                with contextlib.suppress(OSError, ValueError):
+                    os.write(self._out, chunk)
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                self.tail.extend(line.decode("utf-8", "replace") for line in lines)
+        if rest:
+            self.tail.append(rest.decode("utf-8", "replace"))
+        with contextlib.suppress(OSError, ValueError):
+            os.close(self._out)
+
+    def text(self) -> str:
+        return "\n".join(self.tail)
+
+
+# `(VllmWorker-0 pid=23031) ERROR 11-29 12:06:37 [multiproc_executor.py:953] ValueError: Available memory ...`
+_ERROR_LINE = re.compile(r"^(?:\([^)]*pid=\d+\)\s*)?(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?"
+                         r"((?:[\w.]+Error|[\w.]*Exception)\b: .+)$")
+# What vLLM's processes say when another process failed: never the cause itself.
+_RELAYS = ("WorkerProc initialization failed", "Engine core initialization failed", "See root cause above",
+           "See stack trace for root cause")
+
+
+def root_cause(log: str) -> str | None:
+    """The first error line of vLLM's log that is not a relay of another process's failure."""
+    for line in log.splitlines():
+        m = _ERROR_LINE.match(line.strip())
+        if m and not any(r in m.group(1) for r in _RELAYS):
+            return m.group(1).strip()
+    return None
+
+
+def start_advice(log: str) -> str:
+    """The root cause from the engine's log, and for memory on a CPU build the settings that start it."""
+    cause = root_cause(log)
+    if cause is None:
+        return ""
+    text = f". Root cause: {cause.rstrip('.')}"
+    if "memory" in cause.lower() and "CPU" in cause:
+        text += (". On a CPU build, --planner-option gpu_memory_utilization is the share of RAM vLLM reserves "
+                 "(default 0.9): pass --planner-option gpu_memory_utilization=0.2 and set VLLM_CPU_KVCACHE_SPACE=1")
+    return text
