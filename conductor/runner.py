@@ -792,8 +792,9 @@ def worker_problems(pool: Pool, used: set[str]) -> list[Any]:
     for pid, provider in pool.providers.items():
         workers = [w for w in pool.workers if w.provider == pid and w.id in used]
         if workers and provider.api_key_env and not os.environ.get(provider.api_key_env):
-            problems.append(Problem(f"provider {pid}: environment variable {provider.api_key_env} is not set "
-                                    f"(needed by {', '.join(w.id for w in workers)})", "env"))
+            where = f" (pool file {pool.path})" if pool.path else ""
+            problems.append(Problem(f"provider {pid}{where}: environment variable {provider.api_key_env} is not "
+                                    f"set (needed by {', '.join(w.id for w in workers)})", "env"))
     return problems or problems_of(pool, used)
 
 

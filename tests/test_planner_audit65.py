@@ -61,6 +61,7 @@ def test_vllm_planner_refuses_a_broken_worker_before_the_engine_starts(sim, tmp_
             "--planner-model", model, "--quiet")
     assert r.returncode == 2 and "cannot start planning (nothing was written or called)" in r.stderr, r.stderr
     assert "AUDIT65_UNSET_KEY is not set" in r.stderr and runs_in(tmp_path / "data") == []
+    assert f"(pool file {pool})" in r.stderr, r.stderr  # which file to fix (audit65 F11)
 
 
 def test_a_resumed_run_not_yet_planned_is_checked_and_resumes_once_the_key_is_set(sim, tmp_path, queries,

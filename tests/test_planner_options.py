@@ -101,6 +101,12 @@ def test_a_run_folder_never_keeps_a_key_given_as_an_option(sim, tmp_path, querie
     ("price=1,1", "option price must be a mapping like price={input_per_mtok: 1, output_per_mtok: 2}"),
     ("price={input_per_mtok: -1, output_per_mtok: 1}", "option price: input_per_mtok must be a number of USD, "
                                                        "at least 0 (got -1)"),
+    # a mapping missing a key was told it must be a mapping (audit65 F7)
+    ("price={input_per_mtok: 1}", "option price: output_per_mtok is required, like price={input_per_mtok: 1, "),
+    ("price={input_per_token: 1}", "option price: output_per_token is required"),
+    ("price={input_per_mtok: 1, output_per_mtoken: 2}", "option price: output_per_mtoken: unknown field (allowed: "),
+    ("price={input_per_mtok: 1, output_per_token: 2}", "option price: give prices per million tokens or per token, "
+                                                       "not both"),
     ("api_base=ftp://127.0.0.1/v1", "option api_base: must start with http:// or https://"),
 ])
 def test_a_bad_llm_planner_option_is_refused_before_any_run_folder_or_call(sim, tmp_path, queries, option,

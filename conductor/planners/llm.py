@@ -144,9 +144,19 @@ def _check_price(price: Any) -> None:
     `workers[0] (conductor-planner)`, which the user never wrote."""
     if price is None:
         return
-    if not isinstance(price, dict) or set(price) not in PRICE_PAIRS:
-        raise ConductorError(f"LLM planner: option price must be a mapping like price={{input_per_mtok: 1, "
-                             f"output_per_mtok: 2}} (USD per million tokens; got {shown_value(price)})")
+    like = "like price={input_per_mtok: 1, output_per_mtok: 2} (USD per million tokens)"
+    if not isinstance(price, dict):
+        raise ConductorError(f"LLM planner: option price must be a mapping {like}; got {shown_value(price)}")
+    keys, allowed = set(price), set().union(*PRICE_PAIRS)
+    if keys - allowed:
+        raise ConductorError(f"LLM planner: option price: {sorted(keys - allowed)[0]}: unknown field (allowed: "
+                             f"{', '.join(sorted(allowed))})")
+    if all(keys & pair for pair in PRICE_PAIRS):
+        raise ConductorError("LLM planner: option price: give prices per million tokens or per token, not both")
+    if keys not in PRICE_PAIRS:
+        pair = next((pair for pair in PRICE_PAIRS if keys & pair), PRICE_PAIRS[0])
+        raise ConductorError(f"LLM planner: option price: {sorted(pair - keys)[0]} is required, {like}; "
+                             f"got {shown_value(price)}")
     for name, value in price.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise ConductorError(f"LLM planner: option price: {name} must be a number of USD, at least 0 "
