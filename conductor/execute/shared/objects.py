@@ -513,7 +513,7 @@ def catalog(store: ObjectStore, views_left_out: dict[str, str] | None = None):
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from conductor.store import text_groups, union_by_name
+    from conductor.viewsql import text_groups, union_by_name
 
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
@@ -546,7 +546,7 @@ def catalog(store: ObjectStore, views_left_out: dict[str, str] | None = None):
                     f"{union_by_name([(_ident(f'_{name}_{i}'), texts) for i, (_, texts) in enumerate(groups)])}")
     manifests = _manifests(store, left_out)
     if manifests is not None:
-        from conductor.store import MANIFEST_FIELDS, runs_view
+        from conductor.viewsql import MANIFEST_FIELDS, runs_view
 
         con.register("_manifests", manifests)
         source = ", ".join(f"{_ident(k)}::{t} AS {_ident(k)}" for k, t in MANIFEST_FIELDS.items())
@@ -582,7 +582,7 @@ def _clash(name: str, schema_of: dict) -> str:
     import pyarrow as pa
 
     from conductor import schemas
-    from conductor.store import column_clash, sql_type
+    from conductor.viewsql import column_clash, sql_type
 
     found = _first_clash(schema_of)
     if found is None:
@@ -618,12 +618,12 @@ def _first_clash(schema_of: dict):
 
 
 def _manifests(store: ObjectStore, left_out: list[str]):
-    """Every run's manifest.json on the store as a table of conductor.store.MANIFEST_FIELDS (JSON as
+    """Every run's manifest.json on the store as a table of conductor.viewsql.MANIFEST_FIELDS (JSON as
     text, a missing field null); None when there is none. One that does not read is named in `left_out`."""
     import orjson
     import pyarrow as pa
 
-    from conductor.store import MANIFEST_FIELDS
+    from conductor.viewsql import MANIFEST_FIELDS
 
     rows = []
     sel = store._pafs.FileSelector(store.path("runs"), recursive=True, allow_not_found=True)
