@@ -58,15 +58,21 @@ def runs_view(data: Path) -> dict[str, tuple]:
     return {line.split(",")[0]: tuple(line.split(",")[1:]) for line in r.stdout.split()[1:]}
 
 
-# ---- F2: --run-id of a run that asked for rows is never rewritten by a run of other rows ------------
-
-def test_run_id_of_an_abandoned_run_is_refused_and_what_it_paid_stays_in_the_runs_view(fresh_sim, tmp_path):
-    sim, data = fresh_sim, tmp_path / "data"
+def _killed_run(sim, tmp_path: Path, data: Path):
+    """A 40-row job killed once six steps are journaled: its job file and run folder."""
     path = write_job(tmp_path, sim.url, n=40, concurrency=2)
     sim.set_faults("*", latency_ms=100, latency_sd_ms=0)
     killed = kill_when_journaled(["job", "run", path, "--quiet"], data, lines=6)
     assert killed is not None, "the run ended before it could be killed"
     sim.clear_faults()
+    return path, killed
+
+
+# ---- F2: --run-id of a run that asked for rows is never rewritten by a run of other rows ------------
+
+def test_run_id_of_an_abandoned_run_is_refused_and_what_it_paid_stays_in_the_runs_view(fresh_sim, tmp_path):
+    sim, data = fresh_sim, tmp_path / "data"
+    path, killed = _killed_run(sim, tmp_path, data)
     write_input(tmp_path, 30)  # ten rows dropped: the rerun cannot continue the killed run
     r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 0 and f"interrupted run {killed.name}" in r.stdout, r.stdout + r.stderr
@@ -144,11 +150,7 @@ def test_the_failure_list_of_a_budget_stopped_run_accounts_for_every_stopped_row
 
 def test_a_rerun_after_a_kill_says_it_resumes_the_run_and_what_was_answered_there(fresh_sim, tmp_path):
     sim, data = fresh_sim, tmp_path / "data"
-    path = write_job(tmp_path, sim.url, n=40, concurrency=2)
-    sim.set_faults("*", latency_ms=100, latency_sd_ms=0)
-    killed = kill_when_journaled(["job", "run", path, "--quiet"], data, lines=6)
-    assert killed is not None, "the run ended before it could be killed"
-    sim.clear_faults()
+    path, killed = _killed_run(sim, tmp_path, data)
     r = run_cli("job", "run", path, "--data-dir", data)
     assert r.returncode == 0, r.stderr
     said = next((x for x in r.stderr.splitlines() if "resuming interrupted run" in x), "")
