@@ -54,7 +54,7 @@ def sql_type(t: pa.DataType) -> str:
             or pa.types.is_large_list_view(t):
         return sql_type(t.value_type) + "[]"
     if pa.types.is_struct(t):
-        return "STRUCT(" + ", ".join(f"{_ident(t.field(i).name)} {sql_type(t.field(i).type)}"
+        return "STRUCT(" + ", ".join(f"{ident(t.field(i).name)} {sql_type(t.field(i).type)}"
                                      for i in range(t.num_fields)) + ")"
     return str(t).upper()
 
@@ -125,7 +125,7 @@ def union_by_name(parts: list[tuple[str, dict[str, str]]]) -> str:
     """SELECT * of each (source, {column read as text: its type there}), joined by column name."""
     selects = []
     for source, texts in parts:
-        replace = ", ".join(f"{_as_text(_ident(col), t)} AS {_ident(col)}" for col, t in texts.items())
+        replace = ", ".join(f"{_as_text(ident(col), t)} AS {ident(col)}" for col, t in texts.items())
         selects.append(f"SELECT *{' REPLACE (' + replace + ')' if replace else ''} FROM {source}")
     return "\nUNION ALL BY NAME\n".join(selects)
 
@@ -135,5 +135,6 @@ def _as_text(column: str, sql: str) -> str:
     return f"CAST(to_json({column}) AS VARCHAR)" if nested else f"CAST({column} AS VARCHAR)"
 
 
-def _ident(name: str) -> str:
+def ident(name: str) -> str:
+    """A name quoted as a DuckDB identifier."""
     return '"' + name.replace('"', '""') + '"'

@@ -147,16 +147,26 @@ def test_the_stores_runs_view_shows_an_interrupted_runs_spend(tmp_path, s3, fres
         with objects.fs.open_input_stream(objects.path("runs", rid, "manifest.json")) as f:
             manifest[rid] = orjson.loads(f.read())
 
+    # A run an error stopped: why, as the local view shows it (the store's view had them null)
+    failed = {**manifest["done"], "run_id": "failed", "status": "failed", "failed_in": "planning",
+              "error": "LLM planner: cannot plan: HTTP 401"}
+    with objects.fs.open_output_stream(objects.path("runs", "failed", "manifest.json")) as f:
+        f.write(orjson.dumps(failed))
+
     # Answered from the store alone: another machine's empty data folder
     r = run_cli("sql", "SELECT * FROM runs ORDER BY run_id", "--store", store, "--format", "json",
                 "--data-dir", tmp_path / "elsewhere")
     rows = {row["run_id"]: row for row in _rows(r)}
+    assert (rows["failed"]["failed_in"], rows["failed"]["error"]) == ("planning", failed["error"])
+    assert rows["done"]["failed_in"] is None and rows["done"]["error"] is None
+    del rows["failed"]
     _check_spend(rows, manifest["stopped"], manifest["done"])
     r = run_cli("sql", "SELECT column_name, column_type FROM (DESCRIBE runs)", "--store", store, "--format", "json")
     assert [(c["column_name"], c["column_type"]) for c in _rows(r)] == RUNS_COLUMNS + [
         ("spent_usd", "DOUBLE"), ("spend", "JSON"), ("lost_in_flight", "JSON"), ("interrupted_wall_time_s", "DOUBLE"),
         ("failed_in", "VARCHAR"), ("error", "VARCHAR")]
-    r = run_cli("sql", "SELECT sum(spent_usd) AS usd FROM runs", "--store", store, "--format", "json")
+    r = run_cli("sql", "SELECT sum(spent_usd) AS usd FROM runs WHERE run_id != 'failed'", "--store", store,
+                "--format", "json")
     assert _rows(r) == [{"usd": pytest.approx(rows["stopped"]["spent_usd"] + rows["done"]["spent_usd"])}]
 
 

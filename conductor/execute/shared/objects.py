@@ -30,6 +30,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from conductor.envsettings import env_number
@@ -513,7 +514,7 @@ def catalog(store: ObjectStore, views_left_out: dict[str, str] | None = None):
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from conductor.viewsql import text_groups, union_by_name
+    from conductor.viewsql import ident, text_groups, union_by_name
 
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")
@@ -542,14 +543,14 @@ def catalog(store: ObjectStore, views_left_out: dict[str, str] | None = None):
             continue
         for i, dataset in enumerate(datasets):
             con.register(f"_{name}_{i}", dataset)
-        con.execute(f"CREATE VIEW {_ident(name)} AS "
-                    f"{union_by_name([(_ident(f'_{name}_{i}'), texts) for i, (_, texts) in enumerate(groups)])}")
+        con.execute(f"CREATE VIEW {ident(name)} AS "
+                    f"{union_by_name([(ident(f'_{name}_{i}'), texts) for i, (_, texts) in enumerate(groups)])}")
     manifests = _manifests(store, left_out)
     if manifests is not None:
         from conductor.viewsql import MANIFEST_FIELDS, runs_view
 
         con.register("_manifests", manifests)
-        source = ", ".join(f"{_ident(k)}::{t} AS {_ident(k)}" for k, t in MANIFEST_FIELDS.items())
+        source = ", ".join(f"{ident(k)}::{t} AS {ident(k)}" for k, t in MANIFEST_FIELDS.items())
         con.execute(f"CREATE VIEW runs AS {runs_view(f'(SELECT {source} FROM _manifests)')}")
     for name, why in clashes.items():
         print(f"conductor: the store's catalog has no view {name}: {why}", file=sys.stderr)
@@ -637,14 +638,7 @@ def _manifests(store: ObjectStore, left_out: list[str]):
             if not isinstance(m, dict):
                 left_out.append(f"{info.path} ({m if isinstance(m, str) else 'not a JSON object'})")
                 continue
-            row = {k: m[k] if isinstance(m.get(k), str) or m.get(k) is None else str(m[k])
-                   for k in ("run_id", "status", "created_at", "updated_at")}
-            row |= {k: None if m.get(k) is None else orjson.dumps(m[k]).decode()
-                    for k, t in MANIFEST_FIELDS.items() if t == "JSON"}
-            wall = m.get("interrupted_wall_time_s")
-            row["interrupted_wall_time_s"] = float(wall) if isinstance(wall, (int, float)) \
-                and not isinstance(wall, bool) else None
-            rows.append(row)
+            rows.append({k: _manifest_value(m.get(k), t) for k, t in MANIFEST_FIELDS.items()})
     if not rows:
         return None
     types = {"DOUBLE": pa.float64()}
@@ -652,5 +646,14 @@ def _manifests(store: ObjectStore, left_out: list[str]):
                                                         for k, t in MANIFEST_FIELDS.items()]))
 
 
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def _manifest_value(value: Any, sql: str) -> Any:
+    """A manifest field as the runs view's column of type `sql` holds it (a wrong type: text, or null)."""
+    import orjson
+
+    if value is None:
+        return None
+    if sql == "JSON":
+        return orjson.dumps(value).decode()
+    if sql == "DOUBLE":
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return value if isinstance(value, str) else str(value)
