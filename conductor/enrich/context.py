@@ -98,8 +98,11 @@ def check_budget(job: Job, pool: Pool, ids: list, prompts: list[str]) -> None:
         return
     max_tokens = worker.params.get("max_tokens", DEFAULT_MAX_TOKENS)
     name, limit = min(caps, key=lambda c: c[1])
-    worst = [max(max_prompt_tokens([{"role": "user", "content": p}], {"response_format": job.schema, **worker.params}) * price.input + max_tokens * price.output,
-                 worker.max_call_usd or 0.0) for p in prompts]
+    # The fields' schema (sent as response_format, or in the prompt) is the same for every row: a floor
+    # of what each call sends beside its prompt, counted once
+    beside = max_prompt_tokens([], {**worker.params, "response_format": job.schema})
+    worst = [max((max_prompt_tokens([{"role": "user", "content": p}]) + beside) * price.input
+                 + max_tokens * price.output, worker.max_call_usd or 0.0) for p in prompts]
     bad = [i for i, w in enumerate(worst) if w > limit + 1e-12]
     if bad:
         raise InputError(f"job {job.path}: {name} is below the worst case of one call for {len(bad)} row(s) "
