@@ -317,7 +317,7 @@ def test_a_stale_or_foreign_artifact_is_refused_with_a_reason(planted, tmp_path)
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
     with pytest.raises(ConductorError, match="was trained for pool"):
         artifact.load(planted["folder"], load_pool(tmp_path / "other.yaml"))
-    with pytest.raises(ConductorError, match="no policy artifact there"):
+    with pytest.raises(ConductorError, match="there is no folder"):
         EmbeddedPlanner(EmbeddedConfig(policy=str(tmp_path / "nothing"))).plan(
             [Query("q", "What is 2 + 2?", "math")], pool, 1)
     r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "nope", "--data-dir", planted["data"],

@@ -300,7 +300,7 @@ class EmbeddedPlanner(PlannerBackEnd):
         if key not in self._learned:
             where = None if str(setting).lower() == "auto" else str(Path(setting).expanduser())
             if where is not None and (why := _not_a_policy_folder(Path(where))):
-                raise ConductorError(f"planner option policy={setting}: no policy artifact there for this pool: {why}")
+                raise ConductorError(f"planner option policy={setting}: {why}")
             folder = find(pool, where)
             if folder is None and where is not None:
                 raise ConductorError(f"planner option policy={setting}: no policy artifact there for this pool")
