@@ -300,8 +300,11 @@ def _pasted_key(value: str) -> bool:
 
 # ---- plan -------------------------------------------------------------------
 
-def plan_stage(run: Run, planner: Planner | None = None) -> Path:
-    """Write plans.parquet: K drafts per query, parsed and validated. Reused if present."""
+def plan_stage(run: Run, planner: Planner | None = None, checked: bool = False) -> Path:
+    """Write plans.parquet: K drafts per query, parsed and validated. Reused if present. A planner
+    that plans at a cost checks the workers first (check_before_planning), here and not in run_all
+    only: Dagster's `plans` asset and `job run` paid for planning, then failed on an unset key.
+    `checked`: they were, before the run folder (run_all's new run)."""
     out = run.dir.table("plans")
     cfg = run.config
     failed: dict[str, int] = {}
@@ -313,6 +316,8 @@ def plan_stage(run: Run, planner: Planner | None = None) -> Path:
     own = planner is None
     planner = planner or configured_planner(cfg)
     try:
+        if not out.exists() and not checked:
+            check_before_planning(run.pool, planner, run)
         with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)), \
                 noting_failure(run.dir, "planning", lambda: spend_so_far(run)), _named_storage_errors(run):
             return _replan(run, planner, out, failed) if failed else _plan(run, planner, out)
@@ -779,8 +784,20 @@ def check_ready(run: Run, plans_path: Path) -> None:
             used.update(ws or ())
     # an unpriced worker under a budget was refused by prepare, before the run folder
     if problems := worker_problems(run.pool, used):
-        raise ConductorError("cannot start executing (plans are saved; no worker was called): "
-                             + "; ".join(p.text for p in problems) + ". " + rerun_advice(run, problems, "planned"))
+        raise NotReady("cannot start executing (plans are saved; no worker was called): "
+                       + "; ".join(p.text for p in problems), rerun_advice(run, problems, "planned"))
+
+
+class NotReady(ConductorError):
+    """A refusal before any call whose advice is about the run's folder: resume it, or delete it.
+    `job run` deletes the folder of a run refused before any call, and takes `without_advice`:
+    with the advice, it told the user to resume a run that no longer existed."""
+
+    def __init__(self, text: str, advice: str):
+        from conductor.masking import mask
+
+        super().__init__(f"{text}. {advice}" if advice else text)
+        self.without_advice = mask(f"{text}; fix this and rerun")
 
 
 def worker_problems(pool: Pool, used: set[str]) -> list[Any]:
@@ -837,7 +854,7 @@ def check_before_planning(pool: Pool, planner: Any, run: Run | None = None) -> N
     if run is None:
         raise ConductorError(f"cannot start planning (nothing was written or called): {listed}; fix this and rerun")
     status = run.dir.read_manifest().get("status") or "planning"
-    raise ConductorError(f"cannot start planning (no call was made): {listed}. " + rerun_advice(run, problems, status))
+    raise NotReady(f"cannot start planning (no call was made): {listed}", rerun_advice(run, problems, status))
 
 
 def _unpriced_under_budget(pool: Pool, budget_on: bool) -> list[str]:
@@ -1057,9 +1074,7 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
         try:
             # With a store, plan parts and the journal go up as they are written.
             with _uploading(store, run):
-                if run.resumed and not run.dir.table("plans").exists():  # plans made: check_ready's turn
-                    check_before_planning(run.pool, planner, run)
-                plan_stage(run, planner)
+                plan_stage(run, planner, checked=not run.resumed)  # a new run's workers: by planner_ready
                 if own and not any(w.kind == "planner" for w in run.pool.workers):
                     # Nothing re-plans: free the engine now. Held through execution, a loaded vLLM engine
                     # outlived a kill -9 of this process in its own process (GPU memory held for good).

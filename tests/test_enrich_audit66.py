@@ -117,7 +117,7 @@ def test_a_budget_stop_is_one_cause_whatever_the_amounts_and_the_rows_left_out_a
     other = [f"final output: cause {k}" for k in range(7) for _ in range(2)]
     table = pa.table({"status": ["budget_exhausted"] * 12 + ["invalid"] * 14 + ["ok"],
                       "error": budget + other + [None]})
-    shown, rest = enrich_run.failure_groups(table)
+    shown, rest = enrich_run.record_failure_groups(table)
     assert shown[0] == {"status": "budget_exhausted", "rows": 12,
                         "error": "worker mid: budget exhausted: run cap $0.0500, spent $0.0481 to $0.0492, this call "
                                  "needs up to $0.0013 to $0.0016"}

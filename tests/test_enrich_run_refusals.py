@@ -16,7 +16,7 @@ import yaml
 
 from conductor.cli.render import job_summary, run_summary
 from conductor.enrich import load_job
-from conductor.enrich.run import _failures, run_job
+from conductor.enrich.run import record_failure_groups, run_job
 from conductor.errors import ConductorError
 from tests.conftest import cli, files_under, run_cli, worker
 
@@ -67,7 +67,8 @@ def test_a_setting_refused_after_the_run_started_leaves_no_run_folder(fresh_sim,
     assert s["valid"] == 8 and run_folders(data) == [s["run_id"]]
 
 
-def test_a_preflight_refusal_leaves_no_run_folder_and_the_fixed_rerun_is_the_only_run(fresh_sim, tmp_path):
+def test_a_preflight_refusal_leaves_no_run_folder_and_the_fixed_rerun_is_the_only_run(fresh_sim, tmp_path,
+                                                                                     sample_queries):
     """A worker whose model the endpoint does not serve is refused after planning, before any
     call: the folder it left (manifest and plans, no call) stayed in the catalog for good."""
     data = tmp_path / "data"
@@ -75,6 +76,12 @@ def test_a_preflight_refusal_leaves_no_run_folder_and_the_fixed_rerun_is_the_onl
     r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 2 and "does not serve model 'nosuch'" in r.stderr, r.stderr
     assert "plans are saved" not in r.stderr  # they went with the folder (audit51 N8)
+    # nor is the deleted run to be resumed, or deleted by hand (its advice is `conductor run`'s)
+    assert "resumes it with these plans" not in r.stderr and "can be deleted" not in r.stderr, r.stderr
+    assert "(run " not in r.stderr and "fix this and rerun" in r.stderr, r.stderr
+    ran = cli("run", sample_queries, "--pool", tmp_path / "pool.yaml", "--data-dir", tmp_path / "other", "--quiet")
+    assert ran.returncode == 2 and "plans are saved" in ran.stderr, ran.stderr
+    assert "the same command resumes it with these plans (run " in ran.stderr, ran.stderr
     assert run_folders(data) == [] and fresh_sim.log()["total"] == 0
     write_job(tmp_path, fresh_sim.url)
     r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
@@ -199,7 +206,7 @@ def test_a_long_error_is_cut_in_the_middle_with_a_marker_keeping_its_advice():
              "options in the pool file, then rerun")
     body = "Rate limit reached for sim-mid. " + "x" * 500 + " Please retry after 700 s, or lower rpm in the pool file"
     table = pa.table({"status": ["error", "error", "ok"], "error": [batch, body, None]})
-    shown = {f["error"] for f in _failures(table)}
+    shown = {f["error"] for f in record_failure_groups(table)[0]}
     assert batch in shown  # whole: short enough
     (cut,) = shown - {batch}
     assert cut.startswith("Rate limit reached for sim-mid.") and " ... " in cut and len(cut) < 300

@@ -98,6 +98,36 @@ def test_a_complete_runs_rerun_is_not_checked(sim, tmp_path, queries, monkeypatc
     assert sim.log()["total"] == 0
 
 
+
+@pytest.mark.slow  # a real Dagster materialization
+def test_the_dagster_plans_asset_refuses_a_broken_worker_before_any_planning_call(sim, tmp_path, queries,
+                                                                                  monkeypatch):
+    """The check was `conductor run`'s alone: the `plans` asset (and `job run`, planned) paid for
+    every planning call, then failed in `executions` on the unset key."""
+    from dagster import DagsterInstance, materialize
+
+    from assets import resources
+    from assets.pipeline import plans, query_set
+    from tests.test_dagster import add_partition, conductor_env
+
+    monkeypatch.delenv("AUDIT65_UNSET_KEY", raising=False)
+    pool = pool_with(tmp_path, sim.url, key_env="AUDIT65_UNSET_KEY")
+    res = resources.from_env(conductor_env(tmp_path, pool, CONDUCTOR_PLANNER="llm",
+                                           CONDUCTOR_PLANNER_OPTIONS=json.dumps({"worker": "conductor"})))
+    with DagsterInstance.ephemeral() as inst:
+        add_partition(inst, res, "math", queries)
+        result = materialize([query_set, plans], partition_key="math", instance=inst, resources=res,
+                             raise_on_error=False)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_key == "plans"
+    message = failure.event_specific_data.error.to_string()  # with its cause, conductor's message
+    assert "cannot start planning (no call was made)" in message and "AUDIT65_UNSET_KEY is not set" in message
+    assert sim.log()["total"] == 0  # not one planning call paid
+    [run_id] = runs_in(tmp_path / "data")
+    assert not (tmp_path / "data" / "runs" / run_id / "plans.parquet").exists()
+
+
 # ---- F4: whether the fix keeps the run ------------------------------------------------------
 
 def test_check_ready_says_which_fix_resumes_the_run_and_which_starts_a_new_one(sim, tmp_path, queries,

@@ -136,8 +136,9 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
                                                data_dir, progress, current_judge, full_refresh)
     except ConductorError as e:
         _remove_if_nothing_sent(made)
-        if run.path in made and not run.path.exists():  # its plans went with it: do not say they are saved
-            raise ConductorError(str(e).replace("plans are saved; ", "")) from None
+        if run.path in made and not run.path.exists():  # its plans went with it: do not say they are saved,
+            # nor how to resume the run (NotReady's advice)
+            raise ConductorError(getattr(e, "without_advice", str(e)).replace("plans are saved; ", "")) from None
         raise
 
     say("writing records")
@@ -149,7 +150,7 @@ def _run_job(job: Job, *, data_dir: str | Path, run_id: str | None, full_refresh
                        compute_metrics(job, df, records, table, judge_hash=current_judge))
     summary["judge_cost_usd"] = judge_cost
     summary["judge_budget_exhausted"] = judge_stopped
-    summary["failures"], summary["failures_not_shown"] = failure_groups(table)
+    summary["failures"], summary["failures_not_shown"] = record_failure_groups(table)
     summary["lost_in_flight"] = _lost_in_flight(run, RunDir(data_dir, f"{run_id}-judge"))
     summary["abandoned_runs"] = abandoned
     # as `conductor run` has it (a bool), and what the interrupted run had answered before this command
@@ -609,7 +610,7 @@ def exit_code(job: Job, summary: dict[str, Any]) -> int:
 _AMOUNT = re.compile(r"\$[0-9][0-9,]*(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?")
 
 
-def failure_groups(table: pa.Table, show: int = 5) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def record_failure_groups(table: pa.Table, show: int = 5) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Rows without a valid record, one group per status and cause, the largest `show` of them,
     and what is left out ({"rows", "groups"}). Dollar amounts are not part of the cause: a budget
     stop names the spend so far and the call's worst case, which vary row by row, and split one
@@ -625,11 +626,6 @@ def failure_groups(table: pa.Table, show: int = 5) -> tuple[list[dict[str, Any]]
              for (st, cause), amounts in top[:show]]
     rest = top[show:]
     return shown, {"rows": sum(len(a) for _, a in rest), "groups": len(rest)}
-
-
-def _failures(table: pa.Table, show: int = 5) -> list[dict[str, Any]]:
-    """The groups failure_groups shows."""
-    return failure_groups(table, show)[0]
 
 
 def _with_amounts(cause: str, amounts: list[list[str]]) -> str:
