@@ -44,6 +44,11 @@ def worker_stats_rows(tmp_path: Path) -> list[dict]:
     return pq.read_table(tmp_path / "data" / "enrichment" / "worker_stats.parquet").to_pylist()
 
 
+def approx_rows(rows: list[dict]) -> list:
+    """The same rows: a sum of costs may differ in its last bit with the order it was added in."""
+    return [pytest.approx(row) for row in rows]
+
+
 def job_execute(env: dict[str, str]) -> subprocess.CompletedProcess:
     """The README's "run it now": `dagster job execute -m pipelines.definitions -j enrich_catalog`."""
     full = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **env}
@@ -89,7 +94,7 @@ def test_min_plans_applies_to_a_launch_with_the_jobs_default_config(tmp_path, in
     result = job.execute_in_process(
         instance=instance, resources=resources.from_env({**env, "CONDUCTOR_ENRICH_MIN_PLANS": str(cut)}))
     assert result.success
-    assert worker_stats_rows(tmp_path) == kept
+    assert worker_stats_rows(tmp_path) == approx_rows(kept)
     [mat] = result.get_asset_materialization_events()
     assert mat.materialization.metadata["min_plans"].value == cut
 
@@ -99,7 +104,7 @@ def test_min_plans_applies_to_a_launch_with_the_jobs_default_config(tmp_path, in
     tick = schedules.daily_enrichment(with_cut).evaluate_tick(build_schedule_context(instance=instance))
     assert job.execute_in_process(run_config=tick.run_requests[0].run_config, instance=instance,
                                   resources=resources.from_env(with_cut)).success
-    assert worker_stats_rows(tmp_path) == kept
+    assert worker_stats_rows(tmp_path) == approx_rows(kept)
 
     for bad in ("0", "2.5", "x"):
         result = job.execute_in_process(
