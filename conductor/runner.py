@@ -318,8 +318,8 @@ def plan_stage(run: Run, planner: Planner | None = None, checked: bool = False) 
     try:
         if not out.exists() and not checked:
             check_before_planning(run.pool, planner, run)
-        with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)), \
-                noting_failure(run.dir, "planning", lambda: spend_so_far(run)), _named_storage_errors(run):
+        with run_lock(run.dir.work, run.dir.run_id), noting_stop(run.dir, "planning", lambda: spend_so_far(run)), \
+                _named_storage_errors(run):
             return _replan(run, planner, out, failed) if failed else _plan(run, planner, out)
     finally:
         if own:
@@ -507,8 +507,7 @@ def _plan_rows(run: Run, planner_name: str, queries: list[Query], drafts) -> lis
 
 def execute_stage(run: Run, **kw: Any) -> Path:
     """`_execute_stage` holding the run's lock: a second process on the same run refuses."""
-    with run_lock(run.dir.work, run.dir.run_id), noting_interrupt(run.dir, lambda: spend_so_far(run)), \
-            noting_failure(run.dir, "executing", lambda: spend_so_far(run)):
+    with run_lock(run.dir.work, run.dir.run_id), noting_stop(run.dir, "executing", lambda: spend_so_far(run)):
         return _execute_stage(run, **kw)
 
 
@@ -529,13 +528,16 @@ def is_interrupt(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def noting_interrupt(run_dir: RunDir,
-                     spent: Callable[[], tuple[list[dict], dict[str, Any]]] | None = None) -> Iterator[None]:
-    """A stage stopped by Ctrl-C or SIGTERM marks the run `interrupted`: it stayed `executing`
-    for good, like a live run. The rerun that resumes it sets its status again. `spent`: what the
-    run has paid so far and its calls lost in flight (spend_so_far), kept in the manifest as a
-    finished run keeps them (`spend`, `lost_in_flight`): an interrupted run has no summary, and what
-    it paid was in its journal alone."""
+def noting_stop(run_dir: RunDir, stage: str | None = None,
+                spent: Callable[[], tuple[list[dict], dict[str, Any]]] | None = None) -> Iterator[None]:
+    """A stage that stops early says so in the manifest: it stayed `planning` or `executing` for
+    good, like a live run. Ctrl-C or SIGTERM marks the run `interrupted`; an error (a rejected
+    planner key, a damaged cache, a full disk) marks it `failed`, with the stage, the time and the
+    error, but only when this command got `stage` under way (the manifest says `stage`): a refusal
+    before it (a run locked by another process, a preflight) leaves the status as it was. The same
+    command resumes the run and sets its status again. `spent`: what the run has paid so far and
+    its calls lost in flight (spend_so_far), kept as a finished run keeps them (`spend`,
+    `lost_in_flight`): a stopped run has no summary, and what it paid was in its journal alone."""
     try:
         yield
     except BaseException as e:
@@ -546,21 +548,7 @@ def noting_interrupt(run_dir: RunDir,
                 with contextlib.suppress(Exception):
                     spend, lost = spent()
                     run_dir.set_status(INTERRUPTED, spend=spend, lost_in_flight=lost, interrupted_at=_now())
-        raise
-
-
-@contextlib.contextmanager
-def noting_failure(run_dir: RunDir, stage: str,
-                   spent: Callable[[], tuple[list[dict], dict[str, Any]]] | None = None) -> Iterator[None]:
-    """A stage stopped by an error (a rejected planner key, a damaged cache, a full disk) marks the
-    run `failed`, with the stage, the time and the error: it stayed `planning` or `executing`, as if
-    it still ran. Only when this command got the stage under way (the manifest says `stage`): a
-    refusal before it (a run locked by another process, a preflight) leaves the status as it was.
-    The same command resumes the run and sets its status again. `spent`: as noting_interrupt's."""
-    try:
-        yield
-    except BaseException as e:
-        if not is_interrupt(e) and isinstance(e, Exception):
+        elif stage is not None and isinstance(e, Exception):
             with contextlib.suppress(Exception):
                 if run_dir.read_manifest().get("status") == stage:
                     extra: dict[str, Any] = {"failed_in": stage, "failed_at": _now(), "error": failure_text(e)}
@@ -583,11 +571,7 @@ def failure_text(e: BaseException) -> str:
 
 def set_stage(run_dir: RunDir, status: str, **extra: Any) -> None:
     """Set the run's status as a stage starts, dropping what an earlier failed command left."""
-    m = run_dir.read_manifest()
-    for key in FAILURE_KEYS:
-        m.pop(key, None)
-    m.update(status=status, **extra)
-    run_dir.write_manifest(m)
+    run_dir.set_status(status, drop=FAILURE_KEYS, **extra)
 
 
 @contextlib.contextmanager
@@ -763,11 +747,9 @@ def check_work(run: Run) -> None:
 def storage_error(e: BaseException, where: Path) -> StorageError:
     """The message for a disk or database failure: what failed, and that a rerun loses nothing.
     A response cache found damaged mid-run names that file and what to do with it instead."""
-    if isinstance(e, CacheDamaged):
-        return StorageError(f"stopped: the response cache {e.path} is damaged ({e.reason}). It holds cached answers "
-                            f"only: move it away (mv '{e.path}' '{e.path}.bad') and rerun the same command: the run "
-                            f"in {where} resumes, answers already paid for are kept and not paid again, and the moved "
-                            f"file's answers are asked for again")
+    if isinstance(e, CacheDamaged):  # its message says what to do with the file
+        return StorageError(f"stopped: {e}. The rerun resumes the run in {where}: answers it already paid for "
+                            f"are kept and not paid again")
     if isinstance(e, OSError) and e.strerror:
         what = e.strerror + (f": {e.filename}" if e.filename else "")
     else:
@@ -886,7 +868,7 @@ def _jobs(run: Run, plans_path: Path, record=None, refresh: frozenset[str] = fro
 
 def grade_stage(run: Run) -> Path:
     """Write rewards.parquet from results.parquet and the query set's references."""
-    with noting_interrupt(run.dir):
+    with noting_stop(run.dir):
         return _grade(run)
 
 
@@ -1017,8 +999,7 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
     manifest.update(status="complete" if complete else "incomplete", summary=summary, settings=settings)
     if wall_time_s is not None:
         manifest.pop(INTERRUPTED_TIME, None)  # counted in wall_time_s now
-    manifest.pop("interrupted_at", None)
-    for key in FAILURE_KEYS:  # a failed command's error, resumed since
+    for key in ("interrupted_at", *FAILURE_KEYS):  # a failed command's error, resumed since
         manifest.pop(key, None)
     run.dir.write_manifest(manifest)
     summary["catalog"] = catalog_line(run.config.data_dir)
@@ -1068,7 +1049,7 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
     run = prepare(cfg, pool, before_new=planner_ready)
     store = run.lease.store if run.lease is not None else None
     # The run's lease on the store is renewed while the run goes on and released when it ends, however it ends.
-    with run.lease or contextlib.nullcontext(), _timing_interrupts(run, t0, started):
+    with run.lease or contextlib.nullcontext(), _timing_interrupts(run, t0, started, store):
         if store is not None:
             store.push_run(run.dir)
         try:
@@ -1093,10 +1074,11 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
 
 
 @contextlib.contextmanager
-def _timing_interrupts(run: Run, t0: float, started: str) -> Iterator[None]:
+def _timing_interrupts(run: Run, t0: float, started: str, store=None) -> Iterator[None]:
     """A command interrupted in a stage (the run left `interrupted`), or stopped there by an error
     (left `failed` by this command, which began at `started`), keeps its time in the manifest, which
-    the summary's wall_time_s adds: the resume that reached it reported its own seconds alone."""
+    the summary's wall_time_s adds: the resume that reached it reported its own seconds alone. With a
+    store, its copy gets it too: the stage's last upload came before it."""
     try:
         yield
     except BaseException as e:
@@ -1106,6 +1088,8 @@ def _timing_interrupts(run: Run, t0: float, started: str) -> Iterator[None]:
                     else m.get("status") == FAILED and str(m.get("failed_at") or "") >= started):
                 m[INTERRUPTED_TIME] = round((m.get(INTERRUPTED_TIME) or 0.0) + time.monotonic() - t0, 3)
                 run.dir.write_manifest(m)
+                if store is not None:
+                    store.put(run.dir.manifest_path, "runs", run.dir.run_id, "manifest.json")
         raise
 
 

@@ -88,8 +88,11 @@ class RunDir:
         manifest["updated_at"] = _now()
         write_atomic(self.manifest_path, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
 
-    def set_status(self, status: str, **extra: Any) -> None:
+    def set_status(self, status: str, drop: tuple[str, ...] = (), **extra: Any) -> None:
+        """`drop`: keys an earlier status left that no longer hold."""
         m = self.read_manifest()
+        for key in drop:
+            m.pop(key, None)
         m["status"] = status
         m.update(extra)
         self.write_manifest(m)

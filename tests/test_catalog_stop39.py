@@ -146,6 +146,9 @@ def test_the_stores_runs_view_shows_an_interrupted_runs_spend(tmp_path, s3, fres
     for rid in ("stopped", "done"):
         with objects.fs.open_input_stream(objects.path("runs", rid, "manifest.json")) as f:
             manifest[rid] = orjson.loads(f.read())
+    # the store's copy has the interrupted command's time, as the local one (it was written after the last upload)
+    local = orjson.loads((machine / "runs" / "stopped" / "manifest.json").read_bytes())
+    assert manifest["stopped"].get("interrupted_wall_time_s") == local["interrupted_wall_time_s"] > 0
 
     # A run an error stopped: why, as the local view shows it (the store's view had them null)
     failed = {**manifest["done"], "run_id": "failed", "status": "failed", "failed_in": "planning",

@@ -455,7 +455,7 @@ def _stop_on(failures: list[StepFailed], n: int, binding: Binding, key_option: b
 
 
 def _resumes(binding: Binding) -> str:
-    """What to do with the run folder the failed planning left (status `failed`, runner.noting_failure).
+    """What to do with the run folder the failed planning left (status `failed`, runner.noting_stop).
     Not a plain "rerun": the same request fails the same way until its cause is fixed."""
     return (f". Fix this, then the same command resumes the planning of run {binding.run_id} (its status is "
             f"`failed` until then; with other planner options it is a new run, and this one's folder can be "
