@@ -32,6 +32,11 @@ def tokens_from_chars(chars: Any) -> Any:
     return pl.max_horizontal((chars / CHARS_PER_TOKEN).round(0).cast(int), (chars > 0).cast(int))
 
 
+def sends_prompt_params(params: Mapping[str, Any] | None) -> bool:
+    """Whether the request carries any parameter billed as prompt, without serializing it."""
+    return bool(params) and any(params.get(k) is not None for k in PROMPT_PARAMS)
+
+
 def prompt_params(params: Mapping[str, Any] | None) -> list[bytes]:
     """The JSON of each request parameter billed as prompt (PROMPT_PARAMS), as it is sent."""
     if not params:
@@ -44,8 +49,19 @@ def estimate_tokens(messages: list[dict[str, str]], params: Mapping[str, Any] | 
     """A prompt's tokens, plus a few of framing per message: cheap, and close enough for
     rate limits, which reconcile afterwards. `params`: the request's, whose schema and tools
     are prompt too (prompt_params)."""
-    return (sum(tokens_from_chars(len(m.get("content") or "")) + MESSAGE_FRAMING_TOKENS for m in messages)
-            + sum(tokens_from_chars(len(p.decode())) + MESSAGE_FRAMING_TOKENS for p in prompt_params(params)))
+    return prompt_tokens(messages, params)[0]
+
+
+def prompt_tokens(messages: list[dict[str, str]], params: Mapping[str, Any] | None = None) -> tuple[int, int]:
+    """(estimate_tokens, max_prompt_tokens) of one request, its params serialized once: the
+    executor needs both for every call."""
+    extra = prompt_params(params)
+    estimate = (sum(tokens_from_chars(len(m.get("content") or "")) + MESSAGE_FRAMING_TOKENS for m in messages)
+                + sum(tokens_from_chars(len(p.decode())) + MESSAGE_FRAMING_TOKENS for p in extra))
+    bound = (sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + MESSAGE_FRAMING_BOUND
+                 for m in messages)
+             + sum(len(p) + MESSAGE_FRAMING_BOUND for p in extra))
+    return estimate, bound
 
 
 def tokenizer_tokens(text: str) -> int:
@@ -62,6 +78,4 @@ def max_prompt_tokens(messages: list[dict[str, str]], params: Mapping[str, Any] 
     never makes a token of less than one byte). The one bound of budget reservations, the
     clamp on reported usage and preflight worst cases: left without the request's params,
     each undershot a structured call's honest usage."""
-    return (sum(len((m.get("content") or "").encode("utf-8", "surrogatepass")) + MESSAGE_FRAMING_BOUND
-                for m in messages)
-            + sum(len(p) + MESSAGE_FRAMING_BOUND for p in prompt_params(params)))
+    return prompt_tokens(messages, params)[1]

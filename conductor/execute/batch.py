@@ -479,7 +479,7 @@ class Batches:
             got = lines.get(key) or unanswered(why, status)
             if isinstance(got, CallResponse):
                 if waiter is not None:
-                    got = ex._clamped(got, waiter.messages, waiter.params)
+                    got = ex._clamped(got, max_prompt_tokens(waiter.messages, waiter.params), waiter.params)
                 cost = call_cost(ex.prices[worker.id], got.prompt_tokens, got.completion_tokens)
                 cost = None if cost is None else cost * provider.batch_price_factor
                 got = replace(got, cost_usd=cost)

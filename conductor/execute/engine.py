@@ -36,9 +36,9 @@ from conductor.execute.batch import Batches
 from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.cached import serve_cached
-from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete, estimate_tokens,
+from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete,
                                     max_prompt_tokens, maybe_billed)
-from conductor.tokens import prompt_params
+from conductor.tokens import prompt_tokens, sends_prompt_params
 from conductor.execute.journal import Journal, ResumeState, count_unanswered
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.openai_http import OpenAIEndpoint, direct_model
@@ -616,14 +616,14 @@ class Executor:
             api_key = "no-key"  # OpenAI-compatible local servers need some value
         req = CallRequest(worker.model, messages, params, worker.api_base, provider.timeout_s, key,
                           self._client(worker, api_key, track_sent=provider.rpm is not None))
-        est_in = estimate_tokens(messages, params)
+        est_in, pt_bound = prompt_tokens(messages, params)
         est_tokens = est_in + params["max_tokens"]
         reservation = rid = None
         price = self.prices[worker.id]
         # UTF-8 bytes bound the prompt's tokens in any script (chars/4 undercounts CJK 4x), the schema's
         # and tools' in params too; a recorded cost (replay) is charged as it is, unclamped, so its
         # largest bounds the call too
-        worst = None if price is None else max(max_prompt_tokens(messages, params) * price.input
+        worst = None if price is None else max(pt_bound * price.input
                                                + params["max_tokens"] * price.output, worker.max_call_usd or 0.0)
         if provider.id in self._budgeted:
             if price is None:
@@ -716,7 +716,7 @@ class Executor:
                         rid = None
                     raise  # else it waited for a slot to retry: its failed attempts were not billed
                 self._observe(limiter, provider, resp.rate)
-                resp = self._clamped(resp, messages, params)
+                resp = self._clamped(resp, pt_bound, params)
                 # after clamping: a tpm bucket that believed 1,000x usage would stall the run for hours
                 limiter.settle_tokens(est_tokens, resp.prompt_tokens + resp.completion_tokens)
                 cost = self._cost(worker, resp)
@@ -774,14 +774,14 @@ class Executor:
             self._clients[k] = OpenAIEndpoint(worker.api_base, api_key, track_sent)
         return self._clients[k]
 
-    def _clamped(self, resp: CallResponse, messages: list[dict[str, str]], params: dict[str, Any]) -> CallResponse:
+    def _clamped(self, resp: CallResponse, pt_max: int, params: dict[str, Any]) -> CallResponse:
         """Reported usage no larger than the request could use (the prompt's UTF-8 bytes, with its
         response_format and tools, and max_tokens): budgets hold against a server that over-reports;
         the overrun is counted and kept in the row. An answer that carries its own cost (replayed
         logs) is charged that cost and left as it is."""
         if resp.cost_usd is not None:  # a recorded cost is what is charged; its tokens may be of another prompt
             return resp
-        pt_max, ct_max = max_prompt_tokens(messages, params), params.get("max_tokens")
+        ct_max = params.get("max_tokens")  # pt_max: max_prompt_tokens of the request
         # 0 tokens for a prompt or an answer that has text cannot be: believed, budgets would never bind
         zero = resp.usage_reported and (resp.prompt_tokens == 0 or (resp.completion_tokens == 0 and resp.text))
         if (not resp.usage_reported or zero) and isinstance(ct_max, int):
@@ -792,7 +792,7 @@ class Executor:
         over = []
         if resp.prompt_tokens > pt_max:
             over.append(f"prompt_tokens {resp.prompt_tokens} > {pt_max} (the prompt's UTF-8 bytes"
-                        f"{', with its response_format and tools' if prompt_params(params) else ''})")
+                        f"{', with its response_format and tools' if sends_prompt_params(params) else ''})")
         if isinstance(ct_max, int) and resp.completion_tokens > ct_max:
             over.append(f"completion_tokens {resp.completion_tokens} > max_tokens {ct_max}")
         if not over:
@@ -812,7 +812,8 @@ class Executor:
             return None
         pt, ct = f.usage if f.usage is not None else (0, 0)
         resp = self._clamped(CallResponse("", pt, ct, False, False, cost_usd=f.cost_usd,
-                                          usage_reported=f.usage is not None), messages, params)
+                                          usage_reported=f.usage is not None),
+                             max_prompt_tokens(messages, params), params)
         return Billed(self._cost(worker, resp), (resp.prompt_tokens, resp.completion_tokens),
                       resp.usage_estimated, key)
 
