@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import orjson
 
@@ -55,6 +55,12 @@ class Provider:
     # under a budget, a line left out of this many of its worker's batches (no room for its
     # worst case) is refused as budget_exhausted: near the cap, each round is a whole batch's wait
     batch_budget_rounds: int = 8
+    # Where a user names this provider's key, for the message of a call sent without one; not a pool
+    # file setting: the LLM planner's own provider is set on the command line
+    key_hint: str | None = None
+
+    def where_to_set_key(self) -> str:
+        return self.key_hint or f"set api_key_env for provider {self.id} in the pool file"
 
 
 PROVIDER_MODES = ("online", "batch")
@@ -116,6 +122,9 @@ class Pool:
     # Never read from the file: the runner fills it (conductor.runner.planning_pool), so planners
     # and the policy plan only what the replay server can answer without importing replay.
     recorded: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
+    # The providers the file lists under providers: (the others were made for workers without a
+    # provider, in a file without that section): what a worker added later must name (unlisted)
+    listed: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {w.id: w for w in self.workers})
@@ -214,6 +223,25 @@ def _redact_param(param: str) -> str:
     return f"{name}=***" if secret and "=" in param else param
 
 
+def unlisted(provider: str, listed: Iterable[str], named: bool, who: str = "the worker",
+             where: str = "the file") -> str | None:
+    """Why a worker may not run on `provider` in a pool file whose providers: lists `listed`, else
+    None. Named or taken from its model's prefix, an unlisted provider would run it with default
+    limits and outside every budget, silently: a typo, or a provider the user forgot to list.
+    `where`: the file as the message names it."""
+    listed = list(listed)
+    if not listed or provider in listed:
+        return None
+    if named:
+        near = difflib.get_close_matches(provider, listed, n=1)
+        return (f"{provider!r} is not under providers:" + ("" if where == "the file" else f" in {where}")
+                + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(listed)})")
+                + f"; to give it default limits and no budget, list it as `{provider}: {{}}`")
+    return (f"required, since {where} has providers: ({', '.join(listed)}); without it {who} would run on "
+            f"provider {provider!r} (its model's prefix), which is not listed: default limits and no budget. "
+            f"Name one of them, or list `{provider}: {{}}` to allow that")
+
+
 def provider_from_model(model: str) -> str:
     """The provider a worker without `provider:` belongs to: its model string's prefix
     (`openai/gpt-4o` -> `openai`), else `default`."""
@@ -273,7 +301,8 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
             raise PoolError(f"workers[{i}] ({w.id}).model: provider {w.provider} has mode: batch, which sends "
                             f"through the OpenAI batch API (/v1/files, /v1/batches); the model must be an "
                             f"openai/ model of an OpenAI-compatible endpoint (got {w.model!r})")
-    return Pool(workers=tuple(workers), providers=providers, path=where, replay=replay, governor=governor)
+    return Pool(workers=tuple(workers), providers=providers, path=where, replay=replay, governor=governor,
+                listed=frozenset(providers_raw))
 
 
 def _provider(pid: Any, cfg: Any) -> Provider:
@@ -283,7 +312,7 @@ def _provider(pid: Any, cfg: Any) -> Provider:
     cfg = cfg or {}
     if not isinstance(cfg, dict):
         raise PoolError(f"{at}: must be a mapping")
-    _no_unknown(cfg, {f for f in Provider.__dataclass_fields__ if f != "id"}, at)
+    _no_unknown(cfg, {f for f in Provider.__dataclass_fields__ if f not in ("id", "key_hint")}, at)
     key_env = cfg.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key_env)
                                 or (looks_like_a_key(key_env) and key_env not in os.environ)):
@@ -376,24 +405,15 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         if function not in FUNCTION_NAMES:
             raise PoolError(f"{at}.function: must be one of {', '.join(FUNCTION_NAMES)} (got {function!r})")
     provider = w.get("provider")
+    named = provider is not None
     if provider is None:
         provider = "local" if kind == "function" else provider_from_model(model)
-        if providers and kind != "function" and model is not None and provider not in providers:
-            # Its calls would run on the model's prefix with default limits and outside every budget,
-            # as a misspelled provider would (refused below); a function worker calls nothing, and a
-            # planner worker without a model is the run's own planner, which has its provider.
-            raise PoolError(f"{at}.provider: required, since the file has providers: ({', '.join(providers)}); "
-                            f"without it the worker would run on provider {provider!r} (its model's prefix), "
-                            f"which is not listed: default limits and no budget. Name one of them, or list "
-                            f"`{provider}: {{}}` to allow that")
     if not isinstance(provider, str):
         raise PoolError(f"{at}.provider: must be a provider id")
-    if "provider" in w and providers and provider not in providers:
-        # A typo here would leave the worker with default limits and no budget, silently.
-        near = difflib.get_close_matches(provider, list(providers), n=1)
-        raise PoolError(f"{at}.provider: {provider!r} is not under providers:"
-                        + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(providers)})")
-                        + f"; to give it default limits and no budget, list it as `{provider}: {{}}`")
+    # a function worker calls nothing, and a planner worker without a model is the run's own
+    # planner, which has its provider
+    if (named or (kind != "function" and model is not None)) and (why := unlisted(provider, providers, named)):
+        raise PoolError(f"{at}.provider: {why}")
     api_base = shown = w.get("api_base")
     if api_base is not None:
         if not isinstance(api_base, str):

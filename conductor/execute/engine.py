@@ -892,8 +892,7 @@ class Executor:
         if f.kind == "auth":
             env = provider.api_key_env
             why = (f"the provider rejected the API key from environment variable {env}" if env else
-                   "the provider rejected the request's credentials (set api_key_env for provider "
-                   f"{provider.id} in the pool file)")
+                   f"the provider rejected the request's credentials ({provider.where_to_set_key()})")
             msg = f"{where}: {why} (HTTP {f.status})"
             self._dead[provider.id] = (msg, "auth")
             return msg

@@ -24,12 +24,11 @@ samples are K distinct requests (and cache entries).
 from __future__ import annotations
 
 import asyncio
-import difflib
 import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,7 +43,7 @@ from conductor.planners import prompt as prompts
 from conductor.planners.base import PlanDraft, PlannerBackEnd, PlanningStopped, Query, option_checks
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS, Step
-from conductor.pool import WORKER_KINDS, Pool, Provider, Worker, parse_pool, provider_from_model
+from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool, provider_from_model, unlisted
 from conductor.progress import Progress
 from conductor.yamlkeys import shown_value
 
@@ -231,15 +230,11 @@ class LLMPlanner(PlannerBackEnd):
         while pool.has(wid):
             wid += "_"
         pid = c.provider or provider_from_model(model)
-        # Providers with settings of their own (limits, a budget, a key): the pool file lists them.
-        listed = [p.id for p in pool.providers.values() if p != Provider(id=p.id)]
-        if c.provider is not None and listed and pid not in pool.providers:
-            # as the pool file refuses a worker's: a typo would plan with default limits and outside every budget
-            near = difflib.get_close_matches(pid, list(pool.providers), n=1)
-            raise ConductorError(f"LLM planner: option provider: {pid!r} is not under providers: in the pool file"
-                                 + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(listed)})")
-                                 + f"; to plan on it with default limits and no budget, list it there as "
-                                 f"`{pid}: {{}}`")
+        # A provider= the file does not list is refused as a worker's would be (a typo would plan with default
+        # limits and outside every budget); without provider=, --planner-model's own prefix is the provider the
+        # user named on the command line, with default limits unless the file lists it
+        if c.provider is not None and (why := unlisted(pid, pool.listed, named=True, where="the pool file")):
+            raise ConductorError(f"LLM planner: option provider: {why}")
         spec: dict[str, Any] = {"id": wid, "kind": "planner", "model": model, "provider": pid,
                                 "description": "the run's planner"}
         if c.api_base:
@@ -252,9 +247,10 @@ class LLMPlanner(PlannerBackEnd):
         except PoolError as e:
             raise ConductorError(f"LLM planner: {_as_option(str(e))}") from None
         worker = parsed.workers[0]
-        providers = {pid: parsed.providers[pid], **pool.providers}
-        return worker, Pool(workers=(*pool.workers, worker), providers=providers, path=pool.path,
-                            replay=pool.replay)
+        own = replace(parsed.providers[pid],
+                      key_hint="name the variable that holds its key with --planner-option api_key_env=NAME")
+        providers = {pid: own, **pool.providers}
+        return worker, replace(pool, workers=(*pool.workers, worker), providers=providers)
 
     def structured_for(self, worker: Worker) -> bool:
         s = self.config.structured
@@ -394,7 +390,7 @@ class LLMPlanner(PlannerBackEnd):
             progress.close()
             if tmp is not None:
                 tmp.cleanup()
-        _stop_on(failures, len(drafts), b, key_option=c.model is not None and worker.provider not in pool.providers)
+        _stop_on(failures, len(drafts), b)
         return [list(drafts[i * samples:(i + 1) * samples]) for i in range(len(queries))]
 
 
@@ -430,17 +426,11 @@ def _final_failure(failed: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
-def _stop_on(failures: list[StepFailed], n: int, binding: Binding, key_option: bool = False) -> None:
+def _stop_on(failures: list[StepFailed], n: int, binding: Binding) -> None:
     """Raise for the planning failures that must stop the run (see RERUN_KINDS, SETUP_KINDS). Its
-    calls were sent, so not exit 2 ("nothing called"): 3 when a budget stopped them, else 4.
-    `key_option`: the planner's provider is --planner-model's own, so its key variable is named
-    with --planner-option api_key_env, not in the pool file (which has no such provider)."""
+    calls were sent, so not exit 2 ("nothing called"): 3 when a budget stopped them, else 4."""
     if setup := [f for f in failures if f.kind in SETUP_KINDS]:
-        why = str(setup[0])
-        if key_option:
-            why = re.sub(r"\(set api_key_env for provider \S+ in the pool file\)",
-                         "(name the variable that holds its key with --planner-option api_key_env=NAME)", why)
-        raise PlanningStopped(f"LLM planner: cannot plan: {why}"
+        raise PlanningStopped(f"LLM planner: cannot plan: {setup[0]}"
                               + (_resumes(binding) if binding.work_dir is not None else ""))
     rerun = [f for f in failures if f.kind in RERUN_KINDS]
     if not rerun:
