@@ -55,8 +55,10 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
         g = groups.get((r["worker"], kind))
         if g is None:
             w = pool.worker(r["worker"]) if pool.has(r["worker"]) else None
+            local = w is not None and w.kind == "function"
             g = groups[(r["worker"], kind)] = {
-                "worker": r["worker"], "failure": kind, "url": shown_url(w),
+                "worker": r["worker"], "failure": kind, "url": "(runs locally)" if local else shown_url(w),
+                "function": local,
                 "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS and not gone,
                 "journal_deleted": gone,
                 "plans": set(), "example": " ".join((r["error"] or "").split())[:300]}
@@ -97,6 +99,8 @@ def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun wit
                 f"start a new run (another run id) to retry them")
     if g.get("failure") == "budget":  # the same budget stops them again
         return f"a {rerun} with a larger budget finishes these"
+    if g.get("function") and not g["retried_on_rerun"]:  # same inputs, same code: the same failure
+        return f"final: a function step fails the same way on every {rerun}; the plan must change"
     if not g["retried_on_rerun"]:
         return f"final ({redo})"
     if not used_up:

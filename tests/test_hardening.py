@@ -952,17 +952,19 @@ def test_a_damaged_table_is_named_not_a_traceback(tmp_path, fresh_sim, sample_qu
 
 
 def test_an_interrupted_evaluation_does_not_promise_to_resume(capsys):
-    """eval and policy eval start their planner runs over; Ctrl-C told them to "resume" (audit 30)."""
+    """eval and policy eval start their planner runs over; Ctrl-C told them to "resume" (audit 30),
+    as it told `graders check`, which keeps nothing either (audit68 F9)."""
     from conductor.cli import _interrupted, build_parser
 
     parser = build_parser()
     for argv in (["eval", "--pool", "p.yaml", "--queries", "q.parquet"],
                  ["policy", "eval", "--pool", "p.yaml", "--queries", "q.parquet", "--policies", "d"],
+                 ["graders", "check", "--table", "t.parquet"],
                  ["run", "q.parquet", "--pool", "p.yaml"]):
         args = parser.parse_args(argv)
         assert _interrupted([], args) == 130
     err = capsys.readouterr().err.splitlines()
-    assert err == ["conductor: interrupted; rerun the same command to start again (an evaluation does not resume)"] * 2 \
+    assert err == ["conductor: interrupted; rerun the same command to start again (this command does not resume)"] * 3 \
         + ["conductor: interrupted; rerun the same command to resume"]
 
 

@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _interrupted(terminated: bool | list[int], args: argparse.Namespace) -> int:
     """Exit 130 (Ctrl-C) or 143 (SIGTERM), saying what a rerun does: most commands resume;
-    the evaluations (`resumes=False`) start again."""
-    again = "resume" if getattr(args, "resumes", True) else "start again (an evaluation does not resume)"
+    those that keep nothing (`resumes=False`: the evaluations, policy training, the graders'
+    check) start again."""
+    again = "resume" if getattr(args, "resumes", True) else "start again (this command does not resume)"
     print(f"conductor: {'terminated' if terminated else 'interrupted'}; rerun the same command to {again}",
           file=sys.stderr)
     return 143 if terminated else 130

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--limit", type=argtypes.int_in(1, 2 ** 63 - 1), default=None, help="grade only the first N rows of each table")
     c.add_argument("--examples", type=argtypes.int_in(0, 10 ** 9), default=3, help="examples printed per kind of disagreement (default 3)")
     c.add_argument("--out", type=argtypes.path, default=None, help="write every disagreement to this CSV file")
-    c.set_defaults(func=main)
+    c.set_defaults(func=main, resumes=False)  # the check keeps nothing: it starts over
 
 
 def main(args: argparse.Namespace) -> int:
