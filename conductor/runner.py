@@ -36,7 +36,7 @@ from conductor.execute.shared import check_shared_urls
 from conductor.execute.shared.cache import check_file_cache
 from conductor.execute.prices import resolve_price
 from conductor.execute.lock import run_lock
-from conductor.execute.reserve import SpaceReserve, reserve_size
+from conductor.execute.reserve import NoRoomForReserve, SpaceReserve, reserve_size
 from conductor.failures import failed_plans, failure_groups, invalid_plan_groups, max_failed_share, too_many_failed
 from conductor.grading import grade_all
 from conductor.planners import make_planner
@@ -667,7 +667,10 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     except STORAGE_ERRORS as e:
         if executing:
             check_work(run)
-        raise storage_error(e, run.dir.path) from None
+        error = storage_error(e, run.dir.path)
+        if isinstance(e, NoRoomForReserve):  # before the stage began, so noting_stop leaves the status
+            run.dir.set_status(FAILED, failed_in="executing", failed_at=_now(), error=str(error))
+        raise error from None
     finally:
         if reserve is not None:
             reserve.release()
@@ -712,7 +715,10 @@ def journal_deleted(run: Run) -> bool:
 def carry_columns(run: Run) -> None:
     """Copy the query set's other columns (company, quarter, ...) into results.parquet,
     row by row (by query_index), so nothing the user supplied is dropped silently. A
-    column whose name results already uses is carried as `input_<name>`."""
+    column whose name results already uses is carried as `input_<name>`; load_queries refuses
+    a file where that name is another of its columns."""
+    from conductor.queries import carried_name
+
     extra = input_columns(run.config.queries)
     if extra is None:
         return
@@ -720,9 +726,9 @@ def carry_columns(run: Run) -> None:
     results = pq.read_table(path)
     taken = pc.take(extra, results.column("query_index"))
     for name in taken.column_names:
-        out = name if name not in results.column_names else f"input_{name}"
-        if out in results.column_names:
-            continue
+        out = carried_name(name)
+        while out in results.column_names:  # not expected (refused at load); still, never drop a column
+            out = f"input_{out}"
         results = results.append_column(out, taken.column(name))
     write_table(path, results)
 
@@ -750,6 +756,8 @@ def storage_error(e: BaseException, where: Path) -> StorageError:
     if isinstance(e, CacheDamaged):  # its message says what to do with the file
         return StorageError(f"stopped: {e}. The rerun resumes the run in {where}: answers it already paid for "
                             f"are kept and not paid again")
+    if isinstance(e, NoRoomForReserve):
+        return StorageError(f"stopped before this command sent any call: {e.strerror}; then rerun the same command")
     if isinstance(e, OSError) and e.strerror:
         what = e.strerror + (f": {e.filename}" if e.filename else "")
     else:

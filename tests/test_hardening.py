@@ -309,8 +309,14 @@ def test_a_disk_too_full_for_the_space_reserve_is_a_storage_error(tmp_path, fres
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
     r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", small_disk / "data", "--quiet",
                 env={"CONDUCTOR_RESERVE_BYTES": str(8 << 20)})  # 8 MB on a 4 MB disk
-    assert r.returncode == 5 and "Free space" in r.stderr, r.stdout + r.stderr
-    assert "was deleted" not in r.stderr and fresh_sim.log()["total"] == 0
+    assert r.returncode == 5, r.stdout + r.stderr
+    # the reserve is named with what to do, not a bare "No space left" on a disk `df` shows nearly empty
+    assert "stopped before this command sent any call: cannot set aside the 8,388,608-byte disk reserve" \
+        in r.stderr and "bytes free); free space, or set CONDUCTOR_RESERVE_BYTES lower" in r.stderr, r.stderr
+    assert "was deleted" not in r.stderr and "paid for are kept" not in r.stderr and fresh_sim.log()["total"] == 0
+    (manifest,) = (small_disk / "data" / "runs").glob("*/manifest.json")
+    m = orjson.loads(manifest.read_bytes())  # failed, as any stage an error stopped, not left `planned`
+    assert (m["status"], m["failed_in"]) == ("failed", "executing") and "disk reserve" in m["error"], m
 
 
 def test_reserve_size_zero_turns_the_reserve_off_and_bad_settings_are_named(tmp_path, fresh_sim, sample_queries):

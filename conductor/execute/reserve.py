@@ -8,7 +8,9 @@ deletes it: the run stops sending, and the answers it is waiting for still fit.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from pathlib import Path
 
 from conductor.envsettings import env_number
@@ -26,6 +28,20 @@ def reserve_size() -> int:
                       lambda size: 0 <= size <= MAX_RESERVE_BYTES, int)  # past that, a typo: the disk is blamed
 
 
+class NoRoomForReserve(OSError):
+    """The disk has less room than the reserve itself: said as such, before any call. A bare
+    "No space left on device" beside a `df` that shows the disk nearly empty explained nothing."""
+
+    def __init__(self, folder: Path, size: int):
+        try:
+            free = f"{shutil.disk_usage(folder).free:,} bytes free"
+        except OSError:
+            free = "free space unknown"
+        super().__init__(errno.ENOSPC, f"cannot set aside the {size:,}-byte disk reserve for answers in flight in "
+                                       f"{folder} ({free}); free space, or set {ENV_RESERVE_BYTES} lower (0 turns "
+                                       f"the reserve off)")
+
+
 class SpaceReserve:
     def __init__(self, folder: Path, size: int | None = None):
         size = reserve_size() if size is None else size
@@ -36,9 +52,11 @@ class SpaceReserve:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.posix_fallocate(fd, 0, size)  # really allocated, unlike a sparse file
-        except OSError:
+        except OSError as e:
             os.close(fd)
             self.path.unlink(missing_ok=True)
+            if e.errno == errno.ENOSPC:
+                raise NoRoomForReserve(folder, size) from None
             raise
         os.close(fd)
 
