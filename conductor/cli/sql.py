@@ -121,6 +121,9 @@ def _missing_view(message: str, runs, left_out: dict[str, str] | None = None) ->
     if name not in (*schemas.TABLES, "runs"):
         return None
     what = "manifest.json" if name == "runs" else f"{name}.parquet"
+    if isinstance(runs, Path) and next(runs.glob(f"*/{what}"), None) is not None:  # written, all left out
+        return (f"there is no view {name}: every {what} under {runs} is damaged or unreadable (each is named "
+                f"above, with what to do)")
     if name not in ("traces", "results", "rewards"):
         return (f"there is no view {name}: no run under {runs} has written a {what} yet (a run refused "
                 f"before its first call writes none); `conductor run` or `conductor job run` first")
