@@ -358,6 +358,7 @@ class LLMPlanner(PlannerBackEnd):
                 progress.c.plans_done += 1  # failed for good before: not asked (and paid) again
                 return _invalid(prompt_text, final[0], {**info, "status": "error", "failure": final[1]})
             async with slots:
+                ended = True  # planned, or failed: a call cut off by Ctrl-C is neither, and is asked again
                 try:
                     row = await ex.call_worker(job, "plan", 0, step, worker, msgs,
                                                params={**params, "seed": base_seed + k},
@@ -370,9 +371,13 @@ class LLMPlanner(PlannerBackEnd):
                         failures.append(f)
                         return _invalid(prompt_text, f"planning call failed: {f}", info)
                     return _invalid(prompt_text, final[0], info)
+                except BaseException:
+                    ended = False
+                    raise
                 finally:
-                    progress.c.plans_done += 1
-                    progress.tick()
+                    if ended:
+                        progress.c.plans_done += 1
+                        progress.tick()
             e = got[0]
             info.update(cost_usd=row["cost_usd"], original_cost_usd=row["original_cost_usd"],
                         cache_hit=row["cache_hit"], request_key=row["request_key"])
