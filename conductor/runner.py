@@ -628,8 +628,9 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
         if not left:
             return (f"{_with(flag, new)} changed nothing: every plan had already run, with {_with(flag, old)} "
                     f"(to run them with {_with(flag, new)}, start a new run: --run-id NEW)")
-        return (f"{_with(flag, new)} (was {_with(flag, old)}) applies to the {left:,} plan(s) left to run; the "
-                f"{total - left:,} finished before ran with {_with(flag, old)}")
+        before = (f"; the {total - left:,} finished before ran with {_with(flag, old)}" if total > left
+                  else "; none had finished before")
+        return f"{_with(flag, new)} (was {_with(flag, old)}) applies to the {left:,} plan(s) left to run{before}"
 
     manifest = run.dir.read_manifest()
     recorded = _changed_settings(run, manifest, EXECUTION_SETTINGS, bool(left), how)

@@ -335,11 +335,17 @@ def test_budgets_count_what_planning_spent(sim, tmp_path, queries, cap):
     with pytest.raises(ConductorError, match="stopped by a budget") as stopped:
         run(tmp_path, path, queries, samples=2, planner_options=LLM, data="small", cache=False, run_id="s", **kw)
     assert stopped.value.exit_code == 3  # `conductor run`'s: calls were sent and paid, so not 2 (nothing called)
+    # which cap, and what the call needed (audit67 F7: "stopped by a budget" alone did not say)
+    assert "stopped by a budget (the first: worker conductor: budget exhausted: " in str(stopped.value), stopped.value
     paid = sim.log()["by_request_key"]
     small = tmp_path / "small" / "runs" / "s"
     assert 0 < sum(r["cost_usd"] or 0 for r in journal(small)) <= planning * 3 / 4 + 1e-9
     path, kw = capped(10 * budget)
-    run(tmp_path, path, queries, samples=2, planner_options=LLM, data="small", cache=False, run_id="s", **kw)
+    summary, _ = run(tmp_path, path, queries, samples=2, planner_options=LLM, data="small", cache=False, run_id="s",
+                     **kw)
+    if cap == "run":  # the note on the new budget: no plan had run before (it said "the 0 finished before ran")
+        (note,) = [n for n in summary["notes"] if "applies to the" in n]
+        assert note.endswith("applies to the 24 plan(s) left to run; none had finished before"), note
     assert all(sim.log()["by_request_key"][k] == 1 for k in paid)
     assert len(pq.read_table(small / "plans.parquet")) == 24
 

@@ -441,8 +441,8 @@ def _stop_on(failures: list[StepFailed], n: int, binding: Binding) -> None:
     if not rerun:
         return
     blocked = sum(f.kind == "budget" for f in rerun)
-    why = (f"{blocked} stopped by a budget (raise it in the pool file or with --budget)"
-           if blocked else f"first error: {rerun[0]}")
+    why = (f"{blocked} stopped by a budget (the first: {next(f for f in rerun if f.kind == 'budget')}; raise it "
+           f"in the pool file or with --budget)" if blocked else f"first error: {rerun[0]}")
     raise PlanningStopped(
         f"LLM planner: {len(rerun)} of {n} planning call(s) failed, {why}; rerun the same "
         f"command to plan them again (finished planning calls are kept and not paid again)",
