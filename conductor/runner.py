@@ -825,7 +825,7 @@ def rerun_advice(run: Run, problems: list[Any], status: str) -> str:
     if same:
         text.append(f"Fixed by {' or '.join(same)}, the same command {what} (run {run.dir.run_id})")
     if new:
-        text.append(f"{' or '.join(new).capitalize()} in the pool file starts a new run (the run id covers the "
+        text.append(f"{(' or '.join(new)).capitalize() if not text else ' or '.join(new)} in the pool file starts a new run (the run id covers the "
                     f"pool file's workers and the planner options), which plans again; run {run.dir.run_id} then "
                     f"stays `{status}` and its folder {run.dir.path} can be deleted")
     return "; ".join(text)

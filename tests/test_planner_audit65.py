@@ -147,7 +147,7 @@ def test_check_ready_says_which_fix_resumes_the_run_and_which_starts_a_new_one(s
     typo = pool_with(tmp_path, sim.url, large={"model": "openai/wekaa"}, name="typo.yaml")
     r = cli("run", queries, "--pool", typo, "--data-dir", tmp_path / "other", "--quiet")
     assert r.returncode == 2 and "does not serve model 'wekaa'" in r.stderr, r.stderr
-    assert "A corrected model in the pool file starts a new run" in r.stderr
+    assert "; a corrected model in the pool file starts a new run" in r.stderr  # after a ";", lower case
     assert "serving that model at that api_base, the same command resumes it" in r.stderr
 
 
