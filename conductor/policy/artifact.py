@@ -85,7 +85,7 @@ def mismatch(folder: Path, meta: dict[str, Any], pool: Pool) -> str | None:
             f"not this pool ({key}, {pool.path})")
 
 
-_warned: set[tuple[str, tuple[str, ...]]] = set()
+_warned: set[tuple[str, Any]] = set()  # what was said once in this process
 
 
 def warn_prices(folder: Path, meta: dict[str, Any], pool: Pool) -> list[str]:
@@ -214,6 +214,8 @@ def find(pool: Pool, where: str | Path | None = None) -> Path | None:
     `where`: None for the default root; a root holding pool-key folders; a pool-key
     folder; or one version folder."""
     path = Path(where) if where is not None else default_root()
+    if where is None and os.environ.get(POLICY_ENV) and not path.is_dir():
+        _warn_missing_root(path)
     if (path / META_FILE).exists():
         return path
     for base in (path / pool_key(pool), path):
@@ -223,6 +225,17 @@ def find(pool: Pool, where: str | Path | None = None) -> Path | None:
     if where is not None:
         _other_pools(path, pool)
     return None
+
+
+def _warn_missing_root(path: Path) -> None:
+    """$CONDUCTOR_POLICY_DIR naming no folder (a typo, a volume not mounted) planned with the prior
+    without a word. Not refused: a first round of rollouts runs before training makes the folder."""
+    if ("root", str(path)) not in _warned:
+        _warned.add(("root", str(path)))
+        print(f"conductor: warning: {POLICY_ENV}={path} is not a folder, so no learned policy is found there and "
+              f"the embedded planner plans with its prior (set {POLICY_ENV} to the folder `conductor policy "
+              f"train` writes to, or pass --planner-option policy=none to plan with the prior on purpose)",
+              file=sys.stderr, flush=True)
 
 
 def _other_pools(path: Path, pool: Pool) -> None:
