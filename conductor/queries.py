@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from conductor.errors import InputError
 from conductor.grading import TASKS as GRADED  # the graders define the tasks
 from conductor.plans import MAX_INSTRUCTION_CHARS
+from conductor.schemas import RESULTS
 
 # "record": a row of an enrichment job, answered with a JSON record and scored by the job's references.
 TASKS = (*GRADED, "record")
@@ -66,10 +67,14 @@ def validate(table: pa.Table, where: str) -> pa.Table:
             problems.append(f"column '{col}' must hold strings, not {arr.type}{hint}")
             continue
         cols[col] = pc.cast(arr, pa.string()).combine_chunks()
+    problems += _carry_clashes(table.column_names)
     if problems:
         raise InputError(f"query set {where}: " + "; ".join(problems))
-    for col, arr in cols.items():  # Parquet can hold bytes that are not UTF-8; planning would crash on them
-        bad = invalid_utf8_rows(arr)
+    # Parquet can hold bytes that are not UTF-8: planning would crash on them, and a carried
+    # column would be copied into results.parquet, which no query could then read
+    extra = {n: table.column(n) for n in table.column_names if n not in COLUMNS}
+    for col, arr in {**cols, **extra}.items():
+        bad = invalid_utf8_rows(arr) if col in cols else _invalid_text_rows(arr)
         if bad:
             shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
             who = "" if col == "query_id" else _utf8_ids(cols["query_id"], bad)
@@ -140,6 +145,44 @@ def _too_long(ids: pa.Array, prompt: pa.Array, task: pa.Array) -> str | None:
     return (f"column 'prompt' is longer than a step can send for query_id(s) {shown}{more}: a step's instruction "
             f"holds at most {MAX_INSTRUCTION_CHARS:,} characters, {ANSWER_LINE_ROOM} of them kept for the answer "
             f"line of a graded task; shorten those prompts or leave them out")
+
+
+def carried_name(name: str) -> str:
+    """The results.parquet column a query-set column `name` (not in COLUMNS) is carried as."""
+    return f"input_{name}" if name in RESULTS.names else name
+
+
+def _carry_clashes(names: list[str]) -> list[str]:
+    """Two columns that would be carried under one name: the run would keep one of them only.
+    Refused here, before anything is written, rather than renamed behind the user's back."""
+    extra = [n for n in names if n not in COLUMNS]
+    problems = []
+    for name in extra:
+        out = carried_name(name)
+        if out != name and out in extra:
+            problems.append(f"columns '{out}' and '{name}' would both be carried into results.parquet as '{out}' "
+                            f"(results has its own '{name}'); rename one of them")
+    return problems
+
+
+def _invalid_text_rows(arr: pa.ChunkedArray) -> list[int]:
+    """Rows of any column (text, or lists, structs and dictionaries holding text) whose text is
+    not valid UTF-8. Only a column that fails Arrow's full check is looked at row by row."""
+    try:
+        arr.validate(full=True)
+        return []
+    except pa.ArrowInvalid:
+        pass
+    arr = arr.combine_chunks()
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        return invalid_utf8_rows(arr)
+    out = []
+    for i in range(len(arr)):
+        try:
+            arr[i].as_py()
+        except UnicodeDecodeError:
+            out.append(i)
+    return out
 
 
 def input_columns(path: str | Path) -> pa.Table | None:
