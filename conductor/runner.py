@@ -316,7 +316,7 @@ def plan_stage(run: Run, planner: Planner | None = None, checked: bool = False) 
     own = planner is None
     planner = planner or configured_planner(cfg)
     try:
-        if not out.exists() and not checked:
+        if not checked:  # a new run's planning, or --retry-failed's planning again
             check_before_planning(run.pool, planner, run)
         with run_lock(run.dir.work, run.dir.run_id), noting_stop(run.dir, "planning", lambda: spend_so_far(run)), \
                 _named_storage_errors(run):
