@@ -120,7 +120,7 @@ def _grade(task: str | None, response: str | None, reference: str | None) -> Gra
     if task == "exact":
         ref = _normalize_text(reference) or reference.strip()
         ok = answer is not None and answer == ref
-        if not ok and response:
+        if not ok and response and not _UNREADABLE.search(response):
             ok = _normalize_text(response) == ref  # a bare reply that is the answer itself
         return Grade(answer, answer is not None, ok)
     if answer is None:
@@ -187,20 +187,43 @@ def _extract(text: str | None, task: str | None) -> str | None:
     span = span if span is not None else _last_line(text)
     if span is None:
         return None
+    fenced = _fenced_answer(span, text)
     if task == "literal":
-        value = span.strip().strip("`").strip()
-        if not value or value.startswith("```"):  # the answer is a fenced block: its last one
-            blocks = _FENCE.findall(text)
-            value = blocks[-1][1].strip() if blocks else ""
-        return _bare_literal(value) or None
+        value = fenced if fenced is not None else span.strip().strip("`").strip()
+        if not value:  # "Answer: ``": the answer is a fenced block, its last one
+            value = _fenced_answer("```", text) or ""
+        return _readable(_bare_literal(value))
     if task == "exact":
+        if fenced is not None:
+            span = fenced
         # "[]", "''" or "." normalize to nothing: keep them as written rather than lose them.
-        return _normalize_text(span) or span.strip() or None
-    return _strip_markup(span) or None
+        return _readable(_normalize_text(span) or span.strip())
+    return _strip_markup(span if fenced is None else fenced) or None
 
 
 _NOTHING = object()
-_FENCE = re.compile(r"```[ \t]*+([A-Za-z0-9_+-]*+)[^\n`]*+\n(.*?)```", re.S)
+_FENCE = re.compile(r"(```|~~~)[ \t]*+([A-Za-z0-9_+-]*+)[^\n`~]*+\n(.*?)\1", re.S)
+# A span that opens a fenced block (or is a fence line alone): "```python", "~~~", "```".
+_FENCE_START = re.compile(r"(?:```|~~~)[^`~\n]*+(?:\n|$)")
+# NUL bytes and lone surrogates: corrupt text, not an answer (literal_eval refuses both).
+_UNREADABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _fenced_answer(span: str, text: str) -> str | None:
+    """The content of the fenced block that `span` opens, None when `span` opens none: after "Answer:",
+    a fence's first line is its language tag ("```python"), never the answer (audit68 F1). A span that
+    holds the whole block (a JSON "answer") gives that block; a fence line alone gives the text's last
+    block; no block closes: "" (unparsed)."""
+    span = span.strip()
+    if not _FENCE_START.match(span):
+        return None
+    blocks = _FENCE.findall(span) or _FENCE.findall(text)
+    return blocks[-1][2].strip() if blocks else ""
+
+
+def _readable(answer: str | None) -> str | None:
+    """`answer`, or None where it is empty or holds NUL bytes or lone surrogates (audit68 F7)."""
+    return answer if answer and not _UNREADABLE.search(answer) else None
 
 
 def _bare_literal(value: str) -> str:
