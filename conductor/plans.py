@@ -158,32 +158,50 @@ def validate_plan(raw: Any, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> P
             # JSON allows "\ud800" escapes, but a lone surrogate is no text: it cannot be stored or sent.
             raise PlanError(f"step {i}: instruction holds a lone surrogate \\u{ord(bad.group()):04x}, "
                             f"which is not valid Unicode")
-        when = _condition_of(s, i)
         access = _resolve_access(s.get("access", []), i)
         if not access and (function := pool.worker(worker).function) is not None:
             # A vote or extract reads nothing but the steps it may see: with none it can never run.
             raise PlanError(f"step {i}: {worker} ({function}) combines earlier steps' answers, "
                             f"so its access must list at least one earlier step")
-        steps.append(Step(worker, instruction.strip(), access, _resolve_condition(when, i)))
+        steps.append(Step(worker, instruction.strip(), access, _condition_of(s, i)))
     return Plan(tuple(steps))
 
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _STEP_NUMBER = re.compile(r"[0-9]+")  # ASCII: str.isdigit() also takes '²', which int() refuses
+# Far more digits than any step or worker number has; Python's int() refuses thousands of them
+# with advice (sys.set_int_max_str_digits) that means nothing to the user.
+_MAX_DIGITS = 18
 
 
 def _number(text: str) -> int | None:
     """A step or worker number written as text ('1'), or None."""
     text = text.strip()
-    return int(text) if _STEP_NUMBER.fullmatch(text) else None
+    return int(text) if len(text) <= _MAX_DIGITS and _STEP_NUMBER.fullmatch(text) else None
 
 
-def _condition_of(step: dict, i: int) -> Any:
-    """The step's condition under any of its keys; a null under one does not hide another."""
-    given = {k: step[k] for k in ("when", "if", "condition") if step.get(k) is not None}
-    if len({json.dumps(v, sort_keys=True, default=str) for v in given.values()}) > 1:
+def _json_int(text: str) -> int | str:
+    """A JSON integer; one too long to be any number of a plan stays text, so the step's own check names it."""
+    return int(text) if len(text) <= _MAX_DIGITS else text
+
+
+def _shown(value: Any) -> str:
+    """A planner's value for a message, cut short: a runaway value must not make a runaway message."""
+    if isinstance(value, str) and len(value) > 40:
+        return f"{value[:40]!r}… ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:50]}… ({len(text):,} characters)"
+
+
+def _condition_of(step: dict, i: int) -> Condition | None:
+    """The step's condition under any of its keys; a null under one does not hide another. They are
+    compared as read, so one condition written twice in two spellings is one condition."""
+    given = {k: _resolve_condition(step[k], i) for k in ("when", "if", "condition") if step.get(k) is not None}
+    if len(set(given.values())) > 1:
         raise PlanError(f"step {i}: gives {' and '.join(given)} with different conditions; give one")
     return next(iter(given.values()), None)
+
+
 _CALL = re.compile(r"^\s*([a-z_ ]+?)\s*\(\s*(.*?)\s*\)\s*$", re.I)
 
 
@@ -197,28 +215,29 @@ def _resolve_condition(raw: Any, i: int) -> Condition | None:
     if isinstance(raw, str):
         m = _CALL.match(raw)
         if not m:
-            raise PlanError(f"step {i}: condition {raw!r} is not of the form disagree(0, 1) or no_majority(0, 1, 2)")
+            raise PlanError(f"step {i}: condition {_shown(raw)} is not of the form disagree(0, 1) "
+                            f"or no_majority(0, 1, 2)")
         kind, args = m.group(1), m.group(2)
         steps = [_number(a) for a in args.split(",") if a.strip()]
         if None in steps:
-            raise PlanError(f"step {i}: condition {raw!r}: the steps must be step numbers")
+            raise PlanError(f"step {i}: condition {_shown(raw)}: the steps must be step numbers")
     elif isinstance(raw, dict) and "kind" in raw:
         kind, steps = raw.get("kind"), raw.get("steps")
     elif isinstance(raw, dict) and len(raw) == 1:
         kind, steps = next(iter(raw.items()))
     else:
-        raise PlanError(f"step {i}: condition must be like {{\"disagree\": [0, 1]}} (got {raw!r})")
+        raise PlanError(f"step {i}: condition must be like {{\"disagree\": [0, 1]}} (got {_shown(raw)})")
     kind = str(kind).strip().lower().replace(" ", "_").replace("-", "_")
     if kind not in CONDITIONS:
-        raise PlanError(f"step {i}: unknown condition {kind!r} (known: {', '.join(CONDITIONS)})")
+        raise PlanError(f"step {i}: unknown condition {_shown(kind)} (known: {', '.join(CONDITIONS)})")
     if not isinstance(steps, (list, tuple)) or len(steps) < 2:
-        raise PlanError(f"step {i}: condition {kind} needs a list of at least two earlier steps (got {steps!r})")
+        raise PlanError(f"step {i}: condition {kind} needs a list of at least two earlier steps (got {_shown(steps)})")
     out = []
     for a in steps:
         if isinstance(a, str) and _number(a) is not None:
             a = _number(a)
         if isinstance(a, bool) or not isinstance(a, int) or a < 0:
-            raise PlanError(f"step {i}: condition {kind}: {a!r} is not a step number")
+            raise PlanError(f"step {i}: condition {kind}: {_shown(a)} is not a step number")
         if a >= i:
             raise PlanError(f"step {i}: condition {kind} reads step {a}, which is not earlier "
                             f"(steps may only read steps 0..{i - 1})")
@@ -230,7 +249,7 @@ def _resolve_condition(raw: Any, i: int) -> Condition | None:
 
 def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
     if isinstance(ref, bool):
-        raise PlanError(f"step {i}: worker must be an id or a number, not {ref!r}")
+        raise PlanError(f"step {i}: worker must be an id or a number, not {_shown(ref)}")
     if isinstance(ref, int):
         if 0 <= ref < len(ids):
             return ids[ref]
@@ -241,10 +260,10 @@ def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
             return ref
         if (n := _number(ref)) is not None and n < len(ids):
             return ids[n]
-        raise PlanError(f"step {i}: worker {ref!r} is not in the pool (known: {', '.join(ids)})")
+        raise PlanError(f"step {i}: worker {_shown(ref)} is not in the pool (known: {', '.join(ids)})")
     if ref is None:
         raise PlanError(f"step {i}: worker is missing")
-    raise PlanError(f"step {i}: worker must be an id or a whole number, not {ref!r}")
+    raise PlanError(f"step {i}: worker must be an id or a whole number, not {_shown(ref)}")
 
 
 def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
@@ -255,7 +274,8 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
     if isinstance(acc, int) and not isinstance(acc, bool):
         acc = [acc]
     if not isinstance(acc, (list, tuple)):
-        raise PlanError(f"step {i}: access must be a list of earlier step numbers, \"all\", or empty (got {acc!r})")
+        raise PlanError(f"step {i}: access must be a list of earlier step numbers, \"all\", or empty "
+                        f"(got {_shown(acc)})")
     if "all" in acc:
         return tuple(range(i))
     out = set()
@@ -263,7 +283,7 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
         if isinstance(a, str) and _number(a) is not None:
             a = _number(a)
         if isinstance(a, bool) or not isinstance(a, int):
-            raise PlanError(f"step {i}: access entry {a!r} is not a step number")
+            raise PlanError(f"step {i}: access entry {_shown(a)} is not a step number")
         if a < 0:
             raise PlanError(f"step {i}: access entry {a} is negative")
         if a >= i:
@@ -274,35 +294,47 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
 
 
 def _parse_json(text: str) -> Any:
-    """Find a JSON plan in text: the whole text, a fenced block (the last first), the text from its
-    first { to its last }, or else the last object that starts with "steps" (a model may write a
-    draft, then the plan)."""
-    candidates = [text.strip()]
-    candidates += re.findall(r"```(?:json)?\s*(.*?)```", text, flags=re.S)[::-1]  # the last block first
-    start = text.find("{")
-    if start >= 0:
-        candidates.append(text[start: text.rfind("}") + 1])
-    for c in candidates:
-        try:
-            # strict=False: model output often holds raw control characters in strings.
-            data = json.loads(c, strict=False)
-        except (ValueError, RecursionError):
-            continue
-        if _is_plan(data) or (isinstance(data, list) and data
-                              and all(isinstance(s, dict) and "worker" in s for s in data)):
-            return data
-    # Several objects (a draft, then the plan): each '{"steps": ...' alone, the last first.
-    decoder = json.JSONDecoder(strict=False)
+    """Find a JSON plan in text: the whole text, or else the last plan in it, fenced or not (a model
+    may write a draft, then the plan). Candidates: each fenced block, the text from its first { to
+    its last }, and each object that starts with "steps"; one inside another is part of that one."""
+    if (data := _json_plan(text.strip())) is not None:
+        return data
+    found = {}  # (start, end) -> plan
+    for m in _FENCED.finditer(text):
+        if (data := _json_plan(m.group(1))) is not None:
+            found[m.span(1)] = data
+    start, end = text.find("{"), text.rfind("}") + 1
+    if start >= 0 and (data := _json_plan(text[start:end])) is not None:
+        found[(start, end)] = data
+    decoder = json.JSONDecoder(strict=False, parse_int=_json_int)
     for m in list(_STEPS_OBJECT.finditer(text))[::-1][:_MAX_OBJECTS]:
         try:
-            data = decoder.raw_decode(text, m.start())[0]
+            data, stop = decoder.raw_decode(text, m.start())
         except (ValueError, RecursionError):
             continue
         if _is_plan(data):
-            return data
+            found[(m.start(), stop)] = data
+    last, reach = None, -1
+    for (start, end), data in sorted(found.items(), key=lambda f: (f[0][0], -f[0][1])):
+        if end > reach:  # not inside a candidate that starts before it
+            last, reach = data, end
+    return last
+
+
+def _json_plan(text: str) -> Any:
+    """text as a JSON plan (an object with "steps", or a list of steps), else None."""
+    try:
+        # strict=False: model output often holds raw control characters in strings.
+        data = json.loads(text, strict=False, parse_int=_json_int)
+    except (ValueError, RecursionError):
+        return None
+    if _is_plan(data) or (isinstance(data, list) and data
+                          and all(isinstance(s, dict) and "worker" in s for s in data)):
+        return data
     return None
 
 
+_FENCED = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
 _STEPS_OBJECT = re.compile(r'\{\s*"steps"\s*:')
 _MAX_OBJECTS = 20  # each try may read to the text's end: bounded, for a reply full of them
 
@@ -388,7 +420,7 @@ def _balanced(text: str, start: int) -> str | None:
 
 def _literal(src: str, name: str) -> Any:
     try:
-        return json.loads(src, strict=False)
+        return json.loads(src, strict=False, parse_int=_json_int)
     except (ValueError, RecursionError):
         pass
     try:
