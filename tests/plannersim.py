@@ -80,3 +80,32 @@ def sim(psim):
 @pytest.fixture(scope="module")
 def queries(tmp_path_factory):
     return math_queries(tmp_path_factory.mktemp("q") / "math.parquet", 12)
+
+
+def slow_planning(sim, tmp_path: Path, queries: Path, *extra: str):
+    """`conductor run ... --planner llm` on a planner that takes 1.5 s a call (4 at a time),
+    started as a user would, once its planning journal holds 4 answers: for the tests that stop
+    planning mid-way. Returns the process, its arguments (to rerun) and its data folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO, line_count
+
+    sim.reset()
+    sim.set_faults("sim-planner", latency_ms=1500, latency_sd_ms=0)
+    pool = pool_file(tmp_path / "pool.yaml", sim.url, planner=planner_worker(sim.url),
+                     providers={"sim": {"max_concurrency": 4}})
+    data = tmp_path / "data"
+    args = ["run", str(queries), "--pool", str(pool), "--planner", "llm", "--samples", "3",
+            "--planner-option", "worker=conductor", "--no-cache", "--data-dir", str(data), *extra]
+    p = subprocess.Popen([sys.executable, "-m", "conductor", *args], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(line_count(j) >= 4 for j in data.glob("runs/*/work/planner/"
+                                                                                           "steps.jsonl")):
+        time.sleep(0.02)
+    return p, args, data

@@ -258,28 +258,10 @@ def test_a_signal_during_planning_awaits_the_planning_calls_in_flight(sim, tmp_p
     """audit49 F3: planning calls were cut off at Ctrl-C or SIGTERM (32 of them there), and the
     rerun sent, and a provider would bill, them again. Then, about one run in three, the first call
     to end let a waiting one raise Aborted, which ended the gather and cut off the other three."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
-    from tests.conftest import REPO, line_count
-
-    sim.reset()
-    sim.set_faults("sim-planner", latency_ms=1500, latency_sd_ms=0)
-    pool = plannersim.pool_file(tmp_path / "pool.yaml", sim.url, planner=plannersim.planner_worker(sim.url),
-                                providers={"sim": {"max_concurrency": 4}})
-    data = tmp_path / "data"
-    args = ["run", str(queries), "--pool", str(pool), "--planner", "llm", "--samples", "3",
-            "--planner-option", "worker=conductor", "--quiet", "--no-cache", "--data-dir", str(data)]
-    p = subprocess.Popen([sys.executable, "-m", "conductor", *args], cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(line_count(j) >= 4 for j in data.glob("runs/*/work/planner/"
-                                                                                           "steps.jsonl")):
-        time.sleep(0.02)
+    p, args, data = plannersim.slow_planning(sim, tmp_path, queries, "--quiet")
     time.sleep(0.5)  # the next calls are in flight
     p.send_signal(getattr(signal, sig))
     _, err = p.communicate(timeout=60)
