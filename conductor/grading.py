@@ -212,13 +212,23 @@ _UNREADABLE = re.compile("[\x00\ud800-\udfff]")
 def _fenced_answer(span: str, text: str) -> str | None:
     """The content of the fenced block that `span` opens, None when `span` opens none: after "Answer:",
     a fence's first line is its language tag ("```python"), never the answer (audit68 F1). A span that
-    holds the whole block (a JSON "answer") gives that block; a fence line alone gives the text's last
-    block; no block closes: "" (unparsed)."""
+    holds the whole block (a JSON "answer") gives that block; a fence line alone gives the block that
+    opens at the last "Answer:" marker (never an earlier one), or without a marker the text's last
+    block; one that never closes: "" (unparsed)."""
     span = span.strip()
     if not _FENCE_START.match(span):
         return None
-    blocks = _FENCE.findall(span) or _FENCE.findall(text)
-    return blocks[-1][2].strip() if blocks else ""
+    blocks = _FENCE.findall(span)
+    if blocks:
+        return blocks[-1][2].strip()
+    marker = None
+    for marker in _ANSWER_LINE.finditer(text):
+        pass
+    if marker is None:  # the reply ends in a block (its last line a fence): that block
+        blocks = _FENCE.findall(text)
+        return blocks[-1][2].strip() if blocks else ""
+    block = _FENCE.search(text, marker.start())
+    return block.group(3).strip() if block is not None else ""
 
 
 def _readable(answer: str | None) -> str | None:
@@ -277,7 +287,7 @@ def _typed(x):
     return (type(x).__name__, x)
 
 
-_CODE_FENCE = re.compile(r"(```|~~~)[ \t]*+([A-Za-z0-9_+-]*+)[^\n`~]*+\n(.*?)\1", re.S)
+_CODE_FENCE = _FENCE
 _PYTHON = ("python", "py", "python3", "py3")
 
 

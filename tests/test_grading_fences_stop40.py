@@ -129,3 +129,14 @@ def test_code_unchanged():
     assert (g.answer, g.parsed, g.correct) == ("def f():\n    return 1", True, True)
     g = grade("code", "\x00", "assert True")  # NUL bytes are code that runs and fails
     assert (g.answer, g.parsed, g.correct) == ("\x00", True, False)
+
+
+@pytest.mark.parametrize("task", ["literal", "exact", None])
+def test_an_answer_whose_fence_never_closes_is_unparsed_not_an_earlier_block(task):
+    """review40: the text's last closed block was read in its place, so two different unclosed
+    answers after the same code block agreed, and a disagree cascade skipped its strong model."""
+    before = "Working:\n```python\nx = 1\n```\nAnswer:\n```python\n"
+    assert extract_answer(before + "[1, 2]\n", task) is None
+    assert answers_agree(task, before + "[1, 2]\n", before + "[3]\n") is False
+    after = "Answer:\n```\n[1, 2]\n```\nHow I checked it:\n```python\nprint(f())\n```\n"
+    assert extract_answer(after, task) == extract_answer("Answer: [1, 2]", task)  # its block, not a later one
