@@ -654,7 +654,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
 
     reserve = executing = None
     try:
-        reserve = SpaceReserve(run.dir.work)
+        reserve = SpaceReserve(run.dir.work) if left else None  # nothing runs: no answer needs the room
         context = ExecutionContext(
             run.dir.work, pool,
             ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=budget, seed=cfg.seed),
@@ -758,7 +758,7 @@ def storage_error(e: BaseException, where: Path) -> StorageError:
         return StorageError(f"stopped: {e}. The rerun resumes the run in {where}: answers it already paid for "
                             f"are kept and not paid again")
     if isinstance(e, NoRoomForReserve):
-        return StorageError(f"stopped before this command sent any call: {e.strerror}; then rerun the same command")
+        return StorageError(f"stopped before execution sent any call: {e.strerror}; then rerun the same command")
     if isinstance(e, OSError) and e.strerror:
         what = e.strerror + (f": {e.filename}" if e.filename else "")
     else:

@@ -307,16 +307,25 @@ def test_a_disk_filling_mid_run_stops_it_cleanly_and_the_rerun_pays_nothing_twic
 
 def test_a_disk_too_full_for_the_space_reserve_is_a_storage_error(tmp_path, fresh_sim, sample_queries, small_disk):
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
-    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", small_disk / "data", "--quiet",
+    queries = tmp_path / "q20.parquet"
+    pq.write_table(pq.read_table(sample_queries).slice(0, 20), queries)
+    r = run_cli("run", queries, "--pool", pool, "--data-dir", small_disk / "data", "--quiet",
                 env={"CONDUCTOR_RESERVE_BYTES": str(8 << 20)})  # 8 MB on a 4 MB disk
     assert r.returncode == 5, r.stdout + r.stderr
     # the reserve is named with what to do, not a bare "No space left" on a disk `df` shows nearly empty
-    assert "stopped before this command sent any call: cannot set aside the 8,388,608-byte disk reserve" \
+    assert "stopped before execution sent any call: cannot set aside the 8,388,608-byte disk reserve" \
         in r.stderr and "bytes free); free space, or set CONDUCTOR_RESERVE_BYTES lower" in r.stderr, r.stderr
     assert "was deleted" not in r.stderr and "paid for are kept" not in r.stderr and fresh_sim.log()["total"] == 0
     (manifest,) = (small_disk / "data" / "runs").glob("*/manifest.json")
     m = orjson.loads(manifest.read_bytes())  # failed, as any stage an error stopped, not left `planned`
     assert (m["status"], m["failed_in"]) == ("failed", "executing") and "disk reserve" in m["error"], m
+    # finished without the reserve, the run needs none on a rerun: it stays complete (review40 1: it was
+    # marked failed, exit 5, though nothing was left to execute)
+    for reserve in (0, 8 << 20):
+        r = run_cli("run", queries, "--pool", pool, "--data-dir", small_disk / "data", "--quiet",
+                    env={"CONDUCTOR_RESERVE_BYTES": str(reserve)})
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert orjson.loads(manifest.read_bytes())["status"] == "complete"
 
 
 def test_reserve_size_zero_turns_the_reserve_off_and_bad_settings_are_named(tmp_path, fresh_sim, sample_queries):
