@@ -185,6 +185,21 @@ def _json_int(text: str) -> int | str:
     return int(text) if len(text) <= _MAX_DIGITS else text
 
 
+_PLAIN = json.JSONDecoder(strict=False)  # strict=False: model output often holds raw control characters
+_LONG_INTS = json.JSONDecoder(strict=False, parse_int=_json_int)
+
+
+def _decoded(text: str, start: int = 0) -> tuple[Any, int]:
+    """json's raw_decode; a number past Python's int digit limit is read again as text (_json_int),
+    only then: a Python call per integer made a reply of many numbers a hundred times slower."""
+    try:
+        return _PLAIN.raw_decode(text, start)
+    except ValueError as e:
+        if "digit" not in str(e):
+            raise
+        return _LONG_INTS.raw_decode(text, start)
+
+
 def _shown(value: Any) -> str:
     """A planner's value for a message, cut short: a runaway value must not make a runaway message."""
     if isinstance(value, str) and len(value) > 40:
@@ -194,9 +209,10 @@ def _shown(value: Any) -> str:
 
 
 def _condition_of(step: dict, i: int) -> Condition | None:
-    """The step's condition under any of its keys; a null under one does not hide another. They are
-    compared as read, so one condition written twice in two spellings is one condition."""
-    given = {k: _resolve_condition(step[k], i) for k in ("when", "if", "condition") if step.get(k) is not None}
+    """The step's condition under any of its keys; a null (or "none", "") under one does not hide
+    another. They are compared as read, so one condition written twice in two spellings is one."""
+    given = {k: c for k in ("when", "if", "condition")
+             if step.get(k) is not None and (c := _resolve_condition(step[k], i)) is not None}
     if len(set(given.values())) > 1:
         raise PlanError(f"step {i}: gives {' and '.join(given)} with different conditions; give one")
     return next(iter(given.values()), None)
@@ -306,10 +322,9 @@ def _parse_json(text: str) -> Any:
     start, end = text.find("{"), text.rfind("}") + 1
     if start >= 0 and (data := _json_plan(text[start:end])) is not None:
         found[(start, end)] = data
-    decoder = json.JSONDecoder(strict=False, parse_int=_json_int)
     for m in list(_STEPS_OBJECT.finditer(text))[::-1][:_MAX_OBJECTS]:
         try:
-            data, stop = decoder.raw_decode(text, m.start())
+            data, stop = _decoded(text, m.start())
         except (ValueError, RecursionError):
             continue
         if _is_plan(data):
@@ -323,9 +338,11 @@ def _parse_json(text: str) -> Any:
 
 def _json_plan(text: str) -> Any:
     """text as a JSON plan (an object with "steps", or a list of steps), else None."""
+    text = text.lstrip()
     try:
-        # strict=False: model output often holds raw control characters in strings.
-        data = json.loads(text, strict=False, parse_int=_json_int)
+        data, end = _decoded(text)
+        if text[end:].strip():
+            return None  # more than one JSON value: not this candidate
     except (ValueError, RecursionError):
         return None
     if _is_plan(data) or (isinstance(data, list) and data

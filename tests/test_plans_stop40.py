@@ -45,6 +45,8 @@ def cascade(condition_keys: str) -> str:
     '"when": "disagree(0,1)", "if": "disagree(0, 1)"',
     '"if": "disagree(1, 0)", "condition": {"kind": "disagree", "steps": ["0", 1]}',
     '"when": {"no_majority": [0, 1]}, "if": "no majority(0, 1)", "condition": {"kind": "no-majority", "steps": [1, 0]}',
+    '"when": "none", "if": "disagree(0, 1)"',  # "none" is no condition, as a null is (review40 5)
+    '"when": "", "if": {"disagree": [0, 1]}',
 ])
 def test_one_condition_in_two_spellings_is_one_condition(keys):
     when = parse_plan(cascade(keys), POOL).steps[2].when
