@@ -33,7 +33,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_c
 from conductor import runner
 from conductor.errors import ConductorError
 from conductor.failures import (ENV_MAX_FAILED_SHARE, failed_plans, failure_groups, max_failed_share, rerun_advice,
-                                retried_by_rerun)
+                                retried_by_rerun, where_it_ran)
 from conductor.pool import load_pool
 from conductor.report import markdown_table
 from conductor.stats import run_totals
@@ -159,7 +159,7 @@ def evaluate_failed_share(run: RunDir, pool_path: Path, threshold: float, retrie
     groups = failure_groups(run.table("traces"), load_pool(pool_path))
     desc = f"{failed} of {total} plans failed ({share:.1%}); threshold {threshold:.1%}"
     if groups:
-        desc += "; " + "; ".join(f"worker {g['worker']} at {g['url']}: {g['failure']} x{g['plans']}: "
+        desc += "; " + "; ".join(f"worker {g['worker']} {where_it_ran(g)}: {g['failure']} x{g['plans']}: "
                                  f"{_rematerialize(g, retried)}"
                                  for g in groups[:_SHOW])
     passed = total > 0 and share <= threshold

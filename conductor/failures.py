@@ -57,7 +57,7 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
             w = pool.worker(r["worker"]) if pool.has(r["worker"]) else None
             local = w is not None and w.kind == "function"
             g = groups[(r["worker"], kind)] = {
-                "worker": r["worker"], "failure": kind, "url": "(runs locally)" if local else shown_url(w),
+                "worker": r["worker"], "failure": kind, "url": None if local else shown_url(w),
                 "function": local,
                 "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS and not gone,
                 "journal_deleted": gone,
@@ -100,7 +100,8 @@ def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun wit
     if g.get("failure") == "budget":  # the same budget stops them again
         return f"a {rerun} with a larger budget finishes these"
     if g.get("function") and not g["retried_on_rerun"]:  # same inputs, same code: the same failure
-        return f"final: a function step fails the same way on every {rerun}; the plan must change"
+        return (f"final: a function step fails the same way on every {rerun}, on the same inputs (its plan gave it "
+                f"steps it cannot use: see the error; a new run's plans, or another planner, may not)")
     if not g["retried_on_rerun"]:
         return f"final ({redo})"
     if not used_up:
@@ -111,12 +112,17 @@ def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun wit
             f"already ({flag} retries them)")
 
 
+def where_it_ran(g: dict[str, Any]) -> str:
+    """A failure group's worker's URL as the failure list shows it; a function step calls none."""
+    return f"at {g['url']}" if g["url"] else "(a function, run locally)"
+
+
 def format_failures(groups: list[dict[str, Any]], retried: bool = False) -> str:
     """One line per group; `retried`: this command had --retry-failed, so the final ones failed
     again under it, and advising it once more would read as if it had not been tried."""
     redo = "they failed again under --retry-failed: fix the cause first" if retried else "rerun with --retry-failed"
     lines = []
     for g in groups:
-        lines.append(f"  worker {g['worker']} at {g['url']}: {g['failure']}, {g['plans']} plan(s); "
+        lines.append(f"  worker {g['worker']} {where_it_ran(g)}: {g['failure']}, {g['plans']} plan(s); "
                      f"{rerun_advice(g, redo=redo)}\n    e.g. {g['example']}")
     return "\n".join(lines)

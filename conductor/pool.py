@@ -57,7 +57,7 @@ class Provider:
     batch_budget_rounds: int = 8
     # Where a user names this provider's key, for the message of a call sent without one; not a pool
     # file setting: the LLM planner's own provider is set on the command line
-    key_hint: str | None = None
+    key_hint: str | None = field(default=None, compare=False)
 
     def where_to_set_key(self) -> str:
         return self.key_hint or f"set api_key_env for provider {self.id} in the pool file"
@@ -124,7 +124,7 @@ class Pool:
     recorded: dict[str, frozenset[str]] | None = field(default=None, compare=False, repr=False)
     # The providers the file lists under providers: (the others were made for workers without a
     # provider, in a file without that section): what a worker added later must name (unlisted)
-    listed: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    listed: tuple[str, ...] = field(default=(), compare=False, repr=False)  # in file order, for messages
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {w.id: w for w in self.workers})
@@ -224,22 +224,22 @@ def _redact_param(param: str) -> str:
 
 
 def unlisted(provider: str, listed: Iterable[str], named: bool, who: str = "the worker",
-             where: str = "the file") -> str | None:
+             where: str | None = None) -> str | None:
     """Why a worker may not run on `provider` in a pool file whose providers: lists `listed`, else
     None. Named or taken from its model's prefix, an unlisted provider would run it with default
     limits and outside every budget, silently: a typo, or a provider the user forgot to list.
-    `where`: the file as the message names it."""
+    `where`: the file as a message from outside it names it (None: the pool file's own message)."""
     listed = list(listed)
     if not listed or provider in listed:
         return None
     if named:
         near = difflib.get_close_matches(provider, listed, n=1)
-        return (f"{provider!r} is not under providers:" + ("" if where == "the file" else f" in {where}")
+        return (f"{provider!r} is not under providers:" + (f" in {where}" if where else "")
                 + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(listed)})")
                 + f"; to give it default limits and no budget, list it as `{provider}: {{}}`")
-    return (f"required, since {where} has providers: ({', '.join(listed)}); without it {who} would run on "
-            f"provider {provider!r} (its model's prefix), which is not listed: default limits and no budget. "
-            f"Name one of them, or list `{provider}: {{}}` to allow that")
+    return (f"required, since {where or 'the file'} has providers: ({', '.join(listed)}); without it {who} would "
+            f"run on provider {provider!r} (its model's prefix), which is not listed: default limits and no "
+            f"budget. Name one of them, or list `{provider}: {{}}` to allow that")
 
 
 def provider_from_model(model: str) -> str:
@@ -302,7 +302,7 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
                             f"through the OpenAI batch API (/v1/files, /v1/batches); the model must be an "
                             f"openai/ model of an OpenAI-compatible endpoint (got {w.model!r})")
     return Pool(workers=tuple(workers), providers=providers, path=where, replay=replay, governor=governor,
-                listed=frozenset(providers_raw))
+                listed=tuple(providers_raw))
 
 
 def _provider(pid: Any, cfg: Any) -> Provider:

@@ -48,7 +48,7 @@ from conductor.plans import DEFAULT_MAX_STEPS, MAX_STEPS, Plan, parse_plan
 from conductor.pool import Pool, load_pool
 from conductor.preflight import plannable
 from conductor.progress import Progress
-from conductor.queries import file_digest, input_columns, load_queries
+from conductor.queries import carried_name, file_digest, input_columns, load_queries
 from conductor.rewards import RewardScheme, group_advantages, score
 from conductor.store import (CatalogHeld, RunDir, check_data_dir, damage_advice, file_damage, finalize_journal,
                              refresh_catalog, rows_to_table, write_atomic, write_table)
@@ -718,8 +718,6 @@ def carry_columns(run: Run) -> None:
     row by row (by query_index), so nothing the user supplied is dropped silently. A
     column whose name results already uses is carried as `input_<name>`; load_queries refuses
     a file where that name is another of its columns."""
-    from conductor.queries import carried_name
-
     extra = input_columns(run.config.queries)
     if extra is None:
         return
@@ -727,10 +725,7 @@ def carry_columns(run: Run) -> None:
     results = pq.read_table(path)
     taken = pc.take(extra, results.column("query_index"))
     for name in taken.column_names:
-        out = carried_name(name)
-        while out in results.column_names:  # not expected (refused at load); still, never drop a column
-            out = f"input_{out}"
-        results = results.append_column(out, taken.column(name))
+        results = results.append_column(carried_name(name), taken.column(name))
     write_table(path, results)
 
 

@@ -105,7 +105,9 @@ def slow_planning(sim, tmp_path: Path, queries: Path, *extra: str):
                          stderr=subprocess.PIPE, text=True, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(line_count(j) >= 4 for j in data.glob("runs/*/work/planner/"
-                                                                                           "steps.jsonl")):
+    while not any(line_count(j) >= 4 for j in data.glob("runs/*/work/planner/steps.jsonl")):
+        if p.poll() is not None or time.monotonic() > deadline:  # a broken planner, said as such
+            p.kill()
+            raise AssertionError(f"planning did not get under way: {p.communicate()[1]}")
         time.sleep(0.02)
     return p, args, data

@@ -27,7 +27,7 @@ def test_a_failed_function_step_is_said_to_need_another_plan_not_a_retry(tmp_pat
                   "worker w1: the provider rejected the API key"]}), run / "traces.parquet")
     text = format_failures(failure_groups(run / "traces.parquet", load_pool(pool)))
     extract, w1 = [line for line in text.splitlines() if line.startswith("  worker")]
-    assert extract.startswith("  worker extract at (runs locally): other, 1 plan(s); final: a function step "
-                              "fails the same way on every rerun; the plan must change"), text
+    assert extract.startswith("  worker extract (a function, run locally): other, 1 plan(s); final: a function "
+                              "step fails the same way on every rerun, on the same inputs"), text
     assert "--retry-failed" not in extract and "provider default" not in text
     assert w1.endswith("auth, 1 plan(s); final (rerun with --retry-failed)"), text  # an LLM step: as before

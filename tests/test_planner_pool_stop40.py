@@ -23,7 +23,7 @@ def test_the_planners_pool_keeps_the_shared_governor_and_the_files_providers(tmp
     planner = make_planner("llm", model="openai/gpt-4o-mini", api_base=url, api_key_env="PLANNER_KEY")
     extended = planner.extend_pool(pool)
     assert extended.governor == "redis://127.0.0.1:6399/0"
-    assert extended.path == pool.path and extended.listed == pool.listed == frozenset({"sim"})
+    assert extended.path == pool.path and extended.listed == pool.listed == ("sim",)
     assert [w.id for w in extended.workers][:-1] == [w.id for w in pool.workers]
     assert extended.providers["sim"] == pool.providers["sim"]
 
@@ -34,6 +34,6 @@ def test_a_planner_provider_is_checked_against_the_providers_the_file_lists(tmp_
     path = tmp_path / "pool.yaml"
     path.write_text(yaml.safe_dump({"workers": [{"id": "fast", "model": "openai/fast", "api_base": url}]}))
     pool = load_pool(path)
-    assert pool.listed == frozenset() and set(pool.providers) == {"openai"}
+    assert pool.listed == () and set(pool.providers) == {"openai"}
     planner = make_planner("llm", model="openai/gpt-4o-mini", api_base=url, provider="elsewhere")
     assert planner.extend_pool(pool).providers["elsewhere"].max_concurrency == 16  # default limits
