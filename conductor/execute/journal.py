@@ -9,7 +9,9 @@ written at once, before their request is sent. What reaches the OS survives a
 killed process (not a power cut); a kill loses at most the last turn's lines,
 whose answers the run cache holds (committed before a step line is written), so
 a resume records them as paid. A line torn by a kill is cut off on reopening. A failed write is raised
-by the next write (or `flush`), after which every line is written at once.
+by the next write (or `flush`), after which every line is written at once. A
+finished plan whose step lines are missing (a damaged line deleted by hand, as
+the refusal advises) runs again, its answers taken from the run cache.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class ResumeState:
     # reservation id -> (request key, provider, USD reserved or None) of calls sent by a process that never
     # settled them
     unsettled: dict[str, tuple[str, str, float | None]] = field(default_factory=dict)
+    # finished plans run again because step lines of theirs are missing (load_state's _Gaps):
+    # plan id -> the step paths not restored from the journal
+    gaps: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 class Journal:
@@ -194,6 +199,7 @@ def count_unanswered(lost: dict[str, Any], usd: float | None) -> None:
 def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
     state = ResumeState()
     transient: dict[str, int] = {}  # plan id -> transient failures logged
+    last: dict[str, list] = {}  # plan id -> what its latest line says (_Gaps.plan_line)
     for row in _read(folder / PLANS_FILE):
         status, pid = row["status"], row["plan_id"]
         if counts_as_retry(row):
@@ -211,17 +217,111 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
             state.invalid.add(pid)
         else:
             state.invalid.discard(pid)
+        last[pid] = _Gaps.plan_line(row, last.get(pid))
+    gaps = _Gaps(last, state.finished, state.invalid)
+    again: Counter[str] = Counter()  # request key -> its paid rows beyond the first
     for row in _read(folder / STEPS_FILE):
         state.steps_logged += 1
         if row.get("cost_usd") and not row.get("cache_hit"):
             state.spent[row["provider"]] = state.spent.get(row["provider"], 0.0) + row["cost_usd"]
-        if row.get("attempts") and row.get("request_key"):
-            state.paid.add(row["request_key"])
-        if row["status"] == "ok" and row["plan_id"] not in state.finished:
-            state.outputs.setdefault(row["plan_id"], {})[row["step_path"]] = row["response_text"]
-            if row.get("sub_plan"):
-                state.sub_plans.setdefault(row["plan_id"], {})[row["step_path"]] = row["sub_plan"]
-    for row in _read(folder / RESERVATIONS_FILE):
+        if row.get("attempts") and (key := row.get("request_key")):
+            if key in state.paid:
+                again[key] += 1
+            state.paid.add(key)
+        if row["plan_id"] in state.finished:
+            gaps.step(row)
+        elif row["status"] == "ok":
+            _restore(state, row)
+    state.gaps = gaps.missing(folder.parent / "plans.parquet")
+    if state.gaps:  # run again: steps with a line are restored, the others answered by the run cache
+        state.finished -= state.gaps.keys()
+        for row in _read(folder / STEPS_FILE):
+            kept_out = state.gaps.get(row["plan_id"])
+            if kept_out is not None and row["status"] == "ok" and row["step_path"] not in kept_out:
+                _restore(state, row)
+    _read_reservations(folder / RESERVATIONS_FILE, state, again)
+    return state
+
+
+def _restore(state: ResumeState, row: dict[str, Any]) -> None:
+    """An answered step of a plan that runs again: its output is used, not asked for again."""
+    state.outputs.setdefault(row["plan_id"], {})[row["step_path"]] = row["response_text"]
+    if row.get("sub_plan"):
+        state.sub_plans.setdefault(row["plan_id"], {})[row["step_path"]] = row["sub_plan"]
+
+
+class _Gaps:
+    """Finished plans with step lines missing (a damaged line deleted by hand, as `_read` advises):
+    they run again, so that those steps come back from the run's response cache, paid once, instead
+    of leaving the outputs and the totals. A plan's latest line counts the calls and cache hits of
+    the command that finished it, each with its own step line written before; and every step of a
+    finished plan has a line (answered or skipped, if the plan is ok), restored ones an earlier one."""
+
+    def __init__(self, last: dict[str, list], finished: set[str], invalid: set[str]):
+        for pid in [pid for pid in last if pid not in finished or pid in invalid]:
+            del last[pid]
+        self.plans = last  # plan id -> its latest line (plan_line), of finished plans that ran steps
+        self.nested: set[tuple[str, str]] = set()  # (plan id, step path with a dot) of lines that end steps
+        self.subs: dict[tuple[str, str], int] = {}  # (plan id, re-planning step's path) -> its sub-plan's steps
+
+    @staticmethod
+    def plan_line(row: dict[str, Any], before: list | None) -> list:
+        """[_seq of the plan's line before this one, this line's _seq, its calls + cache hits (counted down
+        as their step lines are found), whether it is ok, a bit per top-level step with a line ending it]."""
+        return [before[1] if before else 0, row.get("_seq") or 0,
+                (row.get("calls") or 0) + (row.get("cache_hits") or 0), row["status"] == "ok", 0]
+
+    def step(self, row: dict[str, Any]) -> None:
+        line = self.plans.get(row["plan_id"])
+        if line is None:
+            return
+        seq = row.get("_seq")
+        if (row.get("attempts") or row.get("cache_hit")) and (not line[1] or seq is None or line[0] < seq <= line[1]):
+            line[2] -= 1
+        path = row["step_path"]
+        if not line[3] or row["status"] in ("ok", "skipped"):
+            done = path.removesuffix(".repair")
+            if done.isdigit():
+                line[4] |= 1 << int(done)
+            else:
+                self.nested.add((row["plan_id"], done))
+        if row.get("sub_plan") and not path.endswith(".plan"):
+            self.subs[(row["plan_id"], path)] = len(orjson.loads(row["sub_plan"]).get("steps") or ())
+
+    def missing(self, plans_file: Path) -> dict[str, frozenset[str]]:
+        """Plan id -> the step paths not to restore when it runs again: those missing, and the
+        re-planning steps above them (restored, a re-planning step would not run its sub-plan)."""
+        lost: dict[str, list[str]] = {}
+        for pid, n in _step_counts(plans_file, self.plans):
+            if (have := self.plans[pid][4]) != (1 << n) - 1:
+                lost[pid] = [str(i) for i in range(n) if not have >> i & 1]
+        for (pid, path), n in self.subs.items():  # a re-planning step: its planning, its sub-plan's steps
+            lost[pid] = lost.get(pid, []) + [p for p in (f"{path}.plan", *(f"{path}.{i}" for i in range(n)))
+                                             if (pid, p) not in self.nested]
+        gaps = {pid: frozenset(".".join(p.split(".")[:i]) for p in paths for i in range(1, p.count(".") + 2))
+                for pid, paths in lost.items() if paths}
+        gaps.update((pid, frozenset()) for pid, line in self.plans.items() if line[2] > 0 and pid not in gaps)
+        return gaps
+
+
+def _step_counts(plans_file: Path, plans: dict[str, Any]):
+    """(plan id, top-level steps) of the given plans, from the run's plans.parquet (none without it:
+    an LLM planner's journal, or a journal read on its own)."""
+    if not plans or not plans_file.exists():
+        return
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(plans_file)
+    if "n_steps" not in f.schema_arrow.names:
+        return
+    for batch in f.iter_batches(columns=["plan_id", "n_steps"], batch_size=65536):
+        for pid, n in zip(*(c.to_pylist() for c in batch.columns)):
+            if n and pid in plans:
+                yield pid, n
+
+
+def _read_reservations(path: Path, state: ResumeState, again: Counter[str]) -> None:
+    for row in _read(path):
         if "settled" not in row:
             state.unsettled[row["id"]] = (row["key"], row["provider"], row["usd"])
             continue
@@ -229,7 +329,23 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
         if key is not None and row["settled"] and key not in state.paid:
             # Answered and settled, but killed before its step row was written: paid all the same.
             state.unsettled[row["id"]] = (key, provider, row["settled"])
-    return state
+    # A paid step row is its call's settlement too: a call whose settled line is gone (deleted by hand,
+    # or its write failed) is no call lost in flight. Those a key has beyond its paid rows stay
+    # unsettled: calls cut off by timeout_s, or sent again after a kill.
+    unsettled: dict[str, list[str]] = {}  # request key with a paid row -> its unsettled reservations
+    for rid, (key, _, _) in state.unsettled.items():
+        if key in state.paid:
+            unsettled.setdefault(key, []).append(rid)
+    if not unsettled:
+        return
+    settled: dict[str, set[str]] = {key: set() for key in unsettled}
+    for row in _read(path):
+        if "settled" in row and (ids := settled.get(row["id"].rsplit(":", 2)[0])) is not None:
+            ids.add(row["id"])  # a reservation id is "<request key>:<ns>:<pid>"
+    for key, rids in unsettled.items():
+        settle = 1 + again[key] - len(settled[key])
+        for rid in rids[max(0, len(rids) - settle):] if settle > 0 else ():
+            del state.unsettled[rid]
 
 
 def _write(f: IO[bytes], row: dict[str, Any]) -> None:
@@ -292,5 +408,32 @@ def _read(path: Path):
                 raise ConductorError(
                     f"{path}, line {n}: not a journal line ({str(row)[:100] if isinstance(row, Exception) else row!r}). "
                     f"The file was edited or damaged; delete that line (sed -i '{n}d' '{path}') and rerun: "
-                    f"what it recorded runs again") from None
+                    f"{_after_delete(path)}") from None
             yield row
+
+
+def _after_delete(path: Path) -> str:
+    """What the rerun does without a line of this journal file (the advice of `_read`'s refusal)."""
+    if path.name == STEPS_FILE and path.parent.name == "planner":  # runner.planning_dir: an LLM planner's calls
+        return ("the planning call it recorded is asked again, from the planner's response cache (not paid "
+                "again), if planning had not finished; if it had, nothing runs again, and that call's cost "
+                "moves from the planning cost to the lost-in-flight line (budgets count it all the same)")
+    return _AFTER_DELETE.get(path.name, "what it recorded is done again")
+
+
+_AFTER_DELETE = {  # batches.jsonl: batchfiles.BATCHES_FILE (that module imports this one)
+    STEPS_FILE: "the step it recorded runs again, taken from the response caches if it had been answered (not "
+                "paid again), and its plan with it if that had finished (a step of it that had failed is sent "
+                "again); only a failed try that a later line of the same step replaced is not run again, and "
+                "what that try was billed, if anything, leaves the totals",
+    PLANS_FILE: "the plan it recorded runs again unless another line records it (then the latest of those "
+                "stands): its answered steps are taken from steps.jsonl, not paid again, and a failed one is "
+                "sent again",
+    RESERVATIONS_FILE: "nothing runs again. If the line recorded a call sent and never answered (cut off by "
+                       "timeout_s, or in flight when a process was killed), that call leaves the lost-in-flight "
+                       "count and the budget's spend; if it recorded the end of a call that failed without an "
+                       "answer, that call is counted as lost in flight, at its worst-case price",
+    "batches.jsonl": "a batch it recorded is looked up at the provider by its input file and polled, not "
+                     "submitted again; only if the line was the one record of an upload whose batch a killed "
+                     "process created may that batch's lines be submitted, and paid, again",
+}
