@@ -140,13 +140,14 @@ def rollouts(args: argparse.Namespace) -> int:
     if args.policy not in ("none", "prior", "auto") and learned is None:
         raise ConductorError(f"--policy {args.policy}: no policy artifact there for this pool")
     explore = args.explore if args.explore is not None else (0.2 if learned else 1.0)
-    options = {"candidates": "bandit", "explore": explore, "policy": str(learned) if learned else "none"}
+    # Resolved, so a resume names the same folder from any working directory and spelling
+    options = {"candidates": "bandit", "explore": explore, "policy": str(learned.resolve()) if learned else "none"}
     _check_references(args.queries)
     _check_recorded(pool, args.queries)
     samples = _samples(args.samples, pool, args.queries)
     if args.samples == "all":
         options = {"sweep": True, "policy": "none"}
-    _check_resume(args, options["policy"])
+    options["policy"] = _check_resume(args, options["policy"])
     cfg = RunConfig(queries=args.queries, pool=args.pool, data_dir=args.data_dir, run_id=args.run_id,
                     samples=samples, planner="embedded", planner_options=options, seed=args.seed,
                     max_steps=args.max_steps, rewards=RewardScheme(cost_penalty=args.cost_penalty),
@@ -154,9 +155,8 @@ def rollouts(args: argparse.Namespace) -> int:
     if args.samples == "all":
         print(f"rollouts: a sweep, every candidate action once per query ({samples} slots per query)", flush=True)
     else:
-        print(f"rollouts: {samples} plans per query, "
-              + (f"learned policy {learned}" if learned else "no learned policy (uniform over the action set)")
-              + f", explore {explore:g}", flush=True)
+        print(f"rollouts: {samples} plans per query, {_drawn(learned, samples, explore)}, explore {explore:g}",
+              flush=True)
     if args.serve:
         with _serving(pool):
             summary = run_all(cfg)
@@ -170,17 +170,34 @@ def rollouts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_resume(args: argparse.Namespace, policy: str) -> None:
+def _drawn(learned: Path | None, samples: int, explore: float) -> str:
+    """How the plans are drawn, as `_choose` and `planning.draw` draw them."""
+    if learned:
+        how = "greedy" if explore == 0 else "epsilon-greedy"
+        return f"learned policy {learned} ({how})"
+    if explore == 1:
+        return "no learned policy (uniform over the action set)"
+    if samples == 1 and explore == 0:
+        return "no learned policy (the prior's best action of the set, greedy)"
+    return "no learned policy (the prior's softmax over the action set" + (
+        f", a share {explore:g} of draws uniform)" if explore else ")")
+
+
+def _check_resume(args: argparse.Namespace, policy: str) -> str:
     """Rerunning a run whose --policy now resolves to another artifact (a newer version was
-    trained meanwhile): name both, since the runner can only say the inputs differ."""
+    trained meanwhile): name both, since the runner can only say the inputs differ. Folders are
+    compared resolved (the refusal names an absolute path; a relative one is the same folder);
+    returns the policy as the run recorded it, so the runner finds the same inputs."""
     from conductor.store import RunDir
 
     run = RunDir(args.data_dir, args.run_id) if args.run_id else None
     if run is None or not run.exists():
-        return
+        return policy
     used = ((run.read_manifest().get("inputs") or {}).get("planner_options") or {}).get("policy")
     if used is None or used == policy:
-        return
+        return policy
+    if "none" not in (used, policy) and Path(used).resolve() == Path(policy).resolve():
+        return used
 
     def named(p: str) -> str:
         return "none (no learned policy)" if p == "none" else f"{Path(p).name} ({p})"

@@ -248,7 +248,8 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
     floor, budget = meta.get("floor"), meta.get("budget")
     shipped = meta.get("shipped", "learned")
     has_fixed = bool(meta.get("fixed")) or meta["learner"]["kind"] == "fixed"
-    uses = ["learned", "fixed"] if cfg.fixed and has_fixed else [shipped]
+    # --no-fixed leaves the fixed action out even where it shipped: the learned policy is what is asked
+    uses = (["learned", "fixed"] if has_fixed else [shipped]) if cfg.fixed else ["learned"]
     out_policies = []
     group_by = (meta.get("features") or {}).get("group_by")
     learner = meta["learner"]["name"] + (f" by {group_by}" if group_by else "")
@@ -312,11 +313,15 @@ def comparisons(policies: list[Policy], best: Policy | None = None) -> list[dict
     ids = lambda p: (*objective_order(p.info), str(p.info.get("artifact")))  # noqa: E731
     for key in sorted({ids(p) for p in policies if p.kind in ("learned", "fixed")}):
         rows = {p.kind: p for p in policies if p.kind in ("learned", "fixed") and ids(p) == key}
-        shipped = next((p for p in rows.values() if p.info.get("shipped")), rows.get("learned"))
+        shipped = next((p for p in rows.values() if p.info.get("shipped")), None)
+        kind = shipped.kind if shipped else None
+        if shipped is None:  # --no-fixed on an artifact that ships its fixed action: only the learned one ran
+            shipped = rows.get("learned") or next(iter(rows.values()))
+            kind = f"{shipped.kind} (not shipped; the shipped fixed action was left out)"
         lam = key[2]
         row: dict[str, Any] = {"lambda": lam, "floor": shipped.info.get("floor"), "budget": shipped.info.get("budget"),
                                "version": shipped.info.get("version"), "artifact": shipped.info.get("artifact"),
-                               "shipped": shipped.kind,
+                               "shipped": kind,
                                "accuracy": shipped.accuracy, "se": shipped.se, "usd": shipped.usd_per_query}
         if best is not None and best.usd_per_query:
             row["cost_share"] = shipped.usd_per_query / best.usd_per_query

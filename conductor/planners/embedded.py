@@ -4,8 +4,8 @@ Templates: one worker solves; one solves and another verifies; several solve in
 parallel and an aggregating step decides; cheap workers answer and an expensive
 one runs only when they disagree (a cascade). Each candidate plan gets an expected
 accuracy from the pool's `skills` and an expected cost from its prices; the
-utility is accuracy - cost_weight * USD. K=1 takes the best candidate; K>1 samples
-candidates from a softmax over utilities and logs each draw's propensity.
+utility is accuracy - cost_weight * USD. K=1 takes the best candidate (unless `explore`
+is given); K>1 samples candidates from a softmax over utilities and logs each draw's propensity.
 
 When a learned policy exists for the pool (`conductor policy train`, see
 conductor/policy), it replaces that prior: its candidate actions, its greedy
@@ -82,8 +82,9 @@ class EmbeddedConfig:
     # ($CONDUCTOR_POLICY_DIR, else data/policy) if there is one; "none" plans with the prior;
     # a path names a policy folder (a root, a pool's folder, or one version).
     policy: str = "auto"
-    # K>1: share of draws spread evenly over the candidates (default: 0.2 with a learned policy;
-    # none with the prior, whose softmax already explores). 1.0 draws uniformly.
+    # Share of draws spread evenly over the candidates (default: 0.2 with a learned policy at K>1;
+    # none with the prior, whose softmax already explores). 1.0 draws uniformly. Unset or 0, K=1
+    # plans greedily; above 0, K=1 draws too, so `policy rollouts -k 1` logs what it explored.
     explore: float | None = None
     # Without a learned policy: "templates" (the prior's own candidates) or "bandit" (the policy's
     # action set, scored by the prior): what a first round of rollouts should explore.
@@ -432,7 +433,7 @@ class EmbeddedPlanner(PlannerBackEnd):
     def _choose(self, q: Query, cands: list[Candidate], samples: int, replay: bool = False) -> list[PlanDraft]:
         cfg = self.config
         utils = [c.accuracy - cfg.cost_weight * c.cost for c in cands]
-        if samples == 1:
+        if samples == 1 and not cfg.explore:  # greedy; a given `explore` draws, as with a learned policy
             best = max(range(len(cands)), key=lambda i: (utils[i], -i))
             return [self._draft(q, cands[best], 1.0, replay)]
         top = max(utils)

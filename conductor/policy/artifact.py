@@ -308,6 +308,16 @@ def _check(folder: Path, meta: dict[str, Any]) -> None:
         if hashlib.sha256(f.read_bytes()).hexdigest() != want:
             raise ConductorError(f"policy {f}: damaged (its checksum differs from the one training wrote, "
                                  f"{f.stat().st_size:,} bytes); copy the folder again or retrain")
+    metacheck.check_saved(path, meta)
+
+
+def check_workers(folder: Path, meta: dict[str, Any], pool: Pool) -> None:
+    """Refuse actions naming a worker the pool lacks (the pool key matching, policy.json was
+    edited): planning and `policy show` both say so."""
+    keys = [k for keys in meta["actions"]["by_task"].values() for k in keys]
+    missing = sorted({w for k in keys for w in Action.from_key(k).workers if not pool.has(w)})
+    if missing:
+        raise ConductorError(f"policy {folder}: actions use worker(s) {', '.join(missing)} missing from the pool")
 
 
 def load(folder: Path, pool: Pool, use: str = "auto") -> Artifact:
@@ -321,17 +331,17 @@ def load(folder: Path, pool: Pool, use: str = "auto") -> Artifact:
     if wrong:
         raise ConductorError(f"{wrong}; train one for this pool with `conductor policy train`")
     actions = {t: [Action.from_key(k) for k in keys] for t, keys in meta["actions"]["by_task"].items()}
-    missing = sorted({w for acts in actions.values() for a in acts for w in a.workers if not pool.has(w)})
-    if missing:
-        raise ConductorError(f"policy {folder}: actions use worker(s) {', '.join(missing)} missing from the pool")
+    check_workers(folder, meta, pool)
     if use not in ("auto", "learned", "fixed"):
         raise ConductorError(f"planner option use={use!r}: choose auto, learned or fixed")
     which = meta.get("shipped", "learned") if use == "auto" else use  # checked by metacheck
     spec = meta["learner"]
     if which == "fixed" and spec["kind"] != "fixed":
         spec = meta.get("fixed")
-        if spec is None:
-            raise ConductorError(f"policy {folder}: holds no fixed action (trained before version 2)")
+        if spec is None:  # metacheck refuses this first; said plainly should it ever get here
+            raise ConductorError(f"policy {folder}: {META_FILE} holds no fixed action (its field `fixed` is "
+                                 f"empty), so it cannot plan with the fixed action; restore the folder or retrain "
+                                 f"with `conductor policy train`")
     try:
         learner = load_learner(folder, spec)
     except (OSError, RuntimeError, ValueError, TypeError, KeyError) as e:

@@ -11,6 +11,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+import orjson
+
 from conductor.errors import ConductorError
 
 KINDS = ("vw", "table", "fixed", "segment")
@@ -29,10 +31,24 @@ def check(path: Path, meta: Any) -> None:
     try:
         _check(meta)
     except _Bad as e:
-        got = repr(e.got)
-        got = got if len(got) <= 60 else got[:57] + "..."
-        raise ConductorError(f"policy {path}: field {e.field} is {got}, expected {e.want}; the file was edited or "
-                             f"damaged: restore the folder or retrain with `conductor policy train`") from None
+        _refuse(path, e)
+
+
+def check_saved(path: Path, meta: dict) -> None:
+    """After the model files' checksums: what policy.json says the fixed action is against the
+    checksummed fixed.json that planning reads. An edited `fixed.choice` was shown by `policy
+    show` as what planning uses, while planning used fixed.json's."""
+    try:
+        _saved_choice(Path(path).parent, meta)
+    except _Bad as e:
+        _refuse(path, e)
+
+
+def _refuse(path: Path, e: _Bad) -> None:
+    got = repr(e.got)
+    got = got if len(got) <= 60 else got[:57] + "..."
+    raise ConductorError(f"policy {path}: field {e.field} is {got}, expected {e.want}; the file was edited or "
+                         f"damaged: restore the folder or retrain with `conductor policy train`") from None
 
 
 def guarded(path: Path, field: str, fn: Callable[[], Any]) -> Any:
@@ -60,6 +76,9 @@ def _check(meta: Any) -> None:
     fixed = meta.get("fixed")
     if fixed is not None:
         _learner(fixed, "fixed")
+    elif learner["kind"] != "fixed":  # training saves it beside every other learner (format 2)
+        raise _Bad("fixed", "the best fixed action training saved beside the learner (kind, name, choice, files)",
+                   fixed)
     shipped = meta.get("shipped", "learned")
     if shipped not in SHIPPED:
         raise _Bad("shipped", " or ".join(map(repr, SHIPPED)), shipped)
@@ -92,6 +111,27 @@ def _recorded(meta: dict, t: dict, shipped: str) -> None:
     if isinstance(sel, dict) and "shipped" in sel and sel["shipped"] != shipped:
         raise _Bad("shipped", f"{sel['shipped']!r}, the choice training recorded (training.selection.shipped); "
                    f"to plan with the other one, pass --planner-option use=learned or use=fixed", shipped)
+
+
+def _saved_choice(folder: Path, meta: dict) -> None:
+    from conductor.policy.learner import FixedLearner
+
+    try:
+        saved = orjson.loads((folder / FixedLearner.model_file).read_bytes())["choice"]
+    except (OSError, orjson.JSONDecodeError, TypeError, KeyError):
+        return  # no readable fixed.json: loading the model names it
+    for part in ("learner", "fixed"):
+        spec = meta.get(part)
+        if not isinstance(spec, dict) or spec.get("kind") != "fixed":
+            continue
+        said = spec.get("choice")
+        if said == saved:
+            continue
+        want = f"{FixedLearner.model_file}'s choice (which planning uses)"
+        if isinstance(said, dict) and isinstance(saved, dict) and said.keys() == saved.keys():
+            task = next(t for t in said if said[t] != saved[t])
+            raise _Bad(f"{part}.choice.{task}", f"{saved[task]!r}, {want}", said[task])
+        raise _Bad(f"{part}.choice", f"{saved!r}, {want}", said)
 
 
 def _learner(spec: Any, field: str) -> dict:

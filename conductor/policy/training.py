@@ -242,7 +242,7 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
     if cfg.learner not in LEARNERS:
         raise ConductorError(f"--learner {cfg.learner!r}: choose from {', '.join(LEARNERS)}")
     if not 0 <= cfg.lam <= MAX_LAMBDA:
-        raise ConductorError(f"--lambda must be a number from 0 to {MAX_LAMBDA:g} (got {cfg.lam:g}); a lambda of "
+        raise ConductorError(f"--lambda must be a number from 0 to {MAX_LAMBDA:g} (got {cfg.lam!r}); a lambda of "
                              f"{MAX_LAMBDA:g} already ranks every action by its cost alone")
     if not 0 <= cfg.holdout < 1:
         raise ConductorError(f"--holdout must be at least 0 and below 1 (got {cfg.holdout})")
@@ -709,6 +709,7 @@ def describe(folder: Path, pool: Pool | None = None) -> str:
         if wrong:
             lines.append(f"NOT FOR THIS POOL: {wrong}; planning with it is refused")
         else:
+            artifacts.check_workers(folder, meta, pool)  # refused as planning refuses it
             changes = artifacts.price_changes(meta, pool)
             if changes:
                 lines.append(f"PRICES CHANGED since training (USD per million input/output tokens): "
