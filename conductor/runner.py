@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from conductor import __version__, schemas
 from conductor.errors import ConductorError, PlanError, StorageError
+from conductor.execute.batch import online_fallback
 from conductor.execute.budget import Ledger
 from conductor.execute.cache import CacheDamaged
 from conductor.execute.context import ExecutionContext, add_lost, lost_in_flight
@@ -984,6 +985,7 @@ def report_stage(run: Run, wall_time_s: float | None = None) -> dict[str, Any]:
         "wall_time_s": wall_time_s,
         "spend": manifest.get("spend", []),
         "lost_in_flight": lost_in_flight(manifest),
+        "batch_online": online_fallback(run.dir.table("traces")),
         "outputs": str(run.dir.path),
         "failures": failure_groups(run.dir.table("traces"), run.pool),
         "invalid_plans": invalid_plan_groups(run.dir.table("plans")),

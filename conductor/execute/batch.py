@@ -17,15 +17,20 @@ at submission (`batches.jsonl` in the work folder), so a killed run polls the sa
 batch on resume instead of paying for it twice. Answers are stored in the run cache
 before the batch is marked done. Lines the batch did not answer (error lines, lines
 left when it expired or was cancelled) go to the normal retry path: online or in a
-new batch (`batch_retry`), counting attempts as online calls do.
+new batch (`batch_retry`), counting attempts as online calls do. Those answered online
+were paid at the online price: their trace rows say so, and the run says how many at
+its end (OnlineFallback), since a scheduled run has nobody watching its progress line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -38,6 +43,7 @@ from conductor.execute.call import CallFailure, CallResponse, classify, max_prom
 from conductor.execute.failure import Aborted, StepFailed
 from conductor.execute.prices import call_cost
 from conductor.execute.shared import GovernorUnavailable
+from conductor.masking import mask
 from conductor.pool import Provider, Worker, shown_url
 
 if TYPE_CHECKING:
@@ -52,6 +58,77 @@ API_ATTEMPTS = 5
 # the file once and price each line at the pool's price.
 _NO_COST_LOG = {"litellm_metadata": {"batch_ignore_default_logging": True}}
 
+log = logging.getLogger("conductor.batch")
+# The trace note (`error` of an ok row) of a line its batch did not answer, answered online:
+# "<ONLINE_NOTE>: batch <id> <how it ended>: <why>", or "<ONLINE_NOTE>: <NOT_SUBMITTED>: <why>".
+ONLINE_NOTE = "answered online at the online price"
+NOT_SUBMITTED = "its batch was not submitted"
+_NOTE = re.compile(rf"{re.escape(ONLINE_NOTE)}: (?:batch (\S+) (\w+)|{re.escape(NOT_SUBMITTED)}): ?(.*)", re.S)
+# how a batch ended, as the closing line says it: (one batch, several)
+_ENDED = {"failed": ("failed", "failed"), "expired": ("expired", "expired"),
+          "cancelled": ("was cancelled", "were cancelled"), "completed": ("answered them with an error",) * 2,
+          "unchecked": ("could not be checked", "could not be checked")}
+
+
+class OnlineFallback:
+    """Lines a batch did not answer (it failed, expired or was cancelled; their own error lines;
+    never submitted) that were then answered online, at the online price, by how their batch
+    ended. A scheduled run that paid double for them says so: one line at the end of the run
+    (`said`), and in its summary (`online_fallback`, from the trace notes)."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.usd = 0.0
+        self.ends: dict[str, dict[str, Any]] = {}  # how its batch ended -> batch ids, lines, an example
+
+    def add(self, note: str, cost: float | None) -> None:
+        m = _NOTE.match(note)
+        if m is None:
+            return
+        bid, end, why = m.groups()
+        group = self.ends.setdefault(end or "not submitted", {"batches": set(), "lines": 0,
+                                                              "example": " ".join(why.split())[:200]})
+        if bid is not None:
+            group["batches"].add(bid)
+        group["lines"] += 1
+        self.lines += 1
+        self.usd += cost or 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"lines": self.lines, "cost_usd": round(self.usd, 9),
+                "batches": sum(len(g["batches"]) for g in self.ends.values()),
+                "by_end": {end: {**g, "batches": len(g["batches"])} for end, g in self.ends.items()}}
+
+    def said(self) -> str | None:
+        if not self.lines:
+            return None
+        parts = []
+        for end, g in self.ends.items():
+            n = len(g["batches"])
+            if end in _ENDED:
+                what = f"from {n:,} batch{'es' if n != 1 else ''} that {_ENDED[end][n != 1]}"
+            else:
+                what = "whose batch could not be submitted"
+            parts.append(f"{g['lines']:,} {what} (e.g. {g['example'].rstrip('.')})")
+        return (f"batch lines answered online at the online price: {self.lines:,} (${self.usd:.6f}), as their "
+                f"batches did not answer them: {'; '.join(parts)}. Their trace rows say so in `error`; with "
+                f"batch_retry: batch such lines wait for a new batch instead")
+
+
+def online_fallback(traces: Path) -> dict[str, Any]:
+    """The run's lines answered online after their batch did not answer them, from its traces'
+    notes (every command that worked on the run): for the run's summary."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(traces, columns=["status", "error", "cost_usd"])
+    t = t.filter(pc.and_(pc.equal(t.column("status"), "ok"),
+                         pc.fill_null(pc.starts_with(t.column("error"), ONLINE_NOTE), False)))
+    tally = OnlineFallback()
+    for note, cost in zip(t.column("error").to_pylist(), t.column("cost_usd").to_pylist()):
+        tally.add(note, cost)
+    return tally.summary()
+
 
 @dataclass
 class OpenBatch:
@@ -64,6 +141,7 @@ class OpenBatch:
     reservation: Any = None
     status: str = "submitted"
     outage_since: float | None = None  # when checking it began to fail, until it answers again
+    why_ended: str = ""  # why none of its lines were answered, if one reason holds for all (failed, cancelled)
 
     @property
     def batch_id(self) -> str:
@@ -89,6 +167,8 @@ class Batches:
         self._told: set[str] = set()  # workers whose lines have waited for budget room (said once)
         self._tasks: set[asyncio.Task] = set()
         self.submissions = 0  # batches this run submitted
+        self._left: dict[str, str] = {}  # request key -> how its batch left it unanswered (for the online note)
+        self.online = OnlineFallback()
 
     # ---- the step's side ---------------------------------------------------
 
@@ -96,8 +176,8 @@ class Batches:
                    key: str) -> tuple[CallResponse, int, float]:
         """One step's call through the batch API: (response, attempts, latency); raises StepFailed.
         `attempts`, there as for an online call, counts the requests sent: a line whose batch was
-        never submitted (its reservation refused, the shared governor unreachable, the upload
-        failed) was not sent, though it counts towards max_attempts."""
+        never submitted (the upload failed) was not sent, though it counts towards max_attempts; a
+        line the shared governor kept back waits for it by time (Executor.wait_for_governor)."""
         ex = self.ex
         provider = ex.pool.provider_of(worker)
         if (dead := ex.dead_reason(worker, provider)) is not None:
@@ -105,6 +185,7 @@ class Batches:
         worst = self._worst(worker, provider, messages, params)
         t0 = time.monotonic()
         attempts = sent = 0
+        kept_back: float | None = None
         while True:
             waiter = Waiter(worker, messages, params, asyncio.get_running_loop().create_future(), worst)
             bid = self._by_key.get(key) if attempts == 0 else None
@@ -117,30 +198,32 @@ class Batches:
             try:
                 resp = await waiter.future
                 return resp, sent + 1, time.monotonic() - t0
-            except StepFailed as f:  # refused before its batch went (budget, governor): after earlier tries
+            except StepFailed as f:  # refused before its batch went (budget): after earlier tries
                 if sent and f.attempts != sent:
                     raise StepFailed(f.status, str(f), sent, f.extra, f.kind, f.row, f.billed) from None
                 raise
             except CallFailure as f:
+                left = self._left.pop(key, None)
+                if isinstance(f, GovernorUnavailable) and f.retryable:  # its batch never went: a new one
+                    kept_back = await ex.wait_for_governor(worker, f, kept_back, sent, jitter=False)
+                    continue  # not online (at twice the price); waiting alike, its lines go in one batch again
                 attempts += 1
                 sent += waiter.sent
                 if not f.retryable or attempts >= provider.max_attempts or f.charged is not None:
                     raise StepFailed("error", ex._failure_message(worker, provider, f, attempts), sent,
                                      kind="not_found" if f.status == 404 else f.kind, billed=f.charged) from None
                 ex.progress.c.retries += 1
-                if isinstance(f, GovernorUnavailable):  # its batch never went: a new one after the backoff
-                    await asyncio.sleep(self._backoff(attempts))
-                    continue
                 if provider.batch_retry == "online":
-                    return await ex._call_with_retries(worker, messages, params, key, attempts_before=attempts,
-                                                       sent_before=sent)
+                    resp, n, latency = await ex._call_with_retries(worker, messages, params, key,
+                                                                   attempts_before=attempts, sent_before=sent)
+                    return self._answered_online(left or f"{NOT_SUBMITTED}: {f}", worker, resp), n, latency
 
-    def _backoff(self, attempts: int) -> float:
-        """The wait before a line whose batch the shared governor kept back is collected again:
-        not online (at twice the price), and without jitter, so that the lines of one batch
-        wait alike and go in one batch again."""
-        opt = self.ex.opt
-        return min(opt.backoff_max_s, opt.backoff_base_s * 2 ** (attempts - 1))
+    def _answered_online(self, left: str, worker: Worker, resp: CallResponse) -> CallResponse:
+        """A line its batch did not answer, answered online at the online price: counted (one line
+        at the end of the run) and noted in its trace row's `error`, as a usage warning is."""
+        note = f"{ONLINE_NOTE}: {left}"
+        self.online.add(note, self.ex._cost(worker, resp))
+        return replace(resp, warning=note if resp.warning is None else f"{note}; {resp.warning}")
 
     def _worst(self, worker: Worker, provider: Provider, messages: list[dict[str, str]],
                params: dict[str, Any]) -> float:
@@ -184,6 +267,8 @@ class Batches:
             except BaseException:  # noqa: BLE001 - cancelled, or already reported to its steps
                 pass
         self.journal.close()
+        if (said := self.online.said()) is not None:  # loud: a scheduled run has nobody watching
+            log.warning("%s", mask(said, *self.ex._keys))
 
     # ---- collecting and submitting ---------------------------------------
 
@@ -434,6 +519,7 @@ class Batches:
                     break
                 if not cancelled and time.time() - batch.record["at"] > provider.batch_max_wait_s:
                     cancelled = True  # its answered lines still come back; the rest are retried
+                    batch.why_ended = f"cancelled by this run after batch_max_wait_s ({provider.batch_max_wait_s:g} s)"
                     await self._api(provider, f"cancel batch {bid}",
                                     lambda: litellm.acancel_batch(batch_id=bid, **where))
                     continue
@@ -453,6 +539,7 @@ class Batches:
                             lines[key] = line_result(row, batch.waiters.get(key), where["api_key"])
                     del content
         except CallFailure as f:  # the batch cannot be followed: its lines take the retry path
+            batch.why_ended = str(f)
             self._finish(batch, {}, f"batch {bid}: {f}", None, provider)
             if batch.reservation is not None:  # the provider may still run it: counted as spent
                 await ex.ledger.settle(batch.reservation, batch.record.get("reserved", 0.0))
@@ -461,6 +548,8 @@ class Batches:
             self._show(batch, None)
         why = redact(batch_error(info) or f"batch {bid} ended {info.status} before answering this request",
                      where["api_key"])
+        if info.status == "failed":
+            batch.why_ended = why.removeprefix(f"batch {bid} failed: ")
         self._finish(batch, lines, why, info.status, provider)
         if batch.reservation is not None:
             await ex.ledger.settle(batch.reservation, batch.record.get("paid", 0.0))
@@ -492,6 +581,8 @@ class Batches:
                     if batch.reservation is None and cost:
                         ex.ledger.record(provider.id, cost)
             elif isinstance(got, CallFailure) and waiter is not None:
+                self._left[key] = (f"batch {batch.batch_id} {status or 'unchecked'}: "
+                                   f"{batch.why_ended or (got if key in lines else 'it ended before answering it')}")
                 billed = ex._billed(worker, got, waiter.messages, waiter.params, key)
                 if billed is not None:  # an answer that cannot be kept, billed all the same
                     cost = None if billed.cost is None else billed.cost * provider.batch_price_factor

@@ -100,6 +100,9 @@ class ExecOptions:
     # On Ctrl-C (or SIGTERM), how long the calls already sent may take to come back: kept, their
     # answers are not paid again by the rerun. Under Kubernetes' default 30 s grace period.
     drain_s: float = 20.0
+    # How long a call the shared governor keeps back (nothing sent) waits for it, from when the outage
+    # began: a Redis restart or a quick failover fails nothing; one that stays down fails the calls.
+    governor_wait_s: float = 30.0
 
 
 # A worker of kind "function" runs locally: (function name, step, granted outputs in order, task) -> text.
@@ -142,6 +145,7 @@ STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
 
 
 _governor_log = logging.getLogger("conductor.governor")
+_GOVERNOR_POLL_S = 1.0  # the longest a call kept back by the shared governor waits before asking again
 _MAYBE = object()  # billed_usd of a request cut off unanswered: the provider may have billed it
 
 
@@ -605,9 +609,10 @@ class Executor:
                                  sent_before: int | None = None) -> tuple[CallResponse, int, float]:
         """Online attempts until an answer: (response, requests sent, latency). `attempts_before`:
         the tries a batch already made (they count towards max_attempts), `sent_before` those of
-        them whose request was sent (default: all). An attempt whose request never left (the
-        shared governor unreachable, a budget refusal) counts towards max_attempts, not as sent:
-        a step's `attempts` and a plan's `calls` count requests that were sent."""
+        them whose request was sent (default: all). An attempt whose request never left (a batch
+        never submitted) counts towards max_attempts, not as sent: a step's `attempts` and a plan's
+        `calls` count requests that were sent. A wait for the shared governor is no attempt: it is
+        bounded by time (wait_for_governor)."""
         provider = self.pool.provider_of(worker)
         n_sent = attempts_before if sent_before is None else sent_before
         self._check_alive(worker, provider, n_sent)
@@ -638,6 +643,7 @@ class Executor:
         # (billed_usd None: not billed; _MAYBE: cut off unanswered, maybe billed).
         sending_counted = False
         billed_usd: Any = None
+        kept_back: float | None = None  # when the shared governor first kept this call back (see wait_for_governor)
         try:
             while True:
                 attempt += 1
@@ -647,12 +653,12 @@ class Executor:
                 if reservation is None and provider.id in self._budgeted:
                     try:
                         reservation = await self._reserve(worker, provider, worst, n_sent)
-                    except GovernorUnavailable as f:  # not sent: retried as the limiter's own outages are
-                        if not f.retryable or attempt >= provider.max_attempts:
+                    except GovernorUnavailable as f:  # not sent: waited for by time, as the limiter's outages
+                        if not f.retryable:
                             raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
                                              n_sent, kind=f.kind) from None
-                        self.progress.c.retries += 1
-                        await asyncio.sleep(self._backoff(attempt, f, limiter))
+                        kept_back = await self.wait_for_governor(worker, f, kept_back, n_sent)
+                        attempt -= 1  # no attempt: nothing was sent
                         continue
                 try:
                     async with limiter.slot(est_tokens) as sent:
@@ -701,6 +707,11 @@ class Executor:
                     elif rid is not None:  # not billed: settled now, so a kill during the wait below
                         self._durably(self.journal.settled, rid, 0.0)  # counts nothing lost in flight
                     rid, billed_usd = None, None
+                    if isinstance(f, GovernorUnavailable) and f.retryable:  # no slot: nothing was sent
+                        kept_back = await self.wait_for_governor(worker, f, kept_back, n_sent)
+                        attempt -= 1
+                        continue
+                    kept_back = None  # it got past the governor: a later outage is waited for afresh
                     too_long = f.retry_after is not None and f.retry_after > self.opt.max_wait_s
                     if too_long and f.kind == "rate_limit" and not f.headers_seen:
                         self._hold(provider, f.retry_after, "asked to retry in")  # the whole provider is out
@@ -864,6 +875,30 @@ class Executor:
                 self._hold(provider, rate.reset_s, "said its request limit resets in")
             return
         limiter.observe(rate)
+
+    async def wait_for_governor(self, worker: Worker, f: GovernorUnavailable, since: float | None, sent: int,
+                                jitter: bool = True) -> float:
+        """A call the shared governor kept back sent nothing, so it waits by time, not by attempts:
+        it asks again every second at most until the governor answers, or fails (StepFailed, naming
+        the server) once the outage has lasted `governor_wait_s` from when this process first met it.
+        Counted in max_attempts, with full-jitter backoff, a 3 s outage failed a quarter of the
+        calls it met. `since`: when this call was first kept back (None the first time), returned
+        for its next wait. `jitter` off: the lines of one batch wait alike and go in one batch again."""
+        now = time.monotonic()
+        if since is None:
+            since = now
+            self.progress.c.retries += 1  # one retry for the call, however often it asks
+        began = getattr(getattr(self.ledger, "gov", None), "down_since", None)
+        waited = now - (since if began is None else began)
+        left = self.opt.governor_wait_s - waited
+        if left <= 0:
+            raise StepFailed("error", f"worker {worker.id} ({worker.model}): gave up after {waited:.0f} s without "
+                                      f"the shared governor: {f}", sent, kind=f.kind)
+        pause = min(_GOVERNOR_POLL_S, max(self.opt.backoff_base_s, (now - since) / 2))
+        if jitter:
+            pause *= 0.5 + 0.5 * self._rng.random()
+        await asyncio.sleep(min(pause, left))
+        return since
 
     def _backoff(self, attempt: int, f: CallFailure, limiter: ProviderLimiter) -> float:
         """How long this call waits before its next attempt: what the server asked
