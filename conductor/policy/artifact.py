@@ -41,7 +41,7 @@ _VERSION_DIR = re.compile(r"^v(\d{4,})\Z")
 
 
 def default_root() -> Path:
-    return Path(os.environ.get(POLICY_ENV) or "data/policy")
+    return Path(os.environ.get(POLICY_ENV) or "data/policy").expanduser()
 
 
 def pool_key(pool: Pool) -> str:
@@ -233,8 +233,9 @@ def _warn_missing_root(path: Path) -> None:
     if ("root", str(path)) not in _warned:
         _warned.add(("root", str(path)))
         print(f"conductor: warning: {POLICY_ENV}={path} is not a folder, so no learned policy is found there and "
-              f"the embedded planner plans with its prior (set {POLICY_ENV} to the folder `conductor policy "
-              f"train` writes to, or pass --planner-option policy=none to plan with the prior on purpose)",
+              f"the embedded planner plans with its prior (before the first `conductor policy train` writes "
+              f"it, that is expected; else set {POLICY_ENV} to the folder training writes to; to plan with the "
+              f"prior on purpose: --planner-option policy=none, or --policy none to policy rollouts)",
               file=sys.stderr, flush=True)
 
 
