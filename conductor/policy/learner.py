@@ -228,22 +228,121 @@ def per_query_means(examples: Sequence[Logged], field: str = "reward") -> dict[t
     return {k: {q: sum(v) / len(v) for q, v in by_q.items()} for k, by_q in sums.items()}
 
 
-def action_values(examples: Sequence[Logged]) -> dict[str, dict[str, tuple[float, float, int]]]:
-    """Per task and action: the mean reward over the task's queries, its standard error, and
-    the number of queries it was logged on. Queries the action was never logged on count as
-    reward 0 (wrong, $0), as a single worker's unanswered questions do in the evaluation:
-    otherwise an action measured on the half of the queries it can serve would be compared
-    with actions measured on all of them."""
-    n_task: dict[str, set[str]] = {}
+def candidates(examples: Sequence[Logged]) -> dict[str, dict[str, set[str]]]:
+    """Per task and query: the keys of the actions that were candidates there (servable)."""
+    out: dict[str, dict[str, set[str]]] = {}
+    seen: set[tuple[str, int]] = set()  # examples of one query often share their candidate list
     for e in examples:
-        n_task.setdefault(e.context.task or "none", set()).add(e.query)
+        by_q = out.setdefault(e.context.task or "none", {})
+        keys = by_q.get(e.query)
+        if keys is None:
+            keys = by_q[e.query] = set()
+        if (e.query, id(e.actions)) not in seen:
+            seen.add((e.query, id(e.actions)))
+            keys.update(a.key for a in e.actions)
+    return out
+
+
+# When choosing on the figures, an action's unlogged queries count at its logged mean made worse
+# by this many standard errors of that mean: one, the Pareto cut's default band.
+GUARD_SE = 1.0
+
+
+@dataclass
+class ActionLogs:
+    """One action's logs on one task; its figures are per query of the task (`queries`).
+
+    - Queries it was logged on count at its mean there.
+    - Queries where it was no candidate (a replay worker without a recorded response) count
+      as wrong and free, so that an action is never favored for skipping hard queries.
+    - Queries where it was a candidate but was never logged (`unlogged`: any run but a sweep
+      draws only some actions per query) are unknown. `mean` counts them at its logged mean.
+      `guarded` counts them at that mean less GUARD_SE standard errors (cost: plus), since
+      choices (the fixed action, the Pareto cut) are made on it: logged on two easy queries,
+      an action is 2 of 2 right by luck, and its unlogged queries must not all count as
+      right. The penalty is the standard error of the stand-in for those queries, so it
+      fades as coverage grows and is 0 on a sweep, where both are the plain mean.
+    """
+
+    by_q: dict[str, dict[str, float]]  # field (correct, cost, reward) -> query it was logged on -> its mean there
+    queries: int
+    unservable: int
+    unlogged: list[str]
+
+    @property
+    def logged(self) -> int:
+        return len(self.by_q["correct"])
+
+    @property
+    def n(self) -> int:
+        """The queries its figures are measured on: logged, or known to count as wrong and free."""
+        return self.logged + self.unservable
+
+    def mean(self, field: str) -> float:
+        values = self.by_q[field].values()
+        total = sum(values)
+        if self.unlogged:
+            total += len(self.unlogged) * total / len(values)
+        return total / self.queries
+
+    def guarded(self, field: str) -> float:
+        total = sum(self.by_q[field].values())
+        if self.unlogged:
+            total += len(self.unlogged) * self.stand_in(field)
+        return total / self.queries
+
+    def stand_in(self, field: str) -> float:
+        """What an unlogged query counts as when choosing: the logged mean, worse by GUARD_SE of
+        its standard errors. Correctness's spread is taken as at least a Bernoulli's with one
+        right and one wrong answer added (so 2 of 2 right still has one), cost's as its sample
+        spread (with a single query, as large as its mean)."""
+        values = list(self.by_q[field].values())
+        s = len(values)
+        m = sum(values) / s
+        p = (sum(self.by_q["correct"].values()) + 1) / (s + 2)
+        spread = sum((x - m) ** 2 for x in values) / (s - 1) if s > 1 else None
+        if field == "cost":
+            return m + GUARD_SE * math.sqrt((m * m if spread is None else spread) / s)
+        var = p * (1 - p) if field == "correct" else max(spread or 0.0, p * (1 - p))
+        low = m - GUARD_SE * math.sqrt(var / s)
+        return max(low, 0.0) if field == "correct" else low
+
+    def filled(self, field: str) -> dict[str, float]:
+        """Per query: the logged means, and the guarded stand-in on the unlogged queries."""
+        out = dict(self.by_q[field])
+        if self.unlogged:
+            out.update(dict.fromkeys(self.unlogged, self.stand_in(field)))
+        return out
+
+
+def action_logs(examples: Sequence[Logged]) -> dict[tuple[str, str], ActionLogs]:
+    """Per (task, action key) logged: its `ActionLogs`."""
+    cands = candidates(examples)
+    by = {f: per_query_means(examples, f) for f in ("correct", "cost", "reward")}
+    out = {}
+    for (task, key), correct in by["correct"].items():
+        queries = cands[task]
+        unlogged = [q for q, keys in queries.items() if key in keys and q not in correct]
+        unservable = sum(1 for keys in queries.values() if key not in keys)
+        out[(task, key)] = ActionLogs({f: by[f][(task, key)] for f in by}, len(queries), unservable, unlogged)
+    return out
+
+
+def action_values(examples: Sequence[Logged], logs: dict[tuple[str, str], ActionLogs] | None = None
+                  ) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Per task and action: the guarded mean reward per query (`ActionLogs`: queries it could
+    not serve count as wrong and free, unlogged ones at a guarded stand-in), its standard error,
+    and the number of queries it was logged on. Counting the unservable queries keeps an
+    action measured on the half of the queries it can serve comparable with the others."""
     out: dict[str, dict[str, tuple[float, float, int]]] = {}
-    for (task, a), by_q in per_query_means(examples).items():
-        n = len(n_task[task])
-        values = list(by_q.values()) + [0.0] * (n - len(by_q))
-        v = sum(values) / n
+    for (task, a), f in (action_logs(examples) if logs is None else logs).items():
+        n = f.queries
+        values = list(f.by_q["reward"].values()) + [0.0] * f.unservable
+        if f.unlogged:
+            values += [f.stand_in("reward")] * len(f.unlogged)
+        v = f.guarded("reward")
         se = math.sqrt(sum((x - v) ** 2 for x in values) / max(n - 1, 1) / n)
-        out.setdefault(task, {})[a] = (v, se, len(by_q))
+        out.setdefault(task, {})[a] = (v, se, f.logged)
     return out
 
 
@@ -299,7 +398,10 @@ class FixedLearner:
     best single's accuracy" asked of the train split, with no lambda to guess. With
     `budget` set, the same kind of target asked from the other side: the most accurate
     action costing at most `budget` x the best single's USD, so an allowance is spent on
-    accuracy rather than saved."""
+    accuracy rather than saved.
+
+    The figures are `ActionLogs.guarded`: on logs that are not a sweep, an action logged on
+    a few queries is not chosen for their luck (on a sweep they are the plain means)."""
 
     model_file = "fixed.json"
     kind = "fixed"
@@ -316,12 +418,13 @@ class FixedLearner:
         self.why: dict[str, dict] = {}
 
     def fit(self, examples: Sequence[Logged]) -> dict:
-        values = action_values(examples)
+        logs = action_logs(examples)
+        values = action_values(examples, logs)
         self.values = {t: {a: v for a, (v, _, _) in by.items()} for t, by in values.items()}
         if self.floor is None and self.budget is None:
             self.choice = {t: max(by, key=lambda a: (by[a], a)) for t, by in self.values.items()}
             return {"choice": dict(self.choice)}
-        acc, cost = action_means(examples, "correct"), action_means(examples, "cost")
+        acc, cost = action_means(examples, "correct", True, logs), action_means(examples, "cost", True, logs)
         for t in self.values:
             self.choice[t], self.why[t] = target_choice(acc[t], cost[t], self.floor, self.budget,
                                                         self.reference.get(t))
@@ -408,7 +511,11 @@ class SegmentLearner:
         self.why: dict[str, dict] = {}
 
     def fit(self, examples: Sequence[Logged]) -> dict:
-        acc, cost = per_query_means(examples, "correct"), per_query_means(examples, "cost")
+        # Per query, the unlogged ones (a run that did not draw the action there) at guarded stand-ins
+        # (`ActionLogs`), so that an action logged on a few queries of a group wins it on no luck.
+        logs = action_logs(examples)
+        acc = {k: f.filled("correct") for k, f in logs.items()}
+        cost = {k: f.filled("cost") for k, f in logs.items()}
         groups = {e.query: e.context.group for e in examples}
         singles = best_singles(examples)
         by_task: dict[str, set[str]] = {}
@@ -535,7 +642,7 @@ class _SegmentTable:
         for a in actions:
             c_by, u_by = acc.get((task, a), {}), cost.get((task, a), {})
             sums = [[[0.0, 0.0] for _ in range(self.folds)] for _ in self.segments]
-            for q, (i, k) in cell.items():  # a query the action was never logged on counts as wrong and free
+            for q, (i, k) in cell.items():  # a query where the action was no candidate counts as wrong and free
                 sums[i][k][0] += c_by.get(q, 0.0)
                 sums[i][k][1] += u_by.get(q, 0.0)
             self.sums[a] = sums
@@ -607,23 +714,24 @@ class _SegmentTable:
         return {("(task-wide)" if s is None else s): sum(self.n[i]) for i, s in enumerate(self.segments)}
 
 
-def action_means(examples: Sequence[Logged], field: str) -> dict[str, dict[str, float]]:
-    """Per task and action: the mean `field` ("correct" or "cost") over all the task's
-    queries, a query the action was never logged on counting as wrong and free (as in
-    `action_values`)."""
-    n_task: dict[str, set[str]] = {}
-    for e in examples:
-        n_task.setdefault(e.context.task or "none", set()).add(e.query)
+def action_means(examples: Sequence[Logged], field: str, guarded: bool = False,
+                 logs: dict[tuple[str, str], ActionLogs] | None = None) -> dict[str, dict[str, float]]:
+    """Per task and action: the mean `field` ("correct" or "cost") per query of the task
+    (`ActionLogs.mean`: a query it could not serve counts as wrong and free, as in
+    `action_values`); with `guarded`, `ActionLogs.guarded`, the figures choices are made on.
+    `logs`: `action_logs(examples)`, when already made."""
     out: dict[str, dict[str, float]] = {}
-    for (task, a), by_q in per_query_means(examples, field).items():
-        out.setdefault(task, {})[a] = sum(by_q.values()) / len(n_task[task])
+    for (task, a), f in (action_logs(examples) if logs is None else logs).items():
+        out.setdefault(task, {})[a] = f.guarded(field) if guarded else f.mean(field)
     return out
 
 
 def best_singles(examples: Sequence[Logged]) -> dict[str, tuple[str, float, float]]:
     """Per task: the single-worker action most accurate in the logs (ties: the cheaper), as
-    (key, accuracy, USD): the best single worker, chosen as the evaluation chooses it."""
-    acc, cost = action_means(examples, "correct"), action_means(examples, "cost")
+    (key, accuracy, USD): the best single worker, chosen as the evaluation chooses it. On
+    guarded figures (`ActionLogs`), as the fixed action is chosen."""
+    logs = action_logs(examples)
+    acc, cost = action_means(examples, "correct", True, logs), action_means(examples, "cost", True, logs)
     return {t: _best_single(by, cost[t]) for t, by in acc.items() if any(a.startswith("single:") for a in by)}
 
 

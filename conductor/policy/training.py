@@ -13,10 +13,14 @@ Plans without a propensity (LLM planners log a log-probability instead), not
 graded, invalid, or of a shape outside the action space are skipped and counted.
 
 Training then, per task:
-1. measures every logged action on the train logs (accuracy and cost, SNIPS)
-   and keeps the accuracy/cost Pareto frontier, plus actions within `band`
-   standard errors of it (`actions.pareto`): the candidate set is cut by what
-   was measured, never by a rule on the pool's skills;
+1. measures every logged action on the train logs (accuracy and cost per query,
+   `learner.ActionLogs`: over the queries it was logged on, a query where it could
+   not be served counting as wrong and free) and keeps the accuracy/cost Pareto
+   frontier, plus actions within `band` standard errors of it (`actions.pareto`):
+   the candidate set is cut by what was measured, never by a rule on the pool's
+   skills. Logs that are not a sweep (every servable action on every query) are
+   said (`coverage`), and the cut and the fixed action are chosen on guarded
+   figures there, so that an action logged on a few queries wins on no luck;
 2. holds back `holdout` of the queries (or, with `folds` K, each of K parts in
    turn, so that every query is held back once), fits the per-query learner and
    the best fixed action (`learner.FixedLearner`) on the rest, and estimates both
@@ -53,8 +57,8 @@ from conductor.policy import artifact as artifacts
 from conductor.policy import traininputs
 from conductor.policy.actions import Action, ActionSettings, Measured, action_set, from_steps, pareto, servable
 from conductor.policy.features import Context, FeatureSettings, context
-from conductor.policy.learner import (LEARNERS, FixedLearner, Logged, SegmentLearner, best_singles,
-                                      make_learner, per_query_means, target_choice)
+from conductor.policy.learner import (GUARD_SE, LEARNERS, ActionLogs, FixedLearner, Logged, SegmentLearner,
+                                      action_logs, best_singles, candidates, make_learner, target_choice)
 from conductor.policy.metacheck import guarded
 from conductor.pool import Pool, load_pool
 from conductor.queries import load_queries
@@ -159,6 +163,7 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
                      "planner": manifest["inputs"].get("planner"), "samples": manifest["inputs"].get("samples")})
     allowed = pool.servable_questions()
     sets: dict[str | None, list[Action]] = {}
+    shared: dict[tuple[str, str], list[Action]] = {}  # per (run, query): one candidate list for its examples
     contexts: dict[tuple[str, str], Context] = {}
     skipped: Counter = Counter()
     by_action: Counter = Counter()
@@ -183,10 +188,12 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
             continue
         if task not in sets:
             sets[task] = action_set(pool, task, cfg.actions)
-        cands = servable(sets[task], allowed.get(prompt) if allowed is not None else None)
+        key = (r["run_id"], r["query_id"])
+        if key not in shared:
+            shared[key] = servable(sets[task], allowed.get(prompt) if allowed is not None else None)
+        cands = shared[key]
         if action not in cands:
             cands = [*cands, action]
-        key = (r["run_id"], r["query_id"])
         if key not in contexts:
             contexts[key] = context(prompt, task, cfg.features, metadata)
         cost = float(r["cost_usd"] or 0.0)
@@ -291,6 +298,9 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
         raise ConductorError(f"--folds {cfg.folds}: more parts than the {n_queries} queries with training "
                              f"examples (each part holds at least one query back); give at most {n_queries}")
     prices = traininputs.fitted_prices(logs.prices, pool, cfg.pool)
+    covered = coverage(logs.examples)
+    for task, c in covered.items():
+        print(f"conductor: warning: {coverage_text(task, c)}", file=sys.stderr, flush=True)
     fitted = fit_policy(cfg, logs.examples)
     cfg, learner, examples, selection = fitted.cfg, fitted.learner, fitted.examples, fitted.selection
     try:
@@ -307,12 +317,15 @@ def train(cfg: TrainConfig, pool: Pool | None = None) -> tuple[Path, dict[str, A
             "estimates": off_policy_estimates(learner, examples),
             "actions_logged": len(logs.by_action),
             "most_logged": dict(logs.by_action.most_common(5)),
-            "measured": {t: [_row(m) for m in ms] for t, ms in fitted.measured.items()},
+            "measured": {t: [_row(m, fitted.logs.get((t, m.action.key))) for m in ms]
+                         for t, ms in fitted.measured.items()},
             "frontier": {t: [m.action.key for m in ms] for t, ms in fitted.kept.items()},
             "selection": selection,
             "learner": fitted.fit,
             "seconds": round(time.monotonic() - t0, 2),
         }
+        if covered:  # a sweep's summary stays as it was
+            summary["coverage"] = covered
         actions = {t: [m.action for m in ms] for t, ms in fitted.kept.items()}
         folder = artifacts.save(root, pool, learner, fixed=fitted.fixed,
                                 shipped=selection["shipped"], actions=actions, action_settings=cfg.actions,
@@ -338,25 +351,29 @@ class Fitted:
     measured: dict[str, list[Measured]]
     kept: dict[str, list[Measured]]
     floor_lambda: dict[str, Any] | None
+    logs: dict[tuple[str, str], ActionLogs] = field(default_factory=dict)  # per (task, action): `measured`'s basis
 
 
 def fit_policy(cfg: TrainConfig, logged: Sequence[Logged]) -> Fitted:
     """Steps 1-3 of the module's docstring on examples in memory, whatever logged them."""
-    measured = measure(logged)
-    kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in measured.items()}
+    logs = action_logs(logged)
+    measured = measure(logged, logs=logs)
+    judged = measure(logged, guarded=True, logs=logs)  # the same figures on a sweep
+    kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in judged.items()}
     everything = list(logged)
     floor_lambda = None
     if cfg.floor is not None or cfg.budget is not None:
         # The learner optimizes a reward: give it the lambda under which the floor's action is the
         # best fixed one (its price of accuracy), so both aim at the same point of the frontier.
-        floor_lambda = implied_lambda(measured, kept, best_singles(everything), cfg.floor, cfg.budget)
+        floor_lambda = implied_lambda(judged, kept, best_singles(everything), cfg.floor, cfg.budget)
         if floor_lambda is not None:
             cfg = replace(cfg, lam=floor_lambda["lambda"])
     everything = [replace(e, reward=float(bool(e.correct)) - cfg.lam * e.cost) for e in everything]
     examples = restrict(everything, {t: {m.action.key for m in ms} for t, ms in kept.items()})
     selection = choose(cfg, examples, everything)
-    learner = _learner(cfg, best_singles(everything))
-    fixed = FixedLearner(floor=cfg.floor, reference=best_singles(everything), budget=cfg.budget)
+    reference = best_singles(everything)
+    learner = _learner(cfg, reference)
+    fixed = FixedLearner(floor=cfg.floor, reference=reference, budget=cfg.budget)
     try:
         fit = learner.fit(examples)
         fixed.fit(examples)
@@ -365,35 +382,75 @@ def fit_policy(cfg: TrainConfig, logged: Sequence[Logged]) -> Fitted:
         if callable(close):
             close()
         raise
-    return Fitted(cfg, learner, fixed, fit, selection, examples, measured, kept, floor_lambda)
+    return Fitted(cfg, learner, fixed, fit, selection, examples, measured, kept, floor_lambda, logs)
 
 
-def measure(examples: Sequence[Logged]) -> dict[str, list[Measured]]:
-    """Per task, every logged action's SNIPS accuracy and cost on the logs; the queries it could
-    not serve count as wrong and free (see `learner.action_values`)."""
-    n_task: dict[str, set[str]] = {}
+def measure(examples: Sequence[Logged], guarded: bool = False,
+            logs: dict[tuple[str, str], ActionLogs] | None = None) -> dict[str, list[Measured]]:
+    """Per task, every logged action's accuracy and cost per query (`learner.ActionLogs`): over
+    the queries it was logged on, the queries where it could not be served counting as wrong
+    and free, with `n` those queries. With `guarded`, the figures choices are made on (its
+    unlogged queries at a guarded stand-in; on a sweep the same), with `n` the task's queries.
+    `logs`: `learner.action_logs(examples)`, when already made."""
+    logs = action_logs(examples) if logs is None else logs
     actions: dict[str, Action] = {}
     for e in examples:
-        n_task.setdefault(e.context.task or "none", set()).add(e.query)
         actions[e.actions[e.chosen].key] = e.actions[e.chosen]
-    correct, cost = per_query_means(examples, "correct"), per_query_means(examples, "cost")
     out: dict[str, list[Measured]] = {}
-    for (task, key), by_q in sorted(correct.items()):
-        n = len(n_task[task])
-        out.setdefault(task, []).append(Measured(actions[key], n, sum(by_q.values()) / n,
-                                                 sum(cost[(task, key)].values()) / n))
+    for (task, key), f in sorted(logs.items(), key=lambda kv: kv[0]):
+        m = (Measured(actions[key], f.queries, f.guarded("correct"), f.guarded("cost")) if guarded
+             else Measured(actions[key], f.n, f.mean("correct"), f.mean("cost")))
+        out.setdefault(task, []).append(m)
     return out
+
+
+def coverage(examples: Sequence[Logged]) -> dict[str, dict[str, Any]]:
+    """Per task whose logs are not a sweep: how much of what the pool can serve they hold.
+    A sweep logs every candidate action on every query; other runs (rollouts from a policy,
+    uniform draws) log a few per query, so an action's figures rest on fewer queries."""
+    cands = candidates(examples)
+    logged: dict[str, dict[str, set[str]]] = {}
+    for e in examples:
+        logged.setdefault(e.context.task or "none", {}).setdefault(e.query, set()).add(e.actions[e.chosen].key)
+    out = {}
+    for task, by_q in cands.items():
+        pairs = sum(len(keys) for keys in by_q.values())
+        done = sum(len(logged[task].get(q, set()) & keys) for q, keys in by_q.items())
+        if done < pairs:
+            out[task] = {"queries": len(by_q), "actions": len(set().union(*by_q.values())),
+                         "actions_logged": len(set().union(*logged[task].values())),
+                         "pairs": pairs, "pairs_logged": done}
+    return out
+
+
+def coverage_text(task: str, c: dict[str, Any], short: bool = False) -> str:
+    """One task's `coverage`, said: what the figures rest on, and how to log a sweep."""
+    share = f"{c['pairs_logged']} of the {c['pairs']} (action, query) pairs the pool can serve"
+    pct = f"{c['pairs_logged'] / max(c['pairs'], 1):.0%}"
+    if short:
+        return (f"{task}: not a sweep: {c['actions_logged']} of {c['actions']} candidate actions logged, on {share} "
+                f"({pct}); unlogged queries count at an action's logged mean less "
+                f"{GUARD_SE:g} SE (`policy rollouts -k all` logs a sweep)")
+    return (f"{task}: the runs are not a sweep: they logged {c['actions_logged']} of its {c['actions']} candidate "
+            f"actions, on {share} on these {c['queries']} queries ({pct}). Each action "
+            f"is measured on the queries it was logged on (wrong and free where it cannot be served); for the Pareto "
+            f"cut and the fixed action, its unlogged queries count at its logged mean less {GUARD_SE:g} standard "
+            f"error, so an action logged on a few queries wins on no luck. `conductor policy rollouts QUERIES --pool "
+            f"POOL -k all` logs a sweep (every action on every query)")
 
 
 def restrict(examples: Sequence[Logged], keep: dict[str, set[str]]) -> list[Logged]:
     """The examples whose action was kept, each with only the kept candidates."""
     out = []
+    cut: dict[int, list[Action]] = {}  # by candidate list: examples of one query share theirs
     for e in examples:
         keys = keep.get(e.context.task or "none", set())
         chosen = e.actions[e.chosen]
         if chosen.key not in keys:
             continue
-        cands = [a for a in e.actions if a.key in keys]
+        cands = cut.get(id(e.actions))
+        if cands is None:
+            cands = cut[id(e.actions)] = [a for a in e.actions if a.key in keys]
         out.append(Logged(e.context, cands, cands.index(chosen), e.propensity, e.reward, e.correct, e.cost, e.query))
     return out
 
@@ -615,9 +672,15 @@ def _fold(query: str, folds: int, seed: int) -> int:
     return h * folds >> 64
 
 
-def _row(m: Measured) -> dict[str, Any]:
-    return {"action": m.action.key, "n": m.n, "accuracy": round(m.accuracy, 5), "usd": m.cost,
-            "se": round(m.se, 5)}
+def _row(m: Measured, logs: ActionLogs | None = None) -> dict[str, Any]:
+    """`n`: the queries the figures rest on. An action with unlogged queries (not a sweep) also
+    shows how many, and the guarded figures the cut and the fixed action were chosen on."""
+    row = {"action": m.action.key, "n": m.n, "accuracy": round(m.accuracy, 5), "usd": m.cost,
+           "se": round(m.se, 5)}
+    if logs is not None and logs.unlogged:
+        row.update(logged=logs.logged, unlogged=len(logs.unlogged),
+                   guarded_accuracy=round(logs.guarded("correct"), 5), guarded_usd=logs.guarded("cost"))
+    return row
 
 
 def off_policy_estimates(learner: Any, examples: Sequence[Logged]) -> dict[str, float | int]:
@@ -689,6 +752,9 @@ def describe(folder: Path, pool: Pool | None = None) -> str:
     if t.get("skipped"):
         lines.append("skipped  " + ", ".join(f"{k}: {v}" for k, v in t["skipped"].items()))
     path = Path(folder) / artifacts.META_FILE
+    if t.get("coverage"):
+        lines += guarded(path, "training.coverage", lambda: [f"coverage {coverage_text(task, c, short=True)}"
+                                                             for task, c in t["coverage"].items()])
     lines += guarded(path, "fixed.why", lambda: _target_text(meta.get("fixed") or {}))
     if meta["learner"].get("kind") == "segment":
         lines += guarded(path, "learner.why", lambda: _groups_text(meta["learner"].get("why", {}),
