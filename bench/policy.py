@@ -233,7 +233,7 @@ def bench(spec, work: Path, objectives: list[tuple[str, float]], targets: list[s
     rep = evaluate(EvalConfig(pool=pool, queries=files["all"], split="test", out=work / "eval",
                               policies=list(r1.values()), targets=[Target.parse(t) for t in targets]))
     rep2 = evaluate(EvalConfig(pool=pool, queries=files["all"], split="test", out=work / "eval-round2",
-                               planner=False, fixed=False, policies=list(r2.values())))
+                               planner=False, fixed=False, shipped_only=True, policies=list(r2.values())))
     best = rep.find("best_single", "grader")
     oracle = rep.find("oracle", "grader")
     planner = rep.find("planner")

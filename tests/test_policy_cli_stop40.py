@@ -203,6 +203,12 @@ def test_eval_no_fixed_runs_the_learned_policy_when_the_fixed_action_shipped(tmp
         r = cli("policy", "eval", "--pool", served["pool"], "--queries", served["queries"], "--split", "all",
                 "--policies", folder, "--no-planner", "--no-fixed", "--out", d / "ev")
         assert r.returncode == 0, r.stderr
+        # bench/policy.py's second-round comparison runs what each artifact shipped (review40b 2)
+        from conductor.evaluation import EvalConfig, evaluate
+
+        shipped = evaluate(EvalConfig(pool=served["pool"], queries=served["queries"], split="all", out=d / "ev2",
+                                      planner=False, fixed=False, shipped_only=True, policies=[folder]))
+        assert [p.kind for p in shipped.policies if p.kind in ("learned", "fixed")] == ["fixed"]
     policies = json.loads((d / "ev" / "policies.json").read_text())
     kinds = [p["kind"] for p in policies["policies"] if p["kind"] in ("learned", "fixed", "fixed_cascade")]
     assert kinds == ["learned"]  # was: only the fixed action, the opposite of --help

@@ -50,6 +50,7 @@ class EvalConfig:
     policies: list[Path] = field(default_factory=list)  # learned policy artifacts, each run through the pipeline
     seed: int = 0
     fixed: bool = True  # with policies: also run each one's best fixed action, and the best fixed cascade
+    shipped_only: bool = False  # with policies: run only what each one shipped (a second round's comparison)
     targets: list["Target"] = field(default_factory=list)
 
 
@@ -249,7 +250,8 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
     shipped = meta.get("shipped", "learned")
     has_fixed = bool(meta.get("fixed")) or meta["learner"]["kind"] == "fixed"
     # --no-fixed leaves the fixed action out even where it shipped: the learned policy is what is asked
-    uses = (["learned", "fixed"] if has_fixed else [shipped]) if cfg.fixed else ["learned"]
+    uses = ([shipped] if cfg.shipped_only else (["learned", "fixed"] if has_fixed else [shipped]) if cfg.fixed
+            else ["learned"])
     out_policies = []
     group_by = (meta.get("features") or {}).get("group_by")
     learner = meta["learner"]["name"] + (f" by {group_by}" if group_by else "")
