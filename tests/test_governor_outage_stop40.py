@@ -97,7 +97,13 @@ def test_a_governor_that_stays_down_fails_the_calls_it_kept_back_once_the_wait_i
         pool.write_text(pool.read_text() + f"governor: {server.url}\n")
         cfg = RunConfig(queries=queries, pool=pool, data_dir=tmp_path / "data", progress=False, run_id="gov",
                         cache=False)
-        killer = threading.Timer(1.0, server.kill)  # 40 calls of 0.3 s, 4 at a time: about 3 s
+        def kill_once_under_way():  # not on a clock: on a busy machine a timer fired before the run's
+            deadline = time.monotonic() + 120  # check of the governor, and the run was refused instead
+            while fresh_sim.log()["total"] < 8 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            server.kill()
+
+        killer = threading.Thread(target=kill_once_under_way, daemon=True)  # 40 calls of 0.3 s, 4 at a time
         killer.start()
         run_all(cfg, planner=FixedPlanner(solve("slow")))
         killer.join()

@@ -880,7 +880,8 @@ class Executor:
                                 jitter: bool = True) -> float:
         """A call the shared governor kept back sent nothing, so it waits by time, not by attempts:
         it asks again every second at most until the governor answers, or fails (StepFailed, naming
-        the server) once the outage has lasted `governor_wait_s` from when this process first met it.
+        the server) once the outage has lasted `governor_wait_s` from when this process first met it,
+        or this call has waited that long.
         Counted in max_attempts, with full-jitter backoff, a 3 s outage failed a quarter of the
         calls it met. `since`: when this call was first kept back (None the first time), returned
         for its next wait. `jitter` off: the lines of one batch wait alike and go in one batch again."""
@@ -889,7 +890,9 @@ class Executor:
             since = now
             self.progress.c.retries += 1  # one retry for the call, however often it asks
         began = getattr(getattr(self.ledger, "gov", None), "down_since", None)
-        waited = now - (since if began is None else began)
+        # from the outage's start, or this call's own first wait if longer: a governor that answers
+        # other calls now and then restarts the outage's clock, and held this call for ever
+        waited = now - min(since, began if began is not None else since)
         left = self.opt.governor_wait_s - waited
         if left <= 0:
             raise StepFailed("error", f"worker {worker.id} ({worker.model}): gave up after {waited:.0f} s without "
