@@ -203,3 +203,25 @@ def test_a_deleted_line_of_the_llm_planners_journal_is_said_to_move_its_cost_to_
     assert got[2]["planning_cost_usd"] == pytest.approx(want[2]["planning_cost_usd"] - cost, abs=1e-9)
     assert got[2]["lost_in_flight"]["calls"] == 1 and got[2]["lost_in_flight"]["reserved_usd"] == pytest.approx(cost)
     assert got[2]["spent"] == want[2]["spent"]  # budgets count it all the same
+
+
+def test_a_clock_stepped_back_between_commands_never_orders_new_lines_before_old_ones(tmp_path):
+    """The gap check orders a plan's lines by `_seq`: with the wall clock alone, a clock stepped
+    back between two commands made an intact finished plan look short of step lines (run again,
+    and a failed step sent and paid again) (review40b 4)."""
+    import time
+
+    from conductor.execute.journal import PLANS_FILE, STEPS_FILE, Journal
+
+    work = tmp_path / "work"
+    work.mkdir()
+    ahead = time.time_ns() + 3600 * 10**9  # the last command ran with a clock an hour ahead
+    (work / STEPS_FILE).write_bytes(orjson.dumps({"plan_id": "p", "step_path": "0", "_seq": ahead}) + b"\n")
+    (work / PLANS_FILE).write_bytes(orjson.dumps({"plan_id": "p", "_seq": ahead - 5}) + b"\n")
+    journal = Journal(work)
+    journal.step({"plan_id": "q", "step_path": "0"})
+    journal.plan({"plan_id": "q"})
+    journal.close()
+    steps = [orjson.loads(line) for line in (work / STEPS_FILE).read_bytes().splitlines()]
+    plans = [orjson.loads(line) for line in (work / PLANS_FILE).read_bytes().splitlines()]
+    assert ahead < steps[-1]["_seq"] < plans[-1]["_seq"]

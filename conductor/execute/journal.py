@@ -81,6 +81,7 @@ class Journal:
         self._plans = _open_append(folder / PLANS_FILE)
         self._reservations = _open_append(folder / RESERVATIONS_FILE)
         self._pending: dict[int, list[bytes]] = {id(self._steps): [], id(self._plans): []}
+        self._seq = _last_seq(folder / STEPS_FILE, folder / PLANS_FILE)
         # the cache's errors too: its commit runs first (answers_first)
         self._turn = AfterTurn(self.flush, (OSError, sqlite3.DatabaseError))
 
@@ -101,7 +102,7 @@ class Journal:
         self._turn.raise_pending()
         pending = self._pending[id(f)]
         for row in rows:
-            row["_seq"] = time.time_ns()
+            row["_seq"] = self._next_seq()
             pending.append(orjson.dumps(row) + b"\n")
         self._turn.schedule()
 
@@ -118,15 +119,22 @@ class Journal:
                 _write_bytes(f, b"".join(lines))
                 lines.clear()
 
+    def _next_seq(self) -> int:
+        """The wall clock in ns, but never at or below the journal's last line: _Gaps orders a plan's
+        lines by it, and a clock stepped back between commands made an intact plan look short of
+        step lines (run again; a failed step sent and paid again)."""
+        self._seq = max(time.time_ns(), self._seq + 1)
+        return self._seq
+
     def reservation(self, key: str, provider: str, usd: float | None) -> str:
         """Journal a call before it is sent, with its worst-case USD (None: no known price);
         returns its id for `settled`."""
         rid = f"{key}:{time.time_ns()}:{os.getpid()}"
-        _write(self._reservations, {"id": rid, "key": key, "provider": provider, "usd": usd})
+        _write(self._reservations, {"id": rid, "key": key, "provider": provider, "usd": usd, "_seq": self._next_seq()})
         return rid
 
     def settled(self, rid: str, usd: float) -> None:
-        _write(self._reservations, {"id": rid, "settled": usd})
+        _write(self._reservations, {"id": rid, "settled": usd, "_seq": self._next_seq()})
 
     def close(self) -> None:
         """Write what is queued and close. A write that fails here (the disk is full)
@@ -351,8 +359,23 @@ def _read_reservations(path: Path, state: ResumeState, again: Counter[str]) -> N
 def _write(f: IO[bytes], row: dict[str, Any]) -> None:
     """Append one line, unbuffered; a write that fails part way (disk full) is cut
     back off, so that the file holds whole lines only and the write can be retried."""
-    row["_seq"] = time.time_ns()
     _write_bytes(f, orjson.dumps(row) + b"\n")
+
+
+def _last_seq(*paths: Path) -> int:
+    """The largest `_seq` the files' last lines hold (0 for none): where a new command's lines
+    start, whatever its clock says."""
+    last = 0
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - (1 << 20)))
+                tail = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+            last = max(last, int(orjson.loads(tail).get("_seq") or 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # none yet, or a line past the tail read: the clock alone, as before
+    return last
 
 
 def _write_bytes(f: IO[bytes], lines: bytes) -> None:
