@@ -8,6 +8,8 @@ Over real HTTP against the simulated server's Files and Batch API, as `conductor
 
 from __future__ import annotations
 
+import json
+
 import re
 
 import pyarrow.parquet as pq
@@ -61,10 +63,9 @@ def test_lines_of_failed_batches_answered_online_are_said_with_the_batches_error
     assert len(noted) == online and all("failed: The batch failed validation" in t["error"] for t in noted)
     assert usd == pytest.approx(sum(t["cost_usd"] for t in noted), abs=1e-6)
 
-    # what the run's summary records (conductor.runner writes it into summary.json)
-    from conductor.execute.batch import online_fallback
-
-    summary = online_fallback(out / "traces.parquet")
+    # what the run's summary records, in summary.json and the manifest
+    summary = json.loads((out / "summary.json").read_text())["batch_online"]
+    assert json.loads((out / "manifest.json").read_text())["summary"]["batch_online"] == summary
     assert summary["lines"] == online and summary["batches"] == batches
     assert summary["by_end"]["failed"]["lines"] == online
     assert "The batch failed validation" in summary["by_end"]["failed"]["example"]
