@@ -9,7 +9,6 @@ Over real HTTP against the simulated server's Files and Batch API, as `conductor
 from __future__ import annotations
 
 import json
-
 import re
 
 import pyarrow.parquet as pq
