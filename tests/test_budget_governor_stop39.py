@@ -97,7 +97,10 @@ def assert_finished_as_if_never_down(p, stdout, stderr, tmp_path, sim, plans: in
     # it was down, and each outage is said once each way (a loaded machine's restarting redis may
     # close the first connections it takes: a second, short outage, said as such)
     assert len(DOWN_LINE.findall(stderr)) == len(BACK_LINE.findall(stderr)) >= 1, stderr
-    sent = received(sim.log())
+    log = sim.log()
+    assert max(log["by_request_key"].values(), default=1) == 1  # no request sent twice
+    assert set(log["batch_submissions"].values()) <= {1}  # no batch input file submitted twice
+    sent = received(log)
     assert sum(t["attempts"] for t in traces) == sent and summary_calls(stdout) == sent
 
 
@@ -118,19 +121,21 @@ def test_a_brief_governor_outage_under_a_budget_fails_no_step(tmp_path, fresh_si
     assert_finished_as_if_never_down(p, stdout, stderr, tmp_path, fresh_sim, 40)
 
 
-def test_a_brief_governor_outage_under_a_budget_fails_no_batch_line(tmp_path, fresh_sim):
+@pytest.mark.parametrize("max_attempts, down_s", [(8, 1.5), (2, 3.0)])  # (2, 3.0): failed before stop 40
+def test_a_brief_governor_outage_under_a_budget_fails_no_batch_line(tmp_path, fresh_sim, max_attempts, down_s):
     """Batch mode: the plans' second stage reserves its batch while the governor is down. Its
-    lines wait and go in a batch once it is back (not online, at twice the price)."""
+    lines wait and go in a batch once it is back (not online, at twice the price), however few
+    max_attempts: a line the governor holds back sent nothing, and waits by time (audit67 F3)."""
     fresh_sim.set_faults(batch_delay_s=2.0)
     server = start_redis()
     try:
         queries, pool = setup(tmp_path, 20, server.url, fresh_sim.url, ("fast", "weak"),
-                              max_attempts=8, mode="batch", batch_poll_s=0.2, batch_collect_s=0.3)
+                              max_attempts=max_attempts, mode="batch", batch_poll_s=0.2, batch_collect_s=0.3)
         p = start_run(tmp_path, queries, pool)
         wait_until(p, lambda: fresh_sim.log()["batches_created"] >= 1, "the first batch was submitted")
         server.kill()
         wait_until(p, lambda: sum(fresh_sim.log()["batch_lines"].values()) >= 20, "the first batch was answered")
-        time.sleep(1.5)  # the second stage is reserved meanwhile
+        time.sleep(down_s)  # the second stage is reserved meanwhile
         server.start()
         stdout, stderr = p.communicate(timeout=300)
     finally:

@@ -40,13 +40,17 @@ def _folder(logged, name):
     return artifact.find(load_pool(logged["pool"]), logged["roots"][name])
 
 
-def _edited(logged, name, tmp_path, edit):
-    folder = tmp_path / f"edited-{name}"
-    shutil.copytree(_folder(logged, name), folder)
-    meta = orjson.loads((folder / "policy.json").read_bytes())
+def edited_copy(folder, copy, edit):
+    """A copy of the artifact `folder` at `copy`, its policy.json changed by `edit` (a user's edit)."""
+    shutil.copytree(folder, copy)
+    meta = orjson.loads((copy / "policy.json").read_bytes())
     edit(meta)
-    (folder / "policy.json").write_bytes(orjson.dumps(meta))
-    return folder
+    (copy / "policy.json").write_bytes(orjson.dumps(meta))
+    return copy
+
+
+def _edited(logged, name, tmp_path, edit):
+    return edited_copy(_folder(logged, name), tmp_path / f"edited-{name}", edit)
 
 
 def _refused_everywhere(logged, folder, tmp_path, said):

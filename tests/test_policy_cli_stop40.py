@@ -9,7 +9,6 @@ a made-up recorded table served by `conductor replay serve`."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import orjson
 import pyarrow.parquet as pq
@@ -22,6 +21,7 @@ from conductor.policy.actions import action_set, servable
 from conductor.pool import load_pool
 from tests.conftest import cli
 from tests.replayserve import served_table
+from tests.test_policy_audit62 import edited_copy
 from tests.test_policy_inputs import logged  # noqa: F401 - a fixture, by its name
 
 
@@ -81,12 +81,7 @@ def test_k1_plans_greedily_unless_explore_is_given(logged, tmp_path):
 
 
 def _edited(folder, tmp_path, edit):
-    copy = tmp_path / "edited" / folder.name
-    shutil.copytree(folder, copy)
-    meta = orjson.loads((copy / "policy.json").read_bytes())
-    edit(meta)
-    (copy / "policy.json").write_bytes(orjson.dumps(meta))
-    return copy
+    return edited_copy(folder, tmp_path / "edited" / folder.name, edit)
 
 
 def _refused_by_show_and_planning(logged, folder, tmp_path, said):
