@@ -104,6 +104,18 @@ def assert_finished_as_if_never_down(p, stdout, stderr, tmp_path, sim, plans: in
     assert sum(t["attempts"] for t in traces) == sent and summary_calls(stdout) == sent
 
 
+def failed_on_the_governor(traces: list[dict], port: int) -> list[dict]:
+    """The trace rows of the steps a governor killed mid-run failed (some must have): each names
+    the server and the wait, sent nothing (attempts 0) and is a connection failure."""
+    failed = [t for t in traces if t["status"] != "ok"]
+    assert failed, "the governor was killed mid-run: some steps must have failed"
+    for t in failed:
+        assert re.match(rf"worker slow \(openai/slow\): gave up after [0-9]+ s without the shared governor: "
+                        rf"shared governor redis://127\.0\.0\.1:{port}/0 unreachable", t["error"]), t["error"]
+        assert NOT_SENT in t["error"] and t["attempts"] == 0 and t["failure"] == "connection", t
+    return failed
+
+
 def test_a_brief_governor_outage_under_a_budget_fails_no_step(tmp_path, fresh_sim):
     """Steps that reserved their budget while the governor was down used to fail at once
     ("shared governor ... unreachable"), where the same outage without a budget was retried."""
@@ -158,12 +170,7 @@ def test_a_governor_that_stays_down_fails_loudly_and_the_rerun_pays_nothing_twic
         stdout, stderr = p.communicate(timeout=300)
         assert p.returncode == 4, stdout + stderr  # too many plans failed
         traces, _ = tables(tmp_path)
-        failed = [t for t in traces if t["status"] != "ok"]
-        assert failed, "the governor was killed mid-run: some steps must have failed"
-        for t in failed:
-            assert re.match(rf"worker slow \(openai/slow\): gave up after [0-9]+ s without the shared governor: "
-                            rf"shared governor redis://127\.0\.0\.1:{server.port}/0 unreachable", t["error"]), t["error"]
-            assert NOT_SENT in t["error"] and t["attempts"] == 0 and t["failure"] == "connection", t
+        failed = failed_on_the_governor(traces, server.port)
         assert GOVERNOR_FAILED_LINE.findall(stderr) == [(f"{len(failed):,}", "none of them sent a request")
                                                         if len(failed) > 1 else ("1", "it sent no request")], stderr
         assert re.search(r"connection, [0-9]+ plan\(s\)", stdout), stdout
