@@ -444,7 +444,8 @@ class CatalogHeld(ConductorError):
 
 
 VIEWS_STAMP = ".conductor.duckdb.views"  # which views the catalog holds, so `conductor sql` refreshes only on change
-VIEWS_SHAPE = 3  # raised whenever the views' queries change (2: the runs view's spent_usd, spend, ...; 3: error)
+VIEWS_SHAPE = 4  # raised whenever the views' queries change (2: the runs view's spent_usd, spend, ...; 3: error;
+#                   4: settings)
 
 
 def views_signature(data_dir: Path) -> str:

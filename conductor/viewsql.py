@@ -73,7 +73,8 @@ def _one_type(types: set[str]) -> bool:
 # The manifest's fields the runs view reads, with their types (a field a manifest lacks is NULL)
 MANIFEST_FIELDS = {"run_id": "VARCHAR", "status": "VARCHAR", "created_at": "TIMESTAMPTZ", "updated_at": "TIMESTAMPTZ",
                    "inputs": "JSON", "summary": "JSON", "spend": "JSON", "lost_in_flight": "JSON",
-                   "interrupted_wall_time_s": "DOUBLE", "failed_in": "VARCHAR", "error": "VARCHAR"}
+                   "interrupted_wall_time_s": "DOUBLE", "failed_in": "VARCHAR", "error": "VARCHAR",
+                   "settings": "JSON"}
 
 
 def runs_view(source: str) -> str:
@@ -81,11 +82,14 @@ def runs_view(source: str) -> str:
     read_json, the store's manifests). An interrupted run has no summary: `spent_usd` is what
     the run cap of its manifest's `spend` counted, kept on Ctrl-C or SIGTERM, else (a run from
     before `spend` was kept) the summary's `cost_usd`, so a sum over the view sees every run's
-    money. The six first columns are those the view always had."""
+    money. The six first columns are those the view always had; later ones are added at the end.
+    `settings` is the summary's (with max_failed_share), else the manifest's: a run stopped before
+    its summary shows what it ran with too."""
     run_cap = "list_filter(json_extract(spend, '$[*]'), lambda c: c->>'cap' = 'run')[1]->>'spent_usd'"
     return f"""SELECT run_id, status, created_at, updated_at, inputs, summary,
         coalesce(TRY_CAST({run_cap} AS DOUBLE), TRY_CAST(summary->>'cost_usd' AS DOUBLE)) AS spent_usd,
-        spend, lost_in_flight, interrupted_wall_time_s, failed_in, error
+        spend, lost_in_flight, interrupted_wall_time_s, failed_in, error,
+        coalesce(summary->'settings', settings) AS settings
         FROM {source}"""
 
 

@@ -73,6 +73,9 @@ def _check_spend(rows: dict, stopped: dict, done: dict) -> None:
     assert rows["done"]["spent_usd"] == _run_cap(summary["spend"]) > 0
     assert rows["done"]["spent_usd"] == pytest.approx(summary["cost_usd"], abs=1e-6)
     assert rows["done"]["interrupted_wall_time_s"] is None
+    # What each ran with: the interrupted run has no summary, so its manifest's settings (stop 41)
+    assert rows["stopped"]["settings"] == stopped["settings"] and "cost_penalty" in stopped["settings"]
+    assert rows["done"]["settings"] == summary["settings"] and "max_failed_share" in summary["settings"]
 
 
 @pytest.mark.slow  # whole runs through the CLI, one stopped by Ctrl-C
@@ -99,7 +102,7 @@ def test_an_interrupted_runs_spend_is_in_the_runs_view_beside_finished_and_old_r
     r = cli("sql", "SELECT column_name, column_type FROM (DESCRIBE runs)", "--data-dir", data, "--format", "json")
     assert [(c["column_name"], c["column_type"]) for c in _rows(r)] == RUNS_COLUMNS + [
         ("spent_usd", "DOUBLE"), ("spend", "JSON"), ("lost_in_flight", "JSON"), ("interrupted_wall_time_s", "DOUBLE"),
-        ("failed_in", "VARCHAR"), ("error", "VARCHAR")]
+        ("failed_in", "VARCHAR"), ("error", "VARCHAR"), ("settings", "JSON")]
 
     # Runs from before the manifest kept these fields: a finished one's spend is its summary's cost
     old = {k: v for k, v in manifest["done"].items() if k not in ("spend", "lost_in_flight")}
@@ -167,7 +170,7 @@ def test_the_stores_runs_view_shows_an_interrupted_runs_spend(tmp_path, s3, fres
     r = run_cli("sql", "SELECT column_name, column_type FROM (DESCRIBE runs)", "--store", store, "--format", "json")
     assert [(c["column_name"], c["column_type"]) for c in _rows(r)] == RUNS_COLUMNS + [
         ("spent_usd", "DOUBLE"), ("spend", "JSON"), ("lost_in_flight", "JSON"), ("interrupted_wall_time_s", "DOUBLE"),
-        ("failed_in", "VARCHAR"), ("error", "VARCHAR")]
+        ("failed_in", "VARCHAR"), ("error", "VARCHAR"), ("settings", "JSON")]
     r = run_cli("sql", "SELECT sum(spent_usd) AS usd FROM runs WHERE run_id != 'failed'", "--store", store,
                 "--format", "json")
     assert _rows(r) == [{"usd": pytest.approx(rows["stopped"]["spent_usd"] + rows["done"]["spent_usd"])}]
