@@ -181,9 +181,9 @@ def _extract(text: str | None, task: str | None) -> str | None:
         return _choice_answer(text)
     span = _final_span(text)
     if task == "math":
-        if span is not None:
-            return _math_answer(span)
-        return _math_answer(_last_line(text), lead=False)
+        if span is None:
+            return _math_answer(_readable(_last_line(text)), lead=False)
+        return _math_answer(_readable(_fenced_or(span, text)))  # a fenced block after "Answer:": its content
     span = span if span is not None else _last_line(text)
     if span is None:
         return None
@@ -229,6 +229,12 @@ def _fenced_answer(span: str, text: str) -> str | None:
         return blocks[-1][2].strip() if blocks else ""
     block = _FENCE.search(text, marker.start())
     return block.group(3).strip() if block is not None else ""
+
+
+def _fenced_or(span: str, text: str) -> str:
+    """The fenced block `span` opens (see `_fenced_answer`), else `span` itself."""
+    fenced = _fenced_answer(span, text)
+    return span if fenced is None else fenced
 
 
 def _readable(answer: str | None) -> str | None:
@@ -287,7 +293,6 @@ def _typed(x):
     return (type(x).__name__, x)
 
 
-_CODE_FENCE = _FENCE
 _PYTHON = ("python", "py", "python3", "py3")
 
 
@@ -296,7 +301,7 @@ def _code_of(text: str) -> str | None:
     define a function in one block and use it in the next (the last block alone, where the joined blocks
     do not compile, as a draft followed by its fix); else its unlabeled fenced blocks, likewise; else its
     last fenced block; else the text. A leading byte-order mark is dropped."""
-    blocks = [(lang.lower(), body) for _, lang, body in _CODE_FENCE.findall(text.lstrip("\ufeff"))]
+    blocks = [(lang.lower(), body) for _, lang, body in _FENCE.findall(text.lstrip("\ufeff"))]
     python = [body for lang, body in blocks if lang in _PYTHON]
     bare = [body for lang, body in blocks if not lang]
     chosen = python or bare or [body for _, body in blocks][-1:] or [text]
@@ -540,7 +545,10 @@ _CHOICE_IS = re.compile(r"(?i)\banswer\s+is\b(?=[\s:]*(.{0,40}))", re.S)
 
 
 def _choice_from_span(span: str) -> str | None:
-    """The letter an answer span starts with: "C", "(C) text", "C. text", "**C**", "**C**. text", "\\boxed{C}"."""
+    """The letter an answer span starts with: "C", "(C) text", "C. text", "**C**", "**C**. text", "\\boxed{C}".
+    None for a span with NUL bytes or lone surrogates: corrupt text, as under exact and literal."""
+    if _UNREADABLE.search(span):
+        return None
     m = _LETTER.match(span)
     if m:
         return next(g for g in m.groups() if g)
@@ -552,8 +560,12 @@ def _choice_from_span(span: str) -> str | None:
 def _choice_answer(text: str) -> str | None:
     span = _json_answer(text)
     if span is not None:
+        span = _fenced_or(span, text)
         return _choice_from_span(span.strip()) or (_choice_answer(span) if span != text else None)
-    for span in reversed(_answer_lines(text)):
+    lines = _answer_lines(text)
+    if lines:  # the last "Answer:" may open a fenced block, as under literal and exact
+        lines[-1] = _fenced_or(lines[-1], text)
+    for span in reversed(lines):
         letter = _choice_from_span(span)
         if letter:
             return letter

@@ -103,21 +103,21 @@ def test_a_nul_outside_the_answer_or_escaped_in_a_literal_is_fine():
     assert grade("literal", "Answer: '\\x00'", "'\\x00'").correct is True  # the escape, not the byte
 
 
-# ------------------------------------------------------------------ the other graders, as before
+# ------------------------------------------------------------------ math and choice: fenced answers and NUL too (stop 41)
 
 @pytest.mark.parametrize("task,response,ref,expected", [
-    ("math", f"Answer:\n{F}\n42\n{F}", "42", (None, False, False)),
-    ("math", f"Answer:\n{F}python\n42\n{F}", "42", (None, False, False)),
+    ("math", f"Answer:\n{F}\n42\n{F}", "42", ("42", True, True)),
+    ("math", f"Answer:\n{F}python\n42\n{F}", "42", ("42", True, True)),
     ("math", f"The answer is 42.\n{F}text\n41\n{F}", "42", ("42", True, True)),
-    ("math", "Answer: 42\x00", "42", ("42", True, True)),
+    ("math", "Answer: 42\x00", "42", (None, False, False)),
     ("math", "\x00", "42", (None, False, False)),
     ("math", "\ud800", "42", (None, False, False)),
-    ("choice", f"Answer:\n{F}text\nC\n{F}", "C", (None, False, False)),
+    ("choice", f"Answer:\n{F}text\nC\n{F}", "C", ("C", True, True)),
     ("choice", "Answer: (C)", "C", ("C", True, True)),
     ("choice", "Answer: C\x00", "C", (None, False, False)),
     ("choice", "\ud800", "C", (None, False, False)),
 ])
-def test_math_and_choice_unchanged(task, response, ref, expected):
+def test_math_and_choice_read_fences_and_refuse_nul(task, response, ref, expected):
     g = grade(task, response, ref)
     assert (g.answer, g.parsed, g.correct) == expected
 
