@@ -4,6 +4,7 @@ grouped by worker and kind of failure, with the URL the worker calls."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 from conductor.envsettings import env_number
 from conductor.errors import ConductorError
 from conductor.execute.journal import RETRY_TRANSIENT, STEPS_FILE, TRANSIENT_KINDS, retries_used_up
+from conductor.execute.shared.url import failed_on_governor
 from conductor.pool import Pool, shown_url
 
 DEFAULT_MAX_FAILED_SHARE = 0.05
@@ -52,20 +54,37 @@ def failure_groups(traces: Path, pool: Pool, examples: int = 1) -> list[dict[str
         if r["status"] in ("ok", "skipped"):
             continue
         kind = r["failure"] or ("budget" if r["status"] == "budget_exhausted" else "other")
+        governor = _governor_url(r["error"])  # the call was never sent: not the provider's failure
+        if governor is not None:
+            kind = GOVERNOR
         g = groups.get((r["worker"], kind))
         if g is None:
             w = pool.worker(r["worker"]) if pool.has(r["worker"]) else None
             local = w is not None and w.kind == "function"
             g = groups[(r["worker"], kind)] = {
-                "worker": r["worker"], "failure": kind, "url": None if local else shown_url(w),
+                "worker": r["worker"], "failure": kind,
+                "url": governor if governor is not None else None if local else shown_url(w),
                 "function": local,
-                "model": w.model if w else None, "retried_on_rerun": kind in TRANSIENT_KINDS and not gone,
+                "model": w.model if w else None,
+                "retried_on_rerun": (kind in TRANSIENT_KINDS or kind == GOVERNOR) and not gone,
                 "journal_deleted": gone,
                 "plans": set(), "example": " ".join((r["error"] or "").split())[:300]}
         g["plans"].add(r["plan_id"])
     out = [{**g, "plans": len(g["plans"]), "retries_used_up": len(g["plans"] & used_up) if g["retried_on_rerun"] else 0}
            for g in groups.values()]
     return sorted(out, key=lambda g: -g["plans"])
+
+
+GOVERNOR = "governor"  # a failure group of steps the shared governor kept from being sent
+_GOVERNOR_URL = re.compile(r"shared governor (\S+)")
+
+
+def _governor_url(error: str | None) -> str | None:
+    """The (password-masked) URL of the shared governor a step failed on before it was sent, else None."""
+    if not failed_on_governor(error):
+        return None
+    m = _GOVERNOR_URL.search(error)
+    return m.group(1) if m else "(the shared governor)"
 
 
 def invalid_plan_groups(plans: Path, examples: int = 3) -> list[dict[str, Any]]:
@@ -113,7 +132,10 @@ def rerun_advice(g: dict[str, Any], rerun: str = "rerun", redo: str = "rerun wit
 
 
 def where_it_ran(g: dict[str, Any]) -> str:
-    """A failure group's worker's URL as the failure list shows it; a function step calls none."""
+    """A failure group's worker's URL as the failure list shows it; a function step calls none,
+    and a step the shared governor held back was never sent to its worker's URL."""
+    if g["failure"] == GOVERNOR:
+        return f"on the shared governor {g['url']} (no request sent to the provider)"
     return f"at {g['url']}" if g["url"] else "(a function, run locally)"
 
 

@@ -173,7 +173,18 @@ def test_a_governor_that_stays_down_fails_loudly_and_the_rerun_pays_nothing_twic
         failed = failed_on_the_governor(traces, server.port)
         assert GOVERNOR_FAILED_LINE.findall(stderr) == [(f"{len(failed):,}", "none of them sent a request")
                                                         if len(failed) > 1 else ("1", "it sent no request")], stderr
-        assert re.search(r"connection, [0-9]+ plan\(s\)", stdout), stdout
+        # The failure list and Dagster's failed_share check name the governor, not the healthy
+        # provider's URL (audit72 F1: "worker slow at http://...: connection")
+        governor = rf"worker slow on the shared governor redis://127\.0\.0\.1:{server.port}/0 \(no request sent to the provider\): governor"
+        assert re.search(governor + r", [0-9]+ plan\(s\); a rerun retries these", stdout), stdout
+        assert "connection" not in stdout.split("failures by worker and kind:")[1], stdout
+        from assets.checks import evaluate_failed_share
+        from conductor.store import RunDir
+
+        check = evaluate_failed_share(RunDir(tmp_path / "data", "gov"), pool, 0.05)
+        assert not check.passed and re.search(governor + r" x[0-9]+: a rematerialization retries these",
+                                              check.description), check.description
+        assert fresh_sim.url not in check.description
         assert sum(t["attempts"] for t in traces) == fresh_sim.log()["total"] == summary_calls(stdout)
 
         server.start()

@@ -134,7 +134,7 @@ def test_a_governor_outage_counts_only_the_requests_sent_and_is_said_once(tmp_pa
     counts = NOT_SENT_LINE.findall(stderr)
     assert counts and int(counts[0].replace(",", "")) == len(unsent), stderr
     assert both.count("the call was not sent") <= 1, both  # only the summary's "e.g." keeps the message
-    assert "failures by worker and kind:" in stdout and re.search(r"connection, [0-9]+ plan\(s\)", stdout), stdout
+    assert "failures by worker and kind:" in stdout and re.search(r"on the shared governor redis://\S+ \(no request sent to the provider\): governor, [0-9]+ plan\(s\)", stdout), stdout
 
 
 @needs_redis
