@@ -52,6 +52,7 @@ class Agreement:
     disagreements: list[Disagreement]
     tasks: dict[str, int] = field(default_factory=dict)
     unlabelled: int = 0  # rows with no label: left out of `rows` and the rate
+    unreferenced: int = 0  # labelled rows with no reference (null or blank): nothing to grade by, left out too
 
     @property
     def rate(self) -> float:
@@ -75,7 +76,7 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
         raise ConductorError(f"table {path} not found")
     try:
         table = (pl.read_csv(path, n_rows=limit, infer_schema_length=0, encoding="utf8-lossy")
-                 if path.suffix == ".csv"
+                 if path.suffix.lower() == ".csv"  # base.CSV, as Windows names it, too
                  else _read_parquet_lossy(path, limit))
     except Exception as e:  # polars raises several types for a bad file
         raise ConductorError(f"table {path}: not a readable Parquet or CSV file ({e})") from None
@@ -89,6 +90,8 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
         raise ConductorError(f"--task {task!r}: unknown (choose from {', '.join(TASKS)})")
     if "task" in table.columns:
         tasks = table.get_column("task").cast(pl.Utf8)
+        # A blank task is no task (as replay/tables.py reads it): --task fills it, never "unknown ''".
+        tasks = tasks.to_frame("t").select(pl.when(pl.col("t").str.strip_chars() != "").then(pl.col("t"))).to_series()
         unknown = sorted({t for t in tasks.drop_nulls().unique().to_list() if t not in TASKS})
         if unknown:
             raise ConductorError(f"table {path}: unknown task(s) {', '.join(map(repr, unknown))} in column 'task' "
@@ -108,10 +111,16 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
     if unlabelled == table.height:
         raise ConductorError(f"table {path}: no row has a label in column {label_col!r} "
                              f"({table.height} row(s)); nothing to compare the grader with")
+    # A null or blank reference is no reference, as eval reads it: nothing to grade by, so left
+    # out and counted, never a disagreement.
+    unreferenced = sum(label is not None and not (ref or "").strip() for ref, label in zip(references, labels))
+    if unreferenced == table.height - unlabelled:
+        raise ConductorError(f"table {path}: no labelled row has a reference in column {reference_col!r} "
+                             f"({unreferenced} labelled row(s) with it empty); the grader has nothing to grade by")
     start = time.perf_counter()
     agreeing, bad, counted = 0, [], Counter()
     rows = [row for row in zip(ids.to_list(), models.to_list(), tasks.to_list(), responses, references, labels)
-            if row[5] is not None]
+            if row[5] is not None and (row[4] or "").strip()]
     grades = grade_all((t, resp, ref) for _, _, t, resp, ref, _ in rows)  # code answers side by side
     for (qid, model, t, resp, ref, label), g in zip(rows, grades):
         counted[str(t)] += 1
@@ -120,8 +129,8 @@ def check_table(path: Path, *, task: str | None = None, limit: int | None = None
             continue
         bad.append(Disagreement(name or path.stem, str(qid), str(model or ""), str(ref), g.answer, label,
                                 g.correct, resp or "", t, g.detail))
-    return Agreement(name or path.stem, table.height - unlabelled, agreeing, time.perf_counter() - start, bad,
-                     dict(counted), unlabelled)
+    return Agreement(name or path.stem, len(rows), agreeing, time.perf_counter() - start, bad,
+                     dict(counted), unlabelled, unreferenced)
 
 
 def _read_parquet_lossy(path: Path, limit: int | None) -> pl.DataFrame:

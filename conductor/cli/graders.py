@@ -48,19 +48,25 @@ def main(args: argparse.Namespace) -> int:
 
     if args.table is not None and (args.dataset is not None or args.replay is not None):
         raise ConductorError("--table checks that one table: leave out --dataset and --replay-dir")
+    names = list(DATASETS) if args.dataset in (None, "all") else [args.dataset]
+    replay = args.replay or default_replay_dir()
+    if args.out is not None:  # before the grading, which takes a while on the shared tables
+        inputs = ({"--table": args.table} if args.table is not None
+                  else {f"the replay table {n}": replay / f"{n}.parquet" for n in names})
+        _check_out(args.out, inputs)
     if args.table is not None:
         results = [check_table(args.table, task=args.task, limit=args.limit, response_col=args.response_col,
                                reference_col=args.reference_col, label_col=args.label_col)]
     else:
-        replay = args.replay or default_replay_dir()
         if not replay.is_dir():
             raise ConductorError(f"replay folder {replay} not found: pass --replay DIR or --table PATH, "
                                  f"or set ${REPLAY_ENV}")
-        names = list(DATASETS) if args.dataset in (None, "all") else [args.dataset]
         results = [check(replay, name, args.limit) for name in names]
     for r in results:
         tasks = ", ".join(f"{t} {n}" for t, n in sorted(r.tasks.items()))
-        skipped = f" ({r.unlabelled} unlabelled row(s) left out)" if r.unlabelled else ""
+        notes = ([f"{r.unlabelled} unlabelled row(s) left out"] if r.unlabelled else []) + (
+            [f"{r.unreferenced} row(s) with no reference: not graded"] if r.unreferenced else [])
+        skipped = f" ({'; '.join(notes)})" if notes else ""
         print(f"{r.dataset} ({tasks}): {r.rows} rows{skipped}, agreement {r.rate:.2%}, "
               f"{len(r.disagreements)} disagreement(s), graded in {r.seconds:.1f} s")
         for kind, n in r.kinds().most_common():
@@ -79,13 +85,30 @@ def main(args: argparse.Namespace) -> int:
                                                repr(d.answer)[:80], _tf(d.label), _tf(d.verdict),
                                                _tail(d.response, _TAIL))))
     if args.out:
-        _write_csv(args.out, [d for r in results for d in r.disagreements])
+        from conductor.cli.replay import _writing
+        from conductor.store import replacing
+
+        with _writing(args.out), replacing(args.out) as tmp:  # a failed write leaves the old file whole
+            _write_csv(tmp, [d for r in results for d in r.disagreements])
         print(f"\nwrote {sum(len(r.disagreements) for r in results)} disagreement(s) to {args.out}")
     return 0
 
 
+def _check_out(path: Path, inputs: dict[str, Path | None]) -> None:
+    """--out is never an input (the table it checks would be lost), nor a folder, and can be
+    written: said before the grading, not after it."""
+    import os
+
+    from conductor.cli.replay import _writable, _writing
+
+    _writable(path, **inputs)
+    probe = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # the name the write renames from
+    with _writing(path):
+        probe.touch()
+        probe.unlink()
+
+
 def _write_csv(path: Path, rows: list) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8", errors="replace") as f:  # lone surrogates survive
         w = csv.writer(f)
         w.writerow(["dataset", "question_id", "model", "task", "kind", "reference", "extracted", "label", "verdict",

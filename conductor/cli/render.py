@@ -126,9 +126,7 @@ def eval_report(report: Any, *, learned: bool = False) -> str:
     if learned:
         head = f"{m['dataset']}, split {m['split']}: {m['queries']} queries, {m['workers']} workers\n"
     else:
-        agrees = (f"grader agrees with the labels on {m['agreement']:.1%} of {m['graded_rows']} rows"
-                  if m["agreement"] is not None else "no reference: accuracy from the recorded labels only"
-                  if not m.get("graded_queries", 1) else "no labelled row to compare our grader with")
+        agrees = _agreement(m)
         if m.get("unlabelled_rows"):  # a missing label is left out, never counted as wrong
             agrees += (f"; {m['unlabelled_rows']} row(s) with no label: {m['queries'] - m['labelled_queries']} "
                        f"queries left out of accuracy (labels)")
@@ -147,3 +145,17 @@ def eval_report(report: Any, *, learned: bool = False) -> str:
              f"not drawn ({m['chart_error']})" + (f"; {report.chart_path} says so" if report.chart_path else ""))
     lines.append(f"\nreport {report.report_path}\nchart  {drawn}\ndata   {report.json_path}")
     return "\n".join(lines)
+
+
+def _agreement(m: dict[str, Any]) -> str:
+    """How our grader compares with the labels. With none compared, says why, truthfully: labelled
+    rows may well exist, as the labels' figures leave out every query with an unlabelled row."""
+    if m["agreement"] is not None:
+        return f"grader agrees with the labels on {m['agreement']:.1%} of {m['graded_rows']} rows"
+    if not m.get("graded_queries", 1):
+        return "no reference: accuracy from the recorded labels only"
+    if not m.get("labelled_queries"):
+        labelled = m["rows"] - (m.get("unlabelled_rows") or 0)
+        return (f"no query has a label on every row ({labelled} row(s) labelled), so nothing is compared "
+                f"with the labels")
+    return "no query with a label on every row has a reference, so nothing is compared with the labels"

@@ -2,7 +2,8 @@
 
 Table policies choose rows of the recorded matrix (see `table`):
 - single worker: that worker on every query; a question it never answered
-  counts as wrong, costs nothing and still counts its (refused) call;
+  counts as wrong, costs nothing and makes no call (the pipeline plans no step
+  for a worker with no recorded answer, so its runs make none there either);
 - best single: the single worker with the highest accuracy on the selection
   set (the train split when the test split is evaluated, else the evaluated
   queries), ties to the cheaper; chosen once by our grader and once by the labels;
@@ -17,7 +18,7 @@ Two accuracies, never mixed: `accuracy` is our grader's, over the queries that
 have a reference (`graded` of them); `accuracy_labels` is the recorded labels',
 over the queries whose rows all have a label (all of them, unless some `correct`
 is null). Both count a query that no worker of the pool recorded: every policy
-gets it wrong (the oracle and random at no call and no cost), as the pipeline's
+gets it wrong at no call and no cost, as the pipeline's
 runs do, so the table and the pipeline rows share their denominators. A table
 without references has no grader figures at all, and no policy chosen by our
 grader; one without labels, none by the labels.
@@ -102,7 +103,7 @@ def table_policies(m: Matrix, eval_ids: list[str], select_ids: list[str]) -> lis
         best = max(chosen.values(), key=lambda p: (_acc(p, metric), -(p.usd_per_query or 0.0)))
         pick = singles[best.worker]
         out.append(Policy("best_single", f"best single ({said}): {pick.worker}", pick.accuracy,
-                          pick.accuracy_labels, pick.usd_per_query, 1.0, pick.tokens_per_query, n,
+                          pick.accuracy_labels, pick.usd_per_query, pick.calls_per_query, pick.tokens_per_query, n,
                           worker=pick.worker, coverage=pick.coverage, graded=g,
                           info={"chosen_by": metric, "chosen_on_queries": len(select_ids),
                                 "chosen_accuracy": _acc(best, metric), "chosen_usd": best.usd_per_query},
@@ -135,7 +136,7 @@ def _singles(rows: pl.DataFrame, workers: list[str], n: int, g: int, nl: int) ->
     for w in workers:
         r = agg.get(w, {"g": 0, "l": 0, "usd": 0.0, "tok": 0, "k": 0})
         out[w] = Policy("single", w, r["g"] / g if g else None, r["l"] / nl if nl else None,
-                        r["usd"] / n if n else None, 1.0, r["tok"] / n if n else 0.0, n,
+                        r["usd"] / n if n else None, r["k"] / n if n else 0.0, r["tok"] / n if n else 0.0, n,
                         worker=w, coverage=r["k"] / n if n else None, graded=g)
     return out
 

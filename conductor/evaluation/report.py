@@ -140,9 +140,8 @@ def _unrecorded_lines(meta: dict[str, Any]) -> list[str]:
     if not k:
         return []
     return [f"- {k} of the {meta['queries']} queries were recorded by no worker of the pool: every policy counts "
-            f"them as wrong, by our grader and by the labels alike, and spends nothing on them (a single worker "
-            f"still counts its refused call; the oracle and uniform random make none), as the pipeline's runs "
-            f"count them."]
+            f"them as wrong, by our grader and by the labels alike, and spends nothing and makes no call on them, "
+            f"as the pipeline's runs count them."]
 
 
 def _shared_lines(meta: dict[str, Any]) -> list[str]:
@@ -297,7 +296,8 @@ def chart(policies: Sequence[Policy], path: Path, title: str, by: str = "grader"
     ax.set_ylabel("accuracy (conductor.grading)" if by == "grader" else "accuracy (recorded labels)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(loc="lower right", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # nothing drawn (every policy at $0): no legend, no matplotlib warning
+        ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     # Labels: the named policies first, then the single workers, each at the first
     # nearby offset where it overlaps no label placed before it.

@@ -47,8 +47,8 @@ def read_wide(path: Path) -> pl.DataFrame:
     try:
         if suffix == ".parquet":
             return pl.read_parquet(path)
-        if suffix == ".csv":
-            return pl.read_csv(path, infer_schema_length=None)
+        if suffix == ".csv":  # all text: guessing types made id 007 the number 7 and response 007 "7.0"
+            return pl.read_csv(path, infer_schema_length=0)
         if suffix in (".jsonl", ".ndjson"):
             return pl.read_ndjson(path, infer_schema_length=None)
     except Exception as e:  # polars raises several types for a bad file
@@ -106,6 +106,9 @@ def convert_wide(path: Path, layout: WideLayout = WideLayout(), *, models: list[
         if unknown:
             raise ConductorError(f"--models: {', '.join(unknown)} not in {path} (models: {', '.join(found)})")
         found = list(dict.fromkeys(models))
+    cost_cols = [c for c in (f"{m}{layout.cost_suffix}" for m in found) if layout.cost_suffix and c in cols]
+    wide = _as_numbers(wide, found, path, "a score (0/1, or 0..1)", truth=True)
+    wide = _as_numbers(wide, cost_cols, path, "USD")
     for m in found:
         _numeric(wide, m, path, "a score (0/1, or 0..1)")
         _within(wide, m, path, "a score from 0 to 1", 0.0, 1.0)
@@ -177,6 +180,24 @@ def _text(wide: pl.DataFrame, col: str) -> pl.Expr:
     if isinstance(dtype, pl.List):
         return pl.col(col).cast(pl.List(pl.String)).list.join("\n\n")
     return pl.col(col).cast(pl.String)
+
+
+def _as_numbers(wide: pl.DataFrame, columns: list[str], path: Path, what: str, truth: bool = False) -> pl.DataFrame:
+    """Text columns that must hold numbers (a CSV's are all text) as Float64: blanks around a
+    value are dropped, a score may say true/false, and anything else is named, with its column."""
+    for col in [c for c in columns if wide.schema[c] == pl.String]:
+        text = pl.col(col).str.strip_chars()
+        if truth:
+            low = text.str.to_lowercase()
+            text = pl.when(low == "true").then(pl.lit("1")).when(low == "false").then(pl.lit("0")).otherwise(text)
+        value = text.cast(pl.Float64, strict=False)
+        given = pl.col(col).str.strip_chars() != ""  # a blank cell is no value, as an empty one is
+        bad = wide.filter(given & value.is_null()).get_column(col).unique(maintain_order=True)
+        if bad.len():
+            raise ConductorError(f"--wide {path}: column {col!r} must hold numbers ({what}); "
+                                 f"found {_few([repr(v) for v in bad.to_list()])}")
+        wide = wide.with_columns(value.alias(col))
+    return wide
 
 
 def _numeric(wide: pl.DataFrame, col: str, path: Path, what: str) -> None:
