@@ -31,7 +31,7 @@ from conductor.execute.batch import online_fallback
 from conductor.execute.budget import Ledger
 from conductor.execute.cache import CacheDamaged
 from conductor.execute.context import ExecutionContext, add_lost, lost_in_flight
-from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob
+from conductor.execute.engine import STORAGE_ERRORS, ExecOptions, PlanJob, WorkFolderGone
 from conductor.execute.journal import STEPS_FILE, count_unanswered, load_state, unpriced_calls
 from conductor.execute.shared import check_shared_urls
 from conductor.execute.shared.cache import check_file_cache
@@ -590,10 +590,44 @@ def spend_so_far(run: Run) -> tuple[list[dict], dict[str, Any]]:
     journals say and as the resume will count them: planning's and the execution's calls logged,
     and at their worst case those sent and never settled (in flight when the run stopped)."""
     spent, lost = planning_spent(run)
+    add_spend(spent, deleted_work_spend(run))
     if (run.dir.work / STEPS_FILE).exists():
         add_journal_spend(run.dir.work, spent, lost)
     ledger = Ledger({pid: p.budget_usd for pid, p in run.pool.providers.items()}, run.config.budget_usd, spent)
     return ledger.summary(), lost
+
+
+# The manifest's record of what the run paid, per provider, in commands whose work folder (the journal)
+# was deleted mid-run: in no journal, it counts in every later command's budgets and spend. Without it,
+# a rerun served from the shared cache for $0 left that money in no run's spent_usd.
+DELETED_WORK_SPEND = "spend_of_deleted_work"
+
+
+def deleted_work_spend(run: Run) -> dict[str, float]:
+    return run.dir.read_manifest().get(DELETED_WORK_SPEND) or {}
+
+
+def add_spend(spent: dict[str, float], more: dict[str, float]) -> None:
+    for pid, usd in more.items():
+        spent[pid] = spent.get(pid, 0.0) + usd
+
+
+def _keep_spend_of_deleted_work(run: Run, context: ExecutionContext, lost: dict[str, Any], error: str) -> None:
+    """The work folder went while the run executed, its journal with it: the run is `failed`, and what
+    it has paid (the journal's, planning's, this command's: the executor's ledger) stays in its
+    manifest, for the rerun to count (DELETED_WORK_SPEND)."""
+    run.dir.set_status(FAILED, failed_in="executing", failed_at=_now(), error=error, spend=context.spend(),
+                       lost_in_flight=add_lost(context.lost_in_flight, lost),
+                       **{DELETED_WORK_SPEND: context.executor.ledger.spent_by_provider()})
+
+
+def _check_work_kept(run: Run, context: ExecutionContext, lost: dict[str, Any]) -> None:
+    """check_work, keeping what the run paid when the work folder is gone."""
+    try:
+        check_work(run)
+    except ConductorError as e:
+        _keep_spend_of_deleted_work(run, context, lost, str(e))
+        raise
 
 
 def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None,
@@ -639,6 +673,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     if not left:  # nothing runs: the spend lines keep the run's own cap, not one that changed nothing
         budget = (manifest.get("settings") or {}).get("budget_usd", budget)
     planning, planning_lost = planning_spent(run)
+    add_spend(planning, deleted_work_spend(run))  # not in the journal: counted as planning's is
     own_planner = None
     if replanner is None and any(w.kind == "planner" for w in run.pool.workers):
         replanner = make_replanner(planner, run.pool, cfg.max_steps) if planner is not None else None
@@ -666,9 +701,12 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             executing = True  # the journal exists from here on
             set_stage(run.dir, "executing", **recorded)
             asyncio.run(executor.run(_jobs(run, plans_path, record, refresh), state))
+    except WorkFolderGone as e:  # seen mid-run: sending stopped
+        _keep_spend_of_deleted_work(run, context, planning_lost, str(e))
+        raise
     except STORAGE_ERRORS as e:
         if executing:
-            check_work(run)
+            _check_work_kept(run, context, planning_lost)
         error = storage_error(e, run.dir.path)
         if isinstance(e, NoRoomForReserve):  # before the stage began, so noting_stop leaves the status
             run.dir.set_status(FAILED, failed_in="executing", failed_at=_now(), error=str(error))
@@ -678,7 +716,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             reserve.release()
         if own_planner is not None:
             close_planner(own_planner)
-    check_work(run)
+    _check_work_kept(run, context, planning_lost)  # deleted after the executor's last look
     progress.say("writing traces and results")
     finalize_journal(run.dir)
     carry_columns(run)

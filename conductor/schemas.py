@@ -108,7 +108,8 @@ TRACES_TABLE = Table("traces", [
                           'repair'),
     Column('error', STR, 'what went wrong; for a skipped step, why (`condition disagree(0, 1) is false: steps 0, 1 '
                          'agree`); on an `ok` step with `usage_estimated`, how its usage was counted, and on an `ok` '
-                         'step its batch did not answer, `answered online at the online price: ...` (notes, not '
+                         'step its batch did not answer, `answered online at the online price: ...` (also in '
+                         'front of the error of such an answer an enrichment job then refused; notes, not '
                          'failures: filter failures on `status`)'),
     Column('attempts', I32, 'requests sent for this step (0: cache hit, restored, or not sent)'),
     Column('cache_hit', BOOL, 'answered from the cache, or (also with `--no-cache`) by the same request sent '

@@ -74,7 +74,7 @@ class OnlineFallback:
     """Lines a batch did not answer (it failed, expired or was cancelled; their own error lines;
     never submitted) that were then answered online, at the online price, by how their batch
     ended. A scheduled run that paid double for them says so: one line at the end of the run
-    (`said`), and in its summary (`online_fallback`, from the trace notes)."""
+    (`said`), and in its summary (`batch_online`, from the trace notes: online_fallback)."""
 
     def __init__(self) -> None:
         self.lines = 0
@@ -117,13 +117,14 @@ class OnlineFallback:
 
 def online_fallback(traces: Path) -> dict[str, Any]:
     """The run's lines answered online after their batch did not answer them, from its traces'
-    notes (every command that worked on the run): for the run's summary."""
+    notes (every command that worked on the run): for the run's summary. An answer then refused
+    (enrichment: no valid record) keeps the note before its error, and counts as the closing line
+    counted it: paid online all the same."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    t = pq.read_table(traces, columns=["status", "error", "cost_usd"])
-    t = t.filter(pc.and_(pc.equal(t.column("status"), "ok"),
-                         pc.fill_null(pc.starts_with(t.column("error"), ONLINE_NOTE), False)))
+    t = pq.read_table(traces, columns=["error", "cost_usd"])
+    t = t.filter(pc.fill_null(pc.starts_with(t.column("error"), ONLINE_NOTE), False))
     tally = OnlineFallback()
     for note, cost in zip(t.column("error").to_pylist(), t.column("cost_usd").to_pylist()):
         tally.add(note, cost)
@@ -379,7 +380,7 @@ class Batches:
                 if not over:  # it did not fit as a whole: one line fewer
                     over = [fit.pop()]
                 take, rest = fit, over + rest
-            except GovernorUnavailable as e:  # a failed attempt not sent: retried by call(), with backoff
+            except GovernorUnavailable as e:  # nothing sent: call() waits for the governor by time, then again
                 for _, w, _ in lines:
                     _fail(w.future, e)
                 return [], None
@@ -519,7 +520,6 @@ class Batches:
                     break
                 if not cancelled and time.time() - batch.record["at"] > provider.batch_max_wait_s:
                     cancelled = True  # its answered lines still come back; the rest are retried
-                    batch.why_ended = f"cancelled by this run after batch_max_wait_s ({provider.batch_max_wait_s:g} s)"
                     await self._api(provider, f"cancel batch {bid}",
                                     lambda: litellm.acancel_batch(batch_id=bid, **where))
                     continue
@@ -550,6 +550,8 @@ class Batches:
                      where["api_key"])
         if info.status == "failed":
             batch.why_ended = why.removeprefix(f"batch {bid} failed: ")
+        elif info.status == "cancelled" and cancelled:  # not at the request: it may still end completed
+            batch.why_ended = f"cancelled by this run after batch_max_wait_s ({provider.batch_max_wait_s:g} s)"
         self._finish(batch, lines, why, info.status, provider)
         if batch.reservation is not None:
             await ex.ledger.settle(batch.reservation, batch.record.get("paid", 0.0))

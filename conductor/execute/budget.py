@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class BudgetExhausted(Exception):
@@ -50,6 +51,9 @@ class Reservation:
 
 
 class Ledger:
+    # The shared governor a SharedLedger keeps its caps on (conductor.execute.shared.governor); none here
+    gov: Any = None
+
     def __init__(self, provider_limits: dict[str, float | None], run_limit: float | None = None,
                  spent: dict[str, float] | None = None):
         """`spent` carries what earlier attempts of the same run already paid (resume)."""
@@ -112,6 +116,16 @@ class Ledger:
         """Spend that needed no reservation (no budget in force)."""
         self.providers[provider].spent += amount
         self.run.spent += amount
+
+    def outage_since(self) -> float | None:
+        """When (time.monotonic()) the shared governor this ledger draws on stopped answering, for
+        the calls it keeps back meanwhile (Executor.wait_for_governor); None while it answers, and
+        always for a ledger in this process, which cannot be down."""
+        return None if self.gov is None else self.gov.down_since
+
+    def spent_by_provider(self) -> dict[str, float]:
+        """What each provider's calls have cost so far, those of the spend given at the start included."""
+        return {p: c.spent for p, c in self.providers.items()}
 
     def summary(self) -> list[dict]:
         return [{"cap": c.name, "limit_usd": c.limit, "spent_usd": round(c.spent, 6)}

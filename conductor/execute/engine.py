@@ -28,18 +28,19 @@ import sqlite3
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable
 
 from conductor.context import step_messages
-from conductor.errors import Terminated
-from conductor.execute.batch import Batches
+from conductor.errors import ConductorError, Terminated
+from conductor.execute.batch import ONLINE_NOTE, Batches
 from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.cached import serve_cached
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete,
                                     max_prompt_tokens, maybe_billed)
-from conductor.tokens import prompt_tokens, sends_prompt_params
-from conductor.execute.journal import Journal, ResumeState, count_unanswered
+from conductor.tokens import prompt_params, prompt_tokens
+from conductor.execute.journal import STEPS_FILE, Journal, ResumeState, count_unanswered
 from conductor.execute.limits import ProviderLimiter
 from conductor.execute.openai_http import OpenAIEndpoint, direct_model
 from conductor.execute.prices import call_cost, resolve_price
@@ -147,6 +148,21 @@ STORAGE_ERRORS = (OSError, sqlite3.DatabaseError)
 _governor_log = logging.getLogger("conductor.governor")
 _GOVERNOR_POLL_S = 1.0  # the longest a call kept back by the shared governor waits before asking again
 _MAYBE = object()  # billed_usd of a request cut off unanswered: the provider may have billed it
+_log = logging.getLogger("conductor.execute")
+# How often a run checks that its journal is still the file it writes to (a stat): a work folder
+# deleted mid-run was found only at the end, after every call was sent and paid into no record.
+JOURNAL_CHECK_S = 2.0
+
+
+class WorkFolderGone(ConductorError):
+    """The work folder (its journal) was deleted or replaced while the run sent calls: what was
+    done since went to no record, so the run stops sending."""
+
+    def __init__(self, folder: Path):
+        super().__init__(f"the work folder {folder} was deleted while the run was executing (or replaced), and with "
+                         f"it the journal of what was done: no new call was sent once that was seen. Rerun the same "
+                         f"command to redo the run (answers in the shared response cache are not paid again)")
+        self.folder = folder
 
 
 class Executor:
@@ -178,6 +194,7 @@ class Executor:
         self._held: dict[str, tuple[float, str]] = {}  # provider id -> (monotonic time its limit resets, why)
         self._abort: BaseException | None = None  # the storage error (or Ctrl-C) that stops the run
         self._sending = 0  # online calls sent whose answers have not come back
+        self._held_back = 0  # calls waiting for the shared governor now (wait_for_governor)
         # requests cut off by timeout_s: maybe answered and billed, charged at their worst case
         # (as a killed process's calls are); their reservations stay unsettled in the journal
         self.unanswered: dict[str, Any] = {"calls": 0, "reserved_usd": 0.0}
@@ -206,9 +223,11 @@ class Executor:
         gc.freeze()
         restore = self._stop_gently_on_ctrl_c()
         interrupted: list[int] = []
+        watch = asyncio.ensure_future(self._watch_journal())
         try:
             await self._run(jobs, resume)
         finally:
+            watch.cancel()
             interrupted = restore()
             gc.unfreeze()
             # Interrupted (Ctrl-C): stop the plans still running before closing their sessions,
@@ -280,14 +299,25 @@ class Executor:
             for task in self._plan_tasks:
                 task.cancel()
 
+        def cut_off(stopping: str, where: str = "in flight") -> None:
+            """Say how many calls the stop cuts off: maybe billed, and sent again by the rerun, whose
+            summary counts them as lost in flight; only the rerun said so."""
+            if self._sending:
+                print(f"conductor: {stopping}: {self._sending} call(s) {where} cut off; the provider may bill "
+                      f"them, and the rerun sends them again (its summary counts them as lost in flight)",
+                      file=sys.stderr, flush=True)
+
         async def drain() -> None:
             deadline = time.monotonic() + self.opt.drain_s
             while self._sending and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+            cut_off("stopping", f"still in flight after {self.opt.drain_s:g} s")
             stop_plans()  # what is left waits for a slot, a retry or a batch: nothing in flight online
 
         def on_ctrl_c() -> None:
             if drains:
+                if not drains[0].done():  # the drain has not stopped the plans already
+                    cut_off("stopping now")
                 stop_plans()
                 return
             self._abort = self._abort or _interrupt(came)
@@ -346,6 +376,35 @@ class Executor:
                                       "database number; fix the URL and rerun the same command",
                                       steps, _sent_note(n, unsent))
         self.not_sent = {}
+
+    async def _watch_journal(self) -> None:
+        """Stop sending once the journal is no longer the file this run writes to (its work folder
+        deleted or replaced): whatever was sent since went to no record, the run's spend included,
+        and was found only at the end, after every call was sent. One stat every JOURNAL_CHECK_S."""
+        path = self.journal.folder / STEPS_FILE
+
+        def identity() -> tuple[int, int] | None:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return None
+            return st.st_dev, st.st_ino
+
+        try:
+            opened = identity()
+        except OSError:  # cannot tell (permissions, a network disk): the journal's writes will say
+            return
+        while self._abort is None:
+            try:
+                now = identity()
+            except OSError:
+                now = opened
+            if now is None or now != opened:
+                self._abort = WorkFolderGone(self.journal.folder)
+                _log.warning("conductor: the work folder %s was deleted (or replaced) mid-run: no new call is sent; "
+                             "waiting for the %d call(s) in flight", self.journal.folder, self._sending)
+                return
+            await asyncio.sleep(JOURNAL_CHECK_S)
 
     async def _run(self, jobs: Iterable[PlanJob], resume: ResumeState) -> None:
         limit = self.opt.max_plans_in_flight or max(
@@ -599,8 +658,11 @@ class Executor:
                 failure = f
         if failure is None:
             return self._log_step(job, path, depth, step, worker=worker, status="ok", extra=extra, **row)
-        row.pop("error", None)  # a usage warning; the failure's message replaces it
-        logged = self._log_step(job, path, depth, step, worker=worker, status=failure.status, error=str(failure),
+        # A usage warning gives way to the failure's message; a batch line's online note stays in front
+        # of it: the run's summary counts online answers from these notes, as its closing line does.
+        note = row.pop("error", None)
+        error = f"{note}; {failure}" if note and note.startswith(ONLINE_NOTE) else str(failure)
+        logged = self._log_step(job, path, depth, step, worker=worker, status=failure.status, error=error,
                                 failure=failure.kind, **row)
         raise StepFailed(failure.status, str(failure), row.get("attempts", 0), kind=failure.kind, row=logged)
 
@@ -758,7 +820,8 @@ class Executor:
     async def _reserve(self, worker: Worker, provider, worst: float, sent: int = 0) -> Any:
         """The call's worst case reserved; `sent`: the requests its earlier attempts sent, kept
         in the failure (a retry refused by the budget still sent, and maybe paid for, those).
-        GovernorUnavailable passes through: the caller retries it as an attempt not sent."""
+        GovernorUnavailable passes through: the caller waits for the governor (wait_for_governor),
+        which is no attempt, as nothing was sent."""
         try:
             return await self.ledger.reserve(provider.id, worst)
         except BudgetExhausted as e:
@@ -803,7 +866,7 @@ class Executor:
         over = []
         if resp.prompt_tokens > pt_max:
             over.append(f"prompt_tokens {resp.prompt_tokens} > {pt_max} (the prompt's UTF-8 bytes"
-                        f"{', with its response_format and tools' if sends_prompt_params(params) else ''})")
+                        f"{', with its response_format and tools' if prompt_params(params) else ''})")
         if isinstance(ct_max, int) and resp.completion_tokens > ct_max:
             over.append(f"completion_tokens {resp.completion_tokens} > max_tokens {ct_max}")
         if not over:
@@ -888,8 +951,7 @@ class Executor:
         now = time.monotonic()
         if since is None:
             since = now
-            self.progress.c.retries += 1  # one retry for the call, however often it asks
-        began = getattr(getattr(self.ledger, "gov", None), "down_since", None)
+        began = self.ledger.outage_since()
         # from the outage's start, or this call's own first wait if longer: a governor that answers
         # other calls now and then restarts the outage's clock, and held this call for ever
         waited = now - min(since, began if began is not None else since)
@@ -900,8 +962,25 @@ class Executor:
         pause = min(_GOVERNOR_POLL_S, max(self.opt.backoff_base_s, (now - since) / 2))
         if jitter:
             pause *= 0.5 + 0.5 * self._rng.random()
-        await asyncio.sleep(min(pause, left))
+        # No retry (nothing was sent): the progress line counted one per call kept back, as many
+        # "retries" as calls in flight for an outage that failed none. It shows the calls held instead.
+        self._held_back += 1
+        self._show_held_back()
+        try:
+            await asyncio.sleep(min(pause, left))
+        finally:
+            self._held_back -= 1
+            self._show_held_back()
         return since
+
+    def _show_held_back(self) -> None:
+        """The calls waiting for the shared governor, on the progress line while there are any."""
+        waiting = self.progress.c.waiting
+        if self._held_back:
+            waiting["governor"] = f"{self._held_back} call(s) held back until the shared governor answers"
+        else:
+            waiting.pop("governor", None)
+        self.progress.tick()
 
     def _backoff(self, attempt: int, f: CallFailure, limiter: ProviderLimiter) -> float:
         """How long this call waits before its next attempt: what the server asked
