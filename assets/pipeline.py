@@ -60,7 +60,8 @@ def run_config(path: Path, config: RunSettings, pool: PoolResource, planner: Pla
         queries=Path(path).resolve(), pool=Path(pool.path).resolve(), data_dir=Path(storage.data_dir),
         samples=config.samples, planner=planner.kind, planner_options=planner.options(),
         seed=config.seed, max_steps=planner.max_steps, cache=storage.use_cache,
-        budget_usd=config.budget_usd, retry_failed=config.retry_failed, progress=False)
+        budget_usd=config.budget_usd, retry_failed=config.retry_failed, progress=False,
+        setting_names={"budget_usd": "budget_usd", "max_depth": "max_depth", "cost_penalty": "cost_penalty"})
 
 
 def _noted(context: AssetExecutionContext, run: runner.Run) -> dict:

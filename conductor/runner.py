@@ -80,6 +80,9 @@ class RunConfig:
     # `conductor run`'s --max-failed-share; None: $CONDUCTOR_MAX_FAILED_SHARE or 5%, as its default. The summary's
     # exit_code is decided by it, for every caller.
     max_failed_share: float | None = None
+    # How the front end names a setting in the notes on a rerun that changed it (max_depth, budget_usd,
+    # cost_penalty); unnamed ones get conductor run's flags (--max-depth, --budget, --cost-penalty).
+    setting_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -241,7 +244,7 @@ def _changed_settings(run: Run, manifest: dict[str, Any], names: dict[str, str],
     unknown = {k: v for k, v in now.items() if k not in recorded}
     changed = {k: v for k, v in now.items() if k in recorded and recorded[k] != v}
     for k, v in changed.items():
-        run.notes.append(how(names[k], v, recorded[k]))
+        run.notes.append(how(run.config.setting_names.get(k, names[k]), v, recorded[k]))
     if not applied or not (changed or unknown):
         return {}
     history = list(manifest.get("settings_changed") or [])
@@ -949,7 +952,8 @@ def _grade(run: Run) -> Path:
     unknown = "cost_penalty" not in (manifest.get("settings") or {})
     if unknown and cfg.rewards.cost_penalty != RewardScheme().cost_penalty:
         # made before settings were recorded: what it was graded with before is not known
-        run.notes.append(f"rewards regraded with --cost-penalty {_shown_setting(cfg.rewards.cost_penalty)} (the "
+        flag = cfg.setting_names.get("cost_penalty", GRADING_SETTINGS["cost_penalty"])
+        run.notes.append(f"rewards regraded with {flag} {_shown_setting(cfg.rewards.cost_penalty)} (the "
                          f"penalty this run was graded with before is not recorded): rewards.parquet, advantage "
                          f"and mean_reward now use it")
     write_table(out, rows_to_table(rows, schemas.REWARDS))

@@ -33,7 +33,7 @@ def test_a_rerun_with_another_budget_logs_and_records_the_note(tmp_path, fresh_s
         meta = {e.asset_key.to_user_string(): e.materialization.metadata
                 for e in rerun.get_asset_materialization_events()}
         [note] = meta["executions"]["notes"].value
-        assert "--budget 1 (was --budget 0.002)" in note and f"the {stopped} plan(s) left to run" in note, note
+        assert "budget_usd 1 (was budget_usd 0.002)" in note and "--budget" not in note and f"the {stopped} plan(s) left to run" in note, note
         warnings = [e.user_message for e in inst.all_logs(rerun.run_id)
-                    if e.level == logging.WARNING and "--budget 1 (was --budget 0.002)" in e.user_message]
+                    if e.level == logging.WARNING and "budget_usd 1 (was budget_usd 0.002)" in e.user_message]
         assert len(warnings) == 1 and f"run {meta['executions']['run_id'].value}: " in warnings[0], warnings
