@@ -699,7 +699,7 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
             ExecOptions(run_id=run.dir.run_id, refresh=cfg.refresh, run_budget_usd=budget, seed=cfg.seed),
             state=state, cache_path=_cache_path(cfg) if cfg.cache else None, progress=progress,
             spent_before=planning, functions=run_function, replanner=replanner, max_depth=cfg.max_depth,
-            reserve=reserve)
+            reserve=reserve, on_spend=lambda spend: run.dir.update(spend=spend))
         with context as executor:
             executing = True  # the journal exists from here on
             set_stage(run.dir, "executing", **recorded)

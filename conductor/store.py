@@ -97,6 +97,12 @@ class RunDir:
         m.update(extra)
         self.write_manifest(m)
 
+    def update(self, **extra: Any) -> None:
+        """Keys of the manifest written, its status as it is (a running stage's spend so far)."""
+        m = self.read_manifest()
+        m.update(extra)
+        self.write_manifest(m)
+
 
 @contextmanager
 def replacing(path: Path) -> Iterator[Path]:

@@ -152,6 +152,9 @@ _log = logging.getLogger("conductor.execute")
 # How often a run checks that its journal is still the file it writes to (a stat): a work folder
 # deleted mid-run was found only at the end, after every call was sent and paid into no record.
 JOURNAL_CHECK_S = 2.0
+# How often a run hands its spend so far to `on_spend` (the runner keeps it in the manifest): a run
+# killed outright, or still running, showed no spend in the runs view, though its calls were paid.
+SPEND_CHECKPOINT_S = 5.0
 
 
 class WorkFolderGone(ConductorError):
@@ -171,7 +174,8 @@ class Executor:
                  progress: Progress | None = None,
                  spent: dict[str, float] | None = None, paid: set[str] | None = None,
                  functions: FunctionRunner | None = None, replanner: Replanner | None = None,
-                 max_depth: int = 1, reserve: SpaceReserve | None = None):
+                 max_depth: int = 1, reserve: SpaceReserve | None = None,
+                 on_spend: Callable[[list[dict]], None] | None = None):
         self.pool = pool
         self.journal = journal
         self.opt = options
@@ -184,6 +188,7 @@ class Executor:
         self.functions = functions
         self.replanner = replanner
         self.max_depth = max_depth
+        self.on_spend = on_spend  # given the ledger's summary every SPEND_CHECKPOINT_S while it changes
         self.prices = {w.id: resolve_price(w) for w in pool.workers}
         # In this process, or shared with other processes through the pool's governor URL
         self.limiters, self.ledger, self._close_governor = build_governor(pool, options.run_budget_usd, spent)
@@ -224,10 +229,13 @@ class Executor:
         restore = self._stop_gently_on_ctrl_c()
         interrupted: list[int] = []
         watch = asyncio.ensure_future(self._watch_journal())
+        checkpoint = asyncio.ensure_future(self._checkpoint_spend()) if self.on_spend is not None else None
         try:
             await self._run(jobs, resume)
         finally:
             watch.cancel()
+            if checkpoint is not None:
+                checkpoint.cancel()
             interrupted = restore()
             gc.unfreeze()
             # Interrupted (Ctrl-C): stop the plans still running before closing their sessions,
@@ -405,6 +413,20 @@ class Executor:
                              "waiting for the %d call(s) in flight", self.journal.folder, self._sending)
                 return
             await asyncio.sleep(JOURNAL_CHECK_S)
+
+    async def _checkpoint_spend(self) -> None:
+        """Hand the spend so far to on_spend whenever it changed, every SPEND_CHECKPOINT_S. A write
+        that fails is left to the journal's own writes to report."""
+        last = None
+        while self._abort is None:
+            await asyncio.sleep(SPEND_CHECKPOINT_S)
+            spend = self.ledger.summary()
+            if spend != last:
+                try:
+                    self.on_spend(spend)
+                    last = spend
+                except OSError:
+                    pass
 
     async def _run(self, jobs: Iterable[PlanJob], resume: ResumeState) -> None:
         limit = self.opt.max_plans_in_flight or max(
