@@ -28,8 +28,10 @@ Worker references may be ids or 0-based positions in the pool's worker list.
 from __future__ import annotations
 
 import ast
+import io
 import json
 import re
+import tokenize
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,7 @@ import orjson
 
 from conductor.errors import PlanError
 from conductor.pool import Pool
+from conductor.yamlkeys import shown_value
 
 DEFAULT_MAX_STEPS = 5
 MAX_STEPS = 1000  # the most --max-steps takes: a plan is a short workflow
@@ -200,14 +203,6 @@ def _decoded(text: str, start: int = 0) -> tuple[Any, int]:
         return _LONG_INTS.raw_decode(text, start)
 
 
-def _shown(value: Any) -> str:
-    """A planner's value for a message, cut short: a runaway value must not make a runaway message."""
-    if isinstance(value, str) and len(value) > 40:
-        return f"{value[:40]!r}… ({len(value):,} characters)"
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:50]}… ({len(text):,} characters)"
-
-
 def _condition_of(step: dict, i: int) -> Condition | None:
     """The step's condition under any of its keys; a null (or "none", "") under one does not hide
     another. They are compared as read, so one condition written twice in two spellings is one."""
@@ -231,29 +226,30 @@ def _resolve_condition(raw: Any, i: int) -> Condition | None:
     if isinstance(raw, str):
         m = _CALL.match(raw)
         if not m:
-            raise PlanError(f"step {i}: condition {_shown(raw)} is not of the form disagree(0, 1) "
+            raise PlanError(f"step {i}: condition {shown_value(raw)} is not of the form disagree(0, 1) "
                             f"or no_majority(0, 1, 2)")
         kind, args = m.group(1), m.group(2)
         steps = [_number(a) for a in args.split(",") if a.strip()]
         if None in steps:
-            raise PlanError(f"step {i}: condition {_shown(raw)}: the steps must be step numbers")
+            raise PlanError(f"step {i}: condition {shown_value(raw)}: the steps must be step numbers")
     elif isinstance(raw, dict) and "kind" in raw:
         kind, steps = raw.get("kind"), raw.get("steps")
     elif isinstance(raw, dict) and len(raw) == 1:
         kind, steps = next(iter(raw.items()))
     else:
-        raise PlanError(f"step {i}: condition must be like {{\"disagree\": [0, 1]}} (got {_shown(raw)})")
+        raise PlanError(f"step {i}: condition must be like {{\"disagree\": [0, 1]}} (got {shown_value(raw)})")
     kind = str(kind).strip().lower().replace(" ", "_").replace("-", "_")
     if kind not in CONDITIONS:
-        raise PlanError(f"step {i}: unknown condition {_shown(kind)} (known: {', '.join(CONDITIONS)})")
+        raise PlanError(f"step {i}: unknown condition {shown_value(kind)} (known: {', '.join(CONDITIONS)})")
     if not isinstance(steps, (list, tuple)) or len(steps) < 2:
-        raise PlanError(f"step {i}: condition {kind} needs a list of at least two earlier steps (got {_shown(steps)})")
+        raise PlanError(f"step {i}: condition {kind} needs a list of at least two earlier steps "
+                        f"(got {shown_value(steps)})")
     out = []
     for a in steps:
         if isinstance(a, str) and _number(a) is not None:
             a = _number(a)
         if isinstance(a, bool) or not isinstance(a, int) or a < 0:
-            raise PlanError(f"step {i}: condition {kind}: {_shown(a)} is not a step number")
+            raise PlanError(f"step {i}: condition {kind}: {shown_value(a)} is not a step number")
         if a >= i:
             raise PlanError(f"step {i}: condition {kind} reads step {a}, which is not earlier "
                             f"(steps may only read steps 0..{i - 1})")
@@ -265,7 +261,7 @@ def _resolve_condition(raw: Any, i: int) -> Condition | None:
 
 def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
     if isinstance(ref, bool):
-        raise PlanError(f"step {i}: worker must be an id or a number, not {_shown(ref)}")
+        raise PlanError(f"step {i}: worker must be an id or a number, not {shown_value(ref)}")
     if isinstance(ref, int):
         if 0 <= ref < len(ids):
             return ids[ref]
@@ -276,10 +272,10 @@ def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
             return ref
         if (n := _number(ref)) is not None and n < len(ids):
             return ids[n]
-        raise PlanError(f"step {i}: worker {_shown(ref)} is not in the pool (known: {', '.join(ids)})")
+        raise PlanError(f"step {i}: worker {shown_value(ref)} is not in the pool (known: {', '.join(ids)})")
     if ref is None:
         raise PlanError(f"step {i}: worker is missing")
-    raise PlanError(f"step {i}: worker must be an id or a whole number, not {_shown(ref)}")
+    raise PlanError(f"step {i}: worker must be an id or a whole number, not {shown_value(ref)}")
 
 
 def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
@@ -291,7 +287,7 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
         acc = [acc]
     if not isinstance(acc, (list, tuple)):
         raise PlanError(f"step {i}: access must be a list of earlier step numbers, \"all\", or empty "
-                        f"(got {_shown(acc)})")
+                        f"(got {shown_value(acc)})")
     if "all" in acc:
         return tuple(range(i))
     out = set()
@@ -299,7 +295,7 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
         if isinstance(a, str) and _number(a) is not None:
             a = _number(a)
         if isinstance(a, bool) or not isinstance(a, int):
-            raise PlanError(f"step {i}: access entry {_shown(a)} is not a step number")
+            raise PlanError(f"step {i}: access entry {shown_value(a)} is not a step number")
         if a < 0:
             raise PlanError(f"step {i}: access entry {a} is negative")
         if a >= i:
@@ -440,12 +436,50 @@ def _literal(src: str, name: str) -> Any:
         return json.loads(src, strict=False, parse_int=_json_int)
     except (ValueError, RecursionError):
         pass
+    # Model text may hold raw newlines inside quotes; Python literals reject those.
+    for text in (src, src.replace("\n", "\\n").replace("\r", "")):
+        try:
+            return _python_literal(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    raise PlanError(f"{name}: not a valid list literal")
+
+
+def _python_literal(src: str) -> Any:
+    """ast.literal_eval; an integer past Python's digit limit is read again as text, as _json_int
+    does for JSON, so that the step's own check names it (and not Python's advice)."""
     try:
         return ast.literal_eval(src)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        pass
-    # Model text may hold raw newlines inside quotes; Python literals reject those.
+    except (ValueError, SyntaxError) as e:
+        if "integer string conversion" not in str(e):
+            raise
+    return ast.literal_eval(_long_ints_as_text(src))
+
+
+_DECIMAL = re.compile(r"[0-9](?:_?[0-9])*")
+_OPENS = ("[", "(", ",", "{", ":")  # what a sign follows when it is a number's own
+
+
+def _long_ints_as_text(src: str) -> str:
+    """src with each integer of more than _MAX_DIGITS digits (and a sign before it) quoted as text."""
+    starts = [0]  # offset of each line's start, as tokenize numbers lines from 1
+    for line in io.StringIO(src).readlines():
+        starts.append(starts[-1] + len(line))
+    spans, before = [], [None, None]  # the two tokens before this one
     try:
-        return ast.literal_eval(src.replace("\n", "\\n").replace("\r", ""))
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise PlanError(f"{name}: not a valid list literal") from None
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT):
+                continue
+            if tok.type == tokenize.NUMBER and len(tok.string) > _MAX_DIGITS and _DECIMAL.fullmatch(tok.string):
+                first, sign = tok, ""
+                sign_at, after = before[1], before[0]
+                if sign_at and sign_at.string in ("-", "+") and after and after.string in _OPENS:
+                    first, sign = sign_at, sign_at.string  # a sign of its own, not a subtraction
+                start = starts[first.start[0] - 1] + first.start[1]
+                spans.append((start, starts[tok.end[0] - 1] + tok.end[1], sign + tok.string))
+            before = [before[1], tok]
+    except (tokenize.TokenError, SyntaxError):
+        return src
+    for start, end, text in reversed(spans):
+        src = src[:start] + repr(text) + src[end:]
+    return src

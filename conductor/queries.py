@@ -7,6 +7,7 @@ offending ids, so that a user fixes a file in one pass.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -38,13 +39,32 @@ def load_queries(path: str | Path) -> pa.Table:
     if path.is_dir():
         raise InputError(f"query set {path}: is a folder; give one Parquet file")
     try:
+        # the names first: pyarrow cannot read a file with a column name given twice, and says
+        # so in its own words ("Multiple matches for FieldRef.Name(...)") and its schema dump
+        if twice := _given_twice(pq.read_schema(path).names):
+            raise InputError(f"query set {path}: {twice}")
         table = pq.read_table(path)
+    except InputError:
+        raise
     except Exception as e:  # pyarrow raises several types for a bad file
         raise InputError(f"query set {path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
     return validate(table, str(path))
 
 
+def _given_twice(names: list[str]) -> str | None:
+    """The columns whose name is given more than once, which Parquet allows and no reader can
+    tell apart by name; None when every name is given once."""
+    counts = Counter(names)
+    twice = [f"{n!r} ({k} times)" for n, k in counts.items() if k > 1]
+    if not twice:
+        return None
+    return (f"column name(s) given more than once: {', '.join(twice)}; rename or drop the copies, "
+            f"so that each name is one column")
+
+
 def validate(table: pa.Table, where: str) -> pa.Table:
+    if twice := _given_twice(table.column_names):
+        raise InputError(f"query set {where}: {twice}")
     problems: list[str] = []
     names = set(table.column_names)
     for col in ("query_id", "prompt"):
@@ -74,7 +94,7 @@ def validate(table: pa.Table, where: str) -> pa.Table:
     # column would be copied into results.parquet, which no query could then read
     extra = {n: table.column(n) for n in table.column_names if n not in COLUMNS}
     for col, arr in {**cols, **extra}.items():
-        bad = invalid_utf8_rows(arr) if col in cols else _invalid_text_rows(arr)
+        bad = invalid_utf8_rows(arr)
         if bad:
             shown = ", ".join(map(str, bad[:10])) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
             who = "" if col == "query_id" else _utf8_ids(cols["query_id"], bad)
@@ -165,17 +185,27 @@ def _carry_clashes(names: list[str]) -> list[str]:
     return problems
 
 
-def _invalid_text_rows(arr: pa.ChunkedArray) -> list[int]:
-    """Rows of any column (text, or lists, structs and dictionaries holding text) whose text is
-    not valid UTF-8. Only a column that fails Arrow's full check is looked at row by row."""
+def input_columns(path: str | Path) -> pa.Table | None:
+    """The query set's columns other than COLUMNS, in row order; None when it has none.
+    `conductor run` carries them into results.parquet."""
+    names = [n for n in pq.ParquetFile(path).schema_arrow.names if n not in COLUMNS]
+    return pq.read_table(path, columns=names) if names else None
+
+
+def invalid_utf8_rows(arr: pa.Array | pa.ChunkedArray) -> list[int]:
+    """Rows of a column (text, or lists, structs and dictionaries holding text) whose text is not
+    valid UTF-8: pyarrow reads it unchecked. Only a column that fails Arrow's full check is
+    looked at row by row."""
     try:
         arr.validate(full=True)
         return []
     except pa.ArrowInvalid:
         pass
-    arr = arr.combine_chunks()
     if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        return invalid_utf8_rows(arr)
+        values = arr.cast(pa.binary()).to_pylist()
+        return [i for i, v in enumerate(values) if v is not None and not _is_utf8(v)]
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
     out = []
     for i in range(len(arr)):
         try:
@@ -185,28 +215,12 @@ def _invalid_text_rows(arr: pa.ChunkedArray) -> list[int]:
     return out
 
 
-def input_columns(path: str | Path) -> pa.Table | None:
-    """The query set's columns other than COLUMNS, in row order; None when it has none.
-    `conductor run` carries them into results.parquet."""
-    names = [n for n in pq.ParquetFile(path).schema_arrow.names if n not in COLUMNS]
-    return pq.read_table(path, columns=names) if names else None
-
-
-def invalid_utf8_rows(arr: pa.Array | pa.ChunkedArray) -> list[int]:
-    """Positions of a text column's values that are not valid UTF-8 (pyarrow reads them unchecked)."""
+def _is_utf8(value: bytes) -> bool:
     try:
-        arr.validate(full=True)
-        return []
-    except pa.ArrowInvalid:
-        pass
-    out = []
-    for i, v in enumerate(arr.cast(pa.binary()).to_pylist()):
-        if v is not None:
-            try:
-                v.decode("utf-8")
-            except UnicodeDecodeError:
-                out.append(i)
-    return out
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def _utf8_ids(ids: pa.Array, rows: list[int]) -> str:

@@ -32,11 +32,6 @@ def tokens_from_chars(chars: Any) -> Any:
     return pl.max_horizontal((chars / CHARS_PER_TOKEN).round(0).cast(int), (chars > 0).cast(int))
 
 
-def sends_prompt_params(params: Mapping[str, Any] | None) -> bool:
-    """Whether the request carries any parameter billed as prompt, without serializing it."""
-    return bool(params) and any(params.get(k) is not None for k in PROMPT_PARAMS)
-
-
 def prompt_params(params: Mapping[str, Any] | None) -> list[bytes]:
     """The JSON of each request parameter billed as prompt (PROMPT_PARAMS), as it is sent."""
     if not params:

@@ -147,6 +147,10 @@ def _unreadable_scalar(text: str) -> yaml.ScalarNode | None:
 
 
 def shown_value(value: Any) -> str:
-    """A value of a pool or job file for a message, cut when long (a 400-digit number)."""
+    """A value of a file or a planner's reply for a message, cut when long (a 400-digit number, a
+    runaway string): a runaway value must not make a runaway message. Text keeps 40 characters,
+    quoted and closed; anything else, the first 20 of its repr."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value):,} characters)"
     text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text):,} characters)"
