@@ -16,7 +16,7 @@ from pydantic import Field
 
 from conductor.policy.artifact import read_meta
 from conductor.policy.features import FeatureSettings
-from conductor.policy.training import TrainConfig, runs_for_pool, train
+from conductor.policy.training import TrainConfig, coverage_text, runs_for_pool, train
 from conductor.pool import load_pool
 from conductor.runner import planning_pool
 from assets.resources import PoolResource, StorageResource
@@ -77,8 +77,17 @@ def policy(context: AssetExecutionContext, config: PolicySettings, pool: PoolRes
         "frontier": MetadataValue.json(summary["frontier"]),
         "queries": summary["queries"],
         "skipped": MetadataValue.json(summary["skipped"]),
+        "coverage": MetadataValue.text(_coverage(summary)),
         "logged_accuracy": est["logged_accuracy"],
         "greedy_accuracy_snips_train": est.get("greedy_accuracy_snips"),
         "greedy_usd_snips_train": est.get("greedy_usd_snips"),
         "train_seconds": summary["seconds"],
     })
+
+
+def _coverage(summary: dict) -> str:
+    """What the figures rest on, as `policy train` says it and `policy show` prints it."""
+    gaps = summary.get("coverage") or {}
+    if not gaps:
+        return "complete: every (action, query) pair the pool can serve is logged"
+    return "; ".join(coverage_text(task, c, short=True) for task, c in gaps.items())

@@ -110,8 +110,8 @@ def test_a_partial_sweep_plus_an_epsilon_greedy_round_measures_each_action_where
     assert rows["single:big"]["accuracy"] > 0.85  # 11 of the 12 swept queries (it was about 12 of 36)
     # Said, in the command's output: not a sweep, how much it covers, and how to log one.
     said = r.stderr + r.stdout
-    assert "math: the runs are not a sweep" in said and f"of its {logs['k']} candidate actions" in said
-    assert "-k all` logs a sweep" in said
+    assert f"(action, query) pairs the pool can serve on these {N} queries have no usable log" in said
+    assert f"of its {logs['k']} candidate actions" in said and "-k all` logs a sweep" in said
     assert meta["training"]["coverage"]["math"]["queries"] == N
     # The fixed action is no longer the one the round drew greedily: it is among the most accurate.
     fixed = meta["fixed"]["choice"]["math"]
@@ -128,7 +128,8 @@ def test_rollouts_alone_measure_each_action_on_its_few_queries_and_choose_on_no_
     assert rows["single:big"]["n"] == len(big)
     assert rows["single:big"]["accuracy"] == pytest.approx(sum(big.values()) / len(big), abs=1e-5)
     assert rows["single:big"]["accuracy"] > 0.5  # 92% accurate, measured so (it was 2 or 3 of 36)
-    assert "math: the runs are not a sweep" in r.stderr and "coverage math: not a sweep" in r.stdout
+    assert "have no usable log" in r.stderr and "or runs that are not a sweep" in r.stderr
+    assert "coverage math: " in r.stdout and "have no usable log" in r.stdout
     # An action logged on one or two queries, all right, does not win on them: the fixed action is
     # chosen on its unlogged queries counted at its mean less a standard error.
     fixed = meta["fixed"]["choice"]["math"]

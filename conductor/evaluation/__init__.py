@@ -277,7 +277,10 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
 def _fixed_cascade(pool, queries: pa.Table, out: Path, cfg: EvalConfig, dataset: str,
                    table: list[Policy]) -> Policy | None:
     """The cascade most accurate on the train logs among those costing no more than the best
-    single did on train (per task, from the first artifact's measurements), run on these queries."""
+    single did on train (per task, from the first artifact's measurements), run on these queries.
+    Chosen on the guarded figures training chooses on (`training.measured`'s guarded_accuracy
+    and guarded_usd, where an action has unlogged queries), so a cascade logged on a few lucky
+    queries of a run that is not a sweep is not picked for them."""
     from conductor.policy.artifact import find, read_meta
 
     best = next((p for p in table if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
@@ -288,9 +291,11 @@ def _fixed_cascade(pool, queries: pa.Table, out: Path, cfg: EvalConfig, dataset:
     budget = best.info.get("chosen_usd") or best.usd_per_query
     choice = {}
     for task, rows in measured.items():
-        ok = [r for r in rows if r["action"].startswith("cascade:") and r["usd"] <= budget]
+        figures = {r["action"]: (r.get("guarded_accuracy", r["accuracy"]), r.get("guarded_usd", r["usd"]))
+                   for r in rows if r["action"].startswith("cascade:")}
+        ok = [a for a, (_, usd) in figures.items() if usd <= budget]
         if ok:
-            choice[task] = max(ok, key=lambda r: (r["accuracy"], -r["usd"]))["action"]
+            choice[task] = max(ok, key=lambda a: (figures[a][0], -figures[a][1]))
     if not choice:
         return None
     policy, _ = run_planner(pool, queries, out, planner_options={**cfg.planner_options, "policy": "none",

@@ -228,7 +228,7 @@ def per_query_means(examples: Sequence[Logged], field: str = "reward") -> dict[t
     return {k: {q: sum(v) / len(v) for q, v in by_q.items()} for k, by_q in sums.items()}
 
 
-def candidates(examples: Sequence[Logged]) -> dict[str, dict[str, set[str]]]:
+def candidate_keys(examples: Sequence[Logged]) -> dict[str, dict[str, set[str]]]:
     """Per task and query: the keys of the actions that were candidates there (servable)."""
     out: dict[str, dict[str, set[str]]] = {}
     seen: set[tuple[str, int]] = set()  # examples of one query often share their candidate list
@@ -256,8 +256,9 @@ class ActionLogs:
     - Queries where it was no candidate (a replay worker without a recorded response) count
       as wrong and free, so that an action is never favored for skipping hard queries.
     - Queries where it was a candidate but was never logged (`unlogged`: any run but a sweep
-      draws only some actions per query) are unknown. `mean` counts them at its logged mean.
-      `guarded` counts them at that mean less GUARD_SE standard errors (cost: plus), since
+      draws only some actions per query) are unknown. `mean` counts them at its logged mean
+      (servable, they are like the logged ones, not like the unservable ones). `guarded`
+      counts them at that mean less GUARD_SE standard errors (cost: plus), since
       choices (the fixed action, the Pareto cut) are made on it: logged on two easy queries,
       an action is 2 of 2 right by luck, and its unlogged queries must not all count as
       right. The penalty is the standard error of the stand-in for those queries, so it
@@ -275,10 +276,13 @@ class ActionLogs:
 
     @property
     def n(self) -> int:
-        """The queries its figures are measured on: logged, or known to count as wrong and free."""
+        """The queries its figures rest on, the base of their standard error: logged, or known
+        to count as wrong and free. Unlogged queries add none: they repeat the logged mean."""
         return self.logged + self.unservable
 
     def mean(self, field: str) -> float:
+        """Per query of the task: logged queries at their means, unlogged ones at the logged
+        mean, unservable ones at 0. On a sweep (nothing unlogged), the mean over `n` queries."""
         values = self.by_q[field].values()
         total = sum(values)
         if self.unlogged:
@@ -317,7 +321,7 @@ class ActionLogs:
 
 def action_logs(examples: Sequence[Logged]) -> dict[tuple[str, str], ActionLogs]:
     """Per (task, action key) logged: its `ActionLogs`."""
-    cands = candidates(examples)
+    cands = candidate_keys(examples)
     by = {f: per_query_means(examples, f) for f in ("correct", "cost", "reward")}
     out = {}
     for (task, key), correct in by["correct"].items():
@@ -357,8 +361,9 @@ class TableLearner:
         self.values: dict[str, dict[str, float]] = {}
         self.counts: dict[str, dict[str, int]] = {}
 
-    def fit(self, examples: Sequence[Logged]) -> dict:
-        values = action_values(examples)
+    def fit(self, examples: Sequence[Logged], logs: dict[tuple[str, str], ActionLogs] | None = None) -> dict:
+        """`logs`: `action_logs(examples)`, when already made."""
+        values = action_values(examples, logs)
         self.values = {t: {a: v for a, (v, _, _) in by.items()} for t, by in values.items()}
         self.counts = {t: {a: n for a, (_, _, n) in by.items()} for t, by in values.items()}
         return {"cells": sum(len(v) for v in self.values.values())}
@@ -417,8 +422,9 @@ class FixedLearner:
         self.choice: dict[str, str] = {}
         self.why: dict[str, dict] = {}
 
-    def fit(self, examples: Sequence[Logged]) -> dict:
-        logs = action_logs(examples)
+    def fit(self, examples: Sequence[Logged], logs: dict[tuple[str, str], ActionLogs] | None = None) -> dict:
+        """`logs`: `action_logs(examples)`, when already made (training shares one with the learner)."""
+        logs = action_logs(examples) if logs is None else logs
         values = action_values(examples, logs)
         self.values = {t: {a: v for a, (v, _, _) in by.items()} for t, by in values.items()}
         if self.floor is None and self.budget is None:
@@ -510,14 +516,15 @@ class SegmentLearner:
         self.scores: dict[str, dict[str, float]] = {}  # task -> action -> accuracy - lam x USD, task-wide
         self.why: dict[str, dict] = {}
 
-    def fit(self, examples: Sequence[Logged]) -> dict:
+    def fit(self, examples: Sequence[Logged], logs: dict[tuple[str, str], ActionLogs] | None = None) -> dict:
+        """`logs`: `action_logs(examples)`, when already made (training shares one with the fixed action)."""
         # Per query, the unlogged ones (a run that did not draw the action there) at guarded stand-ins
         # (`ActionLogs`), so that an action logged on a few queries of a group wins it on no luck.
-        logs = action_logs(examples)
+        logs = action_logs(examples) if logs is None else logs
         acc = {k: f.filled("correct") for k, f in logs.items()}
         cost = {k: f.filled("cost") for k, f in logs.items()}
         groups = {e.query: e.context.group for e in examples}
-        singles = best_singles(examples)
+        singles = best_singles(examples, logs)
         by_task: dict[str, set[str]] = {}
         for e in examples:
             by_task.setdefault(e.context.task or "none", set()).add(e.query)
@@ -726,11 +733,13 @@ def action_means(examples: Sequence[Logged], field: str, guarded: bool = False,
     return out
 
 
-def best_singles(examples: Sequence[Logged]) -> dict[str, tuple[str, float, float]]:
+def best_singles(examples: Sequence[Logged], logs: dict[tuple[str, str], ActionLogs] | None = None
+                 ) -> dict[str, tuple[str, float, float]]:
     """Per task: the single-worker action most accurate in the logs (ties: the cheaper), as
     (key, accuracy, USD): the best single worker, chosen as the evaluation chooses it. On
-    guarded figures (`ActionLogs`), as the fixed action is chosen."""
-    logs = action_logs(examples)
+    guarded figures (`ActionLogs`), as the fixed action is chosen. `logs`: `action_logs(examples)`,
+    when already made (only correctness and cost count: rewards at any lambda give the same)."""
+    logs = action_logs(examples) if logs is None else logs
     acc, cost = action_means(examples, "correct", True, logs), action_means(examples, "cost", True, logs)
     return {t: _best_single(by, cost[t]) for t, by in acc.items() if any(a.startswith("single:") for a in by)}
 

@@ -14,13 +14,15 @@ graded, invalid, or of a shape outside the action space are skipped and counted.
 
 Training then, per task:
 1. measures every logged action on the train logs (accuracy and cost per query,
-   `learner.ActionLogs`: over the queries it was logged on, a query where it could
-   not be served counting as wrong and free) and keeps the accuracy/cost Pareto
-   frontier, plus actions within `band` standard errors of it (`actions.pareto`):
-   the candidate set is cut by what was measured, never by a rule on the pool's
-   skills. Logs that are not a sweep (every servable action on every query) are
-   said (`coverage`), and the cut and the fixed action are chosen on guarded
-   figures there, so that an action logged on a few queries wins on no luck;
+   `learner.ActionLogs`: the queries it was logged on at their means, its unlogged
+   queries at its logged mean, a query where it could not be served counting as
+   wrong and free) and keeps the accuracy/cost Pareto frontier, plus actions
+   within `band` standard errors of it (`actions.pareto`): the candidate set is
+   cut by what was measured, never by a rule on the pool's skills. Logs missing
+   some (action, query) pair the pool can serve (runs that are not a sweep, or
+   skipped plans) are said (`coverage`), and the cut and the fixed action are
+   chosen on guarded figures there, so that an action logged on a few queries
+   wins on no luck;
 2. holds back `holdout` of the queries (or, with `folds` K, each of K parts in
    turn, so that every query is held back once), fits the per-query learner and
    the best fixed action (`learner.FixedLearner`) on the rest, and estimates both
@@ -58,7 +60,8 @@ from conductor.policy import traininputs
 from conductor.policy.actions import Action, ActionSettings, Measured, action_set, from_steps, pareto, servable
 from conductor.policy.features import Context, FeatureSettings, context
 from conductor.policy.learner import (GUARD_SE, LEARNERS, ActionLogs, FixedLearner, Logged, SegmentLearner,
-                                      action_logs, best_singles, candidates, make_learner, target_choice)
+                                      TableLearner, action_logs, best_singles, candidate_keys, make_learner,
+                                      target_choice)
 from conductor.policy.metacheck import guarded
 from conductor.pool import Pool, load_pool
 from conductor.queries import load_queries
@@ -360,23 +363,23 @@ def fit_policy(cfg: TrainConfig, logged: Sequence[Logged]) -> Fitted:
     measured = measure(logged, logs=logs)
     judged = measure(logged, guarded=True, logs=logs)  # the same figures on a sweep
     kept = {t: pareto(ms, cfg.band, cfg.max_actions) for t, ms in judged.items()}
-    everything = list(logged)
+    reference = best_singles(logged, logs)  # on correctness and cost: the same at any lambda
     floor_lambda = None
     if cfg.floor is not None or cfg.budget is not None:
         # The learner optimizes a reward: give it the lambda under which the floor's action is the
         # best fixed one (its price of accuracy), so both aim at the same point of the frontier.
-        floor_lambda = implied_lambda(judged, kept, best_singles(everything), cfg.floor, cfg.budget)
+        floor_lambda = implied_lambda(judged, kept, reference, cfg.floor, cfg.budget)
         if floor_lambda is not None:
             cfg = replace(cfg, lam=floor_lambda["lambda"])
-    everything = [replace(e, reward=float(bool(e.correct)) - cfg.lam * e.cost) for e in everything]
+    everything = [replace(e, reward=float(bool(e.correct)) - cfg.lam * e.cost) for e in logged]
     examples = restrict(everything, {t: {m.action.key for m in ms} for t, ms in kept.items()})
     selection = choose(cfg, examples, everything)
-    reference = best_singles(everything)
     learner = _learner(cfg, reference)
     fixed = FixedLearner(floor=cfg.floor, reference=reference, budget=cfg.budget)
     try:
-        fit = learner.fit(examples)
-        fixed.fit(examples)
+        cut = action_logs(examples)  # rewards at cfg.lam, inside the cut: one for both fits
+        fit = _fit(learner, examples, cut)
+        fixed.fit(examples, cut)
     except BaseException:
         close = getattr(learner, "close", None)
         if callable(close):
@@ -387,10 +390,12 @@ def fit_policy(cfg: TrainConfig, logged: Sequence[Logged]) -> Fitted:
 
 def measure(examples: Sequence[Logged], guarded: bool = False,
             logs: dict[tuple[str, str], ActionLogs] | None = None) -> dict[str, list[Measured]]:
-    """Per task, every logged action's accuracy and cost per query (`learner.ActionLogs`): over
-    the queries it was logged on, the queries where it could not be served counting as wrong
-    and free, with `n` those queries. With `guarded`, the figures choices are made on (its
-    unlogged queries at a guarded stand-in; on a sweep the same), with `n` the task's queries.
+    """Per task, every logged action's accuracy and cost per query of the task
+    (`learner.ActionLogs.mean`: the queries it was logged on at their means, its unlogged
+    queries at its logged mean, the queries where it could not be served as wrong and free),
+    with `n` the queries that figure rests on (logged and unservable: its standard error's base).
+    With `guarded`, the figures choices are made on (its unlogged queries at a guarded
+    stand-in; on a sweep the same), with `n` the task's queries.
     `logs`: `learner.action_logs(examples)`, when already made."""
     logs = action_logs(examples) if logs is None else logs
     actions: dict[str, Action] = {}
@@ -405,10 +410,11 @@ def measure(examples: Sequence[Logged], guarded: bool = False,
 
 
 def coverage(examples: Sequence[Logged]) -> dict[str, dict[str, Any]]:
-    """Per task whose logs are not a sweep: how much of what the pool can serve they hold.
+    """Per task whose logs miss some (action, query) pair the pool can serve: how much they hold.
     A sweep logs every candidate action on every query; other runs (rollouts from a policy,
-    uniform draws) log a few per query, so an action's figures rest on fewer queries."""
-    cands = candidates(examples)
+    uniform draws) log a few per query, and a sweep's skipped plans (invalid, ungraded) leave
+    gaps too, so an action's figures rest on fewer queries."""
+    cands = candidate_keys(examples)
     logged: dict[str, dict[str, set[str]]] = {}
     for e in examples:
         logged.setdefault(e.context.task or "none", {}).setdefault(e.query, set()).add(e.actions[e.chosen].key)
@@ -424,19 +430,21 @@ def coverage(examples: Sequence[Logged]) -> dict[str, dict[str, Any]]:
 
 
 def coverage_text(task: str, c: dict[str, Any], short: bool = False) -> str:
-    """One task's `coverage`, said: what the figures rest on, and how to log a sweep."""
-    share = f"{c['pairs_logged']} of the {c['pairs']} (action, query) pairs the pool can serve"
+    """One task's `coverage`, said: what the figures rest on, why pairs may lack a log (the runs
+    may be a sweep with a few skipped plans, so neither cause is claimed), and how to log them all."""
+    missing = f"{c['pairs'] - c['pairs_logged']} of the {c['pairs']} (action, query) pairs the pool can serve"
     pct = f"{c['pairs_logged'] / max(c['pairs'], 1):.0%}"
     if short:
-        return (f"{task}: not a sweep: {c['actions_logged']} of {c['actions']} candidate actions logged, on {share} "
-                f"({pct}); unlogged queries count at an action's logged mean less "
-                f"{GUARD_SE:g} SE (`policy rollouts -k all` logs a sweep)")
-    return (f"{task}: the runs are not a sweep: they logged {c['actions_logged']} of its {c['actions']} candidate "
-            f"actions, on {share} on these {c['queries']} queries ({pct}). Each action "
-            f"is measured on the queries it was logged on (wrong and free where it cannot be served); for the Pareto "
-            f"cut and the fixed action, its unlogged queries count at its logged mean less {GUARD_SE:g} standard "
-            f"error, so an action logged on a few queries wins on no luck. `conductor policy rollouts QUERIES --pool "
-            f"POOL -k all` logs a sweep (every action on every query)")
+        return (f"{task}: {missing} have no usable log ({pct} logged; skipped plans, or runs that are not a sweep); "
+                f"{c['actions_logged']} of {c['actions']} candidate actions logged; unlogged queries count at an "
+                f"action's logged mean less {GUARD_SE:g} SE (`policy rollouts -k all` logs a sweep)")
+    return (f"{task}: {missing} on these {c['queries']} queries have no usable log ({pct} logged): plans skipped as "
+            f"invalid or ungraded, or runs that are not a sweep. The runs logged {c['actions_logged']} of its "
+            f"{c['actions']} candidate actions. An action's figures count its unlogged queries at its logged mean, "
+            f"and the queries it cannot be served on as wrong and free; for the Pareto cut and the fixed action, "
+            f"its unlogged queries count at its logged mean less {GUARD_SE:g} standard error, so an action logged "
+            f"on a few queries wins on no luck. `conductor policy rollouts QUERIES --pool POOL -k all` logs a sweep "
+            f"(every action on every query)")
 
 
 def restrict(examples: Sequence[Logged], keep: dict[str, set[str]]) -> list[Logged]:
@@ -462,6 +470,14 @@ def _learner(cfg: TrainConfig, reference: dict[str, tuple[str, float, float]] | 
         return SegmentLearner(lam=cfg.lam, floor=cfg.floor, reference=reference, seed=cfg.seed, budget=cfg.budget,
                               shrinks=cfg.shrinks)
     return make_learner(cfg.learner, seed=cfg.seed, **cfg.vw)
+
+
+def _fit(learner: Any, examples: Sequence[Logged], logs: dict[tuple[str, str], ActionLogs]) -> dict:
+    """Fit `learner`, handing the learners that measure actions `logs` (`action_logs(examples)`,
+    made once for them and the fixed action)."""
+    if isinstance(learner, (FixedLearner, SegmentLearner, TableLearner)):
+        return learner.fit(examples, logs)
+    return learner.fit(examples)
 
 
 def choose(cfg: TrainConfig, examples: Sequence[Logged],
@@ -497,8 +513,9 @@ def choose(cfg: TrainConfig, examples: Sequence[Logged],
         learner = _learner(cfg, reference)
         fixed = FixedLearner(floor=cfg.floor, reference=reference, budget=cfg.budget)
         try:
-            learner.fit(fit_on)
-            fixed.fit(fit_on)
+            cut = action_logs(fit_on)
+            _fit(learner, fit_on, cut)
+            fixed.fit(fit_on, cut)
             per_q["learned"].update(outcomes(learner, held))
             per_q["fixed"].update(outcomes(fixed, held))
         finally:
@@ -674,11 +691,13 @@ def _fold(query: str, folds: int, seed: int) -> int:
 
 def _row(m: Measured, logs: ActionLogs | None = None) -> dict[str, Any]:
     """`n`: the queries the figures rest on. An action with unlogged queries (not a sweep) also
-    shows how many, and the guarded figures the cut and the fixed action were chosen on."""
+    shows how many, what `n` is made of (logged + unservable; the figures count the unlogged
+    queries at the logged mean), and the guarded figures the cut and the fixed action were
+    chosen on."""
     row = {"action": m.action.key, "n": m.n, "accuracy": round(m.accuracy, 5), "usd": m.cost,
            "se": round(m.se, 5)}
     if logs is not None and logs.unlogged:
-        row.update(logged=logs.logged, unlogged=len(logs.unlogged),
+        row.update(logged=logs.logged, unservable=logs.unservable, unlogged=len(logs.unlogged),
                    guarded_accuracy=round(logs.guarded("correct"), 5), guarded_usd=logs.guarded("cost"))
     return row
 
