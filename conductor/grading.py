@@ -565,6 +565,8 @@ def _choice_answer(text: str) -> str | None:
     lines = _answer_lines(text)
     if lines:  # the last "Answer:" may open a fenced block, as under literal and exact
         lines[-1] = _fenced_or(lines[-1], text)
+        if _UNREADABLE.search(lines[-1]):  # the final answer is corrupt: not an earlier one instead
+            return None
     for span in reversed(lines):
         letter = _choice_from_span(span)
         if letter:

@@ -83,13 +83,13 @@ def runs_view(source: str) -> str:
     the run cap of its manifest's `spend` counted, kept on Ctrl-C or SIGTERM, else (a run from
     before `spend` was kept) the summary's `cost_usd`, so a sum over the view sees every run's
     money. The six first columns are those the view always had; later ones are added at the end.
-    `settings` is the summary's (with max_failed_share), else the manifest's: a run stopped before
-    its summary shows what it ran with too."""
+    `settings` is the manifest's (the report stage adds max_failed_share), else the summary's: a
+    rerun that changed a setting and stopped before its summary has the new one."""
     run_cap = "list_filter(json_extract(spend, '$[*]'), lambda c: c->>'cap' = 'run')[1]->>'spent_usd'"
     return f"""SELECT run_id, status, created_at, updated_at, inputs, summary,
         coalesce(TRY_CAST({run_cap} AS DOUBLE), TRY_CAST(summary->>'cost_usd' AS DOUBLE)) AS spent_usd,
         spend, lost_in_flight, interrupted_wall_time_s, failed_in, error,
-        coalesce(summary->'settings', settings) AS settings
+        coalesce(settings, summary->'settings') AS settings
         FROM {source}"""
 
 

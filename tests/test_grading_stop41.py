@@ -89,3 +89,11 @@ def test_an_answer_with_nul_bytes_or_lone_surrogates_is_unparsed(task, response)
     assert grade(task, fenced(ref + "\x00"), ref).parsed is False  # in a fenced block too
     # A NUL in the working, not in the answer, is fine.
     assert grade(task, f"Thinking\x00 it over.\nAnswer: {ref}", ref).correct is True
+
+
+def test_a_corrupt_final_choice_answer_does_not_fall_back_to_an_earlier_one():
+    """review41 3: 'Answer: B ... Answer: C<NUL>' read as B under choice, as no other grader does."""
+    for response in ("Answer: B\nwait\nAnswer: C\x00", "Answer: B\nAnswer: \ud800C"):
+        g = grade("choice", response, "B")
+        assert (g.answer, g.parsed, g.correct) == (None, False, False), response
+        assert grade("math", response.replace("B", "4").replace("C", "5"), "4").answer is None
