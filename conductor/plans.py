@@ -251,7 +251,7 @@ def _resolve_condition(raw: Any, i: int) -> Condition | None:
         if isinstance(a, bool) or not isinstance(a, int) or a < 0:
             raise PlanError(f"step {i}: condition {kind}: {shown_value(a)} is not a step number")
         if a >= i:
-            raise PlanError(f"step {i}: condition {kind} reads step {a}, which is not earlier "
+            raise PlanError(f"step {i}: condition {kind} reads step {shown_value(a)}, which is not earlier "
                             f"(steps may only read steps 0..{i - 1})")
         out.append(a)
     if len(set(out)) < 2:
@@ -265,7 +265,8 @@ def _resolve_worker(ref: Any, ids: list[str], i: int) -> str:
     if isinstance(ref, int):
         if 0 <= ref < len(ids):
             return ids[ref]
-        raise PlanError(f"step {i}: worker number {ref} is out of range (the pool has workers 0..{len(ids) - 1})")
+        raise PlanError(f"step {i}: worker number {shown_value(ref)} is out of range "
+                        f"(the pool has workers 0..{len(ids) - 1})")
     if isinstance(ref, str):
         ref = ref.strip()
         if ref in ids:
@@ -297,10 +298,10 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
         if isinstance(a, bool) or not isinstance(a, int):
             raise PlanError(f"step {i}: access entry {shown_value(a)} is not a step number")
         if a < 0:
-            raise PlanError(f"step {i}: access entry {a} is negative")
+            raise PlanError(f"step {i}: access entry {shown_value(a)} is negative")
         if a >= i:
             seen = "the first step can see no other step" if i == 0 else f"step {i} may only see steps 0..{i - 1}"
-            raise PlanError(f"step {i}: access entry {a} refers to a step that is not earlier ({seen})")
+            raise PlanError(f"step {i}: access entry {shown_value(a)} refers to a step that is not earlier ({seen})")
         out.add(a)
     return tuple(sorted(out))
 

@@ -7,6 +7,7 @@ offending ids, so that a user fixes a file in one pass.
 from __future__ import annotations
 
 import hashlib
+import string
 from collections import Counter
 from pathlib import Path
 
@@ -168,21 +169,49 @@ def _too_long(ids: pa.Array, prompt: pa.Array, task: pa.Array) -> str | None:
 
 
 def carried_name(name: str) -> str:
-    """The results.parquet column a query-set column `name` (not in COLUMNS) is carried as."""
-    return f"input_{name}" if name in RESULTS.names else name
+    """The results.parquet column a query-set column `name` (not in COLUMNS) is carried as. DuckDB
+    reads names without regard to case, so `Status` is renamed as `status` is: kept as it was,
+    `SELECT Status FROM results` read conductor's status and the user's column became `Status_1`."""
+    return f"input_{name}" if _folded(name) in _RESULTS_NAMES else name
+
+
+def _folded(name: str) -> str:
+    """A name as DuckDB compares names: A-Z as a-z, every other letter as it is (`É` is not `é`)."""
+    return name.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+_RESULTS_NAMES = {_folded(n) for n in RESULTS.names}
 
 
 def _carry_clashes(names: list[str]) -> list[str]:
-    """Two columns that would be carried under one name: the run would keep one of them only.
+    """Columns that would be carried under one name as DuckDB reads names (case aside): the run
+    would keep one of them only, or SQL would read one under a name DuckDB invents (`Note_1`).
     Refused here, before anything is written, rather than renamed behind the user's back."""
-    extra = [n for n in names if n not in COLUMNS]
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        if name not in COLUMNS:
+            groups.setdefault(_folded(carried_name(name)), []).append(name)
     problems = []
-    for name in extra:
-        out = carried_name(name)
-        if out != name and out in extra:
-            problems.append(f"columns '{out}' and '{name}' would both be carried into results.parquet as '{out}' "
-                            f"(results has its own '{name}'); rename one of them")
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        outs = {carried_name(n) for n in group}
+        if len(outs) == 1:  # `input_status` and `status`
+            renamed = next(n for n in group if carried_name(n) != n)
+            problems.append(f"columns {_and(group)} would both be carried into results.parquet as '{outs.pop()}' "
+                            f"(results has its own '{renamed}'); rename one of them")
+        else:  # `note` and `Note`, or `Status` and `input_status`
+            named = [f"'{n}'" + (f" (as '{carried_name(n)}')" if carried_name(n) != n else "") for n in group]
+            problems.append(f"columns {_and(named, quote=False)} would be carried into results.parquet under names "
+                            f"that differ only in case, which SQL (DuckDB) reads as one name; "
+                            f"rename all but one of them")
     return problems
+
+
+def _and(items: list[str], quote: bool = True) -> str:
+    items = [f"'{i}'" if quote else i for i in items]
+    return ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def input_columns(path: str | Path) -> pa.Table | None:

@@ -19,9 +19,22 @@ import yaml
 
 
 class Loader(yaml.SafeLoader):
-    """SafeLoader that also reads 1e-3 and 2E6 as floats."""
+    """SafeLoader that also reads 1e-3 and 2E6 as floats, from tables of its own (below)."""
 
 
+# SafeLoader's tables are process-wide dicts that other libraries change in place: lm-format-enforcer,
+# which vLLM imports when it checks a structured-output request, makes every date text, so that a
+# pool's `2026-13-45` was then accepted as text. Loader's are its own, built from SafeConstructor's
+# methods rather than copied, so that a change made before this import is not taken over either.
+_SAFE_TYPES = ("null", "bool", "int", "float", "binary", "timestamp", "omap", "pairs", "set", "str", "seq", "map")
+Loader.yaml_constructors = {None: yaml.SafeLoader.construct_undefined,
+                            **{f"tag:yaml.org,2002:{t}": getattr(yaml.SafeLoader, f"construct_yaml_{t}")
+                               for t in _SAFE_TYPES}}
+Loader.yaml_multi_constructors = {}
+Loader.yaml_path_resolvers = {}
+# the resolvers are copied, list by list, as add_implicit_resolver copies them for a subclass
+Loader.yaml_implicit_resolvers = {first: list(found)
+                                  for first, found in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
                              list("-+0123456789"))
 
