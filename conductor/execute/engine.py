@@ -425,7 +425,7 @@ class Executor:
                 try:
                     self.on_spend(spend)
                     last = spend
-                except OSError:
+                except (OSError, ConductorError):  # a full disk, a damaged manifest: said by what writes next
                     pass
 
     async def _run(self, jobs: Iterable[PlanJob], resume: ResumeState) -> None:
