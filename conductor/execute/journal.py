@@ -81,7 +81,8 @@ class Journal:
         self._plans = _open_append(folder / PLANS_FILE)
         self._reservations = _open_append(folder / RESERVATIONS_FILE)
         self._pending: dict[int, list[bytes]] = {id(self._steps): [], id(self._plans): []}
-        self._seq = _last_seq(folder / STEPS_FILE, folder / PLANS_FILE)
+        # reservations too: a paid row's call is its key's latest reservation before it (_read_reservations)
+        self._seq = _last_seq(folder / STEPS_FILE, folder / PLANS_FILE, folder / RESERVATIONS_FILE)
         # the cache's errors too: its commit runs first (answers_first)
         self._turn = AfterTurn(self.flush, (OSError, sqlite3.DatabaseError))
 
@@ -207,7 +208,9 @@ def count_unanswered(lost: dict[str, Any], usd: float | None) -> None:
 def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
     state = ResumeState()
     transient: dict[str, int] = {}  # plan id -> transient failures logged
-    last: dict[str, list] = {}  # plan id -> what its latest line says (_Gaps.plan_line)
+    # plan id -> its latest line for _Gaps: a tuple (_Gaps.plan_line) if that line ends the plan, else its _seq
+    # alone (the lower end of the next line's window). No list per plan: a big journal's resume stays light.
+    last: dict[str, tuple | int] = {}
     for row in _read(folder / PLANS_FILE):
         status, pid = row["status"], row["plan_id"]
         if counts_as_retry(row):
@@ -219,35 +222,38 @@ def load_state(folder: Path, retry_failed: bool = False) -> ResumeState:
             final = status in FINAL_PLAN_STATUSES
         if final and not (retry_failed and status == "error"):
             state.finished.add(pid)
+            done = status != "invalid_plan"
         else:
             state.finished.discard(pid)
+            done = False
         if status == "invalid_plan":
             state.invalid.add(pid)
         else:
             state.invalid.discard(pid)
-        last[pid] = _Gaps.plan_line(row, last.get(pid))
-    gaps = _Gaps(last, state.finished, state.invalid)
-    again: Counter[str] = Counter()  # request key -> its paid rows beyond the first
+        last[pid] = _Gaps.plan_line(row, last.get(pid)) if done else row.get("_seq") or 0
+    # invalid plans are finished, not checked: with no other finished plan, no gap work at all
+    gaps = _Gaps(last) if len(state.finished) > len(state.invalid) else None
+    check = gaps.step if gaps is not None else None
     for row in _read(folder / STEPS_FILE):
         state.steps_logged += 1
         if row.get("cost_usd") and not row.get("cache_hit"):
             state.spent[row["provider"]] = state.spent.get(row["provider"], 0.0) + row["cost_usd"]
         if row.get("attempts") and (key := row.get("request_key")):
-            if key in state.paid:
-                again[key] += 1
             state.paid.add(key)
         if row["plan_id"] in state.finished:
-            gaps.step(row)
+            if check is not None:
+                check(row)
         elif row["status"] == "ok":
             _restore(state, row)
-    state.gaps = gaps.missing(folder.parent / "plans.parquet")
+    state.gaps = gaps.missing(folder.parent / "plans.parquet") if gaps is not None else {}
+    del last, gaps, check
     if state.gaps:  # run again: steps with a line are restored, the others answered by the run cache
         state.finished -= state.gaps.keys()
         for row in _read(folder / STEPS_FILE):
             kept_out = state.gaps.get(row["plan_id"])
             if kept_out is not None and row["status"] == "ok" and row["step_path"] not in kept_out:
                 _restore(state, row)
-    _read_reservations(folder / RESERVATIONS_FILE, state, again)
+    _read_reservations(folder, state)
     return state
 
 
@@ -258,6 +264,9 @@ def _restore(state: ResumeState, row: dict[str, Any]) -> None:
         state.sub_plans.setdefault(row["plan_id"], {})[row["step_path"]] = row["sub_plan"]
 
 
+_TOP_STEP = {str(i): 1 << i for i in range(64)}  # a top-level step's path -> its bit in _Gaps.plan_line
+
+
 class _Gaps:
     """Finished plans with step lines missing (a damaged line deleted by hand, as `_read` advises):
     they run again, so that those steps come back from the run's response cache, paid once, instead
@@ -265,36 +274,41 @@ class _Gaps:
     the command that finished it, each with its own step line written before; and every step of a
     finished plan has a line (answered or skipped, if the plan is ok), restored ones an earlier one."""
 
-    def __init__(self, last: dict[str, list], finished: set[str], invalid: set[str]):
-        for pid in [pid for pid in last if pid not in finished or pid in invalid]:
-            del last[pid]
-        self.plans = last  # plan id -> its latest line (plan_line), of finished plans that ran steps
+    def __init__(self, last: dict[str, tuple | int]):
+        self.plans = last  # plan id -> its latest line: a plan_line tuple for the plans checked (see load_state)
         self.nested: set[tuple[str, str]] = set()  # (plan id, step path with a dot) of lines that end steps
         self.subs: dict[tuple[str, str], int] = {}  # (plan id, re-planning step's path) -> its sub-plan's steps
 
     @staticmethod
-    def plan_line(row: dict[str, Any], before: list | None) -> list:
-        """[_seq of the plan's line before this one, this line's _seq, its calls + cache hits (counted down
-        as their step lines are found), whether it is ok, a bit per top-level step with a line ending it]."""
-        return [before[1] if before else 0, row.get("_seq") or 0,
-                (row.get("calls") or 0) + (row.get("cache_hits") or 0), row["status"] == "ok", 0]
+    def plan_line(row: dict[str, Any], before: tuple | int | None) -> tuple:
+        """(_seq of the plan's line before this one, this line's _seq, its calls + cache hits (counted down
+        as their step lines are found), whether it is ok, a bit per top-level step with a line ending it)."""
+        if type(before) is tuple:
+            before = before[1]
+        return (before or 0, row.get("_seq") or 0,
+                (row.get("calls") or 0) + (row.get("cache_hits") or 0), row["status"] == "ok", 0)
 
     def step(self, row: dict[str, Any]) -> None:
-        line = self.plans.get(row["plan_id"])
-        if line is None:
+        pid = row["plan_id"]
+        line = self.plans.get(pid)
+        if type(line) is not tuple:
             return
-        seq = row.get("_seq")
-        if (row.get("attempts") or row.get("cache_hit")) and (not line[1] or seq is None or line[0] < seq <= line[1]):
-            line[2] -= 1
+        low, high, left, ok, have = line
+        if row.get("attempts") or row.get("cache_hit"):
+            seq = row.get("_seq")
+            if not high or seq is None or low < seq <= high:
+                left -= 1
         path = row["step_path"]
-        if not line[3] or row["status"] in ("ok", "skipped"):
-            done = path.removesuffix(".repair")
-            if done.isdigit():
-                line[4] |= 1 << int(done)
+        if not ok or row["status"] in ("ok", "skipped"):
+            if (bit := _TOP_STEP.get(path)) is not None:
+                have |= bit
+            elif (done := path.removesuffix(".repair")).isdigit():
+                have |= 1 << int(done)
             else:
-                self.nested.add((row["plan_id"], done))
+                self.nested.add((pid, done))
+        self.plans[pid] = (low, high, left, ok, have)
         if row.get("sub_plan") and not path.endswith(".plan"):
-            self.subs[(row["plan_id"], path)] = len(orjson.loads(row["sub_plan"]).get("steps") or ())
+            self.subs[(pid, path)] = len(orjson.loads(row["sub_plan"]).get("steps") or ())
 
     def missing(self, plans_file: Path) -> dict[str, frozenset[str]]:
         """Plan id -> the step paths not to restore when it runs again: those missing, and the
@@ -308,27 +322,30 @@ class _Gaps:
                                              if (pid, p) not in self.nested]
         gaps = {pid: frozenset(".".join(p.split(".")[:i]) for p in paths for i in range(1, p.count(".") + 2))
                 for pid, paths in lost.items() if paths}
-        gaps.update((pid, frozenset()) for pid, line in self.plans.items() if line[2] > 0 and pid not in gaps)
+        gaps.update((pid, frozenset()) for pid, line in self.plans.items()
+                    if type(line) is tuple and line[2] > 0 and pid not in gaps)
         return gaps
 
 
-def _step_counts(plans_file: Path, plans: dict[str, Any]):
-    """(plan id, top-level steps) of the given plans, from the run's plans.parquet (none without it:
-    an LLM planner's journal, or a journal read on its own)."""
-    if not plans or not plans_file.exists():
+def _step_counts(plans_file: Path, plans: dict[str, tuple | int]):
+    """(plan id, top-level steps) of the plans checked (a tuple in `plans`), from the run's plans.parquet
+    (none without it: an LLM planner's journal, or a journal read on its own). Read in small pieces, with
+    no thread or read-ahead: a resume of a big run holds less memory."""
+    if not plans_file.exists():
         return
     import pyarrow.parquet as pq
 
-    f = pq.ParquetFile(plans_file)
-    if "n_steps" not in f.schema_arrow.names:
-        return
-    for batch in f.iter_batches(columns=["plan_id", "n_steps"], batch_size=65536):
-        for pid, n in zip(*(c.to_pylist() for c in batch.columns)):
-            if n and pid in plans:
-                yield pid, n
+    with pq.ParquetFile(plans_file, pre_buffer=False, buffer_size=1 << 16) as f:
+        if "n_steps" not in f.schema_arrow.names:
+            return
+        for batch in f.iter_batches(columns=["plan_id", "n_steps"], batch_size=8192, use_threads=False):
+            for pid, n in zip(*(c.to_pylist() for c in batch.columns)):
+                if n and type(plans.get(pid)) is tuple:
+                    yield pid, n
 
 
-def _read_reservations(path: Path, state: ResumeState, again: Counter[str]) -> None:
+def _read_reservations(folder: Path, state: ResumeState) -> None:
+    path = folder / RESERVATIONS_FILE
     for row in _read(path):
         if "settled" not in row:
             state.unsettled[row["id"]] = (row["key"], row["provider"], row["usd"])
@@ -338,22 +355,64 @@ def _read_reservations(path: Path, state: ResumeState, again: Counter[str]) -> N
             # Answered and settled, but killed before its step row was written: paid all the same.
             state.unsettled[row["id"]] = (key, provider, row["settled"])
     # A paid step row is its call's settlement too: a call whose settled line is gone (deleted by hand,
-    # or its write failed) is no call lost in flight. Those a key has beyond its paid rows stay
-    # unsettled: calls cut off by timeout_s, or sent again after a kill.
-    unsettled: dict[str, list[str]] = {}  # request key with a paid row -> its unsettled reservations
-    for rid, (key, _, _) in state.unsettled.items():
-        if key in state.paid:
-            unsettled.setdefault(key, []).append(rid)
-    if not unsettled:
+    # or its write failed) is no call lost in flight. That call is the latest of its key's reservations
+    # before the row: earlier ones stay unsettled (tries cut off by timeout_s, or calls a killed process
+    # sent), and so do later ones (sent after it). A failed try's $0 settlement says nothing about them.
+    keys = {key for key, _, _ in state.unsettled.values() if key in state.paid}
+    if not keys:
         return
-    settled: dict[str, set[str]] = {key: set() for key in unsettled}
+    sent: dict[str, list[tuple[int, str]]] = {key: [] for key in keys}  # key -> (_seq, id) of its reservations
     for row in _read(path):
-        if "settled" in row and (ids := settled.get(row["id"].rsplit(":", 2)[0])) is not None:
-            ids.add(row["id"])  # a reservation id is "<request key>:<ns>:<pid>"
-    for key, rids in unsettled.items():
-        settle = 1 + again[key] - len(settled[key])
-        for rid in rids[max(0, len(rids) - settle):] if settle > 0 else ():
-            del state.unsettled[rid]
+        if "settled" not in row and (calls := sent.get(row["key"])) is not None:
+            calls.append((_reserved_at(row), row["id"]))
+    for key, rows in _paid_rows(folder / STEPS_FILE, keys).items():
+        calls = sent[key]
+        for seq in sorted(rows):
+            answered = max((c for c in calls if c[0] < seq), default=None)
+            if answered is not None:  # each row its own call: two rows of a key are two calls
+                calls.remove(answered)
+                state.unsettled.pop(answered[1], None)
+
+
+def _reserved_at(row: dict[str, Any]) -> int:
+    """A reservation's place among the journal's lines: its `_seq`, or for a line written before
+    reservations had one, the clock its id holds ("<request key>:<ns>:<pid>"), as step lines' `_seq` did."""
+    try:
+        return row.get("_seq") or int(row["id"].rsplit(":", 2)[1])
+    except (IndexError, ValueError):  # an id edited by hand: taken as the key's first call
+        return 0
+
+
+_REQUEST_KEY = b'"request_key":"'  # as orjson writes it: a step line's own field (quotes in text are escaped)
+
+
+def _paid_rows(path: Path, keys: set[str]) -> dict[str, list[float]]:
+    """Request key -> the `_seq` of each paid step row of it (no `_seq`: after every reservation), for
+    a few keys. Only the lines holding one of them are parsed, found by a byte search: a second full
+    read of a big journal would add most of load_state's time again to every resume of a run that
+    ever had a call cut off or killed in flight."""
+    wanted = {key.encode() for key in keys}
+    rows: dict[str, list[float]] = {}
+    size = 1 << 23
+    with open(path, "rb") as f:
+        while data := f.read(size):
+            end = data.rfind(b"\n") + 1  # whole lines: the rest is read again (a torn last line never ends)
+            if end == 0 and len(data) == size:  # a line longer than a read
+                f.seek(-len(data), os.SEEK_CUR)
+                size *= 2
+                continue
+            f.seek(end - len(data), os.SEEK_CUR)
+            at = data.find(_REQUEST_KEY, 0, end)
+            while at >= 0:
+                at += len(_REQUEST_KEY)
+                if data[at:data.find(b'"', at, end)] in wanted:
+                    row = orjson.loads(data[data.rfind(b"\n", 0, at) + 1:data.find(b"\n", at)])
+                    if row.get("attempts") and row.get("request_key") in keys:
+                        rows.setdefault(row["request_key"], []).append(row.get("_seq") or float("inf"))
+                at = data.find(_REQUEST_KEY, at, end)
+            if end == 0:  # a torn last line only
+                break
+    return rows
 
 
 def _write(f: IO[bytes], row: dict[str, Any]) -> None:
