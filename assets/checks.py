@@ -206,7 +206,7 @@ def evaluate_spend(run: RunDir, pool_path: Path, run_budget: float | None,
     desc = ("over budget: " + "; ".join(f"{r['cap']} ${r['spent_usd']:.4f} > ${r['limit_usd']:.4f}" for r in over)
             if over else f"spent ${spent:.4f}; within " + (", ".join(r["cap"] for r in rows) or "no budget set"))
     if unpriced:
-        desc += f"; {unpriced} plan(s) without a known price are not counted"
+        desc += f"; {unpriced} plan(s) with calls of unknown price: those calls are not counted"
     return AssetCheckResult(
         passed=not over, severity=AssetCheckSeverity.ERROR, description=desc,
         metadata={"spent_usd": spent, "caps": MetadataValue.md(markdown_table(rows) if rows else "_no budget set_"),

@@ -28,7 +28,7 @@ FUNCTION_NAMES = ("vote", "extract")
 DEFAULT_MAX_TOKENS = 1024  # a call's completion cap when its worker's params set none
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]*")  # fullmatch: "$" would let a final newline in
 POOL_VERSION = 1  # the `version:` a pool file may give
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV_START = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-|\})")  # `${NAME}`, or the start of `${NAME:-default}`
 
 
 @dataclass(frozen=True)
@@ -262,9 +262,7 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
         raise PoolError(("the file is empty" if raw is None else "the top level must be a mapping")
                         + ": it needs a workers: list (providers:, version:, governor: and replay: are optional)")
     _no_unknown(raw, {"workers", "providers", "version", "replay", "governor"}, "")
-    if raw.get("version", POOL_VERSION) != POOL_VERSION or isinstance(raw.get("version"), bool):  # True == 1
-        raise PoolError(f"version: this conductor reads pool files of version {POOL_VERSION} "
-                        f"(got {yamlkeys.shown_value(raw['version'])})")
+    _check_version(raw.get("version"))
     governor = raw.get("governor")
     if governor is not None:
         if not isinstance(governor, str):
@@ -285,12 +283,12 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
     if not isinstance(workers_raw, list) or not workers_raw:
         raise PoolError("workers: must be a non-empty list")
     workers = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}  # id -> its position, which a duplicate's message names too
     for i, w in enumerate(workers_raw):
         worker = _worker(i, w, providers)
         if worker.id in seen:
-            raise PoolError(f"workers[{i}].id: duplicate worker id {worker.id!r}")
-        seen.add(worker.id)
+            raise PoolError(f"workers[{i}].id: duplicate worker id {worker.id!r} (also workers[{seen[worker.id]}])")
+        seen[worker.id] = i
         workers.append(worker)
     # Workers with no provider section share a default one with default limits.
     for i, w in enumerate(workers):
@@ -303,6 +301,15 @@ def parse_pool(raw: Any, where: str | None = None) -> Pool:
                             f"openai/ model of an OpenAI-compatible endpoint (got {w.model!r})")
     return Pool(workers=tuple(workers), providers=providers, path=where, replay=replay, governor=governor,
                 listed=tuple(providers_raw))
+
+
+def _check_version(version: Any) -> None:
+    """null is the default, as for every key the README lets be null; "1" in quotes is text."""
+    if version is None or (version == POOL_VERSION and not isinstance(version, bool)):  # True == 1
+        return
+    text = f": text, not a number; write version: {POOL_VERSION} without quotes" if isinstance(version, str) else ""
+    raise PoolError(f"version: this conductor reads pool files of version {POOL_VERSION} "
+                    f"(got {yamlkeys.shown_value(version)}{text})")
 
 
 def _provider(pid: Any, cfg: Any) -> Provider:
@@ -346,7 +353,7 @@ def _batch_options(cfg: dict, at: str) -> dict[str, Any]:
     mode = "online" if cfg.get("mode") is None else cfg["mode"]
     if mode not in PROVIDER_MODES:
         raise PoolError(f"{at}.mode: must be one of {', '.join(PROVIDER_MODES)} (got {mode!r})")
-    given = sorted(k for k in cfg if str(k).startswith("batch_"))
+    given = sorted(k for k, v in cfg.items() if str(k).startswith("batch_") and v is not None)  # null: the default
     if given and mode != "batch":
         raise PoolError(f"{at}.{given[0]}: only applies with mode: batch (this provider is online)")
     out: dict[str, Any] = {"mode": mode}
@@ -386,7 +393,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         raise PoolError(f"{at}.id: required, letters, digits and _.:- only (got {wid!r})")
     at = f"workers[{i}] ({wid})"
     _no_unknown(w, set(Worker.__dataclass_fields__) - {"api_base_shown"}, at)  # that one is derived
-    kind = w.get("kind", "llm")
+    kind = "llm" if w.get("kind") is None else w["kind"]  # null: the default, as for the other keys
     if kind not in WORKER_KINDS:
         raise PoolError(f"{at}.kind: must be one of {', '.join(WORKER_KINDS)} (got {kind!r})")
     model = w.get("model")
@@ -424,7 +431,7 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         api_base = _expand_env(api_base, f"{at}.api_base")
         if not re.match(r"^https?://", api_base):
             raise PoolError(f"{at}.api_base: must start with http:// or https:// (got {shown!r})")
-    description = w.get("description", "")
+    description = "" if w.get("description") is None else w["description"]  # null: none
     if not isinstance(description, str):
         raise PoolError(f"{at}.description: must be a string")
     params = w.get("params") or {}
@@ -469,15 +476,33 @@ def _skills(raw: Any, at: str) -> dict[str, float | None]:
     if isinstance(raw, list):
         if not all(isinstance(t, str) for t in raw):
             raise PoolError(f"{at}.skills: a list must hold task tags (strings)")
+        for tag in raw:
+            _check_skill_tag(tag, at)
         return {t: None for t in raw}
     if isinstance(raw, dict):
         out: dict[str, float | None] = {}
         for tag, acc in raw.items():
+            _check_skill_tag(str(tag), at)
             if acc is not None and (not isinstance(acc, (int, float)) or isinstance(acc, bool) or not 0 <= acc <= 1):
                 raise PoolError(f"{at}.skills.{tag}: expected accuracy must be a number in [0, 1] (got {acc!r})")
             out[str(tag)] = None if acc is None else float(acc)
         return out
     raise PoolError(f"{at}.skills: must be a list of task tags or a mapping of tag to expected accuracy")
+
+
+def _check_skill_tag(tag: str, at: str) -> None:
+    """A skill is read for a query's task, and a query set's tasks are a closed set (conductor.queries
+    refuses any other): a tag outside it (`maths`) is never read, and its worker silently gets the
+    planner's default_skill instead."""
+    from conductor.queries import TASKS  # imported here: queries reads pyarrow, a pool file needs none
+
+    known = (*TASKS, "default")
+    if tag in known:
+        return
+    near = difflib.get_close_matches(tag.lower(), known, n=1)
+    raise PoolError(f"{at}.skills.{tag}: not a task" + (f" (did you mean {near[0]!r}?)" if near else "")
+                    + f"; a skill is read for a query's task: one of {', '.join(TASKS)}, or default (for a "
+                      f"task the worker lists no skill for)")
 
 
 def _price(raw: Any, at: str) -> Price | None:
@@ -598,15 +623,42 @@ def _beyond_64_bits(value: Any, at: str = "") -> str | None:
 
 
 def _expand_env(value: str, at: str, keep: Callable[[str], Any] | None = None) -> str:
-    """`${VAR}` and `${VAR:-default}` expanded; those whose name `keep` picks are left as written."""
-    def sub(m: re.Match) -> str:
-        name, default = m.group(1), m.group(2)
+    """`${VAR}` and `${VAR:-default}` expanded as the shell does: `:-` takes the default when VAR is
+    unset or empty (.env templates leave variables empty), and a default may hold `${OTHER}` itself.
+    Those whose name `keep` picks are left as written."""
+    out, pos = [], 0
+    while m := _ENV_START.search(value, pos):
+        name = m.group(1)
+        default = None
+        end = m.end()
+        if m.group(2) == ":-":
+            close = _closing_brace(value, m.end())
+            if close is None:
+                raise PoolError(f"{at}: ${{{name}:-...}} has no closing }} (a default may hold ${{OTHER}} "
+                                f"itself, with its own braces)")
+            default, end = value[m.end():close], close + 1
+        out.append(value[pos:m.start()])
         if keep is not None and keep(name):
-            return m.group(0)
-        if name in os.environ:
-            return os.environ[name]
-        if default is not None:
-            return default
-        raise PoolError(f"{at}: environment variable {name} is not set and has no default")
+            out.append(value[m.start():end])
+        elif default is None and name in os.environ:
+            out.append(os.environ[name])
+        elif default is not None:
+            out.append(os.environ.get(name) or _expand_env(default, at, keep))
+        else:
+            raise PoolError(f"{at}: environment variable {name} is not set and has no default")
+        pos = end
+    out.append(value[pos:])
+    return "".join(out)
 
-    return _ENV_RE.sub(sub, value)
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """Where the `}` that closes a `${` opened before `start` is, braces inside counted as the shell counts them."""
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None

@@ -24,7 +24,10 @@ class RunTotals:
     graded: int  # plans with a verdict (a reference and a task)
     correct: int
     mean_reward: float | None
-    cost_usd: float  # the plans' steps; planning calls are counted apart
+    # every step whose price is known, in plans with an unpriced step too: with plans_without_price
+    # above 0, a lower bound (what budgets charged), never those plans' priced steps dropped.
+    # Planning calls are counted apart.
+    cost_usd: float
     plans_without_price: int
     prompt_tokens: int
     completion_tokens: int
@@ -59,9 +62,19 @@ def run_totals(run_path: Path) -> RunTotals:
         calls=total(results, "calls"), cache_hits=total(results, "cache_hits"),
         graded=len(correct), correct=pc.sum(correct).as_py() or 0,
         mean_reward=pc.mean(rewards.column("reward")).as_py(),
-        cost_usd=float(total(results, "cost_usd")),
+        cost_usd=_known_cost(run_path, results),
         plans_without_price=pc.sum(pc.is_null(results.column("cost_usd"))).as_py() or 0,
         prompt_tokens=total(results, "prompt_tokens"), completion_tokens=total(results, "completion_tokens"))
+
+
+def _known_cost(run_path: Path, results: pa.Table) -> float:
+    """The sum over the steps of known price. results' cost_usd is null for a plan with one
+    unpriced step, so summing it dropped that plan's priced steps: with every plan of a run
+    holding one, the total was $0 while its other calls had been paid."""
+    traces = run_path / "traces.parquet"
+    if not traces.exists():  # written with results.parquet; without it, the plans of known price alone
+        return float(pc.sum(results.column("cost_usd")).as_py() or 0)
+    return float(pc.sum(pq.read_table(traces, columns=["cost_usd"]).column("cost_usd")).as_py() or 0)
 
 
 BY_TASK = pa.schema([("task", pa.string()), ("plans", pa.int64()), ("graded", pa.int64()),

@@ -30,7 +30,7 @@ workers:
     params: {temperature: 0, max_tokens: 256}
   - id: tagged
     model: anthropic/claude
-    skills: [math, finance]
+    skills: [math, choice]
   - id: vote
     kind: function
 """)

@@ -28,9 +28,10 @@ def run_summary(s: dict) -> str:
         ("plan statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))),
         ("calls", f"{s['calls']}  (cache hits {s['cache_hits']})"),
         ("accuracy", "n/a (nothing graded)" if s["accuracy"] is None else f"{s['accuracy']:.3f} over {s['graded']} graded plans"),
-        ("cost", f"{money(s['cost_usd'])} total, {money(s['cost_per_query_usd'])} per query"
+        ("cost", _cost(s, money)
                  + (f" (planning {money(s['planning_cost_usd'])})" if s.get("planning_cost_usd") else "")
-                 + (f"  ({s['plans_without_price']} plan(s) with unknown price)" if s["plans_without_price"] else "")
+                 + (f"  ({s['plans_without_price']} plan(s) with unknown price: only their priced calls are "
+                    f"counted)" if s["plans_without_price"] else "")
                  + (f"  ({s['planning_calls_without_price']} planning call(s) with unknown price: give the "
                     f"planner's model a price)" if s.get("planning_calls_without_price") else "")),
         ("tokens per query", num(s["tokens_per_query"])),
@@ -42,6 +43,14 @@ def run_summary(s: dict) -> str:
     rows += _lost_in_flight(s)
     rows += [("outputs", s["outputs"]), ("catalog", s.get("catalog", ""))]
     return key_values(rows)
+
+
+def _cost(s: dict[str, Any], money: Any) -> str:
+    """The run's cost; with calls of unknown price it is what the priced calls cost, so a lower
+    bound, and says so: a bare total read as the whole cost."""
+    partial = "at least " if s["plans_without_price"] or s.get("planning_calls_without_price") else ""
+    per = s["cost_per_query_usd"]
+    return f"{partial}{money(s['cost_usd'])} total, {partial if per is not None else ''}{money(per)} per query"
 
 
 def _lost_in_flight(s: dict[str, Any]) -> list[tuple[str, str]]:
