@@ -220,7 +220,7 @@ def bench(spec, work: Path, objectives: list[tuple[str, float]], targets: list[s
                                             **how), pool=recorded)
             rid = f"onpolicy-{tag}"
             rollouts(rid, {"policy": str(r1[tag]), "candidates": "bandit", "explore": args.explore},
-                     args.samples, 100)
+                     args.samples, 0)  # the README's figures' draws: --seed reached the planner only from stop 41
             r2[tag], s2 = train(TrainConfig(pool=pool, runs=["sweep", rid], data_dir=data,
                                             out=root / f"round2-{tag}", **how), pool=recorded)
             log["lambdas"][tag] = {"round1": str(r1[tag]), "round2": str(r2[tag]), "lambda": s1["lambda"],

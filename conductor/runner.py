@@ -54,6 +54,7 @@ from conductor.rewards import RewardScheme, group_advantages, score
 from conductor.store import (CatalogHeld, RunDir, check_data_dir, damage_advice, file_damage, finalize_journal,
                              refresh_catalog, rows_to_table, write_atomic, write_table)
 from conductor.stats import run_totals
+from conductor.yamlkeys import shown_value
 
 
 @dataclass
@@ -331,14 +332,19 @@ def plan_stage(run: Run, planner: Planner | None = None, checked: bool = False) 
 
 
 def configured_planner(cfg: RunConfig, pool: Pool | None = None) -> Planner:
-    """The planner the configuration names; model planners get the run's max_steps unless set.
+    """The planner the configuration names; model planners get the run's max_steps (another
+    `max_steps` option is refused), the embedded and vLLM planners the run's seed unless the
+    `seed` option is given (as bind does; here it also reaches a resumed execution's re-planner).
     Given the pool, the planner's worker is found in it, as `job check` does (enrich.job): a
     planner worker missing, of another kind, or an implicit one its options cannot make is
     refused before the run folder is written; so is a setting planning would refuse for the
     run's queries and samples (`check_samples`: the embedded planner's sweep short of samples)."""
     options = dict(cfg.planner_options)
     if cfg.planner in ("vllm", "llm"):
+        check_max_steps_option(options, cfg.max_steps)
         options.setdefault("max_steps", cfg.max_steps)
+    if cfg.planner in ("embedded", "vllm") and options.get("seed") is None:
+        options["seed"] = cfg.seed
     planner = make_planner(cfg.planner, **options)
     if pool is not None and hasattr(planner, "resolve"):
         try:
@@ -349,6 +355,17 @@ def configured_planner(cfg: RunConfig, pool: Pool | None = None) -> Planner:
             close_planner(planner)
             raise
     return planner
+
+
+def check_max_steps_option(options: dict[str, Any], max_steps: int) -> None:
+    """Refuse a `max_steps` planner option other than --max-steps: the planner's prompt and schema
+    allowed that many steps while plans are validated against --max-steps, so longer plans were
+    paid for, then thrown away as invalid."""
+    given = options.get("max_steps")
+    if "max_steps" in options and (isinstance(given, bool) or given != max_steps):
+        raise ConductorError(f"--planner-option max_steps={shown_value(given)} differs from --max-steps {max_steps}, "
+                             f"against which plans are checked; give the number of steps with --max-steps "
+                             f"(and drop the planner option)")
 
 
 def planning_dir(run: Run) -> Path:

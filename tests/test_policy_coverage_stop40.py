@@ -138,7 +138,7 @@ def test_rollouts_alone_measure_each_action_on_its_few_queries_and_choose_on_no_
     truth = _truth(logs)
     assert truth[fixed] >= max(truth.values()) - 0.15, (fixed, truth[fixed])
     guarded = {a: m.get("guarded_accuracy", m["accuracy"]) for a, m in rows.items()}
-    assert rows[fixed]["accuracy"] >= guarded[fixed] and max(guarded, key=guarded.get) == fixed
+    assert rows[fixed]["accuracy"] >= guarded[fixed] and guarded[fixed] == max(guarded.values())  # ties: either
 
 
 @pytest.mark.slow  # rollouts over a replay server

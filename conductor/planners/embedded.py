@@ -20,6 +20,7 @@ for every query (how the best fixed cascade is evaluated).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import random
@@ -32,8 +33,8 @@ import orjson
 
 from conductor.errors import ConductorError
 from conductor.planners.base import UNUSED_SLOT, PlanDraft, PlannerBackEnd, Query
-from conductor.policy.actions import Action
-from conductor.pool import Pool, Worker
+from conductor.policy.actions import Action, planning_prices
+from conductor.pool import Pool, Price, Worker
 from conductor.yamlkeys import shown_value
 
 TEMPLATE_VERSION = "embedded-v1"
@@ -77,7 +78,7 @@ class EmbeddedConfig:
     expected_output_tokens: int = 300
     ensemble_size: int = 3
     templates: tuple[str, ...] = TEMPLATES
-    seed: int = 0
+    seed: int | None = None  # None: the run's --seed (given in `bind`; 0 when planning outside a run)
     # Learned policy: "auto" uses the newest artifact for this pool under the default folder
     # ($CONDUCTOR_POLICY_DIR, else data/policy) if there is one; "none" plans with the prior;
     # a path names a policy folder (a root, a pool's folder, or one version).
@@ -122,7 +123,8 @@ class EmbeddedConfig:
             raise ValueError(f"policy must be auto, none or a policy folder (got {got})")
         if self.use not in USES:
             raise ValueError(f"use must be one of {', '.join(USES)} (got {shown_value(self.use)})")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be a whole number, at least 0 (got {shown_value(self.seed)})")
         if not isinstance(self.sweep, bool):
             raise ValueError(f"sweep must be true or false (got {shown_value(self.sweep)})")
@@ -212,7 +214,26 @@ class EmbeddedPlanner(PlannerBackEnd):
 
     def __init__(self, config: EmbeddedConfig | None = None):
         self.config = config or EmbeddedConfig()
+        self._seed_option = self.config.seed  # None: the run's seed, each time it is bound
         self._learned: dict[str, object] = {}  # pool key -> loaded artifact (or None)
+        self._priced: tuple[Pool, dict[str, Price]] | None = None
+
+    def bind(self, **context) -> None:
+        """The run's --seed, unless the planner option `seed` was given: it never reached this
+        planner before, so another seed drew the same plans under another run id."""
+        seed = self._seed_option if self._seed_option is not None else context.get("seed", 0)
+        if seed != self.config.seed:
+            self.config = dataclasses.replace(self.config, seed=seed)
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed if self.config.seed is not None else 0
+
+    def prices(self, pool: Pool) -> dict[str, Price]:
+        """The pool's workers' prices for planning (policy.actions.planning_prices), once per pool."""
+        if self._priced is None or self._priced[0] is not pool:
+            self._priced = (pool, planning_prices(pool.workers))
+        return self._priced[1]
 
     def resolve(self, pool: Pool) -> None:
         """Check what the pool decides before the run folder exists: an `action=` worker the pool
@@ -286,7 +307,7 @@ class EmbeddedPlanner(PlannerBackEnd):
             if self.config.candidates == "bandit":
                 cands = self._bandit_candidates(q, pool, {w.id for w in qs})
             else:
-                cands = self.candidates(q, qs, voters, replay=recorded is not None)
+                cands = self.candidates(q, qs, voters, replay=recorded is not None, pool=pool)
             out.append(self._choose(q, cands, samples, replay=recorded is not None))
         return out
 
@@ -318,7 +339,7 @@ class EmbeddedPlanner(PlannerBackEnd):
         explore = self.config.explore
         if explore is None:
             explore = planning.DEFAULT_EXPLORE if samples > 1 else 0.0
-        picks = planning.choose(learned, q, acts, samples, explore, self.config.seed)
+        picks = planning.choose(learned, q, acts, samples, explore, self.seed)
         drafts = []
         for p in picks:
             c = self._estimate(q, pool, p.action)
@@ -368,39 +389,42 @@ class EmbeddedPlanner(PlannerBackEnd):
     def _estimate(self, q: Query, pool: Pool, action: Action) -> Candidate:
         """A candidate with the prior's expected accuracy and cost (as `candidates` computes them)."""
         cfg = self.config
+        price = self.prices(pool)
         template, solvers, finisher = action.shape, action.solvers, action.finisher
         n_in = len(q.prompt) // 4 + 40
         acc = [self._skill(pool.worker(w), q.task) for w in solvers]
-        cost = sum(_cost(pool.worker(w), n_in, cfg.expected_output_tokens) for w in solvers)
+        cost = sum(_cost(price[w], n_in, cfg.expected_output_tokens) for w in solvers)
         if template == "cascade":
             # Independent answers: the cheap ones agree (all right, or rarely all wrong the same
             # way) and stop, or the escalation decides.
             agree = math.prod(acc)
             esc = [self._skill(pool.worker(w), q.task) for w in action.escalation]
             p = agree + (1 - agree - math.prod(1 - a for a in acc)) * esc[-1]
-            cost += (1 - agree) * sum(_cost(pool.worker(w), n_in, cfg.expected_output_tokens)
-                                      for w in action.escalation)
+            cost += (1 - agree) * sum(_cost(price[w], n_in, cfg.expected_output_tokens) for w in action.escalation)
         elif template == "verify":
             b = pool.worker(finisher)
             ab = self._skill(b, q.task)
             p = acc[0] * (1 - 0.2 * (1 - ab)) + (1 - acc[0]) * 0.5 * ab
-            cost += _cost(b, 2 * n_in + cfg.expected_output_tokens, cfg.expected_output_tokens)
+            cost += _cost(price[b.id], 2 * n_in + cfg.expected_output_tokens, cfg.expected_output_tokens)
         elif template == "ensemble":
             p = _majority(acc)
             f = pool.worker(finisher)
             if f.kind != "function":
-                cost += _cost(f, len(solvers) * (n_in + cfg.expected_output_tokens), cfg.expected_output_tokens)
+                cost += _cost(price[f.id], len(solvers) * (n_in + cfg.expected_output_tokens),
+                              cfg.expected_output_tokens)
         else:
             p = acc[0]
         return Candidate(action, p, cost)
 
     def candidates(self, q: Query, solvers: list[Worker], voters: list[Worker], *,
-                   replay: bool = False) -> list[Candidate]:
-        """Candidate plans; with `replay`, only single workers and ensembles closed by a vote."""
+                   replay: bool = False, pool: Pool | None = None) -> list[Candidate]:
+        """Candidate plans; with `replay`, only single workers and ensembles closed by a vote.
+        Prices as `pool`'s workers rank them (planning_prices), else as `solvers`' do."""
         cfg = self.config
+        price = self.prices(pool) if pool is not None else planning_prices(solvers)
         acc = {w.id: self._skill(w, q.task) for w in solvers}
         n_in = len(q.prompt) // 4 + 40
-        cost = {w.id: _cost(w, n_in, cfg.expected_output_tokens) for w in solvers}
+        cost = {w.id: _cost(price[w.id], n_in, cfg.expected_output_tokens) for w in solvers}
         ranked = sorted(solvers, key=lambda w: -acc[w.id])
         cands: list[Candidate] = []
         if "single" in cfg.templates:
@@ -413,7 +437,8 @@ class EmbeddedPlanner(PlannerBackEnd):
                     if a.id == b.id:
                         continue
                     p = acc[a.id] * (1 - 0.2 * (1 - acc[b.id])) + (1 - acc[a.id]) * 0.5 * acc[b.id]
-                    c = cost[a.id] + _cost(b, 2 * n_in + cfg.expected_output_tokens, cfg.expected_output_tokens)
+                    c = cost[a.id] + _cost(price[b.id], 2 * n_in + cfg.expected_output_tokens,
+                                           cfg.expected_output_tokens)
                     cands.append(Candidate(Action("verify", (a.id,), b.id), p, c))
         k = cfg.ensemble_size
         if "ensemble" in cfg.templates and len(solvers) >= k and (voters or not replay):
@@ -426,7 +451,7 @@ class EmbeddedPlanner(PlannerBackEnd):
                     finisher = voters[0].id
                 else:
                     finisher = ranked[0].id
-                    c += _cost(ranked[0], k * (n_in + cfg.expected_output_tokens), cfg.expected_output_tokens)
+                    c += _cost(price[ranked[0].id], k * (n_in + cfg.expected_output_tokens), cfg.expected_output_tokens)
                 cands.append(Candidate(Action("ensemble", group, finisher), p, c))
         return cands
 
@@ -442,7 +467,7 @@ class EmbeddedPlanner(PlannerBackEnd):
         probs = [w / total for w in weights]
         if cfg.explore:  # mix in uniform exploration; the propensity is the mixture's probability
             probs = [(1 - cfg.explore) * p + cfg.explore / len(probs) for p in probs]
-        rng = random.Random(_seed(cfg.seed, q.query_id))
+        rng = random.Random(_seed(self.seed, q.query_id))
         picks = rng.choices(range(len(cands)), weights=probs, k=samples)
         return [self._draft(q, cands[i], probs[i], replay) for i in picks]
 
@@ -481,10 +506,8 @@ def _with_format(text: str, task: str | None) -> str:
     return f"{text} {ANSWER_LINE[task]}" if task in ANSWER_LINE else text
 
 
-def _cost(w: Worker, tokens_in: int, tokens_out: int) -> float:
-    if w.price is None:
-        return 0.0
-    return tokens_in * w.price.input + tokens_out * w.price.output
+def _cost(price: Price, tokens_in: int, tokens_out: int) -> float:
+    return tokens_in * price.input + tokens_out * price.output
 
 
 def _majority(ps: list[float]) -> float:

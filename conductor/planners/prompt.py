@@ -180,11 +180,23 @@ def _cast(pool_workers: list[tuple[int, Worker]]) -> dict[str, tuple[int, Worker
     voters = [iw for iw in pool_workers if iw[1].kind == "function" and (iw[1].function or iw[1].id) == "vote"]
     first, second = llms[0], llms[1 % len(llms)]
     third = llms[2 % len(llms)]
-    # The strong worker of a cascade: the dearest priced one, else the last listed.
-    priced = [iw for iw in llms if iw[1].price is not None]
-    expert = max(priced, key=lambda iw: iw[1].price.input + iw[1].price.output) if priced else llms[-1]
+    expert = _dearest(llms)
     return {"solver": first, "checker": second, "solver2": third, "expert": expert,
             "aggregator": voters[0] if voters else first}
+
+
+def _dearest(llms: list[tuple[int, Worker]]) -> tuple[int, Worker]:
+    """The strong worker of a cascade: the dearest, priced as planning prices them (the pool's price,
+    else litellm's cost map; one of no known price counts as the dearest known, and a known one wins
+    the tie); the last listed when none has a known price. The map's prices counted as none before."""
+    from conductor.execute.prices import resolve_price
+    from conductor.policy.actions import planning_prices
+
+    known = {w.id for _, w in llms if resolve_price(w) is not None}
+    if not known:
+        return llms[-1]
+    price = planning_prices(w for _, w in llms)
+    return max(llms, key=lambda iw: (price[iw[1].id].input + price[iw[1].id].output, iw[1].id in known))
 
 
 def _example_text(task: str, workers: list[tuple[int, Worker]], mode: str, max_steps: int) -> str:

