@@ -635,10 +635,12 @@ def add_spend(spent: dict[str, float], more: dict[str, float]) -> None:
 def _keep_spend_of_deleted_work(run: Run, context: ExecutionContext, lost: dict[str, Any], error: str) -> None:
     """The work folder went while the run executed, its journal with it: the run is `failed`, and what
     it has paid (the journal's, planning's, this command's: the executor's ledger) stays in its
-    manifest, for the rerun to count (DELETED_WORK_SPEND)."""
-    run.dir.set_status(FAILED, failed_in="executing", failed_at=_now(), error=error, spend=context.spend(),
-                       lost_in_flight=add_lost(context.lost_in_flight, lost),
-                       **{DELETED_WORK_SPEND: context.executor.ledger.spent_by_provider()})
+    manifest, for the rerun to count (DELETED_WORK_SPEND). The whole run folder gone too, there
+    is no manifest to keep it in: the error says what happened all the same."""
+    with contextlib.suppress(OSError, ConductorError):
+        run.dir.set_status(FAILED, failed_in="executing", failed_at=_now(), error=error, spend=context.spend(),
+                           lost_in_flight=add_lost(context.lost_in_flight, lost),
+                           **{DELETED_WORK_SPEND: context.executor.ledger.spent_by_provider()})
 
 
 def _check_work_kept(run: Run, context: ExecutionContext, lost: dict[str, Any]) -> None:
@@ -679,10 +681,12 @@ def _execute_stage(run: Run, *, replanner=None, progress: Progress | None = None
     if left:  # with none left nothing is sent: a finished run's rerun needs no endpoint up (it regrades, reports)
         check_ready(run, plans_path)
 
+    new_run = "" if cfg.setting_names else ": --run-id NEW"  # a front end naming its settings has no such flag
+
     def how(flag: str, new: Any, old: Any) -> str:
         if not left:
             return (f"{_with(flag, new)} changed nothing: every plan had already run, with {_with(flag, old)} "
-                    f"(to run them with {_with(flag, new)}, start a new run: --run-id NEW)")
+                    f"(to run them with {_with(flag, new)}, start a new run{new_run})")
         before = (f"; the {total - left:,} finished before ran with {_with(flag, old)}" if total > left
                   else "; none had finished before")
         return f"{_with(flag, new)} (was {_with(flag, old)}) applies to the {left:,} plan(s) left to run{before}"
@@ -775,8 +779,8 @@ def journal_deleted(run: Run) -> bool:
 def carry_columns(run: Run) -> None:
     """Copy the query set's other columns (company, quarter, ...) into results.parquet,
     row by row (by query_index), so nothing the user supplied is dropped silently. A
-    column whose name results already uses is carried as `input_<name>`; load_queries refuses
-    a file where that name is another of its columns."""
+    column whose name results already uses, in any case (SQL ignores it), is carried as
+    `input_<name>`; load_queries refuses a file where that name is another of its columns."""
     extra = input_columns(run.config.queries)
     if extra is None:
         return

@@ -181,6 +181,23 @@ def test_a_work_folder_deleted_mid_run_stops_the_sending_and_its_spend_is_kept(t
     assert 0 < summary["cost_usd"] and run_cap_spent(manifest(tmp_path)) == pytest.approx(paid + summary["cost_usd"])
 
 
+def test_a_run_folder_deleted_mid_run_is_said_not_a_traceback(tmp_path, fresh_sim):
+    """review41 1: with the whole run folder gone, keeping the spend found no manifest, and the
+    command ended in a FileNotFoundError traceback (exit 1) instead of its message (exit 2)."""
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
+                      providers={"sim": {"max_concurrency": 1, "timeout_s": 10}})
+    p = start(tmp_path, queries(tmp_path, 24), "--pool", pool, "--run-id", "gone")
+    folder = tmp_path / "data" / "runs" / "gone"
+    try:
+        wait_until(p, lambda: journal_lines(tmp_path) >= 3, "3 calls were sent")
+        shutil.rmtree(folder)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 2 and f"the work folder {folder / 'work'} was deleted" in err, err
+    assert "Traceback" not in err and fresh_sim.log()["total"] < 24, err
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 def test_calls_held_back_by_the_governor_are_no_retries_on_the_progress_line(tmp_path, fresh_sim):
     """A 3 s governor outage put "retries N" on the progress line, one per call it held back, though
