@@ -7,6 +7,8 @@ in `conductor.plans`, whatever wrote the text.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
@@ -105,3 +107,22 @@ class PlannerBackEnd:
 
     def close(self) -> None:
         """Free what the planner holds (a loaded engine and its processes)."""
+
+
+class SeededByRun:
+    """A planner whose `config.seed` (None: unset) follows the run's --seed unless the planner
+    option `seed` was given: --seed once never reached the embedded and vLLM planners, so another
+    seed drew the same plans under another run id. Needs `config` (a dataclass with `seed`) and
+    `_seed_option`, the option as given."""
+
+    config: Any
+    _seed_option: int | None
+
+    def bind(self, **context: Any) -> None:
+        seed = self._seed_option if self._seed_option is not None else context.get("seed", 0)
+        if seed != self.config.seed:
+            self.config = dataclasses.replace(self.config, seed=seed)
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed if self.config.seed is not None else 0

@@ -20,7 +20,6 @@ for every query (how the best fixed cascade is evaluated).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import random
@@ -32,7 +31,7 @@ from typing import Sequence
 import orjson
 
 from conductor.errors import ConductorError
-from conductor.planners.base import UNUSED_SLOT, PlanDraft, PlannerBackEnd, Query
+from conductor.planners.base import UNUSED_SLOT, PlanDraft, PlannerBackEnd, Query, SeededByRun
 from conductor.policy.actions import Action, planning_prices
 from conductor.pool import Pool, Price, Worker
 from conductor.yamlkeys import shown_value
@@ -209,7 +208,7 @@ def _not_a_policy_folder(path: Path) -> str | None:
     return None
 
 
-class EmbeddedPlanner(PlannerBackEnd):
+class EmbeddedPlanner(SeededByRun, PlannerBackEnd):
     name = "embedded"
 
     def __init__(self, config: EmbeddedConfig | None = None):
@@ -217,17 +216,6 @@ class EmbeddedPlanner(PlannerBackEnd):
         self._seed_option = self.config.seed  # None: the run's seed, each time it is bound
         self._learned: dict[str, object] = {}  # pool key -> loaded artifact (or None)
         self._priced: tuple[Pool, dict[str, Price]] | None = None
-
-    def bind(self, **context) -> None:
-        """The run's --seed, unless the planner option `seed` was given: it never reached this
-        planner before, so another seed drew the same plans under another run id."""
-        seed = self._seed_option if self._seed_option is not None else context.get("seed", 0)
-        if seed != self.config.seed:
-            self.config = dataclasses.replace(self.config, seed=seed)
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed if self.config.seed is not None else 0
 
     def prices(self, pool: Pool) -> dict[str, Price]:
         """The pool's workers' prices for planning (policy.actions.planning_prices), once per pool."""

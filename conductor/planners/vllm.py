@@ -17,7 +17,6 @@ once per planner and reused.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import sys
@@ -30,7 +29,7 @@ from typing import Any, Sequence
 
 from conductor.errors import ConductorError
 from conductor.planners import prompt as prompts
-from conductor.planners.base import PlanDraft, PlannerBackEnd, Query, option_checks
+from conductor.planners.base import PlanDraft, PlannerBackEnd, Query, SeededByRun, option_checks
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS
 from conductor.pool import WORKER_KINDS, Pool
@@ -117,7 +116,7 @@ class VLLMPlannerConfig:
                                  f"downloaded model, or a model name vLLM can fetch)")
 
 
-class VLLMPlanner(PlannerBackEnd):
+class VLLMPlanner(SeededByRun, PlannerBackEnd):
     name = "vllm"
     plans_at_a_cost = True
 
@@ -129,17 +128,6 @@ class VLLMPlanner(PlannerBackEnd):
         self._llm: Any = llm
         self.load_seconds: float | None = None
         self.engine_calls = 0  # generate calls made, for the one-call-per-batch promise
-
-    def bind(self, **context: Any) -> None:
-        """The run's --seed, unless the planner option `seed` was given (it never reached the engine
-        before). Set in the config, which re-planning copies; an engine already loaded keeps its own."""
-        seed = self._seed_option if self._seed_option is not None else context.get("seed", 0)
-        if seed != self.config.seed:
-            self.config = dataclasses.replace(self.config, seed=seed)
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed if self.config.seed is not None else 0
 
     def engine(self) -> Any:
         """The vllm.LLM, created on first use."""
