@@ -29,11 +29,15 @@ WORKERS = {"big": (set(range(N)) - {5, 17, 29}, 0.01),
            "tiny": ({q for q in range(N) if q % 2 == 1}, 0.0001)}
 
 
-def _rows() -> list[dict]:
+def _rows(n: int = N, workers: dict = WORKERS, unrecorded: dict[str, int] | None = None) -> list[dict]:
+    """The recorded table: each worker's answer to each question (none for a worker's last
+    `unrecorded[worker]` questions), right where the worker is."""
     rows = []
-    for q in range(N):
+    for q in range(n):
         ref = str(100 + q)
-        for i, (m, (right, usd)) in enumerate(WORKERS.items()):
+        for i, (m, (right, usd)) in enumerate(workers.items()):
+            if q >= n - (unrecorded or {}).get(m, 0):
+                continue
             ans = ref if q in right else str(200 + 10 * q + i)  # wrong answers differ: cascades escalate
             rows.append({"question_id": f"q{q:02d}", "question": f"Question {q}: what is {100 + q} times one?",
                          "reference": ref, "model": m, "response": f"Working...\nAnswer: {ans}",

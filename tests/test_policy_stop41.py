@@ -25,6 +25,7 @@ from conductor.pool import load_pool
 from conductor.runner import RunConfig, planning_pool, run_all
 from tests.conftest import cli
 from tests.replayserve import served_table
+from tests.test_policy_coverage_stop40 import _rows as coverage_rows
 
 pytestmark = pytest.mark.slow  # rollouts over a replay server
 
@@ -37,17 +38,7 @@ STEADY, LUCKY = "cascade:small+tiny>big", "cascade:small+tiny>mid"
 
 
 def _rows() -> list[dict]:
-    rows = []
-    for q in range(N):
-        ref = str(100 + q)
-        for i, (m, (right, usd)) in enumerate(WORKERS.items()):
-            if m == "tiny" and q >= N - UNRECORDED:
-                continue
-            ans = ref if q in right else str(200 + 10 * q + i)  # wrong answers differ: cascades escalate
-            rows.append({"question_id": f"q{q:02d}", "question": f"Question {q}: what is {100 + q} times one?",
-                         "reference": ref, "model": m, "response": f"Working...\nAnswer: {ans}",
-                         "correct": q in right, "task": "math", "cost_usd": usd})
-    return rows
+    return coverage_rows(N, WORKERS, {"tiny": UNRECORDED})
 
 
 @pytest.fixture(scope="module")
