@@ -121,9 +121,14 @@ def test_a_model_planner_is_checked_as_the_run_builds_it(folder):
              (planned + "planner: {name: llm, worker: nosuch}\n", "nosuch",
               "planner.worker: LLM planner: worker 'nosuch' is not in the pool (known: fast)"),
              (planned + "planner: {name: llm, worker: fast}\n", "worker: fast}",
-              "planner.worker: LLM planner: worker fast must be of kind planner")]
+              "planner.worker: LLM planner: worker fast must be of kind planner"),
+             # review41b 1: job check passed this, and job run refused it in conductor run's words
+             (planned + "max_steps: 5\nplanner: {name: llm, model: openai/fast, max_steps: 3}\n", "max_steps: 3",
+              "planner.max_steps: planner.max_steps 3 differs from the job's max_steps 5")]
     for text, needle, words in cases:
         r = checked(folder, text)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert f"job.yaml:{line_of(text, needle)}: {words}" in r.stderr, r.stderr
     assert checked(folder, planned + "max_steps: 20\nplanner: {name: llm, model: openai/fast}\n").returncode == 0
+    assert checked(folder, planned + "max_steps: 4\nplanner: {name: llm, model: openai/fast, max_steps: 4}\n"
+                   ).returncode == 0

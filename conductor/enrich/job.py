@@ -584,6 +584,12 @@ def _check_planner(doc: Located, planner: dict, pool: Any, max_steps: int) -> No
     options = {k: v for k, v in planner.items() if k != "name"}
     if odd := [k for k in options if not isinstance(k, str)]:  # YAML reads `1:` or `on:` as a number or bool
         raise doc.error(("planner", str(odd[0])), "an option name must be text")
+    given = options.get("max_steps", max_steps)
+    if name in ("vllm", "llm") and (isinstance(given, bool) or given != max_steps):
+        # as runner.check_max_steps_option refuses it at run time, in the job file's words
+        raise doc.error(("planner", "max_steps"), f"planner.max_steps {shown_value(given)} differs from the job's "
+                        f"max_steps {max_steps}, against which plans are checked: longer plans would be paid for, "
+                        f"then thrown away; set the job's max_steps and drop planner.max_steps")
     steps = {"max_steps": max_steps} if name in ("vllm", "llm") and "max_steps" not in options else {}
     full = {**steps, **options}
 
