@@ -188,6 +188,9 @@ def test_a_worker_of_no_known_price_counts_as_the_dearest_known_price(fresh, tmp
                 "--planner-option", "templates=single", "--planner-option", "policy=none")
     assert r.returncode == 0, r.stderr
     assert actions(plans_of(data, _run_id(r))) == ["single:small"] * 8
+    # and the user is told, with the way to say a local model is free (review41b 2)
+    assert ("mystery: no price in the pool file nor in litellm's cost map; the embedded planner counts it at "
+            "the dearest known price" in r.stderr and "input_per_mtok: 0, output_per_mtok: 0" in r.stderr), r.stderr
 
 
 def test_the_policys_action_set_cascades_to_a_worker_priced_by_the_cost_map(fresh, tmp_path, q8):

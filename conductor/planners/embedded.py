@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import sys
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -208,6 +209,20 @@ def _not_a_policy_folder(path: Path) -> str | None:
     return None
 
 
+def _warn_unpriced(pool: Pool) -> None:
+    """Say which workers planning counts at the dearest known price: a free local model given no
+    price is then no longer preferred, and `price: {input_per_mtok: 0, output_per_mtok: 0}` says so."""
+    from conductor.execute.prices import resolve_price
+
+    llm = [w for w in pool.workers if w.kind == "llm"]
+    unpriced = [w.id for w in llm if resolve_price(w) is None]
+    if unpriced and len(unpriced) < len(llm):
+        print(f"conductor: warning: {', '.join(unpriced)}: no price in the pool file nor in litellm's cost map; "
+              f"the embedded planner counts {'it' if len(unpriced) == 1 else 'them'} at the dearest known price "
+              f"(a free local model: give it price: {{input_per_mtok: 0, output_per_mtok: 0}})",
+              file=sys.stderr, flush=True)
+
+
 class EmbeddedPlanner(SeededByRun, PlannerBackEnd):
     name = "embedded"
 
@@ -221,6 +236,7 @@ class EmbeddedPlanner(SeededByRun, PlannerBackEnd):
         """The pool's workers' prices for planning (policy.actions.planning_prices), once per pool."""
         if self._priced is None or self._priced[0] is not pool:
             self._priced = (pool, planning_prices(pool.workers))
+            _warn_unpriced(pool)
         return self._priced[1]
 
     def resolve(self, pool: Pool) -> None:
