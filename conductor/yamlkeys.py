@@ -25,7 +25,8 @@ class Loader(yaml.SafeLoader):
 # SafeLoader's tables are process-wide dicts that other libraries change in place: lm-format-enforcer,
 # which vLLM imports when it checks a structured-output request, makes every date text, so that a
 # pool's `2026-13-45` was then accepted as text. Loader's are its own, built from SafeConstructor's
-# methods rather than copied, so that a change made before this import is not taken over either.
+# methods rather than copied, so that a constructor changed before this import is not taken over
+# either (the implicit resolvers, below, are copied as they are at import).
 _SAFE_TYPES = ("null", "bool", "int", "float", "binary", "timestamp", "omap", "pairs", "set", "str", "seq", "map")
 Loader.yaml_constructors = {None: yaml.SafeLoader.construct_undefined,
                             **{f"tag:yaml.org,2002:{t}": getattr(yaml.SafeLoader, f"construct_yaml_{t}")
