@@ -151,21 +151,28 @@ def test_a_second_ctrl_c_says_how_many_calls_in_flight_it_cut_off(tmp_path, fres
     assert r.returncode == 0 and re.search(rf"lost in flight +{in_flight} call\(s\)", r.stdout), r.stdout + r.stderr
 
 
-def test_a_work_folder_deleted_mid_run_stops_the_sending_and_its_spend_is_kept(tmp_path, fresh_sim):
-    """The run went on to send every call, then failed; the money it paid was in no journal, and the
-    rerun, served from the shared cache for $0, left it in no run's spent_usd (audit67 F8)."""
-    n = 24  # 24 calls of 0.3 s, one at a time
+def _deleted_mid_run(tmp_path, fresh_sim, n: int, folder) -> tuple[tuple, subprocess.Popen, str]:
+    """Run `gone` (n calls of 0.3 s, one at a time) and delete `folder` once 3 calls were sent:
+    the run's arguments, its process (ended) and its stderr."""
     pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
                       providers={"sim": {"max_concurrency": 1, "timeout_s": 10}})
     args = (queries(tmp_path, n), "--pool", pool, "--run-id", "gone")
     p = start(tmp_path, *args)
-    work = tmp_path / "data" / "runs" / "gone" / "work"
     try:
         wait_until(p, lambda: journal_lines(tmp_path) >= 3, "3 calls were sent")
-        shutil.rmtree(work)
+        shutil.rmtree(folder)
         _, err = p.communicate(timeout=120)
     finally:
         p.kill()
+    return args, p, err
+
+
+def test_a_work_folder_deleted_mid_run_stops_the_sending_and_its_spend_is_kept(tmp_path, fresh_sim):
+    """The run went on to send every call, then failed; the money it paid was in no journal, and the
+    rerun, served from the shared cache for $0, left it in no run's spent_usd (audit67 F8)."""
+    n = 24
+    work = tmp_path / "data" / "runs" / "gone" / "work"
+    args, p, err = _deleted_mid_run(tmp_path, fresh_sim, n, work)
     sent = fresh_sim.log()["total"]
     assert sent < n, f"every call was sent after the work folder was deleted: {sent}"
     assert p.returncode == 2 and f"the work folder {work} was deleted" in err, err
@@ -184,16 +191,8 @@ def test_a_work_folder_deleted_mid_run_stops_the_sending_and_its_spend_is_kept(t
 def test_a_run_folder_deleted_mid_run_is_said_not_a_traceback(tmp_path, fresh_sim):
     """review41 1: with the whole run folder gone, keeping the spend found no manifest, and the
     command ended in a FileNotFoundError traceback (exit 1) instead of its message (exit 2)."""
-    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("slow",),
-                      providers={"sim": {"max_concurrency": 1, "timeout_s": 10}})
-    p = start(tmp_path, queries(tmp_path, 24), "--pool", pool, "--run-id", "gone")
     folder = tmp_path / "data" / "runs" / "gone"
-    try:
-        wait_until(p, lambda: journal_lines(tmp_path) >= 3, "3 calls were sent")
-        shutil.rmtree(folder)
-        _, err = p.communicate(timeout=120)
-    finally:
-        p.kill()
+    _, p, err = _deleted_mid_run(tmp_path, fresh_sim, 24, folder)
     assert p.returncode == 2 and f"the work folder {folder / 'work'} was deleted" in err, err
     assert "Traceback" not in err and fresh_sim.log()["total"] < 24, err
 
