@@ -210,3 +210,11 @@ def test_an_all_free_table_draws_its_chart_without_a_legend_warning(tmp_path, ca
     assert "Not on the chart" in report and "uniform random (expected) ($0)" in report
     assert not [w for w in recwarn.list if "legend" in str(w.message)], [str(w.message) for w in recwarn.list]
     assert "legend" not in capsys.readouterr().err
+
+
+def test_a_missing_replay_folder_is_said_before_outs_folder_is_made(tmp_path, capsys):
+    """review41 7: graders check made --out's folder, then refused the missing replay folder."""
+    out = tmp_path / "new" / "disagreements.csv"
+    assert cli_main(["graders", "check", "--replay", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    assert f"replay folder {tmp_path / 'nowhere'} not found" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

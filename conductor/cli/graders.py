@@ -50,6 +50,9 @@ def main(args: argparse.Namespace) -> int:
         raise ConductorError("--table checks that one table: leave out --dataset and --replay-dir")
     names = list(DATASETS) if args.dataset in (None, "all") else [args.dataset]
     replay = args.replay or default_replay_dir()
+    if args.table is None and not replay.is_dir():  # said before --out's folder is made
+        raise ConductorError(f"replay folder {replay} not found: pass --replay DIR or --table PATH, "
+                             f"or set ${REPLAY_ENV}")
     if args.out is not None:  # before the grading, which takes a while on the shared tables
         inputs = ({"--table": args.table} if args.table is not None
                   else {f"the replay table {n}": replay / f"{n}.parquet" for n in names})
@@ -58,9 +61,6 @@ def main(args: argparse.Namespace) -> int:
         results = [check_table(args.table, task=args.task, limit=args.limit, response_col=args.response_col,
                                reference_col=args.reference_col, label_col=args.label_col)]
     else:
-        if not replay.is_dir():
-            raise ConductorError(f"replay folder {replay} not found: pass --replay DIR or --table PATH, "
-                                 f"or set ${REPLAY_ENV}")
         results = [check(replay, name, args.limit) for name in names]
     for r in results:
         tasks = ", ".join(f"{t} {n}" for t, n in sorted(r.tasks.items()))
