@@ -33,6 +33,10 @@ from fractions import Fraction
 from typing import Iterable
 
 TASKS = ("math", "choice", "exact", "literal", "code")
+# The tasks a query may name: the graded ones, and "record", a row of an enrichment job, answered with
+# a JSON record and scored by the job's references. Here, beside TASKS, so the pool file can check a
+# skill tag without importing conductor.queries (which imports the pool's importers).
+QUERY_TASKS = (*TASKS, "record")
 _LITERAL_MAX_CHARS = 100_000  # literal_eval of a huge nested literal can exhaust the stack
 
 # math-verify bounds its own work with signal.alarm, which only the main thread

@@ -494,7 +494,7 @@ def _check_skill_tag(tag: str, at: str) -> None:
     """A skill is read for a query's task, and a query set's tasks are a closed set (conductor.queries
     refuses any other): a tag outside it (`maths`) is never read, and its worker silently gets the
     planner's default_skill instead."""
-    from conductor.queries import TASKS  # imported here: queries reads pyarrow, a pool file needs none
+    from conductor.grading import QUERY_TASKS as TASKS  # imported here: a pool file needs no grader
 
     known = (*TASKS, "default")
     if tag in known:

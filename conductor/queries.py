@@ -17,12 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conductor.errors import InputError
-from conductor.grading import TASKS as GRADED  # the graders define the tasks
+from conductor.grading import QUERY_TASKS, TASKS as GRADED  # the graders define the tasks
 from conductor.plans import MAX_INSTRUCTION_CHARS
 from conductor.schemas import RESULTS
 
-# "record": a row of an enrichment job, answered with a JSON record and scored by the job's references.
-TASKS = (*GRADED, "record")
+TASKS = QUERY_TASKS  # the graders' tasks and "record" (an enrichment job's rows)
 COLUMNS = ("query_id", "prompt", "task", "reference", "metadata")
 SCHEMA = pa.schema([(c, pa.string()) for c in COLUMNS])
 _SHOW = 5

@@ -341,11 +341,16 @@ def configured_planner(cfg: RunConfig, pool: Pool | None = None) -> Planner:
     run's queries and samples (`check_samples`: the embedded planner's sweep short of samples)."""
     options = dict(cfg.planner_options)
     if cfg.planner in ("vllm", "llm"):
-        check_max_steps_option(options, cfg.max_steps)
         options.setdefault("max_steps", cfg.max_steps)
     if cfg.planner in ("embedded", "vllm") and options.get("seed") is None:
         options["seed"] = cfg.seed
-    planner = make_planner(cfg.planner, **options)
+    planner = make_planner(cfg.planner, **options)  # a value out of the planner's range is said first
+    if cfg.planner in ("vllm", "llm"):
+        try:
+            check_max_steps_option(cfg.planner_options, cfg.max_steps)
+        except BaseException:
+            close_planner(planner)
+            raise
     if pool is not None and hasattr(planner, "resolve"):
         try:
             planner.resolve(pool)
