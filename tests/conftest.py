@@ -92,6 +92,18 @@ def worker(name: str, url: str, provider: str = "sim", **extra) -> dict:
             "params": {"temperature": 0, "max_tokens": 256}, **extra}
 
 
+def serving(folder: Path, specs: dict):
+    """A simulated server (conductor.sim) answering as `specs` says (worker id -> its `simulate`
+    block; a `role` makes it a planner), over the sample set: a context manager giving its handle."""
+    from conductor.sim import start_sim
+
+    server = folder / "server.yaml"
+    server.write_text(yaml.safe_dump({"workers": [
+        {"id": n, "kind": "planner" if s.get("role") else "llm", "model": f"openai/{n}", "simulate": s}
+        for n, s in specs.items()]}))
+    return start_sim(server, [SAMPLE])
+
+
 def write_pool(path: Path, url: str, names=("fast", "weak"), providers: dict | None = None,
                workers: list[dict] | None = None) -> Path:
     doc = {"providers": providers or {"sim": {"max_concurrency": 32, "timeout_s": 10}},

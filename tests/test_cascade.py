@@ -10,7 +10,6 @@ import re
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from conductor.errors import PlanError
 from conductor.execute.engine import condition_holds
@@ -22,7 +21,7 @@ from conductor.pool import load_pool, parse_pool
 from conductor.runner import RunConfig, run_all
 from conductor.store import refresh_catalog
 from tests import plannersim
-from tests.conftest import SAMPLE, worker, write_pool
+from tests.conftest import serving, worker, write_pool
 from tests.replayserve import served_table
 
 # slow: cascade plans over the replay server
@@ -276,14 +275,8 @@ CASCADE_SIM = {
 
 @pytest.fixture(scope="module")
 def cascade_sim(tmp_path_factory):
-    from conductor.sim import start_sim
-
     d = tmp_path_factory.mktemp("cascade-sim")
-    server_pool = d / "server.yaml"
-    server_pool.write_text(yaml.safe_dump({"workers": [
-        {"id": name, "kind": "planner" if spec.get("role") else "llm", "model": f"openai/{name}", "simulate": spec}
-        for name, spec in CASCADE_SIM.items()]}))
-    with start_sim(server_pool, [SAMPLE]) as handle:
+    with serving(d, CASCADE_SIM) as handle:
         yield {"handle": handle, "queries": plannersim.math_queries(d / "math.parquet", 12)}
 
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import REPO, SAMPLE, run_cli
+from tests.conftest import REPO, SAMPLE, run_cli, serving
 from tests.plannersim import math_queries
 
 SERVED = {  # the models this module's simulated server answers as
@@ -26,14 +26,7 @@ SERVED = {  # the models this module's simulated server answers as
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    from conductor.sim import start_sim
-
-    d = tmp_path_factory.mktemp("sim73")
-    server = d / "server.yaml"
-    server.write_text(yaml.safe_dump({"workers": [
-        {"id": n, "kind": "planner" if s.get("role") else "llm", "model": f"openai/{n}", "simulate": s}
-        for n, s in SERVED.items()]}))
-    with start_sim(server, [SAMPLE]) as handle:
+    with serving(tmp_path_factory.mktemp("sim73"), SERVED) as handle:
         yield handle
 
 
