@@ -8,7 +8,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 export DAGSTER_HOME := $(CURDIR)/data/dagster_home
 SIM_PORT ?= 8911
 
-.PHONY: demo test test-fast setup setup-test ui sim bench clean-runs
+.PHONY: demo test test-fast setup setup-test ui sim clean-runs
 
 $(BIN)/python:
 	@$(PY) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null || \

@@ -56,7 +56,7 @@ TARGETS = {  # the issue's, relative to the best single chosen on train (accurac
 def main(argv: list[str] | None = None) -> int:
     from conductor import argtypes
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     ap.add_argument("--datasets", nargs="+", default=None, choices=["gsm8k", "mmlu_pro"],
                     help="shared tables (default: both, unless --tables is given)")
     ap.add_argument("--tables", nargs="+", type=argtypes.path, default=[], metavar="PATH",

@@ -117,3 +117,16 @@ def test_schemas_module_answers_help_and_refuses_unknown_arguments():
     assert "|---" not in r.stdout  # not the tables themselves
     refused(bench("-m", "conductor.schemas", "--bogus", timeout=60), "unrecognized arguments: --bogus")
     assert "|---" in bench("-m", "conductor.schemas", timeout=60).stdout
+
+
+def test_a_rate_limit_run_within_one_window_is_not_reported_met():
+    """--quick's 20 s run at the 60 s window's rate cannot draw a 429, so "met" would claim nothing."""
+    from argparse import Namespace
+
+    from bench.executor import table
+
+    row = {"rpm": 3000, "calls": 1000, "seconds": 20.4, "ideal_s": 20.0, "wall_ideal": 1.02, "429s": 0, "lost": 0}
+    text = table({"rpm": {**row, "window_s": 60.0}, "rpm1s": {**row, "window_s": 1.0}}, Namespace(concurrency=64))
+    window60, window1 = [line for line in text.splitlines() if "rpm (" in line]
+    assert "not tested" in window60 and "True" not in window60
+    assert "True" in window1
