@@ -136,6 +136,17 @@ def _grade(task: str | None, response: str | None, reference: str | None) -> Gra
     return Grade(answer, True, ref is not None and _math_equal(ref, answer))
 
 
+def reads_whole(text: str | None, task: str | None) -> bool:
+    """Whether the `task` grader also reads `text` whole, beside its final answer: an `exact` reply of
+    several lines with no answer marker is correct by its last line or as the whole reply (`_grade`).
+    A worker that relays it (vote, extract) passes it on as it is, else the whole reading is lost."""
+    try:
+        return (task == "exact" and bool(text) and not _UNREADABLE.search(text) and _final_span(text) is None
+                and sum(1 for line in text.splitlines() if line.strip()) > 1)
+    except Exception:  # noqa: BLE001 - total, as extract_answer: a text no grader can read is not read whole
+        return False
+
+
 def answers_agree(task: str | None, a: str | None, b: str | None) -> bool:
     """Whether two responses (or two extracted answers) give the same final answer."""
     _check_task(task)
