@@ -237,34 +237,43 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="conductor-bench-"))
     out: dict[str, dict] = {}
     load = os.getloadavg()
+    failed: dict[str, str] = {}
+
+    def measure(key: str, fn, *args, **kwargs) -> None:
+        """A section that fails is named in the table; the sections after it still run."""
+        try:
+            out[key] = fn(*args, **kwargs)
+            print(key, out[key], flush=True)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - SystemExit: a section's own refusal
+            failed[key] = (str(e).strip() or type(e).__name__).splitlines()[-1][:300]
+            print(f"{key} failed: {e}", file=sys.stderr, flush=True)
+
     try:
         qs = queries(tmp / "known.parquet", 10)
         with start_sim(server_pool(tmp / "server.yaml"), [qs]) as sim:
             if "throughput" in sections:
-                out["throughput"] = throughput(sim, tmp, a.calls, a.concurrency, a.peers_dir, a.peers)
-                print("throughput", out["throughput"], flush=True)
+                measure("throughput", throughput, sim, tmp, a.calls, a.concurrency, a.peers_dir, a.peers)
                 if a.profile:
                     print(profile(sim, tmp, a.calls, a.concurrency), flush=True)
             if "rpm" in sections:
-                out["rpm"] = rate_limit(sim, tmp, a.rpm, a.rpm_seconds, a.concurrency)
-                print("rpm", out["rpm"], flush=True)
-                out["rpm1s"] = rate_limit(sim, tmp, a.rpm, min(a.rpm_seconds, 20), a.concurrency, window_s=1.0)
-                print("rpm1s", out["rpm1s"], flush=True)
+                measure("rpm", rate_limit, sim, tmp, a.rpm, a.rpm_seconds, a.concurrency)
+                measure("rpm1s", rate_limit, sim, tmp, a.rpm, min(a.rpm_seconds, 20), a.concurrency, window_s=1.0)
             if "faults" in sections:
-                out["faults"] = faults(sim, tmp, a.fault_calls, a.concurrency, a.peers_dir, "curator" in a.peers)
-                print("faults", out["faults"], flush=True)
+                measure("faults", faults, sim, tmp, a.fault_calls, a.concurrency, a.peers_dir, "curator" in a.peers)
             if "cache" in sections:
-                out["cache"] = cache_rerun(sim, tmp, a.cache_calls, a.concurrency)
-                print("cache", out["cache"], flush=True)
+                measure("cache", cache_rerun, sim, tmp, a.cache_calls, a.concurrency)
             if "memory" in sections:
-                out["memory"] = memory(sim, tmp, a.memory_steps, a.concurrency)
-                print("memory", out["memory"], flush=True)
+                measure("memory", memory, sim, tmp, a.memory_steps, a.concurrency)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print()
     print(table(out, a))
+    for key, error in failed.items():
+        print(f"{key}: FAILED, not measured: {error}")
     end = os.getloadavg()
     print(f"load average (1 min) at start {load[0]:.1f}, at end {end[0]:.1f}, on {os.cpu_count()} cores")
+    if failed:
+        raise SystemExit(f"{len(failed)} section(s) failed: {', '.join(failed)}")
 
 
 def profile(sim, tmp: Path, n: int, concurrency: int) -> str:

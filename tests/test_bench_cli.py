@@ -130,3 +130,20 @@ def test_a_rate_limit_run_within_one_window_is_not_reported_met():
     window60, window1 = [line for line in text.splitlines() if "rpm (" in line]
     assert "not tested" in window60 and "True" not in window60
     assert "True" in window1
+
+
+def test_a_failing_section_is_named_and_the_next_one_still_runs(monkeypatch, capsys):
+    """One broken measurement used to end the benchmark with a traceback and no table at all."""
+    import bench.executor as executor
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the cache went away")
+
+    monkeypatch.setattr(executor, "cache_rerun", broken)
+    monkeypatch.setattr(sys, "argv", ["executor.py", "--only", "cache", "memory", "--memory-steps", "20"])
+    with pytest.raises(SystemExit) as exit_:
+        executor.main()
+    printed = capsys.readouterr().out
+    assert "1 section(s) failed: cache" in str(exit_.value)
+    assert "cache: FAILED, not measured: the cache went away" in printed
+    assert "memory" in printed.split("measurement")[1]  # the memory row is in the table
