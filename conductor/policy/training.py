@@ -160,7 +160,8 @@ def collect(cfg: TrainConfig, pool: Pool) -> Logs:
         t = load_queries(qpath).select(["query_id", "prompt", "task", "metadata"]).to_pylist()
         prompts.update({(run_id, r["query_id"]): (r["prompt"], r["task"], r["metadata"]) for r in t})
         key, theirs = _check_run_pool(cfg, run_id, manifest["inputs"].get("pool"), pool)
-        run_prices[run_id] = traininputs.run_prices(run_id, manifest, theirs)
+        run_prices[run_id] = traininputs.run_prices(run_id, manifest, theirs,
+                                                      RunDir(cfg.data_dir, run_id).table("traces"))
         runs.append({"run_id": run_id, "queries": str(qpath), "pool": manifest["inputs"].get("pool"),
                      "pool_key": key,
                      "planner": manifest["inputs"].get("planner"), "samples": manifest["inputs"].get("samples")})
