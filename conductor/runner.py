@@ -133,21 +133,23 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
         # before the run folder: the price added is part of what the planner reads, so the fixed
         # command is a new run, and this one's plans would be left behind for nothing
         raise ConductorError("; ".join(unpriced) + " (nothing was written or sent)")
-    legacy = {
+    fingerprint = {
         "queries_sha256": file_digest(cfg.queries),
         "pool_identity": pool.identity_hash(),
-        "planner": cfg.planner, "planner_options": cfg.planner_options,
+        "planner": cfg.planner, "planner_options": id_options(cfg),
         "samples": cfg.samples, "seed": cfg.seed, "max_steps": cfg.max_steps,
+        "pool_planning": pool.planning_hash(),
     }
-    fingerprint = {**legacy, "pool_planning": pool.planning_hash()}
-    digest, old_digest = _digest(fingerprint), _digest(legacy)
+    digest, earlier = _digest(fingerprint), _earlier_digests(fingerprint, cfg.planner_options)
     stem = run_id_stem(Path(cfg.queries).stem)
     run_id = cfg.run_id or f"{stem}-{digest[:10]}"
     if not cfg.run_id and not RunDir(cfg.data_dir, run_id).exists():
-        # A run begun before skills and prices were part of its id resumes under its old id.
-        earlier = RunDir(cfg.data_dir, f"{stem}-{old_digest[:10]}")
-        if earlier.exists() and _made_before_planning_hash(earlier, old_digest):
-            run_id = earlier.run_id
+        # A run begun by an earlier version, whose id covered less or more, resumes under its old id.
+        for old in earlier:
+            found = RunDir(cfg.data_dir, f"{stem}-{old[:10]}")
+            if found.exists() and found.read_manifest().get("fingerprint") == old:
+                run_id = found.run_id
+                break
     if not valid_run_id(run_id):
         raise ConductorError(f"--run-id {run_id!r}: {RUN_ID_RULE}")
     check_data_dir(cfg.data_dir)
@@ -163,7 +165,8 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
             store.pull_run(run)
         if run.exists():
             manifest = run.read_manifest()
-            if manifest.get("fingerprint") != digest and not _made_before_planning_hash(run, old_digest):
+            if manifest.get("fingerprint") not in (digest, *earlier, *_earlier_digests(
+                    fingerprint, _with_recorded_outside_options(cfg, manifest))):
                 differs = _fingerprint_changes(manifest.get("inputs") or {}, fingerprint, cfg)
                 raise ConductorError(
                     f"run {run_id} already exists at {run.path} with other inputs or settings ({differs}); "
@@ -187,6 +190,93 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
 
 RUN_ID_RULE = "use up to 128 letters, digits, '-', '_' and '.', not starting with '.'"
 
+
+def options_outside_run_id(planner: str) -> tuple[str, ...]:
+    """The planner options that never change a plan (the LLM planner's api_key_env, the vLLM
+    engine's memory and parallelism): the fix a failed start or a rejected key asks for must
+    resume the run, not start a new one that plans again."""
+    if planner == "llm":
+        from conductor.planners.llm import OUTSIDE_RUN_ID
+
+        return OUTSIDE_RUN_ID
+    if planner == "vllm":
+        from conductor.planners.vllm import ENGINE_ONLY
+
+        return ENGINE_ONLY
+    return ()
+
+
+def id_options(cfg: RunConfig) -> dict[str, Any]:
+    """The planner options the run id covers."""
+    outside = options_outside_run_id(cfg.planner)
+    return {k: v for k, v in cfg.planner_options.items() if k not in outside}
+
+
+def _earlier_digests(fingerprint: dict[str, Any], options: dict[str, Any]) -> list[str]:
+    """The digests earlier versions made of the same inputs, newest first: with every planner
+    option (`options`, before stop 42 left out those that never change a plan), and without
+    `pool_planning` (before skills, descriptions and prices were part of the id)."""
+    whole = {**fingerprint, "planner_options": options}
+    found = [whole] + [{k: v for k, v in f.items() if k != "pool_planning"} for f in (whole, fingerprint)]
+    now = _digest(fingerprint)
+    return [d for d in dict.fromkeys(map(_digest, found)) if d != now]
+
+
+def _with_recorded_outside_options(cfg: RunConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+    """This command's planner options with the run's own values of those outside the id, as its
+    manifest shows them: a run named by --run-id, begun by an earlier version with another
+    api_key_env, resumes as one begun by this version does."""
+    outside = options_outside_run_id(cfg.planner)
+    recorded = (manifest.get("inputs") or {}).get("planner_options") or {}
+    return {**id_options(cfg), **{k: v for k, v in recorded.items() if k in outside}}
+
+
+def outside_option_changes(run: Run) -> list[tuple[str, Any, Any]]:
+    """The planner options outside the run id that this command gives otherwise than the run
+    recorded them: (name, recorded, now), as the manifest shows values (None: not given)."""
+    outside = options_outside_run_id(run.config.planner)
+    recorded = (run.dir.read_manifest().get("inputs") or {}).get("planner_options") or {}
+    now = _shown_options({k: v for k, v in run.config.planner_options.items() if k in outside})
+    return [(k, recorded.get(k), now.get(k)) for k in outside if recorded.get(k) != now.get(k)]
+
+
+def _option_with(name: str, value: Any) -> str:
+    """`--planner-option api_key_env=NAME`, or `no --planner-option api_key_env`."""
+    if value is None:
+        return f"no --planner-option {name}"
+    return f"--planner-option {name}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+def _note_outside_options(run: Run, planning: bool) -> None:
+    """Say what a changed option outside the run id did, and when `planning` (the plans made now
+    use it) record it: the manifest's `inputs` show the options the plans were made with, and
+    `settings_changed` each change. Planning done, it changed nothing but re-planning."""
+    changes = outside_option_changes(run)
+    if not changes:
+        return
+    replans = any(w.kind == "planner" for w in run.pool.workers)
+    for name, old, new in changes:
+        if planning:
+            run.notes.append(f"{_option_with(name, new)} (was {_option_with(name, old)}) "
+                             f"applies to the planning left; it never changes a plan, so the run keeps its id")
+        elif replans:
+            run.notes.append(f"{_option_with(name, new)} applies only to re-planning steps still to run: every "
+                             f"plan had already been made, with {_option_with(name, old)}")
+        else:
+            run.notes.append(f"{_option_with(name, new)} changed nothing: every plan had already been made, "
+                             f"with {_option_with(name, old)} (it never changes a plan)")
+    if not planning:
+        return
+    manifest = run.dir.read_manifest()
+    inputs = dict(manifest.get("inputs") or {})
+    changed = {n for n, _, _ in changes}
+    options = {k: v for k, v in (inputs.get("planner_options") or {}).items() if k not in changed}
+    options.update({n: new for n, _, new in changes if new is not None})
+    history = list(manifest.get("settings_changed") or [])
+    history += [{"at": _now(), "setting": f"planner_options.{n}", "from": old, "to": new} for n, old, new in changes]
+    run.dir.update(inputs={**inputs, "planner_options": options}, settings_changed=history)
+
+
 # What the fingerprint's keys are, for the run-exists refusal: "samples: 1 → 2", "queries file differs".
 _FINGERPRINT_NAMES = {
     "queries_sha256": "the queries file's content differs",
@@ -199,9 +289,12 @@ _FINGERPRINT_NAMES = {
 def _fingerprint_changes(before: dict[str, Any], now: dict[str, Any], cfg: RunConfig) -> str:
     """What differs between a run's recorded inputs (its manifest's `inputs`) and this command's."""
     changes = []
+    outside = options_outside_run_id(cfg.planner)
+    before = {**before, "planner_options": {k: v for k, v in (before.get("planner_options") or {}).items()
+                                            if k not in outside}} if "planner_options" in before else before
     for key, value in now.items():
         if key == "planner_options":
-            value = _shown_options(cfg.planner_options)  # as the manifest keeps them
+            value = _shown_options(id_options(cfg))  # as the manifest keeps them
         if key not in before:
             if key != "pool_planning":  # a run older than that key, whose other inputs differ
                 changes.append(f"{key} not recorded by that run")
@@ -317,6 +410,7 @@ def plan_stage(run: Run, planner: Planner | None = None, checked: bool = False) 
         check_readable(out)
         failed = _failed_planning(out) if cfg.retry_failed else {}
         if not failed:
+            _note_outside_options(run, planning=False)
             return out
     own = planner is None
     planner = planner or configured_planner(cfg)
@@ -325,6 +419,7 @@ def plan_stage(run: Run, planner: Planner | None = None, checked: bool = False) 
             check_before_planning(run.pool, planner, run)
         with run_lock(run.dir.work, run.dir.run_id), noting_stop(run.dir, "planning", lambda: spend_so_far(run)), \
                 _named_storage_errors(run):
+            _note_outside_options(run, planning=True)
             return _replan(run, planner, out, failed) if failed else _plan(run, planner, out)
     finally:
         if own:
@@ -870,7 +965,8 @@ def worker_problems(pool: Pool, used: set[str]) -> list[Any]:
 
 
 # What a fix does to the run's id (prepare's fingerprint: the pool's workers, their descriptions, skills and
-# prices, and every planner option; not keys, nor providers' limits, budgets or api_key_env).
+# prices, and the planner options but those that never change a plan; not keys, nor providers' limits,
+# budgets or api_key_env).
 _SAME_RUN = {"env": "setting the variable", "server": "starting the server at that api_base",
              "served": "serving that model at that api_base"}
 _NEW_RUN = {"server": "a changed api_base", "served": "a corrected model", "model": "a corrected model",
@@ -1177,12 +1273,6 @@ def _uploading(store, run: Run):
 
 def _digest(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
-
-
-def _made_before_planning_hash(run: RunDir, legacy_digest: str) -> bool:
-    """A run whose manifest predates `pool_planning` in the fingerprint, with the same other inputs."""
-    m = run.read_manifest()
-    return m.get("fingerprint") == legacy_digest and "pool_planning" not in m.get("inputs", {})
 
 
 def valid_run_id(s: str) -> bool:

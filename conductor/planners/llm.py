@@ -50,6 +50,9 @@ from conductor.yamlkeys import shown_value
 IMPLICIT_WORKER = "conductor-planner"
 SWITCHES = ("auto", "on", "off")
 MODEL_ONLY = ("api_base", "provider", "api_key_env", "price")  # settings of the worker `model` adds
+# Options that never change a plan (the NAME of the key's variable): left out of the run id, so
+# adding or changing one resumes the run (runner.prepare).
+OUTSIDE_RUN_ID = ("api_key_env",)
 _whole, _number = option_checks("LLM planner")
 
 
@@ -452,9 +455,9 @@ def _stop_on(failures: list[StepFailed], n: int, binding: Binding) -> None:
 def _resumes(binding: Binding) -> str:
     """What to do with the run folder the failed planning left (status `failed`, runner.noting_stop).
     Not a plain "rerun": the same request fails the same way until its cause is fixed."""
-    return (f". Fix this, then the same command resumes the planning of run {binding.run_id} (its status is "
-            f"`failed` until then; with other planner options it is a new run, and this one's folder can be "
-            f"deleted)")
+    return (f". Fix this, then the same command resumes the planning of run {binding.run_id}, also with "
+            f"--planner-option api_key_env=NAME added or changed (its status is `failed` until then; with other "
+            f"planner options it is a new run, and this one's folder can be deleted)")
 
 
 def _as_option(message: str) -> str:

@@ -42,6 +42,12 @@ DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 
 _whole, _number = option_checks("vLLM planner")
 
+# Engine settings that never change what the model generates (memory, parallelism, compilation,
+# caching, batching): left out of the run id, so changing one to start the engine resumes the run
+# (runner.prepare). Not engine_kwargs: it may hold anything vllm.LLM takes (quantization, tokenizer).
+ENGINE_ONLY = ("gpu_memory_utilization", "tensor_parallel_size", "enforce_eager", "enable_prefix_caching",
+               "chunk_size")
+
 
 @dataclass
 class VLLMPlannerConfig:
@@ -359,5 +365,6 @@ def start_advice(log: str) -> str:
     text = f". Root cause: {cause.rstrip('.')}"
     if "memory" in cause.lower() and "CPU" in cause:
         text += (". On a CPU build, --planner-option gpu_memory_utilization is the share of RAM vLLM reserves "
-                 "(default 0.9): pass --planner-option gpu_memory_utilization=0.2 and set VLLM_CPU_KVCACHE_SPACE=1")
+                 "(default 0.9): pass --planner-option gpu_memory_utilization=0.2 and set VLLM_CPU_KVCACHE_SPACE=1 "
+                 "(the run keeps its id: the same command with them resumes it)")
     return text
