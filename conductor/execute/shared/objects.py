@@ -51,6 +51,11 @@ WORK_FILES = ("plans.jsonl", "steps.jsonl", "reservations.jsonl", "batches.jsonl
 PLAN_PARTS = "plan_parts"  # work/plan_parts/part-*.parquet: plans written as planning goes (conductor.planparts)
 ENV_SYNC_S = "CONDUCTOR_STORE_SYNC_S"
 LEASE_FILE = "lease.json"  # beside the run's objects: runs/<run id>/lease.json
+# Beside the run's objects while its work/ there is stale: the journal of a work folder deleted mid-run,
+# whose spend the manifest records (runner.DELETED_WORK_SPEND). It holds that record, so that it
+# speaks only for a manifest that counts the journal (see ObjectStore._drop_stale_work).
+STALE_WORK = "stale_work.json"
+DELETED_WORK_SPEND_KEY = "spend_of_deleted_work"  # runner.DELETED_WORK_SPEND: the runner imports this module
 
 
 def sync_interval() -> float:
@@ -156,14 +161,56 @@ class ObjectStore:
     def _push_run(self, run_dir, work: bool) -> None:
         self.check_bucket()
         rid = run_dir.run_id
+        covered = None  # what the manifest records of a journal deleted mid-run, when the store still has it
         if work and run_dir.work.exists():
             self._push_work(run_dir)
+        elif work and (covered := _deleted_work_spend(run_dir)) is not None and self._has_work(rid):
+            self._put_json({DELETED_WORK_SPEND_KEY: covered}, "runs", rid, STALE_WORK)
         for name in TABLE_FILES[1:]:
             f = run_dir.path / name
             if f.exists():
                 self.put(f, "runs", rid, name)
         if run_dir.manifest_path.exists():
             self.put(run_dir.manifest_path, "runs", rid, "manifest.json")
+        if covered is not None and self.exists("runs", rid, STALE_WORK):
+            self._drop_work(rid)
+
+    def _has_work(self, rid: str) -> bool:
+        sel = self._pafs.FileSelector(self.path("runs", rid, "work"), recursive=True, allow_not_found=True)
+        return any(i.type == self._pafs.FileType.File for i in self.fs.get_file_info(sel))
+
+    def _put_json(self, doc: dict, *rel: str) -> None:
+        import orjson
+
+        with self.fs.open_output_stream(self.path(*rel)) as out:
+            out.write(orjson.dumps(doc))
+
+    def _drop_work(self, rid: str) -> None:
+        """The store's copy of a journal deleted mid-run, which the manifest counts: a resume elsewhere
+        fetched it and counted its money twice. The marker goes last, once nothing stale is left."""
+        self.fs.delete_dir_contents(self.path("runs", rid, "work"), missing_dir_ok=True)
+        self._parts_sent = {s for s in self._parts_sent if s[0] != rid}
+        self.fs.delete_file(self.path("runs", rid, STALE_WORK))
+
+    def _drop_stale_work(self, rid: str, manifest: dict) -> None:
+        """Finish what a process killed between its two steps left (_push_run): with the manifest put
+        (it counts the deleted journal), the store's work/ is stale and goes; without it (the manifest
+        counts no such journal, or counts another), work/ stands and the marker is void. Marker first,
+        then manifest, then the journal's deletion: no crash leaves the money uncounted or counted twice."""
+        import orjson
+
+        if not self.exists("runs", rid, STALE_WORK):
+            return
+        with self.fs.open_input_stream(self.path("runs", rid, STALE_WORK)) as f:
+            try:
+                mark = orjson.loads(f.read())
+            except orjson.JSONDecodeError:
+                mark = None
+        covered = mark.get(DELETED_WORK_SPEND_KEY) if isinstance(mark, dict) else None
+        if covered is not None and covered == manifest.get(DELETED_WORK_SPEND_KEY):
+            self._drop_work(rid)
+        else:
+            self.fs.delete_file(self.path("runs", rid, STALE_WORK))
 
     def _push_work(self, run_dir) -> None:
         rid = run_dir.run_id
@@ -206,9 +253,17 @@ class ObjectStore:
             return self._pull_run(run_dir)
 
     def _pull_run(self, run_dir) -> bool:
+        import orjson
+
         rid = run_dir.run_id
         if run_dir.exists() or not self.exists("runs", rid, "manifest.json"):
             return False
+        with self.fs.open_input_stream(self.path("runs", rid, "manifest.json")) as f:
+            try:
+                manifest = orjson.loads(f.read())
+            except orjson.JSONDecodeError:  # fetched all the same: the run says what is wrong with it
+                manifest = {}
+        self._drop_stale_work(rid, manifest if isinstance(manifest, dict) else {})
         for name in TABLE_FILES[1:]:
             if self.exists("runs", rid, name):
                 self.get(run_dir.path / name, "runs", rid, name)
@@ -445,6 +500,17 @@ class RunLease:
         raise ConductorError(
             f"run {self.run_id} stopped: its lease {self.where} lapsed (not renewed for {self.ttl:.0f} s) and "
             f"{self._taker()} took the run over; the store's copy of the run is that process's") from None
+
+
+def _deleted_work_spend(run_dir) -> dict | None:
+    """The local manifest's record of what a journal deleted mid-run paid (None: it has none)."""
+    import orjson
+
+    try:
+        manifest = orjson.loads(run_dir.manifest_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return (manifest.get(DELETED_WORK_SPEND_KEY) or None) if isinstance(manifest, dict) else None
 
 
 def _iso(t: float) -> str:
