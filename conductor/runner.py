@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import math
 import os
-import re
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -51,6 +49,9 @@ from conductor.preflight import plannable
 from conductor.progress import Progress
 from conductor.queries import carried_name, file_digest, input_columns, load_queries
 from conductor.rewards import RewardScheme, group_advantages, score
+from conductor.runids import (RUN_ID_RULE, earlier_digests, fingerprint_changes, id_options, options_outside_run_id,
+                              run_id_stem, shown_options, valid_run_id, with_recorded_outside_options)
+from conductor.runids import digest as run_digest
 from conductor.store import (CatalogHeld, RunDir, check_data_dir, damage_advice, file_damage, finalize_journal,
                              refresh_catalog, rows_to_table, write_atomic, write_table)
 from conductor.stats import run_totals
@@ -136,11 +137,11 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
     fingerprint = {
         "queries_sha256": file_digest(cfg.queries),
         "pool_identity": pool.identity_hash(),
-        "planner": cfg.planner, "planner_options": id_options(cfg),
+        "planner": cfg.planner, "planner_options": id_options(cfg.planner, cfg.planner_options),
         "samples": cfg.samples, "seed": cfg.seed, "max_steps": cfg.max_steps,
         "pool_planning": pool.planning_hash(),
     }
-    digest, earlier = _digest(fingerprint), _earlier_digests(fingerprint, cfg.planner_options)
+    digest, earlier = run_digest(fingerprint), earlier_digests(fingerprint, cfg.planner_options)
     stem = run_id_stem(Path(cfg.queries).stem)
     run_id = cfg.run_id or f"{stem}-{digest[:10]}"
     if not cfg.run_id and not RunDir(cfg.data_dir, run_id).exists():
@@ -165,9 +166,10 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
             store.pull_run(run)
         if run.exists():
             manifest = run.read_manifest()
-            if manifest.get("fingerprint") not in (digest, *earlier, *_earlier_digests(
-                    fingerprint, _with_recorded_outside_options(cfg, manifest))):
-                differs = _fingerprint_changes(manifest.get("inputs") or {}, fingerprint, cfg)
+            if manifest.get("fingerprint") not in (digest, *earlier, *earlier_digests(
+                    fingerprint, with_recorded_outside_options(cfg.planner, cfg.planner_options, manifest))):
+                differs = fingerprint_changes(manifest.get("inputs") or {}, fingerprint, cfg.planner,
+                                              cfg.planner_options)
                 raise ConductorError(
                     f"run {run_id} already exists at {run.path} with other inputs or settings ({differs}); "
                     f"choose another --run-id (or omit it to get one derived from the inputs)")
@@ -178,7 +180,7 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
             "run_id": run_id, "status": "created", "created_at": _now(), "fingerprint": digest,
             "conductor_version": __version__,
             "inputs": {"queries": str(Path(cfg.queries).resolve()), "pool": str(Path(cfg.pool).resolve()),
-                       **fingerprint, "planner_options": _shown_options(cfg.planner_options)},
+                       **fingerprint, "planner_options": shown_options(cfg.planner_options)},
             "settings": run_settings(cfg),
         })
         return Run(cfg, pool, queries, run, resumed=False, lease=lease)
@@ -188,55 +190,12 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
         raise
 
 
-RUN_ID_RULE = "use up to 128 letters, digits, '-', '_' and '.', not starting with '.'"
-
-
-def options_outside_run_id(planner: str) -> tuple[str, ...]:
-    """The planner options that never change a plan (the LLM planner's api_key_env, the vLLM
-    engine's memory and parallelism): the fix a failed start or a rejected key asks for must
-    resume the run, not start a new one that plans again."""
-    if planner == "llm":
-        from conductor.planners.llm import OUTSIDE_RUN_ID
-
-        return OUTSIDE_RUN_ID
-    if planner == "vllm":
-        from conductor.planners.vllm import ENGINE_ONLY
-
-        return ENGINE_ONLY
-    return ()
-
-
-def id_options(cfg: RunConfig) -> dict[str, Any]:
-    """The planner options the run id covers."""
-    outside = options_outside_run_id(cfg.planner)
-    return {k: v for k, v in cfg.planner_options.items() if k not in outside}
-
-
-def _earlier_digests(fingerprint: dict[str, Any], options: dict[str, Any]) -> list[str]:
-    """The digests earlier versions made of the same inputs, newest first: with every planner
-    option (`options`, before stop 42 left out those that never change a plan), and without
-    `pool_planning` (before skills, descriptions and prices were part of the id)."""
-    whole = {**fingerprint, "planner_options": options}
-    found = [whole] + [{k: v for k, v in f.items() if k != "pool_planning"} for f in (whole, fingerprint)]
-    now = _digest(fingerprint)
-    return [d for d in dict.fromkeys(map(_digest, found)) if d != now]
-
-
-def _with_recorded_outside_options(cfg: RunConfig, manifest: dict[str, Any]) -> dict[str, Any]:
-    """This command's planner options with the run's own values of those outside the id, as its
-    manifest shows them: a run named by --run-id, begun by an earlier version with another
-    api_key_env, resumes as one begun by this version does."""
-    outside = options_outside_run_id(cfg.planner)
-    recorded = (manifest.get("inputs") or {}).get("planner_options") or {}
-    return {**id_options(cfg), **{k: v for k, v in recorded.items() if k in outside}}
-
-
 def outside_option_changes(run: Run) -> list[tuple[str, Any, Any]]:
     """The planner options outside the run id that this command gives otherwise than the run
     recorded them: (name, recorded, now), as the manifest shows values (None: not given)."""
     outside = options_outside_run_id(run.config.planner)
     recorded = (run.dir.read_manifest().get("inputs") or {}).get("planner_options") or {}
-    now = _shown_options({k: v for k, v in run.config.planner_options.items() if k in outside})
+    now = shown_options({k: v for k, v in run.config.planner_options.items() if k in outside})
     return [(k, recorded.get(k), now.get(k)) for k in outside if recorded.get(k) != now.get(k)]
 
 
@@ -275,34 +234,6 @@ def _note_outside_options(run: Run, planning: bool) -> None:
     history = list(manifest.get("settings_changed") or [])
     history += [{"at": _now(), "setting": f"planner_options.{n}", "from": old, "to": new} for n, old, new in changes]
     run.dir.update(inputs={**inputs, "planner_options": options}, settings_changed=history)
-
-
-# What the fingerprint's keys are, for the run-exists refusal: "samples: 1 → 2", "queries file differs".
-_FINGERPRINT_NAMES = {
-    "queries_sha256": "the queries file's content differs",
-    "pool_identity": "the pool's workers differ (models, endpoints, params, system prompts or functions)",
-    "pool_planning": "the pool's descriptions, skills or prices differ",
-    "planner_options": "the planner options differ",
-}
-
-
-def _fingerprint_changes(before: dict[str, Any], now: dict[str, Any], cfg: RunConfig) -> str:
-    """What differs between a run's recorded inputs (its manifest's `inputs`) and this command's."""
-    changes = []
-    outside = options_outside_run_id(cfg.planner)
-    before = {**before, "planner_options": {k: v for k, v in (before.get("planner_options") or {}).items()
-                                            if k not in outside}} if "planner_options" in before else before
-    for key, value in now.items():
-        if key == "planner_options":
-            value = _shown_options(id_options(cfg))  # as the manifest keeps them
-        if key not in before:
-            if key != "pool_planning":  # a run older than that key, whose other inputs differ
-                changes.append(f"{key} not recorded by that run")
-        elif before[key] != value:
-            changes.append(_FINGERPRINT_NAMES.get(key) or f"{key}: {before[key]} → {value}")
-    if not changes and "planner_options" in before:
-        changes.append(_FINGERPRINT_NAMES["planner_options"])  # a masked value (a key in a URL) changed
-    return "; ".join(changes) or "its manifest records no inputs to compare"
 
 
 def run_settings(cfg: RunConfig) -> dict[str, Any]:
@@ -344,56 +275,6 @@ def _changed_settings(run: Run, manifest: dict[str, Any], names: dict[str, str],
     history = list(manifest.get("settings_changed") or [])
     history += [{"at": _now(), "setting": k, "from": recorded[k], "to": v} for k, v in changed.items()]
     return {"settings": {**recorded, **unknown, **changed}, **({"settings_changed": history} if changed else {})}
-
-
-def run_id_stem(stem: str) -> str:
-    """The query file's name as the start of a default run id: unchanged when it is a valid id
-    (runs on disk resume under the same id); else other characters become '_'. `my q (v2)`
-    was refused, blaming a --run-id the user never gave."""
-    if valid_run_id(f"{stem}-{'0' * 10}"):
-        return stem
-    cleaned = re.sub(r"_{2,}", "_", "".join(c if c.isalnum() or c in "-_." else "_" for c in stem))
-    return cleaned.lstrip("._")[:128 - 11].rstrip("_") or "queries"
-
-
-def _shown_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Planner options as the manifest keeps them, never a key: a password or token typed into a URL
-    (`api_base=https://user:TOKEN@host`, `?api_key=`) is masked, as everywhere else, a value that
-    looks like a key is not kept, and api_key_env only as a variable's NAME."""
-    return {k: _shown_option(k, v) for k, v in options.items()}
-
-
-NOT_KEPT = "(not kept: it looks like a key)"
-NOT_A_NAME = "(not kept: not the name of an environment variable)"
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _shown_option(name: Any, value: Any) -> Any:
-    from conductor.masking import looks_like_a_key, mask
-    from conductor.pool import redact_url
-
-    if name == "api_key_env":
-        named = isinstance(value, str) and ENV_NAME.fullmatch(value) and not looks_like_a_key(value)
-        return value if named else NOT_A_NAME
-    if isinstance(value, dict):
-        return {k: _shown_option(k, v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_shown_option(name, v) for v in value]
-    if not isinstance(value, str):
-        return value
-    if "://" in value:
-        return mask(redact_url(value))
-    return NOT_KEPT if _pasted_key(value) else mask(value)
-
-
-def _pasted_key(value: str) -> bool:
-    """A key given as an option's value: one token that masking.looks_like_a_key flags, with a
-    long run of letters and digits; model names (`claude-3-5-sonnet-20241022`) have short parts."""
-    from conductor.masking import looks_like_a_key
-
-    parts = re.split(r"[-_]", value)
-    return (re.fullmatch(r"[A-Za-z0-9_-]+", value) is not None and looks_like_a_key(value)
-            and any(len(p) >= 16 and re.search(r"\d", p) and re.search(r"[A-Za-z]", p) for p in parts))
 
 
 # ---- plan -------------------------------------------------------------------
@@ -1269,14 +1150,6 @@ def _uploading(store, run: Run):
     from conductor.execute.shared.objects import JournalUploader
 
     return JournalUploader(store, run.dir, lease=run.lease)
-
-
-def _digest(fingerprint: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
-
-
-def valid_run_id(s: str) -> bool:
-    return bool(s) and len(s) <= 128 and all(c.isalnum() or c in "-_." for c in s) and not s.startswith(".")
 
 
 def _now() -> str:

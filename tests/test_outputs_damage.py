@@ -211,7 +211,7 @@ def test_a_run_whose_plans_failed_records_its_failed_share_and_exit_code(tmp_pat
 # ---- F7: the default run id of a query file with an odd name ----------------------
 
 def test_the_default_run_id_keeps_valid_file_names_and_cleans_the_others():
-    from conductor.runner import run_id_stem, valid_run_id
+    from conductor.runids import run_id_stem, valid_run_id
 
     for stem in ("sample", "q5.v1-x_y", "café", "a" * 117):  # ids of runs on disk: unchanged
         assert run_id_stem(stem) == stem

@@ -128,7 +128,7 @@ def test_failures_of_a_run_whose_work_folder_was_deleted_are_not_promised_to_a_r
 def test_run_id_follows_what_the_planner_reads(tmp_path, sample_queries):
     """Skills, prices and descriptions decide the plans: changing one starts a new run
     instead of resuming plans made with the old ones; a budget does not."""
-    from conductor import runner
+    from conductor import runids, runner
 
     def run_id(path, **changes):
         w = worker("fast", "http://127.0.0.1:9")
@@ -147,7 +147,7 @@ def test_run_id_follows_what_the_planner_reads(tmp_path, sample_queries):
     m = base.dir.read_manifest()
     del m["inputs"]["pool_planning"]
     legacy = {k: v for k, v in m["inputs"].items() if k not in ("queries", "pool")}
-    m["fingerprint"] = runner._digest(legacy)
+    m["fingerprint"] = runids.digest(legacy)
     old_id = f"{sample_queries.stem}-{m['fingerprint'][:10]}"
     m["run_id"] = old_id
     base.dir.path.rename(base.dir.path.with_name(old_id))

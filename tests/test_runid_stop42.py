@@ -50,10 +50,10 @@ def _prepare(folder: Path, planner: str, options: dict, run_id: str | None = Non
 def _as_made_by_head(run) -> str:
     """Turn a run folder into the one HEAD made for the same inputs: its id digested every planner
     option (the manifest's `inputs` show them all, with the values given here)."""
-    from conductor import runner
+    from conductor import runids, runner
 
     m = run.dir.read_manifest()
-    m["fingerprint"] = runner._digest({k: v for k, v in m["inputs"].items() if k not in ("queries", "pool")})
+    m["fingerprint"] = runids.digest({k: v for k, v in m["inputs"].items() if k not in ("queries", "pool")})
     old_id = f"factual-{m['fingerprint'][:10]}"
     m["run_id"] = old_id
     run.dir.path.rename(run.dir.path.with_name(old_id))
@@ -90,12 +90,12 @@ def test_a_run_begun_by_head_with_such_options_resumes_under_its_old_id(tmp_path
 
 def test_a_run_begun_by_head_named_by_run_id_resumes_with_another_api_key_env(tmp_path):
     """With --run-id the folder is known: its recorded api_key_env stands in for this command's."""
-    from conductor import runner
+    from conductor import runids, runner
     from conductor.errors import ConductorError
 
     first = _prepare(tmp_path, "llm", {**LLM, "api_key_env": KEY_ENV}, run_id="named")
     m = first.dir.read_manifest()
-    m["fingerprint"] = runner._digest({k: v for k, v in m["inputs"].items() if k not in ("queries", "pool")})
+    m["fingerprint"] = runids.digest({k: v for k, v in m["inputs"].items() if k not in ("queries", "pool")})
     first.dir.write_manifest(m)  # as HEAD wrote it
     for options in ({**LLM, "api_key_env": OTHER_ENV}, LLM, {**LLM, "api_key_env": KEY_ENV}):
         again = _prepare(tmp_path, "llm", options, run_id="named")

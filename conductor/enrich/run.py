@@ -57,7 +57,7 @@ def run_job(job: Job, *, data_dir: str | Path = "data", run_id: str | None = Non
     run is complete its work/ folders (the journal, about ten times the size of the outputs) are
     removed unless `keep_work`: nothing reads them again."""
     from conductor.execute.lock import run_lock
-    from conductor.runner import RUN_ID_RULE, valid_run_id
+    from conductor.runids import RUN_ID_RULE, valid_run_id
 
     if run_id is not None and not valid_run_id(run_id):  # before anything is written under it
         raise ConductorError(f"--run-id {run_id!r}: {RUN_ID_RULE}")
