@@ -5,19 +5,39 @@ The in-process governor (conductor.execute.limits / budget) stays the default;
 a `governor:` URL in the pool file or CONDUCTOR_GOVERNOR chooses this one.
 """
 
+import re
+
 from conductor.execute.shared.url import (GovernorDown, GovernorUnavailable, SharedURLError, governor_url,
                                           redact)
 
-__all__ = ["GovernorDown", "GovernorUnavailable", "SharedURLError", "check_shared_urls", "governor_url", "redact"]
+__all__ = ["GovernorDown", "GovernorUnavailable", "SharedURLError", "budget_scope", "check_shared_urls",
+           "governor_url", "redact"]
 
 CHECK_TIMEOUT_S = 3.0  # for each server, before the run: a hung one is told from a slow one's PING
+SCOPE_ENV = "CONDUCTOR_BUDGET_SCOPE"
+_SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def budget_scope() -> str:
+    """CONDUCTOR_BUDGET_SCOPE, or "default": with a shared governor, the runs with the same scope
+    share one total per provider's budget_usd (e.g. 2026-11 for a monthly budget). It is part of
+    Redis keys, so a ':' or space in it could land in another scope's key: refused."""
+    import os
+
+    value = os.environ.get(SCOPE_ENV, "")
+    if value == "":
+        return "default"
+    if not _SCOPE.fullmatch(value):
+        shown = value if len(value) <= 80 else value[:80] + "..."
+        raise SharedURLError(f"environment variable {SCOPE_ENV}={shown!r}: a budget scope is 1 to 64 letters, "
+                             f"digits, '.', '_' or '-', starting with a letter or digit (e.g. 2026-11 for a "
+                             f"monthly budget); fix it or unset it and rerun; nothing was called")
+    return value
 
 
 def build_governor(pool, run_budget_usd, spent):
     """(limiters per provider, ledger, closer) for a pool: in-process by default, or on
     the server the governor URL names. `closer` is None or an async close()."""
-    import os
-
     from conductor.execute.budget import Ledger
     from conductor.execute.limits import ProviderLimiter
 
@@ -27,7 +47,7 @@ def build_governor(pool, run_budget_usd, spent):
                 Ledger({pid: p.budget_usd for pid, p in pool.providers.items()}, run_budget_usd, spent), None)
     from conductor.execute.shared.governor import RedisGovernor, SharedLedger, SharedLimiter
 
-    gov = RedisGovernor(url, os.environ.get("CONDUCTOR_BUDGET_SCOPE") or "default")
+    gov = RedisGovernor(url, budget_scope())
     return ({pid: SharedLimiter(gov, p) for pid, p in pool.providers.items()},
             SharedLedger(gov, pool.providers, run_budget_usd, spent), gov.close)
 
@@ -45,8 +65,15 @@ def check_shared_urls(pool, cache: bool = True, timeout_s: float = CHECK_TIMEOUT
 
     url = governor_url(getattr(pool, "governor", None))
     shared = url.partition("://")[0] in REDIS_SCHEMES
+    scope = budget_scope()
     if shared:
         _check_governor(url, governor_source(), timeout_s)
+    elif scope != "default":
+        import logging
+
+        logging.getLogger("conductor.governor").warning(
+            "%s=%s has no effect without a shared governor (%s or governor: in the pool file): each run's "
+            "provider budgets are its own", SCOPE_ENV, scope, "CONDUCTOR_GOVERNOR")
     if not cache:
         return
     cache_url = cache_setting() or (url if shared else None)

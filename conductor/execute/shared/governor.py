@@ -101,20 +101,29 @@ end
 return {0, '-1'}
 """
 
+# How long an expired lease is remembered (as "x:<id>" in the same zset and hash), so that a
+# settle arriving after it (one kept while the server was unreachable) gives the difference
+# back once, and a settle sent twice (its first answer lost) changes nothing the second time.
+_EXPIRED_KEEP_S = 7 * 86400
+
 # Budget: KEYS: totals hash (spent, reserved), lease zset (id -> end), amounts hash (id -> usd).
 # Expired leases (their process died) are charged in full: the call may have been paid.
 _EXPIRE_LEASES = """
 local function expire(now)
   local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
   for _, id in ipairs(gone) do
-    local amt = tonumber(redis.call('HGET', KEYS[3], id) or '0')
-    redis.call('HINCRBYFLOAT', KEYS[1], 'reserved', -amt)
-    redis.call('HINCRBYFLOAT', KEYS[1], 'spent', amt)
+    local amt = redis.call('HGET', KEYS[3], id) or '0'
     redis.call('HDEL', KEYS[3], id)
     redis.call('ZREM', KEYS[2], id)
+    if string.sub(id, 1, 2) ~= 'x:' then
+      redis.call('HINCRBYFLOAT', KEYS[1], 'reserved', -tonumber(amt))
+      redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(amt))
+      redis.call('HSET', KEYS[3], 'x:' .. id, amt)
+      redis.call('ZADD', KEYS[2], now + %d, 'x:' .. id)
+    end
   end
 end
-"""
+""" % _EXPIRED_KEEP_S
 
 # ARGV: limit, amount, id, lease seconds. Returns {status, spent, reserved}:
 # 1 reserved; 0 does not fit while others are pending (wait); -1 can never fit.
@@ -137,8 +146,9 @@ end
 return {status, string.format('%.9f', spent), string.format('%.9f', reserved)}
 """
 
-# ARGV: id, amount reserved, actual cost. A lease that already expired was charged
-# its full amount: the difference is given back.
+# ARGV: id, amount reserved, actual cost. Returns 1 settled; 0 its lease had expired and was
+# charged in full: the difference is given back; 2 nothing to do (settled already, or expired
+# longer ago than _EXPIRED_KEEP_S: it stays charged in full), so sending it again is safe.
 _SETTLE = """
 local amt = redis.call('HGET', KEYS[3], ARGV[1])
 if amt then
@@ -148,8 +158,14 @@ if amt then
   redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(ARGV[3]))
   return 1
 end
-redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(ARGV[3]) - tonumber(ARGV[2]))
-return 0
+local late = redis.call('HGET', KEYS[3], 'x:' .. ARGV[1])
+if late then
+  redis.call('HDEL', KEYS[3], 'x:' .. ARGV[1])
+  redis.call('ZREM', KEYS[2], 'x:' .. ARGV[1])
+  redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(ARGV[3]) - tonumber(late))
+  return 0
+end
+return 2
 """
 
 
@@ -176,7 +192,9 @@ class RedisGovernor:
         # An outage is said once when it begins and once when the server answers again: each
         # call attempt and each settlement that failed on it printed a line (450 for 55 plans).
         self.down_since: float | None = None  # time.monotonic() of the first failure of this outage
-        self.unsettled = [0, 0.0]  # reservations that could not be settled (charged in full): count, USD
+        # Settles that could not reach the server: (keys, args), sent again when it answers and at
+        # close(). Dropped, each answered call stayed charged at its worst case for good.
+        self.unsettled: list[tuple[list[str], list]] = []
 
     async def run(self, name: str, keys: list[str], args: list) -> list | int:
         """A script on the server; any failure to reach it is GovernorUnavailable (naming the URL)."""
@@ -211,6 +229,21 @@ class RedisGovernor:
         if down is not None:
             log.warning("shared governor %s answers again after %.0f s: calls are sent again",
                         self.shown, time.monotonic() - down)
+        if self.unsettled:
+            task = asyncio.get_running_loop().create_task(self.resettle())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def resettle(self) -> None:
+        """Send the settles kept during an outage; those the server cannot take now are kept
+        for the next time it answers (the settle script is safe to run twice)."""
+        todo, self.unsettled = self.unsettled, []
+        for i, (keys, args) in enumerate(todo):
+            try:
+                await self.run("settle", keys, args)
+            except GovernorUnavailable:
+                self.unsettled.extend(todo[i:])
+                return
 
     def later(self, name: str, keys: list[str], args: list) -> None:
         """Fire and forget (from sync code: a pause, a token refund); a failure is never raised,
@@ -226,12 +259,14 @@ class RedisGovernor:
     async def close(self) -> None:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
-        n, usd = self.unsettled
+        if self.unsettled:
+            await self.resettle()
+        n, usd = len(self.unsettled), sum(float(args[1]) for _, args in self.unsettled)
         if n:
             log.warning("shared governor %s: %s of $%.6f in all could not be settled while it was unreachable: "
                         "charged in full when their leases end", self.shown,
                         "1 reservation" if n == 1 else f"{n:,} reservations", usd)
-            self.unsettled = [0, 0.0]
+            self.unsettled = []
         with contextlib.suppress(Exception):
             await self.client.aclose()
 
@@ -267,6 +302,14 @@ class SharedLimiter:
     def pause(self, seconds: float) -> None:
         """A provider's Retry-After holds every process's new calls to it."""
         self.gov.later("pause", [self._keys[0]], [max(0.0, seconds)])
+
+    def observe(self, rate) -> None:
+        """x-ratelimit headers (openai_http.RateHeaders, or None): none left in the provider's
+        window holds every process's new calls to it until the reset, as ProviderLimiter.observe
+        does for one process. Without it each 429 waited alone and all came back at once (twice
+        the 429s of unshared limiters, and plans failed). Few left does not slow the shared pace."""
+        if rate is not None and rate.reset_s is not None and rate.remaining is not None and rate.remaining < 1:
+            self.pause(rate.reset_s)
 
     @contextlib.asynccontextmanager
     async def slot(self, tokens: float) -> AsyncIterator[None]:
@@ -370,15 +413,17 @@ class SharedLedger(Ledger):
 
     async def settle(self, r: Reservation, actual: float) -> None:
         """Never raises for the server: an answer in hand is kept. A settle that cannot reach
-        the server leaves the lease to expire, which charges it in full (the safe side)."""
+        the server is sent again when it answers, or at close(); until then its lease holds the
+        worst case, and if it ends first the call is charged in full (the safe side) and the
+        difference given back by the late settle."""
         if r.settled:
             return
         if isinstance(r, SharedReservation) and r.remote_id is not None:
+            keys, args = self._keys(r.provider), [r.remote_id, r.amount, actual]
             try:
-                await self.gov.run("settle", self._keys(r.provider), [r.remote_id, r.amount, actual])
-            except GovernorUnavailable:  # the outage is said once (run()); these are counted at close()
-                self.gov.unsettled[0] += 1
-                self.gov.unsettled[1] += r.amount
+                await self.gov.run("settle", keys, args)
+            except GovernorUnavailable:  # the outage is said once (run()); sent again when it answers
+                self.gov.unsettled.append((keys, args))
         await super().settle(r, actual)
 
     def summary(self) -> list[dict]:
