@@ -122,9 +122,7 @@ def parse_plan(text: str, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> Pla
     if not isinstance(text, str) or not text.strip():
         raise PlanError("empty planner output")
     try:
-        raw = _parse_json(text)
-        if raw is None:
-            raw = _parse_three_lists(text)
+        raw = _last_plan(text)
         if raw is None:
             raise PlanError("no plan found: expected JSON with 'steps' or the lists model_id, subtasks, access_list")
         return validate_plan(raw, pool, max_steps)
@@ -306,12 +304,29 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _parse_json(text: str) -> Any:
+def _last_plan(text: str) -> Any:
+    """The reply's last plan, whatever its format: a three-list plan written after a JSON plan is
+    read (a model may draft in one format and answer in the other). Lists that are not a whole
+    plan (model_id, subtasks and access_list) after a JSON plan, or inside it, leave it the plan."""
+    found = _parse_json(text)
+    if found is None:
+        return _parse_three_lists(text)
+    data, (_, end) = found
+    if "[" not in text[end:]:  # the common reply: nothing after its JSON plan could be a list
+        return data
+    starts = _list_starts(text)
+    if all(k in starts for k in _REQUIRED_LISTS) and min(starts.values()) >= end:
+        return _parse_three_lists(text)
+    return data
+
+
+def _parse_json(text: str) -> tuple[Any, tuple[int, int]] | None:
     """Find a JSON plan in text: the whole text, or else the last plan in it, fenced or not (a model
     may write a draft, then the plan). Candidates: each fenced block, the text from its first { to
-    its last }, and each object that starts with "steps"; one inside another is part of that one."""
+    its last }, and each object that starts with "steps"; one inside another is part of that one.
+    Returns the plan and where it is in the text."""
     if (data := _json_plan(text.strip())) is not None:
-        return data
+        return data, (0, len(text))
     found = {}  # (start, end) -> plan
     for m in _FENCED.finditer(text):
         if (data := _json_plan(m.group(1))) is not None:
@@ -329,7 +344,7 @@ def _parse_json(text: str) -> Any:
     last, reach = None, -1
     for (start, end), data in sorted(found.items(), key=lambda f: (f[0][0], -f[0][1])):
         if end > reach:  # not inside a candidate that starts before it
-            last, reach = data, end
+            last, reach = (data, (start, end)), end
     return last
 
 
@@ -367,6 +382,23 @@ _LIST_NAMES = {"model_id": ("model_id", "model_ids", "models"),
                "subtasks": ("subtasks", "subtask", "instructions"),
                "access_list": ("access_list", "access", "access_lists"),
                "conditions": ("conditions", "condition_list")}
+_REQUIRED_LISTS = ("model_id", "subtasks", "access_list")
+_KNOWN_NAMES = {n for names in _LIST_NAMES.values() for n in names}
+
+
+def _assignments(text: str, name: str) -> list[re.Match]:
+    return list(re.finditer(rf"(?<![A-Za-z_]){re.escape(name)}\s*[=:]\s*\[", text))
+
+
+def _list_starts(text: str) -> dict[str, int]:
+    """Where each list of a three-list plan is assigned last (the assignment that is read), by name found."""
+    starts = {}
+    for key, names in _LIST_NAMES.items():
+        for name in names:
+            if matches := _assignments(text, name):
+                starts[key] = matches[-1].start()
+                break
+    return starts
 
 
 def _parse_three_lists(text: str) -> list[dict] | None:
@@ -390,6 +422,7 @@ def _parse_three_lists(text: str) -> list[dict] | None:
             raise PlanError(f"{name} must be a list")
     if not (len(models) == len(subtasks) == len(access)):
         raise PlanError(f"list lengths differ: model_id has {len(models)}, subtasks {len(subtasks)}, access_list {len(access)}")
+    _refuse_unknown_list(text, len(models))
     if conditions is None:
         conditions = [None] * len(models)
     if not isinstance(conditions, list):
@@ -400,8 +433,36 @@ def _parse_three_lists(text: str) -> list[dict] | None:
             for m, s, a, c in zip(models, subtasks, access, conditions)]
 
 
+# A list assigned at a line's start, or right after another list (`a = [...]  when = [...]`)
+_LINE_LIST = re.compile(r"(?:^|(?<=\])[ \t,;]*)[ \t]*([A-Za-z_][A-Za-z_0-9]*)\s*[=:]\s*\[", re.M)
+
+
+def _refuse_unknown_list(text: str, n_steps: int) -> None:
+    """A list of one entry per step under a name the format does not have (`when = [...]`, the JSON
+    key) would be ignored, and its escalation run on every query: refused, naming the name to use."""
+    known = [(m.start(), end) for name in _KNOWN_NAMES for m in _assignments(text, name)[-_MAX_OBJECTS:]
+             if (end := _literal_end(text, m.end() - 1)) is not None]
+    others = [m for m in _LINE_LIST.finditer(text) if m.group(1) not in _KNOWN_NAMES
+              and not any(a <= m.start(1) < b for a, b in known)]  # not inside a list (an instruction's code)
+    for m in others[::-1][:_MAX_OBJECTS]:  # each read may run to the text's end: bounded
+        name = m.group(1)
+        literal = _balanced(text, m.end() - 1)
+        try:
+            value = None if literal is None else _literal(literal, name)
+        except PlanError:
+            continue  # not a list literal: prose
+        if isinstance(value, list) and len(value) == n_steps:
+            raise PlanError(f"three-list plan: a list named {shown_value(name)} is not read; the optional "
+                            f"fourth list, of conditions, is named conditions")
+
+
+def _literal_end(text: str, start: int) -> int | None:
+    literal = _balanced(text, start)
+    return None if literal is None else start + len(literal)
+
+
 def _last_assignment(text: str, name: str) -> Any:
-    matches = list(re.finditer(rf"(?<![A-Za-z_]){re.escape(name)}\s*[=:]\s*\[", text))
+    matches = _assignments(text, name)
     for m in reversed(matches):
         literal = _balanced(text, m.end() - 1)
         if literal is None:
@@ -437,13 +498,41 @@ def _literal(src: str, name: str) -> Any:
         return json.loads(src, strict=False, parse_int=_json_int)
     except (ValueError, RecursionError):
         pass
-    # Model text may hold raw newlines inside quotes; Python literals reject those.
-    for text in (src, src.replace("\n", "\\n").replace("\r", "")):
+    # Model text may hold raw newlines inside quotes; Python literals reject those. A list may mix
+    # JSON's null, true, false with Python's None, True, False (`[None, null, "disagree(0, 1)"]`).
+    escaped = src.replace("\n", "\\n").replace("\r", "")
+    tries = (src, escaped, *((_python_names(src), _python_names(escaped)) if _has_json_names(src) else ()))
+    for text in tries:
         try:
             return _python_literal(text)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             pass
     raise PlanError(f"{name}: not a valid list literal")
+
+
+_JSON_NAMES = {"null": "None", "true": "True", "false": "False"}
+
+
+def _has_json_names(src: str) -> bool:
+    return any(w in src for w in _JSON_NAMES)
+
+
+def _python_names(src: str) -> str:
+    """src with JSON's null, true and false outside strings written as Python's None, True, False."""
+    starts = [0]  # offset of each line's start, as tokenize numbers lines from 1
+    for line in io.StringIO(src).readlines():
+        starts.append(starts[-1] + len(line))
+    spans = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type == tokenize.NAME and tok.string in _JSON_NAMES:
+                start = starts[tok.start[0] - 1] + tok.start[1]
+                spans.append((start, start + len(tok.string), _JSON_NAMES[tok.string]))
+    except (tokenize.TokenError, SyntaxError):
+        return src
+    for start, end, text in reversed(spans):
+        src = src[:start] + text + src[end:]
+    return src
 
 
 def _python_literal(src: str) -> Any:

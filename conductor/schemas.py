@@ -142,7 +142,11 @@ TRACES_TABLE = Table("traces", [
     Column('response_text', STR, "the worker's output"),
     Column('simulated', BOOL, 'answered by the simulated pool (`conductor sim`); false for replayed answers, which '
                               'are real recorded outputs'),
-    Column('request_key', STR, 'cache key: hash of model, api_base, messages and sampling parameters'),
+    Column('request_key', STR, 'cache key: hash of model, api_base, messages and sampling parameters; null where '
+                               'no call was answered: a function step, a skipped step, a re-planning step (a '
+                               "model planner's call has its own `.plan` row), or a failed step whose call got no "
+                               'answer (an HTTP error, a timeout, a budget stop; a refused 200 was billed and has '
+                               'its key)'),
     Column('sub_plan', STR, 'the workflow a re-planning step ran, as JSON'),
     Column('failure', STR, "a failed step's kind of failure: connection, timeout, server, rate_limit, batch_refused"
                            ' (a rerun retries these), budget, auth, not_found, client, malformed, config, other'),

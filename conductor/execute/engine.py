@@ -535,18 +535,19 @@ class Executor:
                                                 error=f"condition {step.when} is false: {why}"),
                                "condition_false": True}
                     return
+            t0 = time.time()  # a failed step's row spans its retries, as an answered one's does
             try:
                 rows[i] = await self._run_step(job, plan, i, outputs, restored, path, depth)
                 outputs[i] = rows[i]["response_text"]
             except StepFailed as f:
-                rows[i] = {**self.log_failure(job, path, depth, step, f), "failure": f.kind}
+                rows[i] = {**self.log_failure(job, path, depth, step, f, started=t0), "failure": f.kind}
             except Aborted:
                 raise
             except STORAGE_ERRORS as e:
                 self._abort = self._abort or e
                 raise
             except Exception as e:  # a bug or an odd input in one step fails its plan, never the batch
-                rows[i] = {**self._log_step(job, path, depth, step, status="error", failure="other",
+                rows[i] = {**self._log_step(job, path, depth, step, status="error", failure="other", started=t0,
                                             error=f"step {path}: unexpected {type(e).__name__}: {e}"),
                            "failure": "other"}
             if rows[i]["status"] != "ok":
@@ -953,7 +954,7 @@ class Executor:
 
     def _observe(self, limiter, provider, rate) -> None:
         """x-ratelimit headers: paced by the limiter, unless the reset is past what a run waits."""
-        if rate is None or not hasattr(limiter, "observe"):
+        if rate is None:
             return
         if rate.reset_s is not None and rate.reset_s > self.opt.max_wait_s:
             if rate.remaining < 1:
@@ -1187,14 +1188,15 @@ class Executor:
         return row
 
     def log_failure(self, job: PlanJob, path: str, depth: int, step: Step, f: StepFailed,
-                    worker: Worker | None = None) -> dict[str, Any]:
+                    worker: Worker | None = None, started: float | None = None) -> dict[str, Any]:
         """The trace row of a step that failed (written unless the failure already wrote it),
-        with what its call was billed."""
+        with what its call was billed. `started`: when the step began, so the row's span shows
+        the time its retries took (default: now, a span of 0 s)."""
         if f.row is not None:
             return f.row
         b = f.billed
         return self._log_step(job, path, depth, step, worker=worker, status=f.status, error=str(f),
-                              attempts=f.attempts, extra=f.extra, failure=f.kind,
+                              attempts=f.attempts, extra=f.extra, failure=f.kind, started=started,
                               **({} if b is None else {"cost": b.cost, "tokens": b.tokens, "request_key": b.request_key,
                                                        "usage_estimated": b.estimated}))
 

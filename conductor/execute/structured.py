@@ -11,6 +11,7 @@ status `invalid`. Function steps combine records field by field.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -76,12 +77,13 @@ async def structured_call(ex: "Executor", job: "PlanJob", path: str, depth: int,
         if f.status != "invalid" or "text" not in bad:
             raise
     fix = repair_messages(msgs, bad["text"], bad["error"], spec.schema)
+    started = time.time()
     try:
         return await ex.call_worker(job, f"{path}.repair", depth, step, worker, fix, params=params,
                                     accept=accept("the repaired reply was still not a valid record"))
     except StepFailed as f:  # its own row: under the step's path it would replace the first call's, and its cost
         if f.row is None:
-            f.row = ex.log_failure(job, f"{path}.repair", depth, step, f, worker=worker)
+            f.row = ex.log_failure(job, f"{path}.repair", depth, step, f, worker=worker, started=started)
         raise
 
 

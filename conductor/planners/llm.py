@@ -28,6 +28,7 @@ import math
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -362,12 +363,13 @@ class LLMPlanner(PlannerBackEnd):
                 return _invalid(prompt_text, final[0], {**info, "status": "error", "failure": final[1]})
             async with slots:
                 ended = True  # planned, or failed: a call cut off by Ctrl-C is neither, and is asked again
+                started = time.time()
                 try:
                     row = await ex.call_worker(job, "plan", 0, step, worker, msgs,
                                                params={**params, "seed": base_seed + k},
                                                accept=lambda e: got.append(e))
                 except StepFailed as f:
-                    logged = ex.log_failure(job, "plan", 0, step, f, worker=worker)  # its cost; read by reruns
+                    logged = ex.log_failure(job, "plan", 0, step, f, worker=worker, started=started)  # its cost
                     info.update(status=f.status, failure=f.kind, cost_usd=f.cost)
                     final = _final_failure([*failed_before.get(job.plan_id, []), logged])
                     if final is None:  # a rerun may cure it
