@@ -25,31 +25,21 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server is not installed (make setup-test installs Debian's)")
 
 
-PORTS = range(9420, 9450)  # the loopback ports the servers and listeners of these tests may take
-
-
 def listen() -> "socket.socket":
-    """A listening socket on 127.0.0.1 and a free port in PORTS (random order: two test
-    processes at once seldom try the same one)."""
-    import random
+    """A listening socket on 127.0.0.1, on a port the OS chose."""
     import socket
 
-    for port in random.sample(PORTS, len(PORTS)):
-        try:
-            return socket.create_server(("127.0.0.1", port))
-        except OSError:
-            continue
-    raise RuntimeError(f"no free loopback port in {PORTS.start}-{PORTS.stop - 1}")
+    return socket.create_server(("127.0.0.1", 0))
 
 
 def free_port() -> int:
-    """A port in PORTS that nothing listens on now, for a server to take."""
+    """A port nothing listens on now, for a server to take."""
     with listen() as s:
         return s.getsockname()[1]
 
 
 def start_redis(password: str | None = None):
-    """A RedisServer on a port in PORTS; another port if another process took that one first."""
+    """A RedisServer on a free port; another one if another process took that one first."""
     from conductor.errors import ConductorError
     from conductor.execute.shared.servers import RedisServer
 
