@@ -59,7 +59,8 @@ def _lost_in_flight(s: dict[str, Any]) -> list[tuple[str, str]]:
         return []
     unpriced = f", {lost['unpriced_calls']} of them with no known price" if lost.get("unpriced_calls") else ""
     return [("lost in flight", f"{lost['calls']} call(s) sent whose answers never came back (a killed process's, "
-                               f"or cut off by timeout_s; the provider may have billed them): up to "
+                               f"cut off by timeout_s, or in a batch that could not be checked; the provider may "
+                               f"have billed them): up to "
                                f"${lost['reserved_usd']:.6f} at their worst case{unpriced}; budgets count "
                                f"them at that, cost does not")]
 

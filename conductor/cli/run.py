@@ -115,8 +115,12 @@ def main(args: argparse.Namespace) -> int:
         else:
             then = ("Fix the cause above and rerun the same command: finished steps are kept, and transient "
                     "failures are retried (each plan on up to 3 reruns; then --retry-failed).")
+        # exit 3 is not given when exit 4 is: a wrapper reading only this line must still learn of a budget
+        blocked = summary["statuses"].get("budget_exhausted", 0)
+        budget = (f"; {blocked} more were stopped by a budget: raise it too (pool file or --budget)"
+                  if blocked else "")
         print(f"\nconductor: {failed} of {total} plans failed ({failed / total:.1%}, more than "
-              f"{threshold:.1%}). {then}{unplanned}", file=sys.stderr)
+              f"{threshold:.1%}){budget}. {then}{unplanned}", file=sys.stderr)
         return 4
     if summary["exit_code"] == 3:
         blocked = summary["statuses"].get("budget_exhausted", 0)

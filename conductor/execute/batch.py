@@ -41,6 +41,7 @@ from conductor.execute.budget import BudgetExhausted
 from conductor.execute.cache import Entry
 from conductor.execute.call import CallFailure, CallResponse, classify, max_prompt_tokens, redact
 from conductor.execute.failure import Aborted, StepFailed
+from conductor.execute.journal import count_unanswered
 from conductor.execute.prices import call_cost
 from conductor.execute.shared import GovernorUnavailable
 from conductor.masking import mask
@@ -68,6 +69,9 @@ _NOTE = re.compile(rf"{re.escape(ONLINE_NOTE)}: (?:batch (\S+) (\w+)|{re.escape(
 _ENDED = {"failed": ("failed", "failed"), "expired": ("expired", "expired"),
           "cancelled": ("was cancelled", "were cancelled"), "completed": ("answered them with an error",) * 2,
           "unchecked": ("could not be checked", "could not be checked")}
+# Why a line was left undone by its batch's end, not by an error line of its own (its group's example)
+_BY_END = ("it ended before answering it", "batch_expired (in a batch)", "batch_cancelled (in a batch)",
+           "cancelled by this run")
 
 
 class OnlineFallback:
@@ -86,8 +90,11 @@ class OnlineFallback:
         if m is None:
             return
         bid, end, why = m.groups()
-        group = self.ends.setdefault(end or "not submitted", {"batches": set(), "lines": 0,
-                                                              "example": " ".join(why.split())[:200]})
+        example = " ".join(why.split())[:200]
+        group = self.ends.setdefault(end or "not submitted", {"batches": set(), "lines": 0, "example": example})
+        if end in ("expired", "cancelled") and example.startswith(_BY_END) \
+                and not group["example"].startswith(_BY_END):
+            group["example"] = example  # the batch's end, not a line that answered an error (HTTP 500)
         if bid is not None:
             group["batches"].add(bid)
         group["lines"] += 1
@@ -109,7 +116,10 @@ class OnlineFallback:
                 what = f"from {n:,} batch{'es' if n != 1 else ''} that {_ENDED[end][n != 1]}"
             else:
                 what = "whose batch could not be submitted"
-            parts.append(f"{g['lines']:,} {what} (e.g. {g['example'].rstrip('.')})")
+            # a batch that could not be checked may have run all the same: its lines may be paid twice
+            twice = (": the provider may have billed them in the batch too (counted in `lost in flight`)"
+                     if end == "unchecked" else "")
+            parts.append(f"{g['lines']:,} {what} (e.g. {g['example'].rstrip('.')}){twice}")
         return (f"batch lines answered online at the online price: {self.lines:,} (${self.usd:.6f}), as their "
                 f"batches did not answer them: {'; '.join(parts)}. Their trace rows say so in `error`; with "
                 f"batch_retry: batch such lines wait for a new batch instead")
@@ -231,13 +241,36 @@ class Batches:
         """The request's worst-case cost at the batch price (0 when no budget applies)."""
         if provider.id not in self.ex._budgeted:
             return 0.0
-        price = self.ex.prices[worker.id]
-        if price is None:
+        worst = self._priced_worst(worker, provider, messages, params)
+        if worst is None:
             raise StepFailed("error", f"worker {worker.id}: no known price for model {worker.model}, so it "
                                       f"cannot run under a budget; add price: {{input_per_mtok, "
                                       f"output_per_mtok}} to it in the pool file", kind="config")
+        return worst
+
+    def _priced_worst(self, worker: Worker, provider: Provider, messages: list[dict[str, str]],
+                      params: dict[str, Any]) -> float | None:
+        """The request's worst-case cost at the batch price, budget or not (None: no known price)."""
+        price = self.ex.prices[worker.id]
+        if price is None:
+            return None
         online = max_prompt_tokens(messages, params) * price.input + params["max_tokens"] * price.output
         return online * provider.batch_price_factor
+
+    def _count_unchecked(self, batch: OpenBatch, worker: Worker, provider: Provider) -> None:
+        """A batch that could not be checked (its output file would not download, say) may have run
+        and been billed: its lines count as lost in flight at their worst case, as a cut-off online
+        call does, so that the run's summary explains the budgets' charge above its cost."""
+        lost = self.ex.unanswered
+        keys = batch.record["keys"]
+        reserved = batch.record.get("reserved") or 0.0
+        if reserved:  # the worst case of every line, as reserved at submission
+            lost["calls"] = lost.get("calls", 0) + len(keys)
+            lost["reserved_usd"] = lost.get("reserved_usd", 0.0) + reserved
+            return
+        for key in keys:  # no budget: priced from the waiting steps (a line none waits for: $0)
+            w = batch.waiters.get(key)
+            count_unanswered(lost, 0.0 if w is None else self._priced_worst(worker, provider, w.messages, w.params))
 
     def _enqueue(self, worker: Worker, provider: Provider, key: str, waiter: Waiter) -> None:
         group = (worker.id, self._api_key(provider, worker))
@@ -543,6 +576,7 @@ class Batches:
             self._finish(batch, {}, f"batch {bid}: {f}", None, provider)
             if batch.reservation is not None:  # the provider may still run it: counted as spent
                 await ex.ledger.settle(batch.reservation, batch.record.get("reserved", 0.0))
+            self._count_unchecked(batch, worker, provider)
             return
         finally:
             self._show(batch, None)
