@@ -18,6 +18,8 @@ column and both files."""
 from __future__ import annotations
 
 import csv
+import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,9 @@ def scan(path: Path) -> pl.LazyFrame:
                 if (why := _csv_problem(f, header_only=True)) is not None:
                     raise InputError(f"input {f}: {why}")
             return pl.concat([pl.scan_csv(f, infer_schema=False) for f in files], how="diagonal_relaxed")
+        for f in files:
+            if (why := _json_problem(f)) is not None:
+                raise InputError(f"input {f}: {why}")
         return pl.concat([pl.read_json(f).lazy() if _json_array(f) else pl.scan_ndjson(f) for f in files],
                          how="diagonal_relaxed")
     except InputError:
@@ -325,6 +330,79 @@ def _bad_line(f: Path) -> str | None:
     except (OSError, UnicodeDecodeError):
         return None
     return None
+
+
+def _json_problem(f: Path) -> str | None:
+    """What polars reads wrongly, or refuses in words of its own, in a JSON input: no rows
+    ("Cannot infer NDJSON types on empty reader"), a line that is not an object (an array gave
+    "failed to determine supertype of struct[2] and list[i64]"), and a key one object gives
+    twice (one value was taken in silence; a reply doing so is refused too). The file is read
+    once per version (`job check` reads its columns, then its rows). None when it looks right, or
+    is not UTF-8 JSON at all: polars refuses that, and `_unreadable` names the line."""
+    try:
+        stat = f.stat()
+    except OSError:
+        return None
+    return _json_problem_of(str(f), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=32)
+def _json_problem_of(name: str, mtime_ns: int, size: int) -> str | None:
+    f = Path(name)
+    try:
+        data = f.read_bytes()
+        if _json_array(f):
+            try:
+                items = json.loads(data, object_pairs_hook=_no_repeats)
+            except _Repeated as r:
+                return (f"an object of its array gives the key {r.key!r} twice (which value is meant is "
+                        f"unclear); keep one")
+            except ValueError:
+                return None
+            if not items:
+                return "has no rows"
+            if isinstance(items, list):
+                for n, o in enumerate(items, 1):
+                    if not isinstance(o, dict):
+                        return f"item {n} of its array is not a JSON object (it holds {_json_kind(o)})"
+            return None
+        rows = 0
+        for n, line in enumerate(data.splitlines(), 1):
+            if not line.strip():
+                continue
+            rows += 1
+            try:
+                o = json.loads(line, object_pairs_hook=_no_repeats)
+            except _Repeated as r:
+                return f"line {n} gives the key {r.key!r} twice (which value is meant is unclear); keep one"
+            except ValueError:  # not JSON: polars refuses the file, and `_bad_line` names this line
+                continue
+            if not isinstance(o, dict):
+                return (f"line {n} is not a JSON object (it holds {_json_kind(o)}); each line of a JSON Lines "
+                        f"file is one object, such as {{\"id\": 1, \"text\": \"...\"}}")
+    except (OSError, RecursionError):
+        return None
+    return None if rows else "has no rows"
+
+
+class _Repeated(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise _Repeated(k)
+        seen.add(k)
+    return dict(pairs)
+
+
+def _json_kind(v: Any) -> str:
+    kinds = {list: "an array", str: "a string", bool: "true or false", int: "a number", float: "a number"}
+    return "null" if v is None else kinds.get(type(v), type(v).__name__)
 
 
 def _csv_problem(f: Path, header_only: bool = False) -> str | None:

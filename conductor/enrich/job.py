@@ -154,8 +154,9 @@ def load_job(path: str | Path) -> Job:
         at = ("input", "join", i)
         if isinstance(j, dict) and True in j:  # YAML 1.1 reads a bare `on` key as true
             j = {("on" if k is True else k): v for k, v in j.items()}
-        if not isinstance(j, dict) or set(j) - {"path", "on"}:
+        if not isinstance(j, dict):
             raise doc.error(at, "must be a mapping with keys path and on")
+        _no_unknown(doc, j, at, ("path", "on"))
         jpath = base / _req(doc, j, at + ("path",), str)
         on = _req(doc, j, at + ("on",), str)
         jcols = _columns(doc, at + ("path",), jpath)
@@ -172,6 +173,9 @@ def load_job(path: str | Path) -> Job:
     for i, c in enumerate(carry):
         if c not in all_cols:
             raise doc.error(("input", "carry", i), f"column {c!r} is not in the input (columns: {', '.join(all_cols)})")
+        if c == id_column:  # it was dropped in silence (audit75 F6)
+            raise doc.error(("input", "carry", i), f"{c!r} is the id column, which every record holds already; "
+                                                   f"remove it from carry")
 
     prompt = _req(doc, raw, ("prompt",), str)
     names = _template_names(doc, prompt, all_cols)
@@ -182,7 +186,6 @@ def load_job(path: str | Path) -> Job:
                                      "remove the `fields` key for a plain-text job")
     fields = _fields(doc, raw.get("fields"), ("fields",))
     _check_column_names(doc, id_column, carry, fields)
-    carry = [c for c in carry if c != id_column]
     references = _references(doc, raw.get("references"), fields, all_cols)
 
     pool_path = base / _req(doc, raw, ("pool",), str)
@@ -262,8 +265,7 @@ def _check_column_names(doc: Located, id_column: str, carry: list[str], fields: 
 
     claim(id_column, ("input", "id"), f"id column {id_column!r}")
     for i, c in enumerate(carry):
-        if c != id_column:  # carrying the id adds nothing: the records hold it anyway
-            claim(c, ("input", "carry", i), f"carried column {c!r}")
+        claim(c, ("input", "carry", i), f"carried column {c!r}")
     for f in fields:
         claim(f.name, ("fields", f.name), f"field {f.name!r}")
     for f in fields:  # each field also gets a confidence column
@@ -312,6 +314,8 @@ _ARITHMETIC = (jinja2.nodes.Add, jinja2.nodes.Sub, jinja2.nodes.Mul, jinja2.node
                jinja2.nodes.Mod, jinja2.nodes.Pow, jinja2.nodes.Neg, jinja2.nodes.Pos)
 _ORDER = ("gt", "gteq", "lt", "lteq")
 _ORDERING_FILTERS = ("max", "min", "sort")
+# Filters that compute with what they are given: on text, a TypeError when the row is rendered.
+_ARITHMETIC_FILTERS = ("abs", "round", "sum")
 # Filters whose result is a number, not the text they were given (`| float`, `| length`): what
 # comes out of any other filter (`| trim`, `| default('0')`, `| first`) is still the CSV's text.
 _NUMBER_FILTERS = ("float", "int", "length", "count", "wordcount", "abs", "round", "sum")
@@ -401,6 +405,9 @@ def _refuse_numbers_from_text(doc: Located, prompt: str, text_cols: set[str]) ->
         for operand in (getattr(node, "left", None), getattr(node, "right", None), getattr(node, "node", None)):
             if operand is not None and (col := text_of(operand)):
                 found.append((col, _read_as(operand), node.lineno, "in arithmetic"))
+    for node in ast.find_all(N.Filter):  # `amount | round` raised a TypeError at render (audit75 F7)
+        if node.name in _ARITHMETIC_FILTERS and (col := text_of(node.node)):
+            found.append((col, _read_as(node.node), node.lineno, f"given to `{node.name}`, which takes a number"))
     for node in ast.find_all(N.Filter):  # `[a, b] | max` orders text as text too
         if node.name in _ORDERING_FILTERS and node.node is not None:
             items = node.node.items if isinstance(node.node, (N.List, N.Tuple)) else [node.node]
@@ -497,7 +504,11 @@ def _fields(doc: Located, raw: Any, at: tuple) -> tuple[Field, ...]:
         required = spec.get("required", False)
         if not isinstance(required, bool):
             raise doc.error(fat + ("required",), f"must be true or false (got {required!r})")
-        out.append(Field(name, t, str(spec.get("description") or ""), required, values, items, sub))
+        description = spec.get("description") or ""
+        if not isinstance(description, str):  # `5` was sent as "5", `[a, b]` as "['a', 'b']" (audit75 F6)
+            raise doc.error(fat + ("description",), f"must be a string (got {shown_value(description)}); "
+                                                    f"quote it if it is meant as text")
+        out.append(Field(name, t, description, required, values, items, sub))
     return tuple(out)
 
 
@@ -531,6 +542,10 @@ def _references(doc: Located, raw: Any, fields: tuple[Field, ...], columns: list
         tol = spec.get("rel_tol", 0.0)
         if not _finite(tol) or tol < 0:
             raise doc.error(rat + ("rel_tol",), f"must be a finite number >= 0 (got {shown_value(tol)})")
+        if "rel_tol" in spec and score != "numeric":  # it was ignored in silence (audit75 F6)
+            raise doc.error(rat + ("rel_tol",), f"only score: numeric takes rel_tol (this reference is scored "
+                                                f"{score}, which does not use it); set score: numeric, or remove "
+                                                f"rel_tol")
         sf, sc, tc = spec.get("scale_field"), spec.get("scale_column"), spec.get("type_column")
         if sf is not None and sf not in by_name:
             raise doc.error(rat + ("scale_field",), f"{sf!r} is not a field")

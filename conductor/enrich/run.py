@@ -607,37 +607,49 @@ def exit_code(job: Job, summary: dict[str, Any]) -> int:
     return 4 if summary["metrics"]["valid_share"] < job.quality["min_valid_share"] else 0
 
 
-_AMOUNT = re.compile(r"\$[0-9][0-9,]*(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?")
+# What varies within one cause: dollar amounts, and the position a JSON parser names in a reply
+# (`unexpected end of data: line 1 column 46 (char 45)`): replies cut off at 121 lengths showed as
+# 121 causes, the largest of all hidden under "... and N more" (audit75 F1).
+_VARYING = re.compile(r"\$[0-9][0-9,]*(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?|line [0-9]+ column [0-9]+ \(char [0-9]+\)")
 
 
 def record_failure_groups(table: pa.Table, show: int = 5) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Rows without a valid record, one group per status and cause, the largest `show` of them,
-    and what is left out ({"rows", "groups"}). Dollar amounts are not part of the cause: a budget
-    stop names the spend so far and the call's worst case, which vary row by row, and split one
-    cause into hundreds of groups of which five were shown with no word of the rest (audit66 F3).
-    A group's amounts that vary are shown as their range."""
+    and what is left out ({"rows", "groups"}). Dollar amounts and JSON parse positions are not part
+    of the cause: a budget stop names the spend so far and the call's worst case, which vary row by
+    row, and split one cause into hundreds of groups of which five were shown with no word of the
+    rest (audit66 F3). A group's values that vary are shown as their range. Each record keeps its
+    full error."""
     groups: dict[tuple[str, str], list[list[str]]] = {}
     for status, error in zip(table.column("status").to_pylist(), table.column("error").to_pylist()):
         if status != OK:
             error = error or ""
-            groups.setdefault((status, _AMOUNT.sub("\0", error)), []).append(_AMOUNT.findall(error))
+            groups.setdefault((status, _VARYING.sub("\0", error)), []).append(_VARYING.findall(error))
     top = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    shown = [{"status": st, "error": _short(_with_amounts(cause, amounts)), "rows": len(amounts)}
-             for (st, cause), amounts in top[:show]]
+    shown = [{"status": st, "error": _short(_with_values(cause, values)), "rows": len(values)}
+             for (st, cause), values in top[:show]]
     rest = top[show:]
     return shown, {"rows": sum(len(a) for _, a in rest), "groups": len(rest)}
 
 
-def _with_amounts(cause: str, amounts: list[list[str]]) -> str:
-    """The cause with each of its amounts put back: as written when every row has the same, else
-    as the group's range (`$0.0013 to $0.0016`)."""
-    parts = cause.split("\0")  # where the amounts were
+def _with_values(cause: str, values: list[list[str]]) -> str:
+    """The cause with each of its varying values put back: as written when every row has the
+    same, else as the group's range (`$0.0013 to $0.0016`, `line 1 column 14 (char 13) to line 1
+    column 148 (char 147)`)."""
+    parts = cause.split("\0")  # where the values were
     out = [parts[0]]
     for k, tail in enumerate(parts[1:]):
-        seen = sorted({a[k] for a in amounts}, key=lambda x: float(x[1:].replace(",", "")))
+        seen = sorted({v[k] for v in values}, key=_magnitude)
         out.append(seen[0] if len(seen) == 1 else f"{seen[0]} to {seen[-1]}")
         out.append(tail)
     return "".join(out)
+
+
+def _magnitude(value: str) -> float:
+    """An amount's dollars, a parse position's character offset: what its range is ordered by."""
+    if value.startswith("$"):
+        return float(value[1:].replace(",", ""))
+    return float(value[value.rindex("char ") + 5:-1])
 
 
 def _short(error: str, head: int = 160, tail: int = 100) -> str:

@@ -69,6 +69,9 @@ def _refuse_odd_ids(where: str, column: str, ids: pl.Series) -> None:
         kind = "structs" if ids.dtype == pl.Struct else "lists"
         raise InputError(f"{where}: id column {column!r} holds {kind} ({ids.dtype}); an id is one string or "
                          f"integer per row: give the job another id column")
+    if ids.dtype == pl.Boolean:  # a column of flags: a third row would be a duplicate id (audit75 F2)
+        raise InputError(f"{where}: id column {column!r} holds booleans (true/false); an id is one string or "
+                         f"integer per row: give the job another id column")
     missing = []
     if ids.null_count():
         missing.append(f"{ids.null_count()} null value(s) ({_rows(ids.is_null())})")
