@@ -316,7 +316,10 @@ def _last_plan(text: str) -> Any:
         return data
     starts = _list_starts(text)
     if all(k in starts for k in _REQUIRED_LISTS) and min(starts.values()) >= end:
-        return _parse_three_lists(text)
+        try:
+            return _parse_three_lists(text) or data
+        except PlanError:  # lists that are no plan (a recap): the JSON plan stands
+            return data
     return data
 
 
@@ -383,7 +386,9 @@ _LIST_NAMES = {"model_id": ("model_id", "model_ids", "models"),
                "access_list": ("access_list", "access", "access_lists"),
                "conditions": ("conditions", "condition_list")}
 _REQUIRED_LISTS = ("model_id", "subtasks", "access_list")
-_KNOWN_NAMES = {n for names in _LIST_NAMES.values() for n in names}
+# The JSON format's key, and its singular: a model that names the fourth list so meant conditions
+# (ignored, its escalation ran on every query). Read only outside the other lists (an instruction's code).
+_CONDITION_ALIASES = ("when", "condition")
 
 
 def _assignments(text: str, name: str) -> list[re.Match]:
@@ -402,15 +407,20 @@ def _list_starts(text: str) -> dict[str, int]:
 
 
 def _parse_three_lists(text: str) -> list[dict] | None:
-    found = {}
+    found, spans = {}, []
     for key, names in _LIST_NAMES.items():
         value = None
         for name in names:
-            value = _last_assignment(text, name)
-            if value is not None:
+            if (got := _last_assignment(text, name)) is not None:
+                value, span = got
+                spans.append(span)
                 break
         found[key] = value
     conditions = found.pop("conditions")
+    for name in _CONDITION_ALIASES if conditions is None else ():
+        if (got := _last_assignment(text, name, outside=spans)) is not None:
+            conditions = got[0]
+            break
     if all(v is None for v in found.values()):
         return None
     missing = [k for k, v in found.items() if v is None]
@@ -422,7 +432,6 @@ def _parse_three_lists(text: str) -> list[dict] | None:
             raise PlanError(f"{name} must be a list")
     if not (len(models) == len(subtasks) == len(access)):
         raise PlanError(f"list lengths differ: model_id has {len(models)}, subtasks {len(subtasks)}, access_list {len(access)}")
-    _refuse_unknown_list(text, len(models))
     if conditions is None:
         conditions = [None] * len(models)
     if not isinstance(conditions, list):
@@ -433,41 +442,16 @@ def _parse_three_lists(text: str) -> list[dict] | None:
             for m, s, a, c in zip(models, subtasks, access, conditions)]
 
 
-# A list assigned at a line's start, or right after another list (`a = [...]  when = [...]`)
-_LINE_LIST = re.compile(r"(?:^|(?<=\])[ \t,;]*)[ \t]*([A-Za-z_][A-Za-z_0-9]*)\s*[=:]\s*\[", re.M)
-
-
-def _refuse_unknown_list(text: str, n_steps: int) -> None:
-    """A list of one entry per step under a name the format does not have (`when = [...]`, the JSON
-    key) would be ignored, and its escalation run on every query: refused, naming the name to use."""
-    known = [(m.start(), end) for name in _KNOWN_NAMES for m in _assignments(text, name)[-_MAX_OBJECTS:]
-             if (end := _literal_end(text, m.end() - 1)) is not None]
-    others = [m for m in _LINE_LIST.finditer(text) if m.group(1) not in _KNOWN_NAMES
-              and not any(a <= m.start(1) < b for a, b in known)]  # not inside a list (an instruction's code)
-    for m in others[::-1][:_MAX_OBJECTS]:  # each read may run to the text's end: bounded
-        name = m.group(1)
-        literal = _balanced(text, m.end() - 1)
-        try:
-            value = None if literal is None else _literal(literal, name)
-        except PlanError:
-            continue  # not a list literal: prose
-        if isinstance(value, list) and len(value) == n_steps:
-            raise PlanError(f"three-list plan: a list named {shown_value(name)} is not read; the optional "
-                            f"fourth list, of conditions, is named conditions")
-
-
-def _literal_end(text: str, start: int) -> int | None:
-    literal = _balanced(text, start)
-    return None if literal is None else start + len(literal)
-
-
-def _last_assignment(text: str, name: str) -> Any:
-    matches = _assignments(text, name)
-    for m in reversed(matches):
+def _last_assignment(text: str, name: str,
+                     outside: list[tuple[int, int]] = ()) -> tuple[Any, tuple[int, int]] | None:
+    """The value of the last `name = [...]` not inside one of the spans `outside`, and its span."""
+    for m in reversed(_assignments(text, name)):
+        if any(a <= m.start() < b for a, b in outside):
+            continue
         literal = _balanced(text, m.end() - 1)
         if literal is None:
             raise PlanError(f"{name}: the list is not closed")
-        return _literal(literal, name)
+        return _literal(literal, name), (m.start(), m.end() - 1 + len(literal))
     return None
 
 
@@ -498,19 +482,22 @@ def _literal(src: str, name: str) -> Any:
         return json.loads(src, strict=False, parse_int=_json_int)
     except (ValueError, RecursionError):
         pass
-    # Model text may hold raw newlines inside quotes; Python literals reject those. A list may mix
-    # JSON's null, true, false with Python's None, True, False (`[None, null, "disagree(0, 1)"]`).
+    # Model text may hold raw newlines inside quotes; Python literals reject those. A conditions list
+    # may mix JSON's null with Python's None (`[None, null, "disagree(0, 1)"]`); only a list short
+    # enough to be one is rewritten (the rewrite tokenizes it: an untrusted reply stays cheap to read).
     escaped = src.replace("\n", "\\n").replace("\r", "")
-    tries = (src, escaped, *((_python_names(src), _python_names(escaped)) if _has_json_names(src) else ()))
-    for text in tries:
+    mixed = name in (*_LIST_NAMES["conditions"], *_CONDITION_ALIASES) and len(src) <= _MAX_CONDITIONS_CHARS and _has_json_names(src)
+    rewrites = (lambda: _python_names(src), lambda: _python_names(escaped)) if mixed else ()
+    for make in (lambda: src, lambda: escaped, *rewrites):
         try:
-            return _python_literal(text)
+            return _python_literal(make())
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             pass
     raise PlanError(f"{name}: not a valid list literal")
 
 
 _JSON_NAMES = {"null": "None", "true": "True", "false": "False"}
+_MAX_CONDITIONS_CHARS = 4_000  # 20 steps' conditions (a model planner's most) take under 1,000
 
 
 def _has_json_names(src: str) -> bool:
@@ -530,9 +517,11 @@ def _python_names(src: str) -> str:
                 spans.append((start, start + len(tok.string), _JSON_NAMES[tok.string]))
     except (tokenize.TokenError, SyntaxError):
         return src
-    for start, end, text in reversed(spans):
-        src = src[:start] + text + src[end:]
-    return src
+    pieces, at = [], 0
+    for start, end, text in spans:
+        pieces += [src[at:start], text]
+        at = end
+    return "".join(pieces) + src[at:]
 
 
 def _python_literal(src: str) -> Any:

@@ -1,10 +1,11 @@
 """The three-list plan format as a user writes it (audit77 F2, F5, F6):
 
-- a fourth list under a name the format does not read (`when`, `if`, `condition`: the JSON
-  step's keys) is refused, naming it and `conditions`, instead of being ignored so that the
-  escalation runs on every query;
-- a list may mix Python's None and JSON's null, as the README's "also null" invites;
-- the last plan in a reply is read whatever its format: a three-list plan after a JSON draft."""
+- a fourth list named `when` or `condition` (the JSON step's key) is read as the conditions,
+  instead of being ignored so that the escalation runs on every query; other lines that hold a
+  list of one entry per step (the question's code, a draft) are prose, as before;
+- a conditions list may mix Python's None and JSON's null, as the README's "also null" invites;
+- the last plan in a reply is read whatever its format: a three-list plan after a JSON draft,
+  unless what follows is no plan (a recap), which leaves the JSON plan read."""
 
 from __future__ import annotations
 
@@ -20,25 +21,23 @@ LISTS = ('model_id = ["small", "small", "big"]\n'
 JSON = '{"steps": [{"worker": "small", "instruction": "Solve: 2+2", "access": []}]}'
 
 
-@pytest.mark.parametrize("name", ["when", "if", "condition"])
-def test_a_fourth_list_under_another_name_is_refused_naming_conditions(name):
-    with pytest.raises(PlanError, match=rf"a list named '{name}' is not read; the optional fourth list, "
-                                        r"of conditions, is named conditions"):
-        parse_plan(LISTS + f'{name} = [None, None, "disagree(0, 1)"]', POOL)
-    one_line = LISTS.replace("\n", "  ") + f'{name} = [None, None, "disagree(0, 1)"]'
-    with pytest.raises(PlanError, match=f"a list named '{name}' is not read"):
-        parse_plan(one_line, POOL)
+@pytest.mark.parametrize("name", ["when", "condition"])
+def test_a_fourth_list_named_as_the_json_key_is_read_as_the_conditions(name):
+    for text in (LISTS + f'{name} = [None, None, "disagree(0, 1)"]',
+                 LISTS.replace("\n", "  ") + f'{name} = [None, None, "disagree(0, 1)"]'):
+        plan = parse_plan(text, POOL)
+        assert [str(s.when) if s.when else None for s in plan.steps] == [None, None, "disagree(0, 1)"]
 
 
-def test_lists_that_are_not_a_fourth_list_are_still_read():
-    # refused: one entry per step, under its own line
-    with pytest.raises(PlanError, match="a list named 'Conditions' is not read"):
-        parse_plan(LISTS + 'Conditions = [None, None, "disagree(0, 1)"]', POOL)
-    # read: a list in a sentence, one of another length, and code inside an instruction
+def test_lists_that_are_no_part_of_the_plan_leave_it_as_it_is():
+    """The review of the first version: a line `xs = [3, 1, 2]` (the question's code) or a draft
+    `workers = [0, 1, 2]` of one entry per step refused a good plan."""
     for text in ("The question defines a = [1, 2, 3].\n" + LISTS,
-                 "nums = [3, 1]\n" + LISTS,
+                 "xs = [3, 1, 2]\n" + LISTS,
+                 "workers = [0, 1, 2]\n" + LISTS,
+                 "Expected: ['4', '4', '4']\n" + LISTS,
                  LISTS.replace('"Solve: 2+2"]', '"Solve:\nwhen = [1, 2, 3]"]')):
-        assert parse_plan(text, POOL).workers == ["small", "small", "big"]
+        assert parse_plan(text, POOL).workers == ["small", "small", "big"], text
     plan = parse_plan(LISTS + 'conditions = [None, None, "disagree(0, 1)"]', POOL)
     assert str(plan.steps[2].when) == "disagree(0, 1)"
 
@@ -61,6 +60,17 @@ def test_a_three_list_plan_after_a_json_plan_is_the_one_read():
     # the JSON plan stays the plan when it comes last, or when what follows is not a whole three-list plan
     assert parse_plan(f"{LISTS}\n{JSON}", POOL).workers == ["small"]
     assert parse_plan(f"{JSON}\nmodels: [1, 2]", POOL).workers == ["small"]
-    # the plan read last is the plan's error too
-    with pytest.raises(PlanError, match="list lengths differ"):
-        parse_plan(f"{JSON}\n{LISTS.replace('[[], [], []]', '[[], []]')}", POOL)
+    # a recap after the JSON plan that is no plan leaves the JSON plan read
+    assert parse_plan(f"{JSON}\n{LISTS.replace('[[], [], []]', '[[], []]')}", POOL).workers == ["small"]
+    assert parse_plan(f"{JSON}\n- models: [small]\n- instructions: [solve]\n- access: [[]]", POOL).workers \
+        == ["small"]
+
+
+def test_an_untrusted_reply_full_of_lists_is_refused_or_read():
+    """Nested lists of null, a long list of null, unclosed lists after a JSON plan (the review's
+    100k-character replies, which took 14.6 s to read, a figure for bench, not for a test)."""
+    for text in (LISTS + "conditions = " + "[" * 20 + ", ".join(["null"] * 12_000) + "]" * 20,
+                 LISTS + "conditions = [" + ", ".join(["null"] * 20_000) + "]"):
+        with pytest.raises(PlanError, match="conditions"):
+            parse_plan(text, POOL)
+    assert parse_plan(JSON + "\n" + "models: [ access: [ " * 5_000, POOL).workers == ["small"]
