@@ -268,9 +268,9 @@ class Batches:
             lost["calls"] = lost.get("calls", 0) + len(keys)
             lost["reserved_usd"] = lost.get("reserved_usd", 0.0) + reserved
             return
-        for key in keys:  # no budget: priced from the waiting steps (a line none waits for: $0)
+        for key in keys:  # no budget: priced from the waiting steps (a line none waits for: no known price)
             w = batch.waiters.get(key)
-            count_unanswered(lost, 0.0 if w is None else self._priced_worst(worker, provider, w.messages, w.params))
+            count_unanswered(lost, None if w is None else self._priced_worst(worker, provider, w.messages, w.params))
 
     def _enqueue(self, worker: Worker, provider: Provider, key: str, waiter: Waiter) -> None:
         group = (worker.id, self._api_key(provider, worker))
