@@ -147,7 +147,7 @@ def test_a_budget_stopped_job_fails_until_a_rerun_with_room_finishes_it(tmp_path
     alone would let the run through."""
     job_path, sim = job_sim
     doc = yaml.safe_load(job_path.read_text())
-    job_path.write_text(yaml.safe_dump({**doc, "budget_usd": 0.0037}, sort_keys=False))
+    job_path.write_text(yaml.safe_dump({**doc, "budget_usd": 0.0066}, sort_keys=False))
     with DagsterInstance.ephemeral() as inst:
         result = run(job_path, tmp_path / "data", inst, raise_on_error=False)
         assert not result.success

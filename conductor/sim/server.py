@@ -32,7 +32,7 @@ from conductor.sim.outcome import (FINGERPRINT, REFUSAL, Answer, Rejection, fail
                                    server_error, unauthorized)
 from conductor.sim.planner import plan_reply, token_logprobs
 from conductor.sim.structured import StructuredRequest, StructuredRequestError, parse_request, record_reply
-from conductor.tokens import tokenizer_tokens
+from conductor.tokens import prompt_params, tokenizer_tokens
 
 MAX_TIMES = 100_000
 # Request fields that do not change what a model would answer.
@@ -273,7 +273,7 @@ class SimServer(LocalServer):
         if refused:
             content, logprobs, kinds = REFUSAL, None, ()
         return Answer(content=content, logprobs=logprobs, query_id=known.query_id if known else None,
-                      kinds=kinds, prompt_tokens=sum(map(tokenizer_tokens, texts)),
+                      kinds=kinds, prompt_tokens=billed_prompt_tokens(body, texts),
                       completion_tokens=tokenizer_tokens(content), request_hash=request_hash, refused=refused)
 
     def count_answer(self, answer: Answer, log: SimLog | None = None) -> None:
@@ -360,6 +360,22 @@ class SimServer(LocalServer):
         if headers:
             h.update(headers)
         return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON, headers=h)
+
+
+def billed_prompt_tokens(body: dict[str, Any], texts: list[str]) -> int:
+    """The prompt tokens a provider bills: the messages' text and, as OpenAI does, what it writes
+    into the prompt from the parameters (a response_format's JSON Schema, tools, a forced tool; of
+    the list the client's estimate and bound count, conductor.tokens.PROMPT_PARAMS, so the bill
+    stays within the bound budgets reserve). Without them a structured job's cost against the sim
+    understated a provider's."""
+    shown = dict(body)
+    rf = body.get("response_format")
+    if not (isinstance(rf, dict) and rf.get("type") == "json_schema"):
+        shown.pop("response_format", None)  # {"type": "text"} or json_object: no schema to write
+    for k in ("tool_choice", "function_call"):
+        if isinstance(shown.get(k), str):
+            del shown[k]  # "auto", "none": no text either
+    return sum(map(tokenizer_tokens, texts)) + sum(tokenizer_tokens(p.decode()) for p in prompt_params(shown))
 
 
 def _check_request(body: dict[str, Any]) -> tuple[str, str] | None:
