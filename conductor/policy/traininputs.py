@@ -69,8 +69,11 @@ def served_prices(run_id: str, prices: Prices, pool: Pool, traces: Path) -> Pric
     fits; after a price change those costs are at the old price. The price is read back from
     them (cost = prompt x input + completion x output, solved over the calls). A cost at the
     pool price, online or at the provider's batch price, is taken as paid at it, so a run
-    without a price change records its pool's prices unchanged. Replay workers charged the
-    table's recorded costs are left at the pool price: their cost never followed it."""
+    without a price change records its pool's prices unchanged. As the pool's, the price read
+    back is the online (list) one, so a batch call's cost counts at list x batch_price_factor.
+    Calls all of one token mix give one equation for two prices: the pool price scaled to
+    their cost is taken (exact when both prices moved by one factor), and said. Replay workers
+    charged the table's recorded costs are left at the pool price: their cost never followed it."""
     served, fresh = _paid_calls(traces)
     out = dict(prices)
     said: list[str] = []
@@ -80,21 +83,31 @@ def served_prices(run_id: str, prices: Prices, pool: Pool, traces: Path) -> Pric
             continue
         provider = pool.providers.get(pool.worker(w).provider)
         factor = provider.batch_price_factor if provider else Provider.batch_price_factor
-        other = [r for r in rows if not (_fits(p, r) or _fits([p[0] * factor, p[1] * factor], r))]
+        other = [r for r in rows if not (_fits(p, r) or _fits(_times(p, factor), r))]
         if not other:
             continue
+        # Which reading comes first when every call fits both (all at one price): batch calls
+        # when the provider sends through batch, else online calls.
+        scales = [factor, 1.0] if provider is not None and provider.mode == "batch" else [1.0, factor]
+        scales = [k for k in scales if k > 0]
         at_pool = fresh.get(w, 0) + len(rows) - len(other)
-        paid = _solve(other)
         what = (f"{w}: {len(other)} of its {len(other) + at_pool} paid calls were" if at_pool else
                 f"{w}: its {len(other)} paid calls were all") + " served from the response cache at the cost first paid"
         pool_price = f"the run's pool price {artifacts.usd_pair(p)}"
+        one_mix = _one_mix(other)
+        paid = _scaled(other, p, factor, scales) if one_mix else _solve(other, factor, scales)
         if paid is None:
-            said.append(f"{what}, not at {pool_price} nor at any one price (answers first paid at several prices), "
-                        f"so the price they were paid at cannot be told and the artifact keeps {artifacts.usd_pair(p)}")
+            why = (f"the price they were paid at cannot be told from {_calls(other)} (one equation for an input and "
+                   f"an output price" + (", and their costs are not one multiple of the pool price)"
+                                         if len(other) > 1 else ")")
+                   if one_mix else "nor at any one price (answers first paid at several prices), so the price they "
+                                   "were paid at cannot be told")
+            said.append(f"{what}, not at {pool_price}; {why}, and the artifact keeps {artifacts.usd_pair(p)}")
             continue
         if len(other) > at_pool:
             out[w] = paid
-        said.append(f"{what}, at {artifacts.usd_pair(paid)}, not {pool_price}"
+        said.append(f"{what}, at {artifacts.usd_pair(paid)}{_how(other, paid, factor, provider, one_mix)}, "
+                    f"not {pool_price}"
                     + (f" (the other {at_pool} were paid at it); the artifact takes {artifacts.usd_pair(out[w])}, "
                        f"the price most of them were paid at" if at_pool else
                        f"; the artifact takes {artifacts.usd_pair(paid)}"))
@@ -103,6 +116,25 @@ def served_prices(run_id: str, prices: Prices, pool: Pool, traces: Path) -> Pric
               f"fits the logged costs; to log costs at the pool's prices, run the rollouts with a --data-dir whose "
               f"response cache does not hold these answers", file=sys.stderr, flush=True)
     return out
+
+
+def _how(rows: list[Row], paid: list[float], factor: float, provider: Provider | None, one_mix: bool) -> str:
+    """How `paid` was read from `rows`, when not plainly: batch calls, or scaled from the pool price."""
+    notes = []
+    if one_mix:
+        notes.append(f"{_calls(rows)} cannot tell an input from an output price, so this is the run's pool price "
+                     f"scaled to their cost, exact if both prices moved by one factor")
+    batch = sum(1 for r in rows if not _fits(paid, r))
+    if batch:
+        notes.append(f"{'all' if batch == len(rows) else batch} at its batch price "
+                     f"{artifacts.usd_pair(_times(paid, factor))}"
+                     + (f", taken as batch calls: provider {provider.id} has mode: batch"
+                        if batch == len(rows) and provider is not None else ""))
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _calls(rows: list[Row]) -> str:
+    return "1 call" if len(rows) == 1 else f"{len(rows)} calls all of one token mix"
 
 
 def _paid_calls(traces: Path) -> tuple[dict[str, list[Row]], dict[str, int]]:
@@ -137,20 +169,60 @@ def _fits(price: list[float], row: Row) -> bool:
     return math.isclose(pt * price[0] + ct * price[1], usd, rel_tol=1e-9, abs_tol=1e-15)
 
 
-def _solve(rows: list[Row]) -> list[float] | None:
-    """The one [input, output] USD per token every row's cost is paid at, or None: the rows
-    disagree, or their token mixes are all alike (one equation for two prices)."""
-    a = sum(pt * pt for pt, _, _ in rows)
-    b = sum(pt * ct for pt, ct, _ in rows)
-    d = sum(ct * ct for _, ct, _ in rows)
-    e = sum(pt * usd for pt, _, usd in rows)
-    f = sum(ct * usd for _, ct, usd in rows)
-    det = a * d - b * b
-    if det <= 1e-9 * a * d:
+def _times(price: list[float], k: float) -> list[float]:
+    return [price[0] * k, price[1] * k]
+
+
+def _stated(x: float) -> float:
+    """Rounded to 10 significant digits per million tokens, as a pool file states a price."""
+    return float(f"{max(x, 0.0) * 1e6:.10g}") / 1e6
+
+
+def _each_fits(price: list[float], rows: list[Row], factor: float) -> bool:
+    """Every row paid at `price`, online or at its batch price."""
+    batch = _times(price, factor)
+    return all(_fits(price, r) or _fits(batch, r) for r in rows)
+
+
+def _one_mix(rows: list[Row]) -> bool:
+    """Every row's prompt:completion tokens alike (or a single row): one equation for two prices."""
+    pt0, ct0, _ = _reference(rows)
+    return all(pt * ct0 == ct * pt0 for pt, ct, _ in rows)
+
+
+def _reference(rows: list[Row]) -> Row:
+    """A row with tokens (one without tells nothing of the price)."""
+    return next((r for r in rows if r[0] or r[1]), rows[0])
+
+
+def _solve(rows: list[Row], factor: float, scales: list[float]) -> list[float] | None:
+    """The one [input, output] USD per token (list price) every row's cost is paid at, online or
+    at its batch price, or None: the rows disagree. Solved from the first row and the one of the
+    most different token mix, each read as paid at list x scale, then checked on every row."""
+    pt0, ct0, c0 = _reference(rows)
+    pt1, ct1, c1 = max(rows, key=lambda r: abs(pt0 * r[1] - r[0] * ct0) / (math.hypot(r[0], r[1]) or 1))
+    det = pt0 * ct1 - pt1 * ct0
+    for k0 in scales:
+        for k1 in scales:
+            u0, u1 = c0 / k0, c1 / k1
+            price = [_stated((u0 * ct1 - u1 * ct0) / det), _stated((pt0 * u1 - pt1 * u0) / det)]
+            if _each_fits(price, rows, factor):
+                return price
+    return None
+
+
+def _scaled(rows: list[Row], pool_price: list[float], factor: float, scales: list[float]) -> list[float] | None:
+    """For rows all of one token mix: the pool price times the one multiple every row's cost is
+    of it (online or at its batch price), or None: they are at several, or the pool price is 0."""
+    pt, ct, usd = _reference(rows)
+    at_pool = pt * pool_price[0] + ct * pool_price[1]
+    if at_pool <= 0:
         return None
-    # Rounded to 10 significant digits per million tokens, as a pool file states a price.
-    price = [float(f"{max(x, 0.0) * 1e6:.10g}") / 1e6 for x in ((e * d - b * f) / det, (a * f - b * e) / det)]
-    return price if all(_fits(price, r) for r in rows) else None
+    for k in scales:
+        price = [_stated(x) for x in _times(pool_price, usd / at_pool / k)]
+        if _each_fits(price, rows, factor):
+            return price
+    return None
 
 
 def fitted_prices(by_run: dict[str, Prices | None], pool: Pool, pool_path: Path) -> Prices:
