@@ -121,7 +121,7 @@ def test_a_deleted_journal_is_counted_once_by_a_resume_elsewhere_whenever_its_up
             raise Killed
         put(self, local, *rel)
 
-    def die(self, rid):
+    def die(self, *args):
         raise Killed
 
     with monkeypatch.context() as m:
@@ -141,6 +141,75 @@ def test_a_deleted_journal_is_counted_once_by_a_resume_elsewhere_whenever_its_up
     again = run_dir(tmp_path / "c")
     assert ObjectStore("s3://conductor-test/crash").pull_run(again)
     assert counted(again) == pytest.approx(0.25)
+
+
+def rerun_journal(here, usd=0.5):
+    """The same machine reruns the run: a fresh work folder whose journal paid `usd` more."""
+    here.work.mkdir()
+    step = {**STEP, "plan_id": "p1", "request_key": "k1", "cost_usd": usd}
+    (here.work / "steps.jsonl").write_bytes(orjson.dumps(step) + b"\n")
+    (here.work / "plans.jsonl").write_bytes(orjson.dumps({"plan_id": "p1", "status": "ok", "calls": 1}) + b"\n")
+
+
+@pytest.mark.parametrize("crash", ["after the manifest", "before the manifest"])
+def test_a_rerun_here_after_a_killed_upload_keeps_its_journal_for_a_resume_elsewhere(
+        tmp_path, s3, monkeypatch, crash):
+    """review42 1: the upload that deletes the store's copy of a deleted journal is killed midway; the
+    same machine reruns the run (its folder is here: nothing is fetched) and pays $0.50 more in a new
+    journal, uploaded; a resume elsewhere must count $0.75, not find the new journal deleted as stale."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    class Killed(BaseException):
+        pass
+
+    store = ObjectStore("s3://conductor-test/rerun")
+    here = journaled(tmp_path / "a")
+    store.push_run(here)
+    work_deleted(here)
+    put = ObjectStore.put
+
+    def put_or_die(self, local, *rel):
+        if rel[-1] == "manifest.json":
+            raise Killed
+        put(self, local, *rel)
+
+    def die(self, *args):
+        raise Killed
+
+    with monkeypatch.context() as m:
+        if crash == "before the manifest":
+            m.setattr(ObjectStore, "put", put_or_die)
+        else:
+            m.setattr(ObjectStore, "_drop_work", die)
+        with pytest.raises(Killed):
+            store.push_run(here)
+    rerun_journal(here)
+    ObjectStore("s3://conductor-test/rerun").push_run(here)  # a new process, as a rerun is
+    there = run_dir(tmp_path / "b")
+    assert ObjectStore("s3://conductor-test/rerun").pull_run(there)
+    assert counted(there) == pytest.approx(0.75)
+    assert (there.work / "steps.jsonl").exists()
+
+
+def test_a_later_journal_is_kept_in_the_store_when_its_work_folder_goes_too(tmp_path, s3):
+    """review42 2: the manifest keeps its record of a journal deleted long ago; a later command's journal
+    (a rerun of the complete run, whose work folder the user then deleted) is not the one it counts."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    store = ObjectStore("s3://conductor-test/later")
+    here = journaled(tmp_path / "a")
+    store.push_run(here)
+    work_deleted(here)
+    store.push_run(here)  # the store's copy of the deleted journal goes
+    rerun_journal(here)
+    here.manifest_path.write_bytes(orjson.dumps({**orjson.loads(here.manifest_path.read_bytes()),
+                                                 "status": "executing"}))
+    store.push_run(here)
+    shutil.rmtree(here.work)
+    ObjectStore("s3://conductor-test/later").push_run(here)  # the next command, with no work folder
+    there = run_dir(tmp_path / "b")
+    assert ObjectStore("s3://conductor-test/later").pull_run(there)
+    assert counted(there) == pytest.approx(0.75)
 
 
 def test_the_store_reads_the_deleted_works_spend_under_the_runners_name():

@@ -52,8 +52,9 @@ PLAN_PARTS = "plan_parts"  # work/plan_parts/part-*.parquet: plans written as pl
 ENV_SYNC_S = "CONDUCTOR_STORE_SYNC_S"
 LEASE_FILE = "lease.json"  # beside the run's objects: runs/<run id>/lease.json
 # Beside the run's objects while its work/ there is stale: the journal of a work folder deleted mid-run,
-# whose spend the manifest records (runner.DELETED_WORK_SPEND). It holds that record, so that it
-# speaks only for a manifest that counts the journal (see ObjectStore._drop_stale_work).
+# whose spend the manifest records (runner.DELETED_WORK_SPEND). It holds that record and names the exact
+# objects (path, size, time) of that journal: it speaks only for a manifest that counts them, and
+# deletes nothing else (see ObjectStore._settle_deleted_work).
 STALE_WORK = "stale_work.json"
 DELETED_WORK_SPEND_KEY = "spend_of_deleted_work"  # runner.DELETED_WORK_SPEND: the runner imports this module
 
@@ -104,6 +105,7 @@ class ObjectStore:
         self.fs = pafs.S3FileSystem(**kw)
         self._pafs = pafs
         self._parts_sent: set[tuple[str, str]] = set()  # (run id, plan part) uploaded by this process
+        self._settled: dict[str, dict] = {}  # run id -> the deleted-work record the store's manifest carries
 
     def path(self, *rel: str) -> str:
         return "/".join((self.root, *rel))
@@ -160,24 +162,72 @@ class ObjectStore:
 
     def _push_run(self, run_dir, work: bool) -> None:
         self.check_bucket()
-        rid = run_dir.run_id
-        covered = None  # what the manifest records of a journal deleted mid-run, when the store still has it
+        if work and (covers := _deleted_work_spend(run_dir)) is not None:
+            self._settle_deleted_work(run_dir, covers)  # before any work/ goes up
         if work and run_dir.work.exists():
             self._push_work(run_dir)
-        elif work and (covered := _deleted_work_spend(run_dir)) is not None and self._has_work(rid):
-            self._put_json({DELETED_WORK_SPEND_KEY: covered}, "runs", rid, STALE_WORK)
+        self._push_tables(run_dir)
+
+    def _push_tables(self, run_dir) -> None:
         for name in TABLE_FILES[1:]:
             f = run_dir.path / name
             if f.exists():
-                self.put(f, "runs", rid, name)
+                self.put(f, "runs", run_dir.run_id, name)
         if run_dir.manifest_path.exists():
-            self.put(run_dir.manifest_path, "runs", rid, "manifest.json")
-        if covered is not None and self.exists("runs", rid, STALE_WORK):
-            self._drop_work(rid)
+            self.put(run_dir.manifest_path, "runs", run_dir.run_id, "manifest.json")
 
-    def _has_work(self, rid: str) -> bool:
+    def _settle_deleted_work(self, run_dir, covers: dict) -> None:
+        """The local manifest counts a journal deleted mid-run (`covers`, runner.DELETED_WORK_SPEND), so the
+        store's copy of it must go, and only it: a resume elsewhere fetched it and counted its money twice.
+        Work/ is uploaded only once the store's manifest carries the local record: while it does not, the
+        store's work/ holds journals uploaded before the record was made, which it counts. Steps, and what
+        a process killed after each leaves for the next reader (a push here, a pull elsewhere, which both
+        finish a pending marker first, by _finish_marker, before they read or upload any work/):
+          1. finish a pending marker            -> the marker, some of its objects: finished again
+          2. marker naming work/'s objects      -> marker != stored record: voided, work/ kept and
+                                                   counted once (the stored manifest does not count it)
+          3. tables, then the manifest          -> before the manifest: as 2; after: marker == stored
+                                                   record: its objects deleted, and only they
+          4. delete the marker's objects        -> as 3 after the manifest
+          5. delete the marker                  -> nothing pending
+        A later journal (a rerun's) is uploaded after 5, with the stored record equal to the local one:
+        no marker is written for it, and no marker names its objects, so none deletes it. A push whose
+        manifest has no record looks for no marker: one is written only under a record, which never
+        leaves a manifest, and a run fetched from the store had its marker finished by that pull."""
+        rid = run_dir.run_id
+        if self._settled.get(rid) == covers:
+            return
+        stored = self._stored_record(rid)
+        self._finish_marker(rid, stored)
+        if stored != covers:
+            objects = self._work_objects(rid)
+            if objects:
+                self._put_json({DELETED_WORK_SPEND_KEY: covers, "objects": objects}, "runs", rid, STALE_WORK)
+            self._push_tables(run_dir)
+            if objects:
+                self._drop_work(rid, objects)
+        self._settled[rid] = covers
+
+    def _stored_record(self, rid: str):
+        """The store's manifest's DELETED_WORK_SPEND (None: none, or no manifest)."""
+        import orjson
+
+        if not self.exists("runs", rid, "manifest.json"):
+            return None
+        with self.fs.open_input_stream(self.path("runs", rid, "manifest.json")) as f:
+            try:
+                manifest = orjson.loads(f.read())
+            except orjson.JSONDecodeError:
+                return None
+        return (manifest.get(DELETED_WORK_SPEND_KEY) or None) if isinstance(manifest, dict) else None
+
+    def _work_objects(self, rid: str) -> list[list]:
+        """[path under runs/<rid>, size, mtime_ns] of each object of the store's work/: the exact
+        objects a marker covers (an object written again later differs, and is kept)."""
         sel = self._pafs.FileSelector(self.path("runs", rid, "work"), recursive=True, allow_not_found=True)
-        return any(i.type == self._pafs.FileType.File for i in self.fs.get_file_info(sel))
+        cut = len(self.path("runs", rid)) + 1
+        return sorted([i.path[cut:], i.size, i.mtime_ns] for i in self.fs.get_file_info(sel)
+                      if i.type == self._pafs.FileType.File)
 
     def _put_json(self, doc: dict, *rel: str) -> None:
         import orjson
@@ -185,18 +235,10 @@ class ObjectStore:
         with self.fs.open_output_stream(self.path(*rel)) as out:
             out.write(orjson.dumps(doc))
 
-    def _drop_work(self, rid: str) -> None:
-        """The store's copy of a journal deleted mid-run, which the manifest counts: a resume elsewhere
-        fetched it and counted its money twice. The marker goes last, once nothing stale is left."""
-        self.fs.delete_dir_contents(self.path("runs", rid, "work"), missing_dir_ok=True)
-        self._parts_sent = {s for s in self._parts_sent if s[0] != rid}
-        self.fs.delete_file(self.path("runs", rid, STALE_WORK))
-
-    def _drop_stale_work(self, rid: str, manifest: dict) -> None:
-        """Finish what a process killed between its two steps left (_push_run): with the manifest put
-        (it counts the deleted journal), the store's work/ is stale and goes; without it (the manifest
-        counts no such journal, or counts another), work/ stands and the marker is void. Marker first,
-        then manifest, then the journal's deletion: no crash leaves the money uncounted or counted twice."""
+    def _finish_marker(self, rid: str, stored) -> None:
+        """A pending marker (a process killed in _settle_deleted_work): when the store's manifest carries
+        the record it was written for (`stored`), that manifest counts the objects it names, which go;
+        otherwise none does, and the marker is void (its objects are the journal the manifest counts)."""
         import orjson
 
         if not self.exists("runs", rid, STALE_WORK):
@@ -206,11 +248,21 @@ class ObjectStore:
                 mark = orjson.loads(f.read())
             except orjson.JSONDecodeError:
                 mark = None
-        covered = mark.get(DELETED_WORK_SPEND_KEY) if isinstance(mark, dict) else None
-        if covered is not None and covered == manifest.get(DELETED_WORK_SPEND_KEY):
-            self._drop_work(rid)
+        mark = mark if isinstance(mark, dict) else {}
+        if stored is not None and mark.get(DELETED_WORK_SPEND_KEY) == stored:
+            self._drop_work(rid, mark.get("objects") or [])
         else:
             self.fs.delete_file(self.path("runs", rid, STALE_WORK))
+
+    def _drop_work(self, rid: str, objects: list) -> None:
+        """Delete the marker's objects still as it names them, then the marker (last: a process killed
+        midway leaves it for the next reader to finish)."""
+        named = {tuple(o) for o in objects if isinstance(o, list) and len(o) == 3}
+        for path, size, mtime in self._work_objects(rid):
+            if (path, size, mtime) in named:
+                self.fs.delete_file(self.path("runs", rid, path))
+                self._parts_sent.discard((rid, path.rsplit("/", 1)[-1]))
+        self.fs.delete_file(self.path("runs", rid, STALE_WORK))
 
     def _push_work(self, run_dir) -> None:
         rid = run_dir.run_id
@@ -253,17 +305,10 @@ class ObjectStore:
             return self._pull_run(run_dir)
 
     def _pull_run(self, run_dir) -> bool:
-        import orjson
-
         rid = run_dir.run_id
         if run_dir.exists() or not self.exists("runs", rid, "manifest.json"):
             return False
-        with self.fs.open_input_stream(self.path("runs", rid, "manifest.json")) as f:
-            try:
-                manifest = orjson.loads(f.read())
-            except orjson.JSONDecodeError:  # fetched all the same: the run says what is wrong with it
-                manifest = {}
-        self._drop_stale_work(rid, manifest if isinstance(manifest, dict) else {})
+        self._finish_marker(rid, self._stored_record(rid))  # before work/ is fetched
         for name in TABLE_FILES[1:]:
             if self.exists("runs", rid, name):
                 self.get(run_dir.path / name, "runs", rid, name)
