@@ -1139,8 +1139,8 @@ def _timing_interrupts(run: Run, t0: float, started: str, store=None) -> Iterato
                     else m.get("status") == FAILED and str(m.get("failed_at") or "") >= started):
                 m[INTERRUPTED_TIME] = round((m.get(INTERRUPTED_TIME) or 0.0) + time.monotonic() - t0, 3)
                 run.dir.write_manifest(m)
-                if store is not None:
-                    store.put(run.dir.manifest_path, "runs", run.dir.run_id, "manifest.json")
+                if store is not None:  # the whole push: it settles a journal deleted mid-run before the manifest
+                    store.push_run(run.dir)
         raise
 
 
