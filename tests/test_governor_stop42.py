@@ -153,3 +153,124 @@ def test_a_bad_budget_scope_is_refused_before_any_call_and_a_good_one_has_its_ow
                       and b":amounts" not in k)
         client.close()
     assert keys == ["conductor:gov:budget:2026-11:sim"]
+
+
+# The lease expiry of conductor before 39d183b, as it still runs on every reserve of an older
+# install sharing the server (keys: totals, leases, amounts).
+OLDER_EXPIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, id in ipairs(gone) do
+  local amt = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+  redis.call('HINCRBYFLOAT', KEYS[1], 'reserved', -amt)
+  redis.call('HINCRBYFLOAT', KEYS[1], 'spent', amt)
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('ZREM', KEYS[2], id)
+end
+return 1
+"""
+
+
+def test_an_older_version_sharing_the_server_does_not_charge_an_expired_lease_again():
+    """The record of an expired lease (kept 7 days for a late settle) lived among the leases, so
+    an older conductor on the same server charged it again once its 7 days passed: spent 0.4
+    became 0.8 and reserved went negative for good."""
+    from conductor.execute.shared.governor import RedisGovernor, SharedLedger
+
+    provider = Provider("p", budget_usd=1.0, timeout_s=0.1, max_attempts=1)
+
+    async def go(url: str):
+        ledger = SharedLedger(RedisGovernor(url), {"p": provider}, None)
+        ledger._lease["p"] = 0.2
+        await ledger.reserve("p", 0.4)  # its process dies: the lease ends
+        await asyncio.sleep(0.4)
+        ledger._lease["p"] = 3600.0
+        await ledger.reserve("p", 0.01)  # ends that lease: 0.4 charged in full
+        client = ledger.gov.client
+        base = ledger._keys("p")[0]
+        week_later = (await client.time())[0] + 8 * 86400
+        for key in await client.keys(base + ":*"):  # 8 days pass for everything kept a week
+            if await client.type(key) == b"zset":
+                for member, score in await client.zrange(key, 0, -1, withscores=True):
+                    if score > week_later - 86400:
+                        await client.zadd(key, {member: 1.0})
+        await client.eval(OLDER_EXPIRE, 3, base, base + ":leases", base + ":amounts")
+        totals = await ledger.shared_spend("p")
+        await ledger.gov.close()
+        return totals
+
+    with RedisServer() as server:
+        spent, reserved = asyncio.run(go(server.url))
+    assert (round(spent, 6), round(reserved, 6)) == (0.4, 0.01)
+
+
+def test_a_reserve_when_the_server_is_back_counts_the_settles_kept_through_the_outage():
+    """After an outage longer than a lease, the lease was charged in full and its kept settle sent
+    in the background: the reserve that found the server back was refused for a budget the settle
+    gave back the next moment (BudgetExhausted, exit 3)."""
+    from conductor.execute.shared.governor import RedisGovernor, SharedLedger
+
+    provider = Provider("p", budget_usd=1.0, timeout_s=0.1, max_attempts=1)
+
+    async def go(server: DurableRedis):
+        ledger = SharedLedger(RedisGovernor(server.url), {"p": provider}, None)
+        ledger._lease["p"] = 0.2
+        first = await ledger.reserve("p", 0.6)
+        server.kill()
+        await ledger.settle(first, 0.01)  # answered while the server is down: kept
+        server.start()
+        await asyncio.sleep(0.4)  # its lease ends before the server hears of the settle
+        ledger._lease["p"] = 3600.0
+        second = await ledger.reserve("p", 0.5)
+        await ledger.settle(second, 0.02)
+        await ledger.gov.close()
+        return await SharedLedger(RedisGovernor(server.url), {"p": provider}, None).shared_spend("p")
+
+    with DurableRedis() as server:
+        spent, reserved = asyncio.run(go(server))
+    assert (round(spent, 6), round(reserved, 6)) == (0.03, 0.0)
+
+
+def test_a_spent_rate_window_pauses_the_provider_for_every_process_until_its_reset():
+    """x-ratelimit-remaining-requests 0 on any answer holds new calls to the provider in every
+    process sharing the governor until x-ratelimit-reset-requests; requests left, or no header,
+    hold nothing."""
+    from conductor.execute.openai_http import RateHeaders
+    from conductor.execute.shared.governor import RedisGovernor, SharedLimiter
+
+    provider = Provider("p", max_concurrency=4, timeout_s=10)
+
+    async def acquire_after(url: str, rate) -> tuple[int, float]:
+        gov = RedisGovernor(url)
+        SharedLimiter(gov, provider).observe(rate)
+        await gov.close()  # the pause is sent in the background
+        other = RedisGovernor(url)  # another process
+        ok, wait = await other.run("acquire", SharedLimiter(other, provider)._keys, [0, 0, 0, 0, 0])
+        await other.client.delete(other.key("pause", "p"))
+        await other.close()
+        return int(ok), float(wait)
+
+    with RedisServer() as server:
+        spent = asyncio.run(acquire_after(server.url, RateHeaders(remaining=0, reset_s=30.0)))
+        left = asyncio.run(acquire_after(server.url, RateHeaders(remaining=3, reset_s=30.0)))
+        unsaid = asyncio.run(acquire_after(server.url, RateHeaders(remaining=None, reset_s=30.0)))
+        none = asyncio.run(acquire_after(server.url, None))
+    assert spent[0] == 0 and 0 < spent[1] <= 30.0
+    assert left == unsaid == none == (1, 0.0)
+
+
+def test_a_budget_scope_without_a_shared_governor_is_said_once_as_a_warning(tmp_path, fresh_sim,
+                                                                              tmp_path_factory, sample_queries):
+    """The run checks the governor and so does each stage: the line came twice, and without the
+    "conductor: warning:" every other warning has."""
+    from tests.conftest import first_queries
+
+    pool = write_pool(tmp_path / "pool.yaml", fresh_sim.url, names=("fast",))
+    r = run_cli("run", first_queries(tmp_path_factory, sample_queries, 3), "--pool", pool,
+                "--data-dir", tmp_path / "data", "--quiet",
+                env={"CONDUCTOR_BUDGET_SCOPE": "2026-11", "CONDUCTOR_GOVERNOR": ""})
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if "has no effect" in line]
+    assert len(said) == 1, r.stderr
+    assert said[0].startswith("conductor: warning: CONDUCTOR_BUDGET_SCOPE=2026-11 has no effect"), r.stderr

@@ -16,6 +16,7 @@ __all__ = ["GovernorDown", "GovernorUnavailable", "SharedURLError", "budget_scop
 CHECK_TIMEOUT_S = 3.0  # for each server, before the run: a hung one is told from a slow one's PING
 SCOPE_ENV = "CONDUCTOR_BUDGET_SCOPE"
 _SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_warned_scopes: set[str] = set()  # CONDUCTOR_BUDGET_SCOPE values said to have no effect, once per process
 
 
 def budget_scope() -> str:
@@ -68,12 +69,13 @@ def check_shared_urls(pool, cache: bool = True, timeout_s: float = CHECK_TIMEOUT
     scope = budget_scope()
     if shared:
         _check_governor(url, governor_source(), timeout_s)
-    elif scope != "default":
-        import logging
+    elif scope != "default" and scope not in _warned_scopes:
+        import sys
 
-        logging.getLogger("conductor.governor").warning(
-            "%s=%s has no effect without a shared governor (%s or governor: in the pool file): each run's "
-            "provider budgets are its own", SCOPE_ENV, scope, "CONDUCTOR_GOVERNOR")
+        _warned_scopes.add(scope)  # checked by the run and again by each stage: said once
+        print(f"conductor: warning: {SCOPE_ENV}={scope} has no effect without a shared governor "
+              f"(CONDUCTOR_GOVERNOR or governor: in the pool file): each run's provider budgets are its own",
+              file=sys.stderr, flush=True)
     if not cache:
         return
     cache_url = cache_setting() or (url if shared else None)

@@ -101,15 +101,28 @@ end
 return {0, '-1'}
 """
 
-# How long an expired lease is remembered (as "x:<id>" in the same zset and hash), so that a
-# settle arriving after it (one kept while the server was unreachable) gives the difference
-# back once, and a settle sent twice (its first answer lost) changes nothing the second time.
+# How long an expired lease is remembered, so that a settle arriving after it (one kept while
+# the server was unreachable) gives the difference back once, and a settle sent twice (its first
+# answer lost) changes nothing the second time.
 _EXPIRED_KEEP_S = 7 * 86400
 
-# Budget: KEYS: totals hash (spent, reserved), lease zset (id -> end), amounts hash (id -> usd).
+# Budget: KEYS: totals hash (spent, reserved), lease zset (id -> end), amounts hash (id -> usd),
+# expired zset (id -> forget time), expired amounts hash (id -> usd charged).
 # Expired leases (their process died) are charged in full: the call may have been paid.
+# Expired ones are kept in keys of their own: versions before 39d183b read the lease zset and
+# amounts hash only, and charged a record kept there again as a lease once its time came (spent
+# doubled, reserved negative for good). A lease such a version expires is charged in full with
+# no record, so this version's late settle of it changes nothing (the safe side); its own late
+# settle of a lease this version expired gives the difference back every time it is sent (its
+# behaviour before), so once is not guaranteed for it. "x:" members are records 39d183b kept in
+# the lease zset: dropped uncharged when due.
 _EXPIRE_LEASES = """
 local function expire(now)
+  local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+  for _, id in ipairs(old) do
+    redis.call('HDEL', KEYS[5], id)
+    redis.call('ZREM', KEYS[4], id)
+  end
   local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
   for _, id in ipairs(gone) do
     local amt = redis.call('HGET', KEYS[3], id) or '0'
@@ -118,12 +131,14 @@ local function expire(now)
     if string.sub(id, 1, 2) ~= 'x:' then
       redis.call('HINCRBYFLOAT', KEYS[1], 'reserved', -tonumber(amt))
       redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(amt))
-      redis.call('HSET', KEYS[3], 'x:' .. id, amt)
-      redis.call('ZADD', KEYS[2], now + %d, 'x:' .. id)
+      redis.call('HSET', KEYS[5], id, amt)
+      redis.call('ZADD', KEYS[4], now + %d, id)
+      redis.call('EXPIRE', KEYS[4], %d)
+      redis.call('EXPIRE', KEYS[5], %d)
     end
   end
 end
-""" % _EXPIRED_KEEP_S
+""" % (_EXPIRED_KEEP_S, _EXPIRED_KEEP_S + 60, _EXPIRED_KEEP_S + 60)
 
 # ARGV: limit, amount, id, lease seconds. Returns {status, spent, reserved}:
 # 1 reserved; 0 does not fit while others are pending (wait); -1 can never fit.
@@ -158,10 +173,10 @@ if amt then
   redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(ARGV[3]))
   return 1
 end
-local late = redis.call('HGET', KEYS[3], 'x:' .. ARGV[1])
+local late = redis.call('HGET', KEYS[5], ARGV[1])
 if late then
-  redis.call('HDEL', KEYS[3], 'x:' .. ARGV[1])
-  redis.call('ZREM', KEYS[2], 'x:' .. ARGV[1])
+  redis.call('HDEL', KEYS[5], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('HINCRBYFLOAT', KEYS[1], 'spent', tonumber(ARGV[3]) - tonumber(late))
   return 0
 end
@@ -195,6 +210,7 @@ class RedisGovernor:
         # Settles that could not reach the server: (keys, args), sent again when it answers and at
         # close(). Dropped, each answered call stayed charged at its worst case for good.
         self.unsettled: list[tuple[list[str], list]] = []
+        self._resettling: asyncio.Task | None = None
 
     async def run(self, name: str, keys: list[str], args: list) -> list | int:
         """A script on the server; any failure to reach it is GovernorUnavailable (naming the URL)."""
@@ -230,9 +246,27 @@ class RedisGovernor:
             log.warning("shared governor %s answers again after %.0f s: calls are sent again",
                         self.shown, time.monotonic() - down)
         if self.unsettled:
-            task = asyncio.get_running_loop().create_task(self.resettle())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._resettle_task()
+
+    def _resettle_task(self) -> asyncio.Task:
+        """The one task sending the kept settles (started if none runs), so that every budget
+        decision can wait for the same give-backs."""
+        if self._resettling is None or self._resettling.done():
+            self._resettling = asyncio.get_running_loop().create_task(self.resettle())
+            self._background.add(self._resettling)
+            self._resettling.add_done_callback(self._background.discard)
+        return self._resettling
+
+    def resettling(self) -> bool:
+        """Settles kept through an outage wait to be sent, or are being sent."""
+        return bool(self.unsettled) or (self._resettling is not None and not self._resettling.done())
+
+    async def settle_kept(self) -> None:
+        """Before a budget decision, the settles kept through an outage are sent (nothing to do
+        when none are): without it a reserve racing their background task could be refused for
+        a budget their give-backs would have made room in (exit 3)."""
+        if self.resettling():
+            await asyncio.shield(self._resettle_task())
 
     async def resettle(self) -> None:
         """Send the settles kept during an outage; those the server cannot take now are kept
@@ -379,8 +413,10 @@ class SharedLedger(Ledger):
         self._noticed: set[str] = set()
 
     def _keys(self, provider: str) -> list[str]:
+        """Totals, leases, their amounts, and the expired leases' records (_EXPIRE_LEASES): the
+        first three are the keys older versions read too."""
         base = self.gov.key("budget", self.gov.budget_scope, provider)
-        return [base, base + ":leases", base + ":amounts"]
+        return [base, base + ":leases", base + ":amounts", base + ":expired:leases", base + ":expired:amounts"]
 
     async def reserve(self, provider: str, amount: float) -> Reservation:
         local = await super().reserve(provider, amount)
@@ -389,14 +425,20 @@ class SharedLedger(Ledger):
             return SharedReservation(local, provider, None)
         rid = f"{self.gov.id}:{uuid.uuid4().hex[:12]}"
         pause = 0.02
-        since = time.monotonic()
+        since, waited = time.monotonic(), False
         try:
+            if self.gov.down_since is None:  # while it is down, the reserve below says so
+                await self.gov.settle_kept()
             while True:
                 status, spent, reserved = await self.gov.run(
                     "reserve", self._keys(provider), [limit, amount, rid, self._lease[provider]])
                 if int(status) == 1:
                     return SharedReservation(local, provider, rid)
                 if int(status) == -1:
+                    if not waited and self.gov.resettling():  # the server just came back: its give-backs first
+                        waited = True
+                        await self.gov.settle_kept()
+                        continue
                     raise BudgetExhausted(f"provider {provider} (shared)", limit, float(spent), amount)
                 if time.monotonic() - since > self.notice_s and provider not in self._noticed:
                     # Silent, a wait on a killed process's reservation looked like a hang.
