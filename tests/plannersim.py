@@ -22,14 +22,22 @@ SERVED = {
 PLANNER_PRICE = {"input_per_mtok": 3.0, "output_per_mtok": 6.0}
 
 
-def start(directory: Path):
+def start(directory: Path, served: dict | None = None, env: dict | None = None):
     from conductor.sim import start_sim
 
     server_pool = directory / "server.yaml"
     server_pool.write_text(yaml.safe_dump({"workers": [
         {"id": name, "kind": "planner" if spec.get("role") == "planner" else "llm", "model": f"openai/{name}",
-         "simulate": spec} for name, spec in SERVED.items()]}))
-    return start_sim(server_pool, [SAMPLE])
+         "simulate": spec} for name, spec in (SERVED if served is None else served).items()]}))
+    return start_sim(server_pool, [SAMPLE], env=env)
+
+
+def start_keyed(directory: Path, key_env: str, right_key: str):
+    """A server whose planner model demands the key in `key_env` (a wrong one is answered 401 over
+    HTTP, as a hosted provider answers it); no re-planner."""
+    served = {name: spec for name, spec in SERVED.items() if name != "sim-replanner"}
+    served["sim-planner"] = {**SERVED["sim-planner"], "require_key_env": key_env}
+    return start(directory, served, env={key_env: right_key})
 
 
 def planner_worker(url: str, model: str = "sim-planner", wid: str = "conductor", provider: str = "sim",

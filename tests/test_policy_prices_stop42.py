@@ -73,10 +73,15 @@ def test_runs_whose_costs_were_paid_at_the_same_prices_do_not_disagree(logged, t
     assert "weak: $1/$2 in run(s) first, again, $100/$200 in --pool" in r.stderr
     assert _prices(logged, tmp_path / "p")["weak"] == [pytest.approx(1e-6), pytest.approx(2e-6)]
     # Without a price change, a run served from the cache records its pool's prices exactly, quietly.
-    r = _train(logged, tmp_path / "q", logged["pool"], "first", "same")
+    _trained_quietly_at_pool_prices(logged, tmp_path / "q", "first", "same")
+
+
+def _trained_quietly_at_pool_prices(runs: dict, out, *run_ids: str) -> None:
+    """Training on `run_ids` under their own pool says nothing of prices and records the pool's."""
+    r = _train(runs, out, runs["pool"], *run_ids)
     assert r.returncode == 0, r.stderr
     assert "response cache" not in r.stderr and "paid at other prices" not in r.stderr
-    assert _prices(logged, tmp_path / "q") == artifact.prices(load_pool(logged["pool"]))
+    assert _prices(runs, out) == artifact.prices(load_pool(runs["pool"]))
 
 
 def test_a_run_partly_served_from_the_cache_names_both_prices(logged, tmp_path):
@@ -166,10 +171,7 @@ def test_answers_first_bought_through_batch_record_the_list_price_as_fresh_batch
     r = _train(batched, tmp_path / "q", batched["pool"], "b1", "b2")
     assert r.returncode == 0, r.stderr
     assert "paid at other prices" not in r.stderr, r.stderr
-    r = _train(batched, tmp_path / "s", batched["pool"], "b1", "o2")
-    assert r.returncode == 0, r.stderr
-    assert "response cache" not in r.stderr and "paid at other prices" not in r.stderr
-    assert _prices(batched, tmp_path / "s") == artifact.prices(load_pool(batched["pool"]))
+    _trained_quietly_at_pool_prices(batched, tmp_path / "s", "b1", "o2")
 
 
 def test_cache_served_answers_bought_online_and_through_batch_at_one_old_price_read_as_that_price(batched, tmp_path):

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-import yaml
 
 from tests.conftest import cli, run_cli, write_pool
-from tests.plannersim import SERVED, math_queries, pool_file
+from tests.plannersim import math_queries, pool_file, start_keyed
 
 KEY_ENV = "PLANNER_KEY_39"  # the variable's NAME; its values below must never be shown
 RIGHT_KEY, WRONG_KEY = "sk-right-39-a1b2c3d4e5f6a7b8c9d0", "sk-wrong-39-f0e9d8c7b6a5f4e3d2c1"
@@ -102,15 +101,7 @@ def test_a_cache_damaged_deep_inside_is_named_the_run_is_marked_failed_and_the_r
 def keyed(tmp_path_factory):
     """A simulated server whose planner model demands a key (read once, at its start): a wrong key
     is answered 401 over HTTP, as a hosted provider answers it. The session's servers demand none."""
-    from conductor.sim import start_sim
-    from tests.conftest import SAMPLE
-
-    d = tmp_path_factory.mktemp("keyed")
-    served = {**SERVED, "sim-planner": {**SERVED["sim-planner"], "require_key_env": KEY_ENV}}
-    (d / "server.yaml").write_text(yaml.safe_dump({"workers": [
-        {"id": name, "kind": "planner" if spec.get("role") == "planner" else "llm", "model": f"openai/{name}",
-         "simulate": spec} for name, spec in served.items() if name != "sim-replanner"]}))
-    with start_sim(d / "server.yaml", [SAMPLE], env={KEY_ENV: RIGHT_KEY}) as handle:
+    with start_keyed(tmp_path_factory.mktemp("keyed"), KEY_ENV, RIGHT_KEY) as handle:
         yield handle
 
 

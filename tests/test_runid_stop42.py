@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, run_cli
-from tests.plannersim import SERVED, math_queries, pool_file
+from tests.plannersim import math_queries, pool_file, start_keyed
 
 KEY_ENV, OTHER_ENV = "PLANNER_KEY_42", "PLANNER_KEY_42B"  # variables' NAMES; their values are never shown
 RIGHT_KEY, WRONG_KEY = "sk-right-42-a1b2c3d4e5f6a7b8c9d0", "sk-wrong-42-f0e9d8c7b6a5f4e3d2c1"
@@ -120,15 +120,7 @@ def test_a_refusal_for_other_inputs_does_not_blame_these_options(tmp_path):
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
     """A simulated server whose planner model demands a key: a wrong one is answered 401."""
-    from conductor.sim import start_sim
-    from tests.conftest import SAMPLE
-
-    d = tmp_path_factory.mktemp("keyed42")
-    served = {**SERVED, "sim-planner": {**SERVED["sim-planner"], "require_key_env": KEY_ENV}}
-    (d / "server.yaml").write_text(yaml.safe_dump({"workers": [
-        {"id": name, "kind": "planner" if spec.get("role") == "planner" else "llm", "model": f"openai/{name}",
-         "simulate": spec} for name, spec in served.items() if name != "sim-replanner"]}))
-    with start_sim(d / "server.yaml", [SAMPLE], env={KEY_ENV: RIGHT_KEY}) as handle:
+    with start_keyed(tmp_path_factory.mktemp("keyed42"), KEY_ENV, RIGHT_KEY) as handle:
         yield handle
 
 

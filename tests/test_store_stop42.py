@@ -100,20 +100,15 @@ def work_deleted(here):
     here.manifest_path.write_bytes(orjson.dumps({"run_id": "gone", "status": "failed", DELETED: {"sim": 0.25}}))
 
 
-@pytest.mark.parametrize("crash", ["none", "after the manifest", "before the manifest"])
-def test_a_deleted_journal_is_counted_once_by_a_resume_elsewhere_whenever_its_upload_stops(
-        tmp_path, s3, monkeypatch, crash):
-    """Its upload is two steps (the manifest that counts the deleted journal, and the journal's
-    deletion from the store); a process killed between them must leave the $0.25 counted once."""
+class Killed(BaseException):
+    """The process, killed mid-upload."""
+
+
+def upload_killed(store, here, monkeypatch, crash: str) -> None:
+    """Push `here`, the process killed `crash`: "before the manifest" (its put), "after the manifest"
+    (before the store's copy of the deleted journal is deleted), or "none" (the push ends)."""
     from conductor.execute.shared.objects import ObjectStore
 
-    class Killed(BaseException):
-        pass
-
-    store = ObjectStore("s3://conductor-test/crash")
-    here = journaled(tmp_path / "a")
-    store.push_run(here)
-    work_deleted(here)
     put = ObjectStore.put
 
     def put_or_die(self, local, *rel):
@@ -127,13 +122,27 @@ def test_a_deleted_journal_is_counted_once_by_a_resume_elsewhere_whenever_its_up
     with monkeypatch.context() as m:
         if crash == "before the manifest":
             m.setattr(ObjectStore, "put", put_or_die)
-        if crash == "after the manifest":  # before the store's copy of the journal is deleted
-            m.setattr(ObjectStore, "_drop_work", die, raising=False)
+        if crash == "after the manifest":
+            m.setattr(ObjectStore, "_drop_work", die)
         if crash == "none":
             store.push_run(here)
         else:
             with pytest.raises(Killed):
                 store.push_run(here)
+
+
+@pytest.mark.parametrize("crash", ["none", "after the manifest", "before the manifest"])
+def test_a_deleted_journal_is_counted_once_by_a_resume_elsewhere_whenever_its_upload_stops(
+        tmp_path, s3, monkeypatch, crash):
+    """Its upload is two steps (the manifest that counts the deleted journal, and the journal's
+    deletion from the store); a process killed between them must leave the $0.25 counted once."""
+    from conductor.execute.shared.objects import ObjectStore
+
+    store = ObjectStore("s3://conductor-test/crash")
+    here = journaled(tmp_path / "a")
+    store.push_run(here)
+    work_deleted(here)
+    upload_killed(store, here, monkeypatch, crash)
     there = run_dir(tmp_path / "b")
     assert ObjectStore("s3://conductor-test/crash").pull_run(there)
     assert counted(there) == pytest.approx(0.25)
@@ -159,30 +168,11 @@ def test_a_rerun_here_after_a_killed_upload_keeps_its_journal_for_a_resume_elsew
     journal, uploaded; a resume elsewhere must count $0.75, not find the new journal deleted as stale."""
     from conductor.execute.shared.objects import ObjectStore
 
-    class Killed(BaseException):
-        pass
-
     store = ObjectStore("s3://conductor-test/rerun")
     here = journaled(tmp_path / "a")
     store.push_run(here)
     work_deleted(here)
-    put = ObjectStore.put
-
-    def put_or_die(self, local, *rel):
-        if rel[-1] == "manifest.json":
-            raise Killed
-        put(self, local, *rel)
-
-    def die(self, *args):
-        raise Killed
-
-    with monkeypatch.context() as m:
-        if crash == "before the manifest":
-            m.setattr(ObjectStore, "put", put_or_die)
-        else:
-            m.setattr(ObjectStore, "_drop_work", die)
-        with pytest.raises(Killed):
-            store.push_run(here)
+    upload_killed(store, here, monkeypatch, crash)
     rerun_journal(here)
     ObjectStore("s3://conductor-test/rerun").push_run(here)  # a new process, as a rerun is
     there = run_dir(tmp_path / "b")
