@@ -417,10 +417,6 @@ def _parse_three_lists(text: str) -> list[dict] | None:
                 break
         found[key] = value
     conditions = found.pop("conditions")
-    for name in _CONDITION_ALIASES if conditions is None else ():
-        if (got := _last_assignment(text, name, outside=spans)) is not None:
-            conditions = got[0]
-            break
     if all(v is None for v in found.values()):
         return None
     missing = [k for k, v in found.items() if v is None]
@@ -433,6 +429,8 @@ def _parse_three_lists(text: str) -> list[dict] | None:
     if not (len(models) == len(subtasks) == len(access)):
         raise PlanError(f"list lengths differ: model_id has {len(models)}, subtasks {len(subtasks)}, access_list {len(access)}")
     if conditions is None:
+        conditions = _aliased_conditions(text, spans, len(models))
+    if conditions is None:
         conditions = [None] * len(models)
     if not isinstance(conditions, list):
         raise PlanError("conditions must be a list")
@@ -440,6 +438,20 @@ def _parse_three_lists(text: str) -> list[dict] | None:
         raise PlanError(f"list lengths differ: model_id has {len(models)}, conditions {len(conditions)}")
     return [{"worker": m, "instruction": s, "access": a, "when": c}
             for m, s, a, c in zip(models, subtasks, access, conditions)]
+
+
+def _aliased_conditions(text: str, spans: list[tuple[int, int]], steps: int) -> list | None:
+    """A list named as the JSON key (`when = [...]`) outside the plan's other lists, read as its
+    conditions when it is one: a list of one entry per step. Anything else of that name (code, prose)
+    is not part of the plan."""
+    for name in _CONDITION_ALIASES:
+        try:
+            got = _last_assignment(text, name, outside=spans)
+        except PlanError:
+            continue
+        if got is not None and isinstance(got[0], list) and len(got[0]) == steps:
+            return got[0]
+    return None
 
 
 def _last_assignment(text: str, name: str,

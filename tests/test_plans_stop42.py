@@ -74,3 +74,10 @@ def test_an_untrusted_reply_full_of_lists_is_refused_or_read():
         with pytest.raises(PlanError, match="conditions"):
             parse_plan(text, POOL)
     assert parse_plan(JSON + "\n" + "models: [ access: [ " * 5_000, POOL).workers == ["small"]
+
+
+def test_a_when_or_condition_that_is_no_conditions_list_is_prose():
+    """review42c 2: quoted code (`condition = [x > 0 for x in xs]`) or prose (`condition: [see below`)
+    of that name refused a good plan."""
+    for extra in ("condition = [x > 0 for x in xs]", "condition: [see below", "when = [1, 2]"):
+        assert parse_plan(f"{extra}\n{LISTS}", POOL).workers == ["small", "small", "big"], extra
