@@ -1139,7 +1139,9 @@ def _timing_interrupts(run: Run, t0: float, started: str, store=None) -> Iterato
                     else m.get("status") == FAILED and str(m.get("failed_at") or "") >= started):
                 m[INTERRUPTED_TIME] = round((m.get(INTERRUPTED_TIME) or 0.0) + time.monotonic() - t0, 3)
                 run.dir.write_manifest(m)
-                if store is not None:  # the whole push: it settles a journal deleted mid-run before the manifest
+                # The whole push (it settles a journal deleted mid-run before the manifest), unless another
+                # process took the run over: the store's objects are then its own.
+                if store is not None and (run.lease is None or run.lease.lost is None):
                     store.push_run(run.dir)
         raise
 
