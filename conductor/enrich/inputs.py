@@ -350,10 +350,9 @@ def _json_problem(f: Path) -> str | None:
 def _json_problem_of(name: str, mtime_ns: int, size: int) -> str | None:
     f = Path(name)
     try:
-        data = f.read_bytes()
-        if _json_array(f):
+        if _json_array(f):  # one document: polars reads it whole too
             try:
-                items = json.loads(data, object_pairs_hook=_no_repeats)
+                items = json.loads(f.read_bytes(), object_pairs_hook=_no_repeats)
             except _Repeated as r:
                 return (f"an object of its array gives the key {r.key!r} twice (which value is meant is "
                         f"unclear); keep one")
@@ -367,19 +366,20 @@ def _json_problem_of(name: str, mtime_ns: int, size: int) -> str | None:
                         return f"item {n} of its array is not a JSON object (it holds {_json_kind(o)})"
             return None
         rows = 0
-        for n, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            rows += 1
-            try:
-                o = json.loads(line, object_pairs_hook=_no_repeats)
-            except _Repeated as r:
-                return f"line {n} gives the key {r.key!r} twice (which value is meant is unclear); keep one"
-            except ValueError:  # not JSON: polars refuses the file, and `_bad_line` names this line
-                continue
-            if not isinstance(o, dict):
-                return (f"line {n} is not a JSON object (it holds {_json_kind(o)}); each line of a JSON Lines "
-                        f"file is one object, such as {{\"id\": 1, \"text\": \"...\"}}")
+        with open(f, "rb") as lines:  # line by line: a file of millions of rows is never held whole
+            for n, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                rows += 1
+                try:
+                    o = json.loads(line, object_pairs_hook=_no_repeats)
+                except _Repeated as r:
+                    return f"line {n} gives the key {r.key!r} twice (which value is meant is unclear); keep one"
+                except ValueError:  # not JSON: polars refuses the file, and `_bad_line` names this line
+                    continue
+                if not isinstance(o, dict):
+                    return (f"line {n} is not a JSON object (it holds {_json_kind(o)}); each line of a JSON "
+                            f"Lines file is one object, such as {{\"id\": 1, \"text\": \"...\"}}")
     except (OSError, RecursionError):
         return None
     return None if rows else "has no rows"
