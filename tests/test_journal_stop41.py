@@ -20,14 +20,16 @@ BUDGET = "5"
 
 @pytest.fixture(scope="module")
 def retried(tmp_path_factory, sample_queries, sim):
-    """A finished run on a server that answers 40% of requests with a 5xx: steps retried, then answered."""
+    """A finished run on a server that answers 40% of requests with a 5xx: steps retried, then answered.
+    24 steps, so that none retried is a chance of 0.6**24 (with 12, one fresh clone's run drew it), and
+    20 attempts, so that a step failing for good is one of 0.4**20."""
     sim.clear_faults()
     sim.set_faults("flaky", error_rate=0.4)
     try:
         d = tmp_path_factory.mktemp("retried")
-        pool = write_pool(d / "pool.yaml", sim.url, providers={"sim": {"max_concurrency": 8, "max_attempts": 10}},
+        pool = write_pool(d / "pool.yaml", sim.url, providers={"sim": {"max_concurrency": 8, "max_attempts": 20}},
                           workers=[worker("flaky", sim.url)])
-        args = ["run", first_queries(tmp_path_factory, sample_queries, 12), "--pool", pool, "--no-cache",
+        args = ["run", first_queries(tmp_path_factory, sample_queries, 24), "--pool", pool, "--no-cache",
                 "--budget", BUDGET, "--quiet"]
         r = run_cli(*args, "--data-dir", d / "data")
         assert r.returncode == 0, r.stderr
