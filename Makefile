@@ -61,4 +61,4 @@ sim: setup
 	$(BIN)/conductor sim --pool data/pools/sim.yaml --queries data/queries --port $(SIM_PORT)
 
 clean-runs:
-	rm -rf data/runs data/conductor.duckdb data/cache.sqlite
+	rm -rf data/runs data/conductor.duckdb data/.conductor.duckdb.views data/cache.sqlite
