@@ -104,7 +104,8 @@ class ObjectStore:
             kw["region"] = region
         self.fs = pafs.S3FileSystem(**kw)
         self._pafs = pafs
-        self._parts_sent: set[tuple[str, str]] = set()  # (run id, plan part) uploaded by this process
+        # (run id, plan part) -> (inode, size, mtime_ns) of the local file this process uploaded
+        self._parts_sent: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._settled: dict[str, dict] = {}  # run id -> the deleted-work record the store's manifest carries
 
     def path(self, *rel: str) -> str:
@@ -125,8 +126,12 @@ class ObjectStore:
                                  f"cannot see it); create it, or fix the name, then rerun the same command "
                                  f"(conductor creates no bucket)")
 
-    def put(self, local: Path, *rel: str) -> None:
-        """One object, whole or not at all (the upload completes on close)."""
+    def put(self, local: Path | bytes, *rel: str) -> None:
+        """One object, from a local file or bytes, whole or not at all (the upload completes on close)."""
+        if isinstance(local, bytes):
+            with self.fs.open_output_stream(self.path(*rel)) as out:
+                out.write(local)
+            return
         with open(local, "rb") as src, self.fs.open_output_stream(self.path(*rel)) as out:
             while chunk := src.read(8 << 20):
                 out.write(chunk)
@@ -154,29 +159,37 @@ class ObjectStore:
             raise StorageError(f"store {self.url}: cannot {what} ({e}); check AWS_ENDPOINT_URL, the credentials "
                                f"and the network, then rerun the same command: finished work is kept") from None
 
-    def push_run(self, run_dir, work: bool = True) -> None:
-        """The run's tables and manifest (and its journal) to the store. Tables first, manifest
-        last: a reader that sees the manifest's status sees the tables it names."""
+    def push_run(self, run_dir) -> None:
+        """The run's journal, then its tables, then its manifest to the store: a reader that sees
+        the manifest's status sees the tables it names. Always the whole push:
+        a push of the tables alone would upload a manifest counting a deleted journal without
+        deleting the store's copy of it (_settle_deleted_work), which a resume elsewhere counted
+        twice."""
         with self._reaching(f"upload run {run_dir.run_id}"):
-            self._push_run(run_dir, work)
+            self._push_run(run_dir)
 
-    def _push_run(self, run_dir, work: bool) -> None:
+    def _push_run(self, run_dir) -> None:
         self.check_bucket()
-        if work and (covers := _deleted_work_spend(run_dir)) is not None:
-            self._settle_deleted_work(run_dir, covers)  # before any work/ goes up
-        if work and run_dir.work.exists():
+        # The manifest is read once, here: the one uploaded last is the one whose record of a deleted
+        # journal this push settled. Read again at the end, a record written meanwhile (the work folder
+        # deleted during a long upload) went up unsettled, the stale journal stayed, and the next push,
+        # finding the store's record equal to its own, took the run as settled: counted twice elsewhere.
+        manifest = _read_local(run_dir.manifest_path)
+        if (covers := _deleted_work_spend(manifest)) is not None:
+            self._settle_deleted_work(run_dir, covers, manifest)  # before any work/ goes up
+        if run_dir.work.exists():
             self._push_work(run_dir)
-        self._push_tables(run_dir)
+        self._push_tables(run_dir, manifest)
 
-    def _push_tables(self, run_dir) -> None:
+    def _push_tables(self, run_dir, manifest: bytes | None) -> None:
         for name in TABLE_FILES[1:]:
             f = run_dir.path / name
             if f.exists():
                 self.put(f, "runs", run_dir.run_id, name)
-        if run_dir.manifest_path.exists():
-            self.put(run_dir.manifest_path, "runs", run_dir.run_id, "manifest.json")
+        if manifest is not None:
+            self.put(manifest, "runs", run_dir.run_id, "manifest.json")
 
-    def _settle_deleted_work(self, run_dir, covers: dict) -> None:
+    def _settle_deleted_work(self, run_dir, covers: dict, manifest: bytes) -> None:
         """The local manifest counts a journal deleted mid-run (`covers`, runner.DELETED_WORK_SPEND), so the
         store's copy of it must go, and only it: a resume elsewhere fetched it and counted its money twice.
         Work/ is uploaded only once the store's manifest carries the local record: while it does not, the
@@ -203,7 +216,7 @@ class ObjectStore:
             objects = self._work_objects(rid)
             if objects:
                 self._put_json({DELETED_WORK_SPEND_KEY: covers, "objects": objects}, "runs", rid, STALE_WORK)
-            self._push_tables(run_dir)
+            self._push_tables(run_dir, manifest)
             if objects:
                 self._drop_work(rid, objects)
         self._settled[rid] = covers
@@ -223,7 +236,12 @@ class ObjectStore:
 
     def _work_objects(self, rid: str) -> list[list]:
         """[path under runs/<rid>, size, mtime_ns] of each object of the store's work/: the exact
-        objects a marker covers (an object written again later differs, and is kept)."""
+        objects a marker covers (an object written again later differs, and is kept). S3 gives whole
+        seconds and pyarrow no ETag, so a same-size object written in the same second would match;
+        none is: every push under the record and every fetch finishes a pending marker before it
+        touches work/. The one exception, a push from a folder whose manifest never held the record
+        (an older copy of the run elsewhere), replaces the store's manifest and journal anyway, and
+        comes a lease lapse (ttl > 1 s) after the marker's writer unless that process released it."""
         sel = self._pafs.FileSelector(self.path("runs", rid, "work"), recursive=True, allow_not_found=True)
         cut = len(self.path("runs", rid)) + 1
         return sorted([i.path[cut:], i.size, i.mtime_ns] for i in self.fs.get_file_info(sel)
@@ -261,7 +279,7 @@ class ObjectStore:
         for path, size, mtime in self._work_objects(rid):
             if (path, size, mtime) in named:
                 self.fs.delete_file(self.path("runs", rid, path))
-                self._parts_sent.discard((rid, path.rsplit("/", 1)[-1]))
+                self._parts_sent.pop((rid, path.rsplit("/", 1)[-1]), None)
         self.fs.delete_file(self.path("runs", rid, STALE_WORK))
 
     def _push_work(self, run_dir) -> None:
@@ -284,13 +302,21 @@ class ObjectStore:
                 self.put(copy, "runs", rid, "work", "responses.sqlite")
 
     def _push_plan_parts(self, run_dir) -> None:
-        """Each plan part once (a part never changes): a planning node lost midway (a GPU
-        preempted after an hour of planning) resumes elsewhere from the parts it wrote."""
+        """Each plan part once while its file stays the same: a planning node lost midway (a GPU
+        preempted after an hour of planning) resumes elsewhere from the parts it wrote. A part
+        set aside (damaged, another run's) and planned again gets the same name in a new file
+        (a new inode: parts are written under a temporary name, then renamed): sent once by
+        name, the store kept the bad one, and a resume elsewhere planned those queries again."""
         folder = run_dir.work / PLAN_PARTS
         for f in sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []:
-            if (run_dir.run_id, f.name) not in self._parts_sent:
+            try:
+                st = f.stat()
+            except FileNotFoundError:  # set aside meanwhile
+                continue
+            key, ident = (run_dir.run_id, f.name), (st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._parts_sent.get(key) != ident:
                 self.put(f, "runs", run_dir.run_id, "work", PLAN_PARTS, f.name)
-                self._parts_sent.add((run_dir.run_id, f.name))
+                self._parts_sent[key] = ident
 
     def _pull_plan_parts(self, run_dir) -> None:
         sel = self._pafs.FileSelector(self.path("runs", run_dir.run_id, "work", PLAN_PARTS), allow_not_found=True)
@@ -547,13 +573,21 @@ class RunLease:
             f"{self._taker()} took the run over; the store's copy of the run is that process's") from None
 
 
-def _deleted_work_spend(run_dir) -> dict | None:
+def _read_local(path: Path) -> bytes | None:
+    """A local file's bytes (None: there is none). The manifest is replaced whole (store.write_atomic)."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _deleted_work_spend(manifest: bytes | None) -> dict | None:
     """The local manifest's record of what a journal deleted mid-run paid (None: it has none)."""
     import orjson
 
     try:
-        manifest = orjson.loads(run_dir.manifest_path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+        manifest = orjson.loads(manifest) if manifest is not None else None
+    except orjson.JSONDecodeError:
         return None
     return (manifest.get(DELETED_WORK_SPEND_KEY) or None) if isinstance(manifest, dict) else None
 
