@@ -122,10 +122,13 @@ def parse_plan(text: str, pool: Pool, max_steps: int = DEFAULT_MAX_STEPS) -> Pla
     if not isinstance(text, str) or not text.strip():
         raise PlanError("empty planner output")
     try:
-        raw = _last_plan(text)
+        raw, after_json = _last_plan(text)
         if raw is None:
             raise PlanError("no plan found: expected JSON with 'steps' or the lists model_id, subtasks, access_list")
-        return validate_plan(raw, pool, max_steps)
+        try:
+            return validate_plan(raw, pool, max_steps)
+        except PlanError as e:
+            raise (PlanError(f"{AFTER_JSON}: {e}") if after_json else e) from None
     except PlanError:
         raise
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
@@ -304,23 +307,31 @@ def _resolve_access(acc: Any, i: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _last_plan(text: str) -> Any:
-    """The reply's last plan, whatever its format: a three-list plan written after a JSON plan is
-    read (a model may draft in one format and answer in the other). Lists that are not a whole
-    plan (model_id, subtasks and access_list) after a JSON plan, or inside it, leave it the plan."""
+# What a reply's error begins with when its last plan, three lists, came after a JSON plan: the
+# user reading the reply sees a JSON plan and learns why that one did not run.
+AFTER_JSON = "the three-list plan after the JSON plan (the reply's last plan, the one read)"
+
+
+def _last_plan(text: str) -> tuple[Any, bool]:
+    """The reply's last plan, whatever its format, and whether it is three lists after a JSON plan.
+    A model may draft in one format and answer in the other: its answer is the last plan, so three
+    lists (model_id, subtasks and access_list) after a JSON plan are the plan, and if they are broken
+    the reply is, as a final JSON plan that is broken is (the draft before it is not run in its
+    place: a trace would show a plan the model did not give as its answer). Lists that are not all
+    three (prose, a partial recap), or lists inside the JSON plan, leave it the plan."""
     found = _parse_json(text)
     if found is None:
-        return _parse_three_lists(text)
+        return _parse_three_lists(text), False
     data, (_, end) = found
     if "[" not in text[end:]:  # the common reply: nothing after its JSON plan could be a list
-        return data
+        return data, False
     starts = _list_starts(text)
     if all(k in starts for k in _REQUIRED_LISTS) and min(starts.values()) >= end:
         try:
-            return _parse_three_lists(text) or data
-        except PlanError:  # lists that are no plan (a recap): the JSON plan stands
-            return data
-    return data
+            return _parse_three_lists(text), True
+        except PlanError as e:
+            raise PlanError(f"{AFTER_JSON}: {e}") from None
+    return data, False
 
 
 def _parse_json(text: str) -> tuple[Any, tuple[int, int]] | None:
@@ -468,25 +479,24 @@ def _last_assignment(text: str, name: str,
 
 
 def _balanced(text: str, start: int) -> str | None:
-    depth, quote, escape = 0, None, False
-    for j in range(start, len(text)):
-        ch = text[j]
-        if quote:
-            if escape:
-                escape = False
-            elif ch == "\\":
-                escape = True
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "[":
+    """The list that opens at text[start], to its closing bracket, or None when it is not closed.
+    Brackets inside quotes do not count; a quote not closed runs to the end of the text."""
+    depth = 0
+    for m in _BRACKET_OR_STRING.finditer(text, start):
+        ch = m.group()
+        if ch == "[":
             depth += 1
         elif ch == "]":
             depth -= 1
             if depth == 0:
-                return text[start: j + 1]
+                return text[start: m.end()]
+        elif len(ch) == 1:  # a quote that no later quote closes
+            return None
     return None
+
+
+# A bracket, a quoted string (a backslash escapes the next character), or a lone quote.
+_BRACKET_OR_STRING = re.compile(r"""[\[\]]|"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|["']""", re.S)
 
 
 def _literal(src: str, name: str) -> Any:
@@ -494,22 +504,34 @@ def _literal(src: str, name: str) -> Any:
         return json.loads(src, strict=False, parse_int=_json_int)
     except (ValueError, RecursionError):
         pass
-    # Model text may hold raw newlines inside quotes; Python literals reject those. A conditions list
-    # may mix JSON's null with Python's None (`[None, null, "disagree(0, 1)"]`); only a list short
-    # enough to be one is rewritten (the rewrite tokenizes it: an untrusted reply stays cheap to read).
-    escaped = src.replace("\n", "\\n").replace("\r", "")
-    mixed = name in (*_LIST_NAMES["conditions"], *_CONDITION_ALIASES) and len(src) <= _MAX_CONDITIONS_CHARS and _has_json_names(src)
-    rewrites = (lambda: _python_names(src), lambda: _python_names(escaped)) if mixed else ()
-    for make in (lambda: src, lambda: escaped, *rewrites):
+    # Model text may hold raw newlines inside quotes; Python literals reject those, so the text is
+    # tried again with them escaped (only when it has any). A conditions list may mix JSON's null
+    # with Python's None (`[None, null, "disagree(0, 1)"]`): it is read with JSON's names written
+    # as Python's, in one linear pass, at any length; a list that reads as written reads the same so.
+    conditions = name in (*_LIST_NAMES["conditions"], *_CONDITION_ALIASES)
+    tries = [src]
+    if "\n" in src or "\r" in src:
+        tries.append(src.replace("\n", "\\n").replace("\r", ""))
+    for text in tries:
         try:
-            return _python_literal(make())
+            return _python_literal(_python_names(text) if conditions and _has_json_names(text) else text)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             pass
     raise PlanError(f"{name}: not a valid list literal")
 
 
 _JSON_NAMES = {"null": "None", "true": "True", "false": "False"}
-_MAX_CONDITIONS_CHARS = 4_000  # 20 steps' conditions (a model planner's most) take under 1,000
+# What in Python text can hold or hide a name: a string (triple-quoted first; a one-line string ends
+# at its line, as Python's does), a comment, or the name itself. A quote that opens no whole string
+# matches `open`, where the rewrite stops: Python cannot read that text either. Each alternative
+# starts with its own character and each string scan runs once, so the pass is linear.
+_NAME_SCAN = re.compile(r"""
+    "{3}(?:[^"\\]|\\.|"(?!""))*"{3} | '{3}(?:[^'\\]|\\.|'(?!''))*'{3}
+  | "(?:[^"\\\r\n]|\\.)*" | '(?:[^'\\\r\n]|\\.)*'
+  | (?P<open>"{3}|'{3}|["'])
+  | \#[^\r\n]*
+  | (?<!\w)(?P<name>null|true|false)(?!\w)
+""", re.S | re.X)
 
 
 def _has_json_names(src: str) -> bool:
@@ -517,22 +539,15 @@ def _has_json_names(src: str) -> bool:
 
 
 def _python_names(src: str) -> str:
-    """src with JSON's null, true and false outside strings written as Python's None, True, False."""
-    starts = [0]  # offset of each line's start, as tokenize numbers lines from 1
-    for line in io.StringIO(src).readlines():
-        starts.append(starts[-1] + len(line))
-    spans = []
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-            if tok.type == tokenize.NAME and tok.string in _JSON_NAMES:
-                start = starts[tok.start[0] - 1] + tok.start[1]
-                spans.append((start, start + len(tok.string), _JSON_NAMES[tok.string]))
-    except (tokenize.TokenError, SyntaxError):
-        return src
+    """src with JSON's null, true and false outside strings and comments written as Python's None,
+    True, False; src itself when a string in it is not closed."""
     pieces, at = [], 0
-    for start, end, text in spans:
-        pieces += [src[at:start], text]
-        at = end
+    for m in _NAME_SCAN.finditer(src):
+        if m.group("open"):
+            return src
+        if name := m.group("name"):
+            pieces += [src[at:m.start()], _JSON_NAMES[name]]
+            at = m.end()
     return "".join(pieces) + src[at:]
 
 

@@ -4,8 +4,8 @@
   instead of being ignored so that the escalation runs on every query; other lines that hold a
   list of one entry per step (the question's code, a draft) are prose, as before;
 - a conditions list may mix Python's None and JSON's null, as the README's "also null" invites;
-- the last plan in a reply is read whatever its format: a three-list plan after a JSON draft,
-  unless what follows is no plan (a recap), which leaves the JSON plan read."""
+- the last plan in a reply is read whatever its format: a three-list plan after a JSON draft
+  (all three lists; fewer leave the JSON plan read), which is the reply's error when broken."""
 
 from __future__ import annotations
 
@@ -60,10 +60,12 @@ def test_a_three_list_plan_after_a_json_plan_is_the_one_read():
     # the JSON plan stays the plan when it comes last, or when what follows is not a whole three-list plan
     assert parse_plan(f"{LISTS}\n{JSON}", POOL).workers == ["small"]
     assert parse_plan(f"{JSON}\nmodels: [1, 2]", POOL).workers == ["small"]
-    # a recap after the JSON plan that is no plan leaves the JSON plan read
-    assert parse_plan(f"{JSON}\n{LISTS.replace('[[], [], []]', '[[], []]')}", POOL).workers == ["small"]
-    assert parse_plan(f"{JSON}\n- models: [small]\n- instructions: [solve]\n- access: [[]]", POOL).workers \
-        == ["small"]
+    # all three lists after the JSON plan are the reply's last plan: broken, they are the reply's error
+    # (review42c 5: the JSON draft ran in their place, with no word of it)
+    with pytest.raises(PlanError, match=r"^the three-list plan after the JSON plan \(.*\): list lengths differ"):
+        parse_plan(f"{JSON}\n{LISTS.replace('[[], [], []]', '[[], []]')}", POOL)
+    with pytest.raises(PlanError, match=r"^the three-list plan after the JSON plan \(.*\): models: not a valid list"):
+        parse_plan(f"{JSON}\n- models: [small]\n- instructions: [solve]\n- access: [[]]", POOL)
 
 
 def test_an_untrusted_reply_full_of_lists_is_refused_or_read():
