@@ -96,6 +96,28 @@ def columns(path: Path) -> list[str]:
         raise _unreadable(path, input_files(path), e, "cannot read its columns") from None
 
 
+def values_outside(path: Path, column: str, allowed: tuple[str, ...]) -> str | None:
+    """What a text column holds besides nulls and `allowed`, for a message ("holds 'Million', 'm'",
+    "holds Int64 values"); None when it holds nothing else. Reads that column's distinct values
+    only, so a job can refuse a value its scorer would misread before any call."""
+    try:
+        s = scan(path).select(pl.col(column)).unique().collect().to_series()
+    except InputError:
+        raise
+    except Exception as e:
+        raise _unreadable(path, input_files(path), e, f"cannot read column {column!r}") from None
+    if s.dtype == pl.Null:
+        return None
+    if isinstance(s.dtype, (pl.Categorical, pl.Enum)):
+        s = s.cast(pl.String)
+    if s.dtype != pl.String:
+        return f"holds {s.dtype} values"
+    odd = sorted(v for v in s.drop_nulls().to_list() if v not in allowed)
+    if not odd:
+        return None
+    return "holds " + ", ".join(map(repr, odd[:5])) + (f" and {len(odd) - 5} more" if len(odd) > 5 else "")
+
+
 def read(path: Path) -> pl.DataFrame:
     """The table, with the `as_written` values of a JSON input's columns, or of a Parquet
     folder's integers read as decimals, beside them."""

@@ -26,6 +26,7 @@ import orjson
 from conductor.enrich import inputs
 from conductor.fields import ITEM_TYPES, TYPES, Field, object_schema
 from conductor.enrich.marks import Located, load_located
+from conductor.enrich.score import SCALES
 from conductor.errors import ConductorError, InputError
 from conductor.plans import MAX_STEPS
 from conductor.yamlkeys import shown_value
@@ -149,6 +150,7 @@ def load_job(path: str | Path) -> Job:
     if not isinstance(join_raw, list):
         raise doc.error(("input", "join"), "must be a list of {path, on}")
     all_cols = list(cols)
+    source = dict.fromkeys(cols, input_path)  # the file each column is read from (the input's own first)
     text_cols = set(cols) if inputs.is_csv(input_path) else set()  # CSV is read as written: text
     for i, j in enumerate(join_raw):
         at = ("input", "join", i)
@@ -165,6 +167,7 @@ def load_job(path: str | Path) -> Job:
                 raise doc.error(at + ("on",), f"join column {on!r} is not in {where} (columns: {', '.join(have)})")
         if inputs.is_csv(jpath):
             text_cols |= {c for c in jcols if c not in all_cols}
+        source.update({c: jpath for c in jcols if c not in source})
         all_cols += [c for c in jcols if c not in all_cols]
         joins.append(Join(jpath, on))
     carry = inp.get("carry") or []
@@ -186,7 +189,7 @@ def load_job(path: str | Path) -> Job:
                                      "remove the `fields` key for a plain-text job")
     fields = _fields(doc, raw.get("fields"), ("fields",))
     _check_column_names(doc, id_column, carry, fields)
-    references = _references(doc, raw.get("references"), fields, all_cols)
+    references = _references(doc, raw.get("references"), fields, source)
 
     pool_path = base / _req(doc, raw, ("pool",), str)
     mode = raw.get("mode", "direct")
@@ -512,7 +515,9 @@ def _fields(doc: Located, raw: Any, at: tuple) -> tuple[Field, ...]:
     return tuple(out)
 
 
-def _references(doc: Located, raw: Any, fields: tuple[Field, ...], columns: list[str]) -> dict[str, Reference]:
+def _references(doc: Located, raw: Any, fields: tuple[Field, ...], source: dict[str, Path]) -> dict[str, Reference]:
+    """Each key a reference takes is read by its scorer or refused at its line: a key another
+    scorer reads (rel_tol, the tatqa keys) was ignored in silence (audit75 F6, fix42h)."""
     if raw is None:
         return {}
     at = ("references",)
@@ -521,6 +526,7 @@ def _references(doc: Located, raw: Any, fields: tuple[Field, ...], columns: list
     if not fields:
         raise doc.error(at, "a job without fields has nothing to score against references")
     by_name = {f.name: f for f in fields}
+    columns = list(source)
     out = {}
     for name, spec in raw.items():
         rat = at + (name,)
@@ -546,14 +552,70 @@ def _references(doc: Located, raw: Any, fields: tuple[Field, ...], columns: list
             raise doc.error(rat + ("rel_tol",), f"only score: numeric takes rel_tol (this reference is scored "
                                                 f"{score}, which does not use it); set score: numeric, or remove "
                                                 f"rel_tol")
-        sf, sc, tc = spec.get("scale_field"), spec.get("scale_column"), spec.get("type_column")
-        if sf is not None and sf not in by_name:
-            raise doc.error(rat + ("scale_field",), f"{sf!r} is not a field")
-        for key, col in (("scale_column", sc), ("type_column", tc)):
-            if col is not None and col not in columns:
-                raise doc.error(rat + (key,), f"column {col!r} is not in the input")
+        kind = by_name[name].type
+        if score == "numeric" and kind in _NOT_NUMBERS:  # every row scored 0, in silence
+            raise doc.error(rat + ("score",), f"score: numeric compares numbers, and field {name!r} is a {kind}, "
+                                              f"which is never read as one: every row would score 0; use score: "
+                                              f"{'set' if kind == 'list' else 'exact'}")
+        sf, sc, tc = _tatqa_keys(doc, spec, rat, score, by_name, source)
         out[name] = Reference(name, column, score, float(tol), sf, sc, tc)
     return out
+
+
+# Field types `numeric` never reads a number from (score.to_number of a list, an object, true, a date).
+_NOT_NUMBERS = ("list", "object", "boolean", "date")
+_TATQA_KEYS = {"scale_field": "a field", "scale_column": "an input column", "type_column": "an input column"}
+_SCALES = ", ".join(repr(s) if not s else s for s in SCALES)  # '', thousand, million, billion, percent
+
+
+def _tatqa_keys(doc: Located, spec: dict, rat: tuple, score: str, by_name: dict[str, Field],
+                source: dict[str, Path]) -> tuple[str | None, str | None, str | None]:
+    """scale_field, scale_column and type_column: only tatqa reads them. TAT-QA compares an answer
+    written out with its scale on both sides, so the record's scale (an enum of TAT-QA's scales:
+    another value counted as none) and the gold scale come together or not at all; with one side
+    only, a right answer with a scale counted wrong."""
+    got: dict[str, str] = {}
+    for key, what in _TATQA_KEYS.items():
+        if key not in spec:
+            continue
+        if score != "tatqa":
+            raise doc.error(rat + (key,), f"only score: tatqa takes {key} (this reference is scored {score}, "
+                                          f"which does not use it); set score: tatqa, or remove {key}")
+        v = spec[key]
+        if not isinstance(v, str) or not v.strip():
+            raise doc.error(rat + (key,), f"must be the name of {what} (got {shown_value(v)})")
+        have = by_name if key == "scale_field" else source
+        if v not in have:
+            raise doc.error(rat + (key,), f"{v!r} is not {'a field' if key == 'scale_field' else 'in the input'} "
+                                          f"({'fields' if key == 'scale_field' else 'columns'}: {', '.join(have)})")
+        got[key] = v
+    sf, sc, tc = got.get("scale_field"), got.get("scale_column"), got.get("type_column")
+    if sf is not None:
+        f = by_name[sf]
+        if f.type != "enum":
+            raise doc.error(rat + ("scale_field",), f"field {sf!r} is a {f.type}; the record's scale must be an "
+                                                    f"enum field of TAT-QA's scales ({_SCALES}), e.g. {{type: enum, "
+                                                    f"values: [\"\", thousand, million, billion, percent]}}")
+        if odd := [v for v in f.values if v not in SCALES]:
+            raise doc.error(rat + ("scale_field",), f"field {sf!r} has values that are not TAT-QA's scales "
+                                                    f"({', '.join(map(repr, odd))}): a record giving one would "
+                                                    f"count as having no scale; keep its values among {_SCALES}")
+    if (sf is None) != (sc is None):
+        key, other = ("scale_field", "scale_column") if sc is None else ("scale_column", "scale_field")
+        raise doc.error(rat + (key,), f"tatqa writes out the record's answer with its scale (scale_field) and "
+                                      f"the reference with the gold scale (scale_column), so a scale on one side "
+                                      f"only counts a right answer with a scale wrong; add {other}, or remove "
+                                      f"{key} to compare the answers as written")
+    if sc is not None:
+        try:
+            bad = inputs.values_outside(source[sc], sc, tuple(SCALES))
+        except InputError as e:
+            raise doc.error(rat + ("scale_column",), str(e)) from None
+        if bad:
+            raise doc.error(rat + ("scale_column",), f"column {sc!r} of {source[sc]} {bad}; TAT-QA's scales are "
+                                                     f"{_SCALES}, and a row's answer with another would count as "
+                                                     f"having no scale; write each as one of those")
+    return sf, sc, tc
 
 
 def _check_pool(doc: Located, pool_path: Path, mode: str, worker: Any, raw: dict) -> Any:
