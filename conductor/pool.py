@@ -224,11 +224,12 @@ def _redact_param(param: str) -> str:
 
 
 def unlisted(provider: str, listed: Iterable[str], named: bool, who: str = "the worker",
-             where: str | None = None) -> str | None:
+             where: str | None = None, model: str | None = None) -> str | None:
     """Why a worker may not run on `provider` in a pool file whose providers: lists `listed`, else
     None. Named or taken from its model's prefix, an unlisted provider would run it with default
     limits and outside every budget, silently: a typo, or a provider the user forgot to list.
-    `where`: the file as a message from outside it names it (None: the pool file's own message)."""
+    `where`: the file as a message from outside it names it (None: the pool file's own message).
+    `model`: the worker's model, so that `default` (a model without a prefix) is not called its prefix."""
     listed = list(listed)
     if not listed or provider in listed:
         return None
@@ -237,8 +238,10 @@ def unlisted(provider: str, listed: Iterable[str], named: bool, who: str = "the 
         return (f"{provider!r} is not under providers:" + (f" in {where}" if where else "")
                 + (f" (did you mean {near[0]!r}?)" if near else f" ({', '.join(listed)})")
                 + f"; to give it default limits and no budget, list it as `{provider}: {{}}`")
+    source = ("its model's prefix" if model is None or "/" in model
+              else f"its model {model!r} has no provider prefix")
     return (f"required, since {where or 'the file'} has providers: ({', '.join(listed)}); without it {who} would "
-            f"run on provider {provider!r} (its model's prefix), which is not listed: default limits and no "
+            f"run on provider {provider!r} ({source}), which is not listed: default limits and no "
             f"budget. Name one of them, or list `{provider}: {{}}` to allow that")
 
 
@@ -404,10 +407,14 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         if function is not None:  # it would be ignored: the worker calls its model
             raise PoolError(f"{at}.function: only for a worker of kind: function (this one is an llm worker "
                             f"calling {model}); add kind: function, or remove function")
+    if kind == "planner" and function is not None:  # it would be ignored: the step is re-planned
+        raise PoolError(f"{at}.function: a worker of kind: planner ignores function (it plans and runs a new "
+                        f"workflow for its step; function is only for a worker of kind: function); remove function")
     if kind == "function":
         if model is not None:  # it would be ignored: a function worker calls no model
             raise PoolError(f"{at}.model: a worker of kind: function calls no model (its function runs "
                             f"locally); remove model, or remove kind: function for an llm worker")
+        _no_call_settings(w, at)
         function = function or wid
         if function not in FUNCTION_NAMES:
             raise PoolError(f"{at}.function: must be one of {', '.join(FUNCTION_NAMES)} (got {function!r})")
@@ -419,7 +426,8 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         raise PoolError(f"{at}.provider: must be a provider id")
     # a function worker calls nothing, and a planner worker without a model is the run's own
     # planner, which has its provider
-    if (named or (kind != "function" and model is not None)) and (why := unlisted(provider, providers, named)):
+    if (named or (kind != "function" and model is not None)) and (
+            why := unlisted(provider, providers, named, model=model)):
         raise PoolError(f"{at}.provider: {why}")
     api_base = shown = w.get("api_base")
     if api_base is not None:
@@ -468,6 +476,19 @@ def _worker(i: int, w: Any, providers: dict[str, Provider]) -> Worker:
         context_tokens=None if context is None else int(context),
         max_call_usd=None if max_call is None else float(max_call),
     )
+
+
+# What configures a model call. A function worker makes none, so each of these would be read by
+# nothing (some of them changed the run id, and nothing else): refused as `model` is.
+_CALL_SETTINGS = ("api_base", "price", "params", "system", "context_tokens", "max_call_usd")
+
+
+def _no_call_settings(w: dict, at: str) -> None:
+    given = [k for k in _CALL_SETTINGS if w.get(k) is not None and w[k] != {}]  # null, `params: {}`: none
+    if given:
+        names = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+        raise PoolError(f"{at}.{given[0]}: a worker of kind: function calls no model (its function runs locally, "
+                        f"for free), so it ignores {names}; remove {'it' if len(given) == 1 else 'them'}")
 
 
 def _skills(raw: Any, at: str) -> dict[str, float | None]:
