@@ -99,7 +99,7 @@ def _check_governor(url: str, where: str, timeout_s: float) -> None:
         r.eval("return 1", 0)
     except (RedisError, OSError) as e:
         why = str(e) or type(e).__name__
-        refused = refusal(e)
+        refused = refusal(e, url)
         if refused:
             raise SharedURLError(f"{where}: the shared governor at {redact(url)} refused {refused} in the URL "
                                  f"({why}); fix it and rerun; nothing was called") from None

@@ -91,7 +91,7 @@ class RedisCache:
         try:
             result = op()
         except (RedisError, OSError) as e:
-            _mark_down(self.url, str(e) or type(e).__name__, refusal(e), what)
+            _mark_down(self.url, str(e) or type(e).__name__, refusal(e, self.url), what)
             return default
         took = time.monotonic() - t
         if slow and took > SLOW_S and self._too_slow(took):
@@ -216,7 +216,7 @@ def probe(url: str, timeout_s: float = TIMEOUT_S) -> str | None:
     try:
         r.ping()
     except (RedisError, OSError) as e:
-        refused = refusal(e)
+        refused = refusal(e, url)
         if refused is None:
             _mark_down(url, str(e) or type(e).__name__, None, LOOKUP)
         return refused

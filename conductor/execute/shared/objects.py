@@ -119,8 +119,8 @@ class ObjectStore:
             missing = self.fs.get_file_info(bucket).type == self._pafs.FileType.NotFound
         except OSError as e:
             raise StorageError(f"store {self.url}: cannot reach the bucket ({e}); check AWS_ENDPOINT_URL, "
-                               f"the credentials and the network, then rerun the same command: finished work "
-                               f"is kept") from None
+                               f"the credentials and the network, then rerun the same command: nothing done "
+                               f"so far is lost") from None
         if missing:
             raise ConductorError(f"store {self.url}: bucket {bucket!r} does not exist (or these credentials "
                                  f"cannot see it); create it, or fix the name, then rerun the same command "

@@ -164,13 +164,18 @@ def check_cache(value: str, where: str = f"environment variable {CACHE_ENV}") ->
                              f"exist; create it, or name a file in a folder that exists")
 
 
-def refusal(error: BaseException) -> str | None:
-    """What the Redis server refused in the URL (its password or user, its database number),
+def refusal(error: BaseException, url: str | None = None) -> str | None:
+    """What the Redis server refused in the URL `url` (its password or user, its database number),
     or None when the error is one of reaching it (down, hung, the network)."""
+    from urllib.parse import urlsplit
+
     from redis.exceptions import (AuthenticationError, AuthenticationWrongNumberOfArgsError,
                                   NoPermissionError, ResponseError)
 
     if isinstance(error, (AuthenticationError, AuthenticationWrongNumberOfArgsError)):
+        if url is not None and not urlsplit(url).password:  # nothing was refused: nothing was given
+            return ("the missing password (the server requires one and the URL has none: "
+                    "redis://:PASSWORD@HOST:PORT/DB)")
         return "the password or user name"
     if isinstance(error, NoPermissionError):
         return "the user name (its user may not run conductor's commands)"
@@ -200,7 +205,7 @@ class GovernorUnavailable(CallFailure):
 
     def __init__(self, url: str, error: BaseException):
         why = str(error) or type(error).__name__
-        self.refused = refusal(error)
+        self.refused = refusal(error, url)
         if self.refused:
             msg = (f"shared governor {redact(url)} refused {self.refused} in its URL ({why}); {NOT_SENT}; "
                    f"fix the URL ({governor_source()}) and rerun the same command")
