@@ -160,7 +160,10 @@ class Pool:
             [w.id, w.kind, w.model, w.api_base, w.params, w.system, w.function]
             for w in self.workers if only is None or w.id in only
         ]
-        return hashlib.sha256(orjson.dumps([ident, self.replay], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        # the replay table's fingerprint only guards against a table changed under the pool: a pool
+        # written again (or a table touched) must not start a new run
+        replay = {k: v for k, v in self.replay.items() if k != "fingerprint"} if self.replay else self.replay
+        return hashlib.sha256(orjson.dumps([ident, replay], option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
     def planning_hash(self) -> str:
         """Hash of what planners read besides the workers themselves (descriptions,

@@ -148,6 +148,9 @@ def test_text_that_is_not_utf8_is_named_by_every_replay_command(tmp_path, capsys
     assert cli_main(["replay", "pool", "--table", str(good), "--out", str(pool), *_flags(tmp_path)]) == 0
     assert cli_main(["replay", "queries", "--table", str(good), "--out", str(queries), *_flags(tmp_path, "queries")]) == 0
     good.write_bytes(bad.read_bytes())
+    doc = yaml.safe_load(pool.read_text())  # a pool written before tables were fingerprinted
+    del doc["replay"]["fingerprint"]
+    pool.write_text(yaml.safe_dump(doc, sort_keys=False))
     capsys.readouterr()
     assert cli_main(["eval", "--pool", str(pool), "--queries", str(queries), "--out", str(tmp_path / "ev"),
                      "--no-planner"]) == 2

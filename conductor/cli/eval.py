@@ -38,4 +38,14 @@ def main(args: argparse.Namespace) -> int:
         planner_limit=args.planner_limit, planner_options=options.parse_options(args.planner_option),
         seed=args.seed))
     print(eval_report(report))
+    print_notes(report.meta)
     return 0
+
+
+def print_notes(meta: dict) -> None:
+    """What the figures above rest on that the table does not show (also in report.md)."""
+    from conductor.evaluation.report import prompt_cut_text
+
+    cut = prompt_cut_text(meta)
+    if cut:
+        print(f"note: {cut}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from conductor import argtypes
 from conductor.errors import ConductorError
 from conductor.grading import TASKS
-from conductor.replay.datasets import DATASETS, REPLAY_ENV, default_replay_dir
+from conductor.replay.datasets import DATASETS, DEFAULT_DIR_HELP, REPLAY_ENV, default_replay_dir
 
 _TAIL = 160
 _CSV_TAIL = 600
@@ -33,8 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--reference-col", default="reference")
     c.add_argument("--label-col", default="correct")
     c.add_argument("--replay-dir", "--replay", dest="replay", type=argtypes.path, default=None,
-                   help=f"folder with gsm8k.parquet and mmlu_pro.parquet (default: ${REPLAY_ENV}, "
-                        "else ../shared/replay beside the repository); as the replay commands name it")
+                   help=f"folder with gsm8k.parquet and mmlu_pro.parquet (default: {DEFAULT_DIR_HELP})")
     c.add_argument("--dataset", choices=(*DATASETS, "all"), default=None,
                    help="which shared table (default: all); not with --table")
     c.add_argument("--limit", type=argtypes.int_in(1, 2 ** 63 - 1), default=None, help="grade only the first N rows of each table")

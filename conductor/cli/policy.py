@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -277,6 +278,13 @@ def train(args: argparse.Namespace) -> int:
     if args.folds >= 2 and args.holdout is not None:
         raise ConductorError(f"--holdout {args.holdout:g} and --folds {args.folds}: give one (--folds holds every "
                              f"query back once, in {args.folds} parts)")
+    if args.learner == "fixed":  # nothing to compare: it ships the fixed action, held-back queries or not
+        given = [f for f, v in (("--folds", args.folds if args.folds != 1 else None),
+                                ("--holdout", args.holdout), ("--ship-margin", None if args.ship_margin == 1.0
+                                                              else args.ship_margin)) if v is not None]
+        for flag in given:
+            print(f"conductor: warning: {flag} has no effect with --learner fixed: it ships the best fixed action "
+                  f"on all the queries, and holds none back to compare it with", file=sys.stderr, flush=True)
     vw = {"cb_type": args.cb_type}
     if args.passes is not None:
         vw["passes"] = args.passes
@@ -331,6 +339,7 @@ def _stops_start_over():
 
 
 def evaluate(args: argparse.Namespace) -> int:
+    from conductor.cli.eval import print_notes
     from conductor.cli.render import eval_report
     from conductor.evaluation import EvalConfig, Target
     from conductor.evaluation import evaluate as run_eval
@@ -342,6 +351,7 @@ def evaluate(args: argparse.Namespace) -> int:
                                  policies=list(args.policies), seed=args.seed, fixed=not args.no_fixed,
                                  targets=targets))
     print(eval_report(report, learned=True))
+    print_notes(report.meta)
     return 0
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from conductor import argtypes
 from conductor.errors import ConductorError
 from conductor.grading import TASKS  # the tasks a replay table may name: the graders'
-from conductor.replay.datasets import DATASETS, REPLAY_ENV, SPLITS, TRAIN_FRACTION
+from conductor.replay.datasets import DATASETS, DEFAULT_DIR_HELP, SPLITS, TRAIN_FRACTION
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -97,7 +97,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", choices=TASKS, default=None,
                    help="task of rows that name none in a 'task' column (default for gsm8k: math, mmlu_pro: choice)")
     p.add_argument("--replay-dir", type=argtypes.path, default=None,
-                   help=f"folder of the shared tables and prices.csv (default: ${REPLAY_ENV}, else ../shared/replay)")
+                   help=f"folder of the shared tables and prices.csv (default: {DEFAULT_DIR_HELP})")
 
 
 def _spec(args: argparse.Namespace):
@@ -116,6 +116,7 @@ def queries(args: argparse.Namespace) -> int:
     from conductor.store import replacing
 
     spec = _spec(args)
+    _not_yaml(args.out, "a query set")
     _writable(args.out, **{"--table": spec.path})
     table = query_table(spec, args.split)
     validate(table, f"written from {spec.path}")  # before writing: a bad table must not replace a good file
@@ -160,6 +161,7 @@ def convert(args: argparse.Namespace) -> int:
     layout = WideLayout(id_column=args.id_column, prompt_column=args.prompt_column,
                         reference_column=args.reference_column, category_column=args.category_column or None,
                         response_suffix=args.response_suffix, cost_suffix=args.cost_suffix or None)
+    _not_yaml(args.out, "a replay table")
     _writable(args.out, **{"--wide": args.wide})
     wide = read_wide(args.wide)
     long = convert_wide(args.wide, layout, models=args.models, threshold=args.threshold, task=args.task,
@@ -179,6 +181,9 @@ def convert(args: argparse.Namespace) -> int:
     unscored = long.get_column("correct").null_count()
     if unscored:  # a response without a score: no label, left out of every figure by the labels
         print(f"{unscored} row(s) with a response but no score: correct is empty (no label) there")
+    untasked = _untasked(long)
+    if untasked:  # `replay pool` would refuse them: said here, where the fix is one flag
+        print(untasked)
     print(f"next: conductor replay pool --table {args.out} --out data/pools/replay-{args.out.stem}.yaml")
     return 0
 
@@ -195,6 +200,29 @@ def _shared_note(path: Path) -> None:
         shown = "; ".join(", ".join(g) for g in groups[:3]) + (f" and {len(groups) - 3} more" if len(groups) > 3 else "")
         print(f"note: {len(groups)} question text(s) recorded under more than one id ({shown}): the replay server "
               f"answers each text with its first id's recorded responses, for all its ids")
+
+
+def _untasked(long) -> str | None:
+    """Rows --task-map gave no task to (no --task for the rest): what the next command needs."""
+    import polars as pl
+
+    if "task" not in long.columns or not long.get_column("task").null_count():
+        return None
+    rows = long.filter(pl.col("task").is_null())
+    cats = (rows.get_column("category").cast(pl.String).fill_null("").unique(maintain_order=True).to_list()
+            if "category" in rows.columns else [])
+    shown = (f" (categories {', '.join(repr(c) for c in cats[:5])}{f' and {len(cats) - 5} more' if len(cats) > 5 else ''})"
+             if cats else "")
+    return (f"{rows.height} of {long.height} row(s) matched no --task-map prefix and have no task{shown}: "
+            f"give them one with --task here, or --task on each `conductor replay` command that reads the table")
+
+
+def _not_yaml(path: Path, what: str) -> None:
+    """A query set or replay table is Parquet: a .yaml --out is likely the pool's name, given in the
+    wrong place (`replay pool` refuses the mirror case)."""
+    if path.suffix.lower() in (".yaml", ".yml"):
+        raise ConductorError(f"--out {path}: {what} is Parquet, and a .yaml name is a pool file's; give a "
+                             f".parquet name (e.g. {path.with_suffix('.parquet')})")
 
 
 @contextlib.contextmanager

@@ -153,6 +153,7 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
         "shared_texts": [g for g in matrix.shared if not set(ids).isdisjoint(g)],
         "recorded_cost_by_task": {t: int(n) for t, n in evaluated.filter(pl.col("cost_recorded"))
                                   .group_by("task").len().sort("task").iter_rows()},
+        "prompt_tokens_cut": _prompt_cut(evaluated),
     }
     _make_folder(out, said)
     # Two evaluations into one folder would share its planner runs and overwrite each other's report.
@@ -174,7 +175,9 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
         if learned:
             learned.sort(key=lambda p: (*objective_order(p.info), p.kind))
             if cfg.fixed:
-                cascade = _fixed_cascade(pool, sub_q, out, cfg, source.dataset, policies)
+                best = _best_by_grader(policies)
+                bounds = _task_usd(matrix, select_ids, best) if best is not None else {}
+                cascade = _fixed_cascade(pool, sub_q, out, cfg, source.dataset, best, bounds)
                 if cascade is not None:
                     learned.append(cascade)
             for p in learned:  # the table's other rows are over every query
@@ -275,36 +278,84 @@ def _learned(pool, queries: pa.Table, out: Path, folder: Path, i: int, cfg: Eval
 
 
 def _fixed_cascade(pool, queries: pa.Table, out: Path, cfg: EvalConfig, dataset: str,
-                   table: list[Policy]) -> Policy | None:
-    """The cascade most accurate on the train logs among those costing no more than the best
-    single did on train (per task, from the first artifact's measurements), run on these queries.
+                   best: Policy | None, bounds: dict[str, float]) -> Policy | None:
+    """Per task of the queries, the cascade most accurate on the first artifact's train logs
+    among those costing no more there than the best single worker did on the task's train
+    questions (`bounds`), run on these queries; None when no task has one.
+
+    A task with no such cascade (its action set may hold none: every other worker costs more
+    than a third of its most skilled one) plans its best single action on the same logs
+    instead, and the row's name says so: left out of the plan, its queries were invalid
+    plans counted as wrong, and a mixed table's row looked far worse than any cascade is.
     Chosen on the guarded figures training chooses on (`training.measured`'s guarded_accuracy
     and guarded_usd, where an action has unlogged queries), so a cascade logged on a few lucky
     queries of a run that is not a sweep is not picked for them."""
     from conductor.policy.artifact import find, read_meta
 
-    best = next((p for p in table if p.kind == "best_single" and p.info.get("chosen_by") == "grader"), None)
     found = find(pool, cfg.policies[0])
     measured = read_meta(found)["training"].get("measured") if found else None
     if best is None or not measured:
         return None
-    budget = best.info.get("chosen_usd") or best.usd_per_query
-    choice = {}
-    for task, rows in measured.items():
+    choice: dict[str, str] = {}
+    instead: dict[str, str] = {}  # task -> why it plans a single action
+    for task in sorted(set(queries.column("task").to_pylist()), key=str):
         figures = {r["action"]: (r.get("guarded_accuracy", r["accuracy"]), r.get("guarded_usd", r["usd"]))
-                   for r in rows if r["action"].startswith("cascade:")}
-        ok = [a for a, (_, usd) in figures.items() if usd <= budget]
+                   for r in measured.get(task) or []}
+        top = lambda keys: max(keys, key=lambda a: (figures[a][0], -figures[a][1]))  # noqa: E731
+        budget = bounds.get(task, best.info.get("chosen_usd") or best.usd_per_query)
+        cascades = [a for a in figures if a.startswith("cascade:")]
+        ok = [a for a in cascades if figures[a][1] <= budget]
+        singles = [a for a in figures if a.startswith("single:")]
         if ok:
-            choice[task] = max(ok, key=lambda a: (figures[a][0], -figures[a][1]))
-    if not choice:
+            choice[task] = top(ok)
+        elif singles:
+            choice[task], instead[task] = top(singles), ("no cascade within the best single's train cost"
+                                                         if cascades else "no cascade in its action set")
+        else:  # the training logs hold no plan of the task: the table's best single worker
+            choice[task], instead[task] = f"single:{best.worker}", "not in the training logs: the best single"
+    if not any(a.startswith("cascade:") for a in choice.values()):
         return None
+    if len(choice) == 1:
+        name = "best fixed cascade on train: " + next(iter(choice.values()))
+    else:
+        name = "best fixed cascade on train, per task: " + "; ".join(
+            f"{t}: {a}" + (f" ({instead[t]})" if t in instead else "") for t, a in choice.items())
     policy, _ = run_planner(pool, queries, out, planner_options={**cfg.planner_options, "policy": "none",
                                                                  "action": choice},
                             seed=cfg.seed, run_id=f"eval-{dataset}-{cfg.split}-fixed-cascade",
-                            run_dir="fixed-cascade-run", kind="fixed_cascade",
-                            name="best fixed cascade on train: " + ", ".join(choice.values()))
-    policy.info.update({"lambda": None, "choice": choice, "budget_usd": budget})
+                            run_dir="fixed-cascade-run", kind="fixed_cascade", name=name)
+    policy.info.update({"lambda": None, "choice": choice, "instead": instead,
+                        "bound_usd": {t: bounds.get(t, best.info.get("chosen_usd") or best.usd_per_query)
+                                      for t in choice}})
     return policy
+
+
+def _task_usd(matrix, select_ids: list[str], best: Policy) -> dict[str, float]:
+    """Per task, the best single worker's USD per question of the task on the selection set:
+    each task's cascades are bounded by the cost on that task, not by the mean over all tasks
+    (on a mixed table cheap questions of one task made another's bound look low or high).
+    One task: the figure the best single was chosen with."""
+    rows = matrix.rows.filter(pl.col("question_id").is_in(select_ids))
+    asked = dict(rows.select("question_id", "task").unique().group_by("task").len().iter_rows())
+    if len(asked) <= 1:
+        return {t: best.info.get("chosen_usd") or best.usd_per_query for t in asked}
+    spent = dict(rows.filter(pl.col("worker") == best.worker).group_by("task").agg(pl.col("cost").sum())
+                 .iter_rows())
+    return {t: spent.get(t, 0.0) / n for t, n in asked.items()}
+
+
+def _prompt_cut(rows: pl.DataFrame) -> dict[str, Any] | None:
+    """The evaluated rows whose recorded prompt tokens exceed what a replayed call sends (the
+    question's UTF-8 bytes + framing: a log's counts often include a system prompt or few-shot
+    examples): how many, their recorded and charged prompt tokens (means), and how many of them
+    are priced by tokens (no recorded cost_usd), whose cost the cut lowers. None: no row."""
+    cut = rows.filter(pl.col("prompt_cut"))
+    if not cut.height:
+        return None
+    return {"rows": cut.height, "of_rows": rows.height,
+            "recorded_mean": cut.get_column("prompt_recorded").mean(),
+            "charged_mean": cut.get_column("prompt_charged").mean(),
+            "priced_rows": int((~cut.get_column("cost_recorded")).sum())}
 
 
 def _best_by_grader(policies: list[Policy]) -> Policy | None:

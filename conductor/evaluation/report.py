@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from conductor.evaluation.policies import Policy
+from conductor.tokens import MESSAGE_FRAMING_BOUND
 
 _HEADLINE = ("learned", "fixed", "fixed_cascade", "planner", "oracle", "best_single", "random")
 
@@ -78,6 +79,7 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
                      f"same queries on both sides).")
         if meta.get("learned_subset_reference"):
             parts.append(_subset_line(meta["learned_subset_reference"], learned[0].queries, random=False))
+        parts += _cascade_lines(policies)
     parts += ["", "## Policies", "", policy_table(headline(policies)), ""]
     if chart_name:
         parts += [f"![accuracy against cost]({chart_name})", ""]
@@ -99,6 +101,22 @@ def markdown(meta: dict[str, Any], policies: Sequence[Policy], chart_name: str |
     parts += ["## Every single worker", "", singles_table(policies), ""]
     parts += [f"Grading took {meta['grading_s']:.1f} s; the whole evaluation {meta['wall_time_s']:.1f} s.", ""]
     return "\n".join(parts)
+
+
+def _cascade_lines(policies: Sequence[Policy]) -> list[str]:
+    """What the best fixed cascade row is, and which tasks plan a single action in it instead."""
+    p = next((p for p in policies if p.kind == "fixed_cascade"), None)
+    if p is None:
+        return []
+    line = ("- *best fixed cascade on train*: per task, the cascade most accurate on the first artifact's train logs "
+            "among those that cost no more there than the best single worker (chosen by our grader) did on the "
+            "task's train questions, run the same way")
+    instead = p.info.get("instead") or {}
+    if instead:
+        line += ("; a task with no such cascade plans its best single action on the same logs instead, so the row "
+                 f"is over all its {p.queries} queries: " + "; ".join(
+                     f"{t}: `{p.info['choice'][t]}` ({why})" for t, why in instead.items()))
+    return [line + "."]
 
 
 def _accuracy_lines(meta: dict[str, Any]) -> list[str]:
@@ -165,8 +183,26 @@ def _cost_lines(meta: dict[str, Any]) -> list[str]:
                 "times the pool's prices; the pipeline charges the same.")
     else:
         text = "- cost: tokens times the pool's prices."
-    return [text + " Tokens: recorded counts where the table has them, else characters / 4 of the question and "
-                   "of the response (rounded). A question a worker never answered counts as wrong and costs nothing."]
+    text += (" Tokens: recorded counts where the table has them, else characters / 4 of the question and "
+             "of the response (rounded).")
+    cut = prompt_cut_text(meta)
+    if cut:
+        text += f" {cut}"
+    return [text + " A question a worker never answered counts as wrong and costs nothing."]
+
+
+def prompt_cut_text(meta: dict[str, Any]) -> str | None:
+    """Recorded prompt tokens charged at the question's size, with the numbers (report and stdout)."""
+    c = meta.get("prompt_tokens_cut")
+    if not c:
+        return None
+    priced = c["priced_rows"]
+    effect = (f"; {priced} of them have no recorded cost_usd and are priced on the charged count" if priced else
+              "; all of them have a recorded cost_usd, which is charged as recorded: only tokens per query shrink")
+    return (f"Recorded prompt tokens above the question's UTF-8 bytes + {MESSAGE_FRAMING_BOUND} (what a replayed "
+            f"call sends: the question alone, not a few-shot prefix or system prompt the log counted) are charged "
+            f"at that bound, as the pipeline charges them: {c['rows']:,} of {c['of_rows']:,} rows, "
+            f"{c['recorded_mean']:,.0f} recorded prompt tokens on average, charged {c['charged_mean']:,.0f}{effect}.")
 
 
 def objective(info: dict[str, Any]) -> str:
@@ -405,8 +441,8 @@ def _short(p: Policy, twice: set[str] = frozenset()) -> str:
         return f"learned {_objective_of(p.info, twice)}" + (" (shipped)" if p.info.get("shipped") else "")
     if p.kind == "fixed":
         return f"fixed {_objective_of(p.info, twice)}" + (" (shipped)" if p.info.get("shipped") else "")
-    if p.kind == "fixed_cascade":
-        return "best fixed cascade"
+    if p.kind == "fixed_cascade":  # some tasks may plan a single action instead (the name says which)
+        return "best fixed cascade" + (" (or single, per task)" if p.info.get("instead") else "")
     if p.kind == "random":
         return "uniform random"
     return p.name[:30]

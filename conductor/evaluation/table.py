@@ -33,7 +33,8 @@ from conductor.replay.tables import (COST_COLUMN, MIXED, charged_tokens_in, read
 
 @dataclass(frozen=True)
 class Matrix:
-    # question_id, worker, split, task, graded, grader, label, unlabelled, tokens, cost, cost_recorded
+    # question_id, worker, split, task, graded, grader, label, unlabelled, tokens, cost, cost_recorded,
+    # prompt_cut, prompt_recorded, prompt_charged
     rows: pl.DataFrame
     task: str | None  # the one task of the rows, or "mixed"
     dataset: str
@@ -81,8 +82,9 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
          .join(by_model, on="model", how="inner"))
     # Tokens as the executor counts them on the same replayed answer (completions at most max_tokens,
     # prompts at most their bytes), so a single worker here costs what it costs when a plan runs it.
-    t = with_tokens(t).with_columns(pl.min_horizontal("tokens_out", "cap").alias("tokens_out"),
-                                    charged_tokens_in().alias("tokens_in"))
+    t = with_tokens(t).with_columns(pl.col("tokens_in").alias("prompt_recorded"))
+    t = t.with_columns(pl.min_horizontal("tokens_out", "cap").alias("tokens_out"),
+                       charged_tokens_in().alias("tokens_in"))
     # A question with an unlabelled row is left out of the labels' figures altogether, so that
     # every policy's accuracy by the labels is over the same questions.
     t = t.with_columns(pl.col("correct").is_not_null().all().over("question_id").alias("labelled"))
@@ -102,6 +104,10 @@ def build_matrix(pool: Pool, queries: pa.Table, question_ids: set[str]) -> Matri
         (pl.col("tokens_in") + pl.col("tokens_out")).alias("tokens"),
         pl.coalesce(pl.col("recorded_cost"), priced).alias("cost"),
         pl.col("recorded_cost").is_not_null().alias("cost_recorded"),
+        # Recorded prompt tokens above what a replayed call sends (the question alone): charged at that
+        # bound, here and in the pipeline; the report says how many rows and by how much.
+        (pl.col("prompt_recorded") > pl.col("tokens_in")).alias("prompt_cut"),
+        "prompt_recorded", pl.col("tokens_in").alias("prompt_charged"),
     )
     tasks = sorted(set(t.get_column("task").to_list()))
     # Left out of the labels' figures: only a question with an unlabelled row of the pool's workers;

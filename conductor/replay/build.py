@@ -26,6 +26,7 @@ import yaml
 
 from conductor.errors import ConductorError
 from conductor.queries import SCHEMA
+from conductor.replay.fingerprint import fingerprint
 from conductor.replay.tables import (COST_COLUMN, MIXED, SPLIT_SALT, SPLITS, TASK_COLUMN, TRAIN_FRACTION, TableSpec,
                                      check_shared_texts, read_prices, read_table, table_columns, with_tasks,
                                      with_tokens)
@@ -89,6 +90,8 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
                   api_base: str = DEFAULT_URL) -> dict[str, Any]:
     """The pool file's content: workers for the recorded models, priced, with train-split skills per task."""
     path = spec.path
+    # Taken before the table is read: a change while it is read shows as a mismatch later, never hides.
+    written_from = fingerprint(path)
     prices = read_prices(spec.prices) if spec.prices else {}
     raw = read_table(path, ["question", "reference", "response", "model", "correct"])
     # Whether some rows name no task of their own (they take spec.task): recorded for mixed tables.
@@ -167,7 +170,7 @@ def pool_document(spec: TableSpec, models: list[str] | None = None,
     workers.append({"id": "extract", "kind": "function", "function": "extract",
                     "description": "the final answer of the one granted output. Local, free."})
     tasks = t.get_column("task").unique().sort().to_list()
-    replay: dict[str, Any] = {"dataset": spec.name, "table": str(path.resolve()),
+    replay: dict[str, Any] = {"dataset": spec.name, "table": str(path.resolve()), "fingerprint": written_from,
                               "task": tasks[0] if len(tasks) == 1 else MIXED}
     if replay["task"] == MIXED and spec.task and untasked:
         replay["default_task"] = spec.task
@@ -211,6 +214,9 @@ HEADER = """\
 # recorded cost_usd is charged that (the replay server sends it with the response),
 # any other row its tokens x this price.
 # max_call_usd: the model's largest recorded cost_usd; a call reserves at least it.
+# fingerprint: the table's size, modification time and SHA-256 when this file was written;
+# every command that reads the table through this file refuses it once the table
+# changes: write the pool again then.
 """
 
 

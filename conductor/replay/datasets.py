@@ -13,6 +13,11 @@ TRAIN_FRACTION = 0.5
 SPLITS = ("all", "train", "test")
 
 
+# How --replay-dir's help names the default (`default_replay_dir`), in every command that has it.
+DEFAULT_DIR_HELP = (f"${REPLAY_ENV}, else shared/replay in the folder that holds the repository (../shared/replay "
+                    f"from the repository, whatever the working directory)")
+
+
 def default_replay_dir() -> Path:
     """$CONDUCTOR_REPLAY_DIR, else the `shared/replay` folder beside the repository."""
     env = os.environ.get(REPLAY_ENV)

@@ -30,10 +30,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.allow_remote and not is_loopback(args.host):
         raise ConductorError(f"--host {args.host}: the replay server binds loopback only; "
                              "pass --allow-remote to serve other hosts")
-    server = load_server(load_pool(args.pool))
+    pool = load_pool(args.pool)
+    server = load_server(pool)
     idx = server.index
     banner = [f"  {server.name}: {len(idx.models)} models, {len(idx.question_ids)} questions, "
               f"{len(idx.responses)} recorded responses; Ctrl-C stops"]
+    if "fingerprint" not in pool.replay:  # written before pools recorded their table's
+        banner.append(f"  note: {args.pool} records no fingerprint of its table (written before pools did), so a "
+                      f"change to the table since is not noticed; rewrite it with `conductor replay pool` to have "
+                      f"it checked")
     asyncio.run(serve(build_app(server), args.host, args.port, READY, banner))
     return 0
 

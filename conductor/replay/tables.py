@@ -46,7 +46,7 @@ OPTIONAL_COLUMNS = (TASK_COLUMN, *TOKEN_COLUMNS, COST_COLUMN)
 # TRAIN_FRACTION is train. 50/50 keeps a test set large enough to compare policies.
 SPLIT_SALT = "conductor-replay-split-v1"
 
-REPLAY_KEYS = {"dataset", "table", "task", "default_task", "prices", "split", "skills", "costs"}
+REPLAY_KEYS = {"dataset", "table", "task", "default_task", "prices", "split", "skills", "costs", "fingerprint"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 _SHOW = 5  # question ids shown in an error message
 
@@ -552,7 +552,66 @@ def replay_source(pool: Pool) -> ReplaySource:
     default = raw.get("default_task")
     if default is not None and default not in TASKS:
         raise PoolError(f"{where}.default_task: must be one of {', '.join(TASKS)} (got {default!r})")
+    _check_unchanged(pool, raw, path, where)
     return ReplaySource(dataset, path, task, default)
+
+
+def _check_unchanged(pool: Pool, raw: dict, path: Path, where: str) -> None:
+    """The table as the pool was written from it (`fingerprint`). A pool written before pools
+    recorded one is taken as it is: it was accepted so far, and refusing it would stop every
+    existing pool at once for a change that most tables never see (`replay serve` says so)."""
+    from conductor.replay import fingerprint as fp
+
+    recorded = raw.get(fp.FIELD)
+    if recorded is None:
+        return
+    if why := fp.check_shape(recorded):
+        raise PoolError(f"{where}.{fp.FIELD}: {why} (as `conductor replay pool` writes it); rewrite the pool")
+    try:
+        diff = fp.changed(recorded, path)
+    except OSError as e:
+        raise PoolError(f"{where}.table: {path} cannot be read ({e.strerror or e})") from None
+    if diff:
+        pool_file = pool.path or "(in memory)"
+        raise PoolError(f"replay table {path} changed since the pool {pool_file} was written from it ({diff}): "
+                        f"the pool's skills, prices and max_call_usd are the old table's, while the replay server "
+                        f"and the evaluation read the new one (a budget could be overrun). Rewrite the pool: "
+                        f"{rewrite_command(pool, raw, path)}")
+
+
+def rewrite_command(pool: Pool, raw: dict, path: Path) -> str:
+    """`conductor replay pool` writing this pool again from `path`, with the --name, --task,
+    --prices and --api-base its replay block and workers show."""
+    import shlex
+
+    from conductor.replay.build import DEFAULT_URL
+
+    args = ["conductor", "replay", "pool", "--table", str(path), "--out", str(pool.path or "POOL.yaml")]
+    if raw.get("dataset") != dataset_name(path):
+        args += ["--name", str(raw.get("dataset"))]
+    task = raw.get("default_task") or raw.get("task")
+    if task not in (None, MIXED, DATASETS.get(path.stem)):
+        args += ["--task", str(task)]
+    if raw.get("prices"):
+        args += ["--prices", str(raw["prices"])]
+    base = _written_api_base(pool)
+    if base is not None and base != DEFAULT_URL:
+        args += ["--api-base", base]
+    return shlex.join(args) + " (and --models as before, if the pool holds only some of the table's models)"
+
+
+def _written_api_base(pool: Pool) -> str | None:
+    """The replay workers' api_base as the pool file has it (`${CONDUCTOR_REPLAY_URL:-...}`
+    unexpanded), else as loaded."""
+    import yaml
+
+    ids = set(replay_workers(pool))
+    try:
+        doc = yaml.safe_load(Path(pool.path).read_text(encoding="utf-8")) if pool.path else None
+        written = [w.get("api_base") for w in doc["workers"] if isinstance(w, dict) and w.get("id") in ids]
+    except Exception:  # noqa: BLE001 - only the command's wording depends on it
+        written = [pool.worker(w).api_base for w in ids]
+    return written[0] if written and isinstance(written[0], str) else None
 
 
 def recorded_model(worker: Worker) -> str | None:
