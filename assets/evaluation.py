@@ -12,6 +12,7 @@ from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
 from pydantic import Field
 
 from conductor.evaluation import EvalConfig, evaluate
+from conductor.replay.datasets import DEFAULT_DIR_HELP
 from conductor.replay.tables import REPLAY_ENV, default_replay_dir
 from assets.resources import StorageResource
 
@@ -19,7 +20,7 @@ from assets.resources import StorageResource
 class EvalReportConfig(Config):
     dataset: str = Field(default="gsm8k", description="gsm8k | mmlu_pro")
     replay_dir: Optional[str] = Field(
-        default=None, description=f"shared replay folder (default: ${REPLAY_ENV}, else ../shared/replay)")
+        default=None, description=f"shared replay folder (default: {DEFAULT_DIR_HELP})")
     pool: Optional[str] = Field(default=None,
                                 description="replay pool file (default: <data_dir>/pools/replay-<dataset>.yaml)")
     queries: Optional[str] = Field(default=None, description="query set (default: <data_dir>/replay/<dataset>.parquet)")
