@@ -1,9 +1,13 @@
 """The prices `policy train` records for a run served from the response cache after a price
 change (audit69 F5): a cache hit logs the cost first paid for its answer, so the artifact must
 record the price that cost was paid at, not the run's new pool price. One small simulated pool;
-runs of 20 and 30 queries, trained in a fraction of a second."""
+runs of 20 and 30 queries, trained in a fraction of a second. Since stop 43 a cache entry keeps the
+price it was paid at (tests/test_cache_prices_stop43.py); the `one_call` and `batched` fixtures strip
+it from their caches, as versions before wrote them, so the price is read back from the costs."""
 
 from __future__ import annotations
+
+import sqlite3
 
 import orjson
 import pyarrow.parquet as pq
@@ -41,6 +45,15 @@ def logged(tmp_path_factory):
             run_all(RunConfig(queries=q, pool=p, data_dir=d / "data", run_id=run_id, samples=4,
                               planner_options=options, progress=False))
         yield {"pool": pool, "dear": dear_pool, "data": d / "data"}
+
+
+def _cached_before_prices_were_kept(cache_file) -> None:
+    """Every entry of the response cache as versions before stop 43 wrote it: no price, no mode."""
+    with sqlite3.connect(cache_file) as db:
+        for key, value in db.execute("SELECT key, value FROM responses").fetchall():
+            entry = {k: v for k, v in orjson.loads(value).items()
+                     if k not in ("input_price", "output_price", "paid_mode")}
+            db.execute("UPDATE responses SET value = ? WHERE key = ?", (orjson.dumps(entry), key))
 
 
 def _train(logged, out, pool, *runs):
@@ -109,6 +122,8 @@ def one_call(tmp_path_factory):
         dear_pool = write_pool(d / "dear.yaml", sim.url, workers=dear)
         options = {"policy": "none", "candidates": "bandit", "explore": 1.0}
         for run_id, p in (("w1", pool), ("w2", dear_pool)):
+            if run_id == "w2":
+                _cached_before_prices_were_kept(d / "data" / "cache.sqlite")
             run_all(RunConfig(queries=queries, pool=p, data_dir=d / "data", run_id=run_id, samples=1,
                               planner_options=options, progress=False))
         yield {"pool": pool, "dear": dear_pool, "data": d / "data"}
@@ -152,6 +167,8 @@ def batched(tmp_path_factory):
         options = {"policy": "none", "candidates": "bandit", "explore": 1.0}
         for run_id, q, p in (("b1", queries, pool), ("b2", queries, dear_pool), ("o2", wider, online),
                              ("mix", wider, dear_pool)):
+            if run_id in ("b2", "mix"):
+                _cached_before_prices_were_kept(d / "data" / "cache.sqlite")
             run_all(RunConfig(queries=q, pool=p, data_dir=d / "data", run_id=run_id, samples=4,
                               planner_options=options, progress=False))
         yield {"pool": pool, "online": online, "dear": dear_pool, "data": d / "data"}

@@ -605,13 +605,15 @@ class Batches:
             if isinstance(got, CallResponse):
                 if waiter is not None:
                     got = ex._clamped(got, max_prompt_tokens(waiter.messages, waiter.params), waiter.params)
-                cost = call_cost(ex.prices[worker.id], got.prompt_tokens, got.completion_tokens)
+                price = ex.prices[worker.id]
+                cost = call_cost(price, got.prompt_tokens, got.completion_tokens)
                 cost = None if cost is None else cost * provider.batch_price_factor
                 got = replace(got, cost_usd=cost)
                 if ex.run_cache is not None:  # kept before the batch is marked done: it is paid for
                     ex._durably(ex.run_cache.put, key, worker.model, Entry(
                         got.text, got.prompt_tokens, got.completion_tokens, got.usage_estimated, got.simulated,
-                        cost, latency, got.logprob, 1))
+                        cost, latency, got.logprob, 1, None if price is None else price.input,
+                        None if price is None else price.output, "batch"))
                 if waiter is not None:  # an answer no step waits for is counted when a step claims it
                     paid += cost or 0.0
                     if batch.reservation is None and cost:

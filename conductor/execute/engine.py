@@ -35,7 +35,7 @@ from conductor.context import step_messages
 from conductor.errors import ConductorError, Terminated
 from conductor.execute.batch import ONLINE_NOTE, Batches
 from conductor.execute.budget import BudgetExhausted
-from conductor.execute.cache import Cache, Entry, cache_key
+from conductor.execute.cache import Cache, Entry, cache_keys, lookup
 from conductor.execute.cached import serve_cached
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete,
                                     max_prompt_tokens, maybe_billed)
@@ -612,10 +612,10 @@ class Executor:
         StepFailed, the row is written with that status and error (the paid
         response stays cached) and the failure propagates.
         """
-        params, key = self.request_key(worker, messages, params)
+        params, key, legacy = self.request_key(worker, messages, params)
         t0 = time.time()
         for cache in (self.run_cache, None if self.opt.refresh or job.refresh else self.cache):
-            hit = cache.get(key) if cache is not None else None
+            hit = lookup(cache, key, legacy) if cache is not None else None
             if hit is None:
                 continue
             if cache is self.run_cache and key not in self._paid:
@@ -637,13 +637,19 @@ class Executor:
         self._inflight[key] = fut
         outcome: Any = None  # what waiters on the same request get, set on every path
         try:
+            mode = "online"
             if self.batches is not None and self.pool.provider_of(worker).mode == "batch":
                 resp, attempts, latency = await self.batches.call(worker, messages, params, key)
+                mode = "online" if (resp.warning or "").startswith(ONLINE_NOTE) else "batch"
             else:
                 resp, attempts, latency = await self._call_with_retries(worker, messages, params, key)
             cost = self._cost(worker, resp)
+            # the price it was paid at: none when the server stated the cost (a batch line's is ours)
+            price = self.prices[worker.id] if mode == "batch" or resp.cost_usd is None else None
             entry = outcome = Entry(resp.text, resp.prompt_tokens, resp.completion_tokens, resp.usage_estimated,
-                                    resp.simulated, cost, latency, resp.logprob, attempts)
+                                    resp.simulated, cost, latency, resp.logprob, attempts,
+                                    None if price is None else price.input,
+                                    None if price is None else price.output, mode)
             for cache in (self.run_cache, self.cache):
                 if cache is not None:
                     self._durably(cache.put, key, worker.model, entry)
@@ -665,11 +671,12 @@ class Executor:
                                   request_key=key, entry=entry, cost=cost, started=t0, error=resp.warning)
 
     def request_key(self, worker: Worker, messages: list[dict[str, str]],
-                    params: dict[str, Any] | None = None) -> tuple[dict[str, Any], str]:
-        """The call's sampling parameters (the worker's, then `params`, max_tokens set) and its cache key."""
+                    params: dict[str, Any] | None = None) -> tuple[dict[str, Any], str, str | None]:
+        """The call's sampling parameters (the worker's, then `params`, max_tokens set), its cache
+        key, and the legacy key older versions cached its answer under (None: the same key)."""
         params = {**worker.params, **(params or {})}
         params.setdefault("max_tokens", self.opt.default_max_tokens)
-        return params, cache_key(worker.model, worker.api_base, messages, params)
+        return (params, *cache_keys(worker.model, worker.api_base, messages, params))
 
     def _accepted_row(self, job: PlanJob, path: str, depth: int, step: Step, worker: Worker, accept,
                       **row: Any) -> dict[str, Any]:
@@ -1180,6 +1187,9 @@ class Executor:
             "request_key": request_key,
             "sub_plan": (extra or {}).get("sub_plan"),
             "failure": failure if status not in ("ok", "skipped") else None,
+            "input_price": entry.input_price if entry else None,
+            "output_price": entry.output_price if entry else None,
+            "paid_mode": entry.paid_mode if entry else None,
         }
         if out is None:
             self._durably(self.journal.step, row)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow.parquet as pq
 
 from conductor.errors import ConductorError
 from conductor.policy import artifact as artifacts
@@ -59,6 +60,7 @@ def run_prices(run_id: str, manifest: dict[str, Any], theirs: Pool | None,
 
 
 Row = tuple[int, int, float]  # prompt tokens, completion tokens, USD
+Served = tuple[Row, list[float] | None, str | None]  # a cache-served call: its row, recorded price and mode
 
 
 def served_prices(run_id: str, prices: Prices, pool: Pool, traces: Path) -> Prices:
@@ -66,56 +68,118 @@ def served_prices(run_id: str, prices: Prices, pool: Pool, traces: Path) -> Pric
     cache-served calls were first paid at when that differs and covers most of its paid calls.
 
     A cache hit logs the answer's first-paid cost (traces.original_cost_usd), which training
-    fits; after a price change those costs are at the old price. The price is read back from
-    them (cost = prompt x input + completion x output, solved over the calls). A cost at the
-    pool price, online or at the provider's batch price, is taken as paid at it, so a run
-    without a price change records its pool's prices unchanged. As the pool's, the price read
-    back is the online (list) one, so a batch call's cost counts at list x batch_price_factor.
-    Calls all of one token mix give one equation for two prices: the pool price scaled to
-    their cost is taken (exact when both prices moved by one factor), and said. Replay workers
-    charged the table's recorded costs are left at the pool price: their cost never followed it."""
+    fits; after a price change those costs are at the old price. Its trace row says the price
+    and mode (online or batch) the answer was paid at (input_price, output_price, paid_mode),
+    kept with the cached answer: that price is taken, so calls paid at several prices are told
+    apart and said. Answers cached before prices were kept have none: for those the price is
+    read back from their costs (`_read_back`)."""
     served, fresh = _paid_calls(traces)
     out = dict(prices)
     said: list[str] = []
     for w, p in prices.items():
-        rows = served.get(w)
-        if p is None or not rows or not pool.has(w) or _recorded_costs(pool, w):
+        calls = served.get(w)
+        if p is None or not calls or not pool.has(w) or _recorded_costs(pool, w):
             continue
         provider = pool.providers.get(pool.worker(w).provider)
         factor = provider.batch_price_factor if provider else Provider.batch_price_factor
-        other = [r for r in rows if not (_fits(p, r) or _fits(_times(p, factor), r))]
-        if not other:
+        groups = _by_price([c for c in calls if c[1] is not None and not artifacts.same_price(c[1], p)])
+        unread = [c[0] for c in calls if c[1] is None]  # cached before prices were kept
+        other = [r for r in unread if not (_fits(p, r) or _fits(_times(p, factor), r))]
+        n_other = sum(len(g) for _, g in groups) + len(other)
+        if not n_other:
             continue
-        # Which reading comes first when every call fits both (all at one price): batch calls
-        # when the provider sends through batch, else online calls.
-        scales = [factor, 1.0] if provider is not None and provider.mode == "batch" else [1.0, factor]
-        scales = [k for k in scales if k > 0]
-        at_pool = fresh.get(w, 0) + len(rows) - len(other)
-        what = (f"{w}: {len(other)} of its {len(other) + at_pool} paid calls were" if at_pool else
-                f"{w}: its {len(other)} paid calls were all") + " served from the response cache at the cost first paid"
+        at_pool = fresh.get(w, 0) + len(calls) - n_other
+        what = (f"{w}: {n_other} of its {n_other + at_pool} paid calls were" if at_pool else
+                f"{w}: its {n_other} paid calls were all") + " served from the response cache at the cost first paid"
         pool_price = f"the run's pool price {artifacts.usd_pair(p)}"
-        one_mix = _one_mix(other)
-        paid = _scaled(other, p, factor, scales) if one_mix else _solve(other, factor, scales)
-        if paid is None:
-            why = (f"the price they were paid at cannot be told from {_calls(other)} (one equation for an input and "
-                   f"an output price" + (", and their costs are not one multiple of the pool price)"
-                                         if len(other) > 1 else ")")
-                   if one_mix else "nor at any one price (answers first paid at several prices), so the price they "
-                                   "were paid at cannot be told")
+        found = [(price, len(g), sum(c[0][2] for c in g), _recorded_how(g, price)) for price, g in groups]
+        why = None
+        if other:
+            paid, why = _read_back(other, p, factor, provider)
+            if paid is not None:
+                found.append((paid, len(other), sum(r[2] for r in other), _how(other, paid, factor, provider,
+                                                                               _one_mix(other))))
+        if not found:
             said.append(f"{what}, not at {pool_price}; {why}, and the artifact keeps {artifacts.usd_pair(p)}")
             continue
-        if len(other) > at_pool:
-            out[w] = paid
-        said.append(f"{what}, at {artifacts.usd_pair(paid)}{_how(other, paid, factor, provider, one_mix)}, "
-                    f"not {pool_price}"
+        # the price most paid calls were paid at (the pool's on a tie, then the one of more cost)
+        best = max([(p, at_pool, 0.0, "")] + found, key=lambda f: (f[1], f[0] is p, f[2]))
+        tied = sum(1 for f in found if f[1] == best[1]) > 1 and best[0] is not p and best[1] > at_pool
+        out[w] = best[0]
+        if len(found) == 1 and why is None:
+            paid, _, _, how = found[0]
+            where = f"at {artifacts.usd_pair(paid)}{how}"
+        else:
+            where = "at several prices: " + ", ".join(
+                f"{artifacts.usd_pair(price)} ({_n(n)}{'; ' + how[2:-1] if how else ''})" for price, n, _, how in found)
+            if why is not None:
+                where += f", and {_n(len(other))} at a price that cannot be told ({why})"
+        most = "the price most of them were paid at" + (" (of those tied, the one of most cost)" if tied else "")
+        said.append(f"{what}, {where}, not {pool_price}"
                     + (f" (the other {at_pool} were paid at it); the artifact takes {artifacts.usd_pair(out[w])}, "
-                       f"the price most of them were paid at" if at_pool else
-                       f"; the artifact takes {artifacts.usd_pair(paid)}"))
+                       f"{most}" if at_pool else
+                       f"; the artifact takes {artifacts.usd_pair(out[w])}"
+                       + (f", {most}" if len(found) > 1 else "")))
     if said:
         print(f"conductor: warning: run {run_id}: {'; '.join(said)} (USD per million input/output tokens). Training "
               f"fits the logged costs; to log costs at the pool's prices, run the rollouts with a --data-dir whose "
               f"response cache does not hold these answers", file=sys.stderr, flush=True)
     return out
+
+
+def _n(calls: int) -> str:
+    return "1 call" if calls == 1 else f"{calls} calls"
+
+
+def _by_price(calls: list[Served]) -> list[tuple[list[float], list[Served]]]:
+    """The calls grouped by their recorded price, in order of first appearance."""
+    groups: list[tuple[list[float], list[Served]]] = []
+    for c in calls:
+        for price, g in groups:
+            if artifacts.same_price(price, c[1]):
+                g.append(c)
+                break
+        else:
+            groups.append((list(c[1]), [c]))  # type: ignore[arg-type]
+    return groups
+
+
+def _recorded_how(calls: list[Served], price: list[float]) -> str:
+    """How calls recorded at `price` were paid, when not plainly online: the batch price the first
+    batch call paid (from its cost: the provider's batch_price_factor may have changed since)."""
+    batch = [c[0] for c in calls if c[2] == "batch"]
+    if not batch:
+        return ""
+    pt, ct, usd = _reference(batch)
+    listed = pt * price[0] + ct * price[1]
+    share = f" {artifacts.usd_pair(_times(price, usd / listed))}" if listed > 0 else ""
+    return f" (bought through batch: {'all' if len(batch) == len(calls) else len(batch)} at its batch price{share})"
+
+
+def _read_back(rows: list[Row], p: list[float], factor: float,
+               provider: Provider | None) -> tuple[list[float] | None, str | None]:
+    """For cache-served calls with no recorded price (cached before prices were kept), not at the
+    pool price `p`: the price read back from their costs (cost = prompt x input + completion x
+    output, solved over the calls), else None and why it cannot be told. A cost at the pool price,
+    online or at the provider's batch price, is taken as paid at it, so a run without a price
+    change records its pool's prices unchanged. As the pool's, the price read back is the online
+    (list) one, so a batch call's cost counts at list x batch_price_factor. Calls all of one token
+    mix give one equation for two prices: the pool price scaled to their cost is taken (exact when
+    both prices moved by one factor), and said. Two calls of different mixes always solve to some
+    price, even when paid at two: the recorded price has no such limit."""
+    # Which reading comes first when every call fits both (all at one price): batch calls
+    # when the provider sends through batch, else online calls.
+    scales = [factor, 1.0] if provider is not None and provider.mode == "batch" else [1.0, factor]
+    scales = [k for k in scales if k > 0]
+    one_mix = _one_mix(rows)
+    paid = _scaled(rows, p, factor, scales) if one_mix else _solve(rows, factor, scales)
+    if paid is not None:
+        return paid, None
+    return None, (f"the price they were paid at cannot be told from {_calls(rows)} (one equation for an input and "
+                  f"an output price" + (", and their costs are not one multiple of the pool price)"
+                                        if len(rows) > 1 else ")")
+                  if one_mix else "nor at any one price (answers first paid at several prices), so the price they "
+                                  "were paid at cannot be told")
 
 
 def _how(rows: list[Row], paid: list[float], factor: float, provider: Provider | None, one_mix: bool) -> str:
@@ -137,22 +201,26 @@ def _calls(rows: list[Row]) -> str:
     return "1 call" if len(rows) == 1 else f"{len(rows)} calls all of one token mix"
 
 
-def _paid_calls(traces: Path) -> tuple[dict[str, list[Row]], dict[str, int]]:
-    """Per worker: its cache-served calls with a first-paid cost, and how many other calls it paid."""
+def _paid_calls(traces: Path) -> tuple[dict[str, list[Served]], dict[str, int]]:
+    """Per worker: its cache-served calls with a first-paid cost, and how many other calls it paid.
+    A run's traces from before prices were kept lack their columns: none is recorded there."""
+    kept = {"input_price", "output_price", "paid_mode"} <= set(pq.read_schema(traces).names)
     con = duckdb.connect(":memory:")
     try:
-        rows = con.execute("""
-            SELECT worker, coalesce(cache_hit, false), prompt_tokens, completion_tokens, original_cost_usd
+        rows = con.execute(f"""
+            SELECT worker, coalesce(cache_hit, false), prompt_tokens, completion_tokens, original_cost_usd,
+                   {"input_price, output_price, paid_mode" if kept else "NULL, NULL, NULL"}
             FROM read_parquet(?)
             WHERE coalesce(original_cost_usd, cost_usd) IS NOT NULL AND status <> 'skipped'""",
                            [str(traces)]).fetchall()
     finally:
         con.close()
-    served: dict[str, list[Row]] = {}
+    served: dict[str, list[Served]] = {}
     fresh: dict[str, int] = {}
-    for w, hit, pt, ct, usd in rows:
+    for w, hit, pt, ct, usd, pin, pout, mode in rows:
         if hit and usd is not None and pt is not None and ct is not None:
-            served.setdefault(w, []).append((int(pt), int(ct), float(usd)))
+            price = [float(pin), float(pout)] if pin is not None and pout is not None else None
+            served.setdefault(w, []).append(((int(pt), int(ct), float(usd)), price, mode))
         elif not hit:
             fresh[w] = fresh.get(w, 0) + 1
     return served, fresh
