@@ -98,7 +98,9 @@ TRACES_TABLE = Table("traces", [
     Column('query_index', I64, 'row of the query'),
     Column('sample', I32, "the plan's sample"),
     Column('step', I32, 'top-level step index'),
-    Column('step_path', STR, '`2`, or `2.0` for step 0 of the workflow that step 2 re-planned'),
+    Column('step_path', STR, '`2`; `2.plan` for the call that re-planned step 2 (a planner worker\'s, billed '
+                             'here) and `2.0`, `2.1`, ... for the steps of the workflow it made; step 2\'s own row '
+                             '(its `sub_plan`) costs 0'),
     Column('depth', I32, 're-planning depth (0 at top level)'),
     Column('worker', STR, 'worker id'),
     Column('model', STR, 'litellm model string'),
@@ -150,6 +152,17 @@ TRACES_TABLE = Table("traces", [
     Column('sub_plan', STR, 'the workflow a re-planning step ran, as JSON'),
     Column('failure', STR, "a failed step's kind of failure: connection, timeout, server, rate_limit, batch_refused"
                            ' (a rerun retries these), budget, auth, not_found, client, malformed, config, other'),
+    Column('input_price', F64, 'USD per input token the answer was paid at (for a cache hit: when first paid for), '
+                               'the online (list) price also for a call bought through batch (see `paid_mode`); '
+                               'null where none was kept: a step with no answer, a function or re-planning step, an '
+                               'unknown price, a cost the server stated (a replay of recorded costs), or an answer '
+                               'cached before conductor kept prices (`policy train` then reads the price back from '
+                               'the cost)'),
+    Column('output_price', F64, 'USD per output token the answer was paid at, as `input_price`'),
+    Column('paid_mode', STR, '`online` or `batch`: how the answer was bought (for a cache hit: when first paid for); '
+                             "a batch call cost `input_price` and `output_price` x its provider's "
+                             '`batch_price_factor`. Null for a step with no answer, a function or re-planning step, '
+                             'or an answer cached before conductor kept prices'),
 ])
 
 RESULTS_TABLE = Table("results", [
@@ -186,7 +199,8 @@ REWARDS_TABLE = Table("rewards", [
     Column('correct', BOOL, 'the answer matches the reference'),
     Column('reward', F64, "1 correct, 0.5 parsed but wrong, 0 otherwise, minus the cost penalty x what the plan's "
                           "answers cost when first paid for (a cache hit is priced, not free); null if not graded"),
-    Column('advantage', F64, "(reward - group mean) / (group std + 1e-4) over the query's K plans"),
+    Column('advantage', F64, "(reward - group mean) / (group sample std + 1e-4) over the query's graded plans "
+                             "(0 when fewer than 2 are graded)"),
     Column('cost_usd', F64, "what this run paid for the plan: results' `cost_usd`, the sum over its steps, where a "
                             "step answered from the response cache counts 0 (a plan served wholly from the cache: "
                             "0); null if any price is unknown. The reward's cost penalty (`--cost-penalty`) charges "
