@@ -48,48 +48,71 @@ class Problem(NamedTuple):
     fix: str
 
 
-def preflight(pool: Pool, worker_ids: Iterable[str]) -> list[str]:
+class Given(NamedTuple):
+    """A worker the user never wrote in the pool file (the one the LLM planner's --planner-model
+    adds), as its lines name it and the setting that changes its endpoint: they named worker
+    `conductor-planner` and told the user to fix api_base in the pool file."""
+
+    name: str  # "--planner-model openai/x", in place of "worker conductor-planner"
+    api_base: str  # "--planner-option api_base", in place of "api_base in the pool file"
+
+
+POOL_API_BASE = "api_base in the pool file"
+
+
+def preflight(pool: Pool, worker_ids: Iterable[str], given: dict[str, Given] | None = None) -> list[str]:
     """Problems that would fail every call of a worker, one line each (empty: go)."""
-    return [p.text for p in problems_of(pool, worker_ids)]
+    return [p.text for p in problems_of(pool, worker_ids, given)]
 
 
-def problems_of(pool: Pool, worker_ids: Iterable[str]) -> list[Problem]:
-    """preflight's problems, each with what fixes it (see Problem)."""
+def problems_of(pool: Pool, worker_ids: Iterable[str], given: dict[str, Given] | None = None) -> list[Problem]:
+    """preflight's problems, each with what fixes it (see Problem). `given`: workers (by id) that
+    command-line options made, named as those options (see Given)."""
+    given = given or {}
+
+    def who(w: Worker) -> str:
+        return given[w.id].name if w.id in given else f"worker {w.id}"
+
     problems: list[Problem] = []
     listed: dict[str, Any] = {}  # api_base -> model ids, None (cannot say) or an error line
-    unreachable: dict[str, list[str]] = {}  # api_base -> its workers: one line per endpoint, not per worker
+    # (api_base, where it is set) -> its workers: one line per endpoint, not per worker
+    unreachable: dict[tuple[str, str], list[Worker]] = {}
     for wid in sorted(set(worker_ids)):
         w = pool.worker(wid) if pool.has(wid) else None
         if w is None or w.kind == "function" or not w.model:
             continue
+        provider = pool.providers.get(w.provider)
+        hint = provider.key_hint if provider else None
         name, why = _provider_model(w)
         if why:
-            problems.append(Problem(f"worker {w.id}: {why}", "model"))
+            problems.append(Problem(f"{who(w)}: {why}", "model"))
             continue
         if not w.api_base:
-            provider = pool.providers.get(w.provider)
-            if not (provider and provider.api_key_env) and (why := _missing_key(w)):
-                problems.append(Problem(f"worker {w.id}: {why}", "env"))
+            if not (provider and provider.api_key_env) and (why := _missing_key(w, hint)):
+                problems.append(Problem(f"{who(w)}: {why}", "env"))
             continue
-        if why := _credentials_in_url(w):
-            problems.append(Problem(f"worker {w.id}: {why}", "api_base"))
+        option = given[w.id].api_base if w.id in given else None
+        place = option or POOL_API_BASE
+        if why := _credentials_in_url(w, option or "api_base", hint):
+            problems.append(Problem(f"{who(w)}: {why}", "api_base"))
         base = w.api_base.rstrip("/")
-        provider = pool.providers.get(w.provider)
         key = os.environ.get(provider.api_key_env) if provider and provider.api_key_env else None
         if base not in listed:
             listed[base] = _list_models(base, key)
         models = listed[base]
         if isinstance(models, str):
-            unreachable.setdefault(base, []).append(w)
+            unreachable.setdefault((base, place), []).append(w)
         elif models is not None and name not in models:
             shown = mask(", ".join(sorted(models)[:10]) + (" ..." if len(models) > 10 else ""), key)
-            problems.append(Problem(f"worker {w.id}: {shown_url(w)} does not serve model {name!r} (model {w.model}); "
+            problems.append(Problem(f"{who(w)}: {shown_url(w)} does not serve model {name!r} (model {w.model}); "
                                     f"it serves: {shown or 'nothing'}", "served"))
-    for base, workers in unreachable.items():
+    for (base, place), workers in unreachable.items():
         hint = (f" (a replay pool's server: `conductor replay serve --pool {pool.path}`, or `--serve` "
                 f"where the command has it)" if pool.replay is not None else "")
-        problems.append(Problem(f"worker{'s' if len(workers) > 1 else ''} {', '.join(w.id for w in workers)}: "
-                                f"cannot reach {shown_url(workers[0])} {listed[base]}{hint}", "server"))
+        names = (f"worker{'s' if len(workers) > 1 else ''} {', '.join(w.id for w in workers)}"
+                 if place == POOL_API_BASE else who(workers[0]))
+        problems.append(Problem(f"{names}: cannot reach {shown_url(workers[0])} {listed[base]}; start the server "
+                                f"or fix {place}{hint}", "server"))
     return problems
 
 
@@ -113,7 +136,7 @@ def _provider_model(w: Worker) -> tuple[str, str | None]:
     return name, None
 
 
-def _credentials_in_url(w: Worker) -> str | None:
+def _credentials_in_url(w: Worker, api_base: str = "api_base", key_hint: str | None = None) -> str | None:
     """Why every call to an api_base with `user:password@` would fail, or None. The HTTP client
     of the calls (aiohttp, in the direct client and inside litellm) refuses credentials in the
     URL beside the Authorization header that carries the key: each call would fail with a
@@ -125,12 +148,13 @@ def _credentials_in_url(w: Worker) -> str | None:
 
     if direct_model(w.api_base, w.model) and "@" not in urlsplit(OpenAIEndpoint(w.api_base, None).url).netloc:
         return None
+    how = key_hint or "give a key with the provider's api_key_env"
     return (f"api_base {shown_url(w)} holds user:password@, which its calls cannot send (the HTTP client refuses "
             f"credentials in the URL beside the key's Authorization header, so every call would fail); remove "
-            f"user:password@ from api_base, and give a key with the provider's api_key_env")
+            f"user:password@ from {api_base}, and {how}")
 
 
-def _missing_key(w: Worker) -> str | None:
+def _missing_key(w: Worker, key_hint: str | None = None) -> str | None:
     """Why a hosted model's calls would all fail for want of its API key (litellm reads
     OPENAI_API_KEY and the like when the provider names no api_key_env); None when
     they would not, or when the credentials are not an API key (cloud roles, profiles)."""
@@ -143,8 +167,8 @@ def _missing_key(w: Worker) -> str | None:
     missing = env.get("missing_keys") or []
     if env.get("keys_in_environment") or not missing or not all(k.endswith("_API_KEY") for k in missing):
         return None
-    return (f"model {w.model} needs {' or '.join(missing)}, which is not set; set it, or name the variable "
-            f"that holds the key with api_key_env (provider {w.provider})")
+    how = key_hint or f"name the variable that holds the key with api_key_env (provider {w.provider})"
+    return f"model {w.model} needs {' or '.join(missing)}, which is not set; set it, or {how}"
 
 
 def _read_by(resp, deadline: float, limit: int) -> bytes | None:
@@ -210,7 +234,7 @@ def _list_models(base: str, api_key: str | None) -> set[str] | str | None:
         return None  # it answers, but not this question (no /models, or a key is needed)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or e
-        return f"({reason}); start the server or fix api_base in the pool file"
+        return f"({reason})"
     except ValueError:
         return None
     data = doc.get("data") if isinstance(doc, dict) else None

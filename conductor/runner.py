@@ -182,12 +182,46 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
             "inputs": {"queries": str(Path(cfg.queries).resolve()), "pool": str(Path(cfg.pool).resolve()),
                        **fingerprint, "planner_options": shown_options(cfg.planner_options)},
             "settings": run_settings(cfg),
+            PLANS_MAY_REPLAN: cfg.max_depth > 0,
         })
         return Run(cfg, pool, queries, run, resumed=False, lease=lease)
     except BaseException:
         if lease is not None:  # or the same command, rerun, would be refused until it lapses
             lease.release()
         raise
+
+
+# The manifest's record of whether the run's own plans may give steps to planner workers (plans_may_replan).
+PLANS_MAY_REPLAN = "plans_may_replan"
+
+
+def plans_may_replan(run: Run) -> bool:
+    """Whether the run's own plans may give steps to planner workers: not when the run was made with
+    --max-depth 0 (a model planner leaves them out, top_level_kinds). Decided once, when the run is
+    made: max_depth is outside the run id, and a rerun with another depth makes the plans left as the
+    first were made (the planner's calls come from its run cache, not paid again). A run made before
+    this was recorded planned with them, whatever its depth."""
+    return run.dir.read_manifest().get(PLANS_MAY_REPLAN, True) is not False
+
+
+def _note_planning_depth(run: Run, planner: Any) -> None:
+    """Say when this command's --max-depth would have planned otherwise than the run decided when it
+    was made (plans_may_replan), for a planner that may name the pool's planner workers."""
+    ids = [w.id for w in run.pool.workers if w.kind == "planner"]
+    kinds = getattr(getattr(planner, "config", None), "kinds", ())
+    may, depth = plans_may_replan(run), run.config.max_depth
+    if not ids or "planner" not in kinds or may == (depth > 0):
+        return
+    flag = run.config.setting_names.get("max_depth", EXECUTION_SETTINGS["max_depth"])
+    new_run = "" if run.config.setting_names else " (--run-id NEW)"
+    if may:
+        run.notes.append(f"{flag} 0: the plans left to make may still give steps to the planner worker(s) "
+                         f"{', '.join(ids)}, as the run's first plans could (it was made with re-planning "
+                         f"allowed), and such steps fail at {flag} 0; a new run{new_run} plans without them")
+    else:
+        run.notes.append(f"{flag} {depth}: the plans left to make leave out the planner worker(s) "
+                         f"{', '.join(ids)}, as the run's first plans did (it was made with {flag} 0); "
+                         f"a new run{new_run} plans with them")
 
 
 def outside_option_changes(run: Run) -> list[tuple[str, Any, Any]]:
@@ -301,6 +335,7 @@ def plan_stage(run: Run, planner: Planner | None = None, checked: bool = False) 
         with run_lock(run.dir.work, run.dir.run_id), noting_stop(run.dir, "planning", lambda: spend_so_far(run)), \
                 _named_storage_errors(run):
             _note_outside_options(run, planning=True)
+            _note_planning_depth(run, planner)
             return _replan(run, planner, out, failed) if failed else _plan(run, planner, out)
     finally:
         if own:
@@ -321,20 +356,17 @@ def configured_planner(cfg: RunConfig, pool: Pool | None = None) -> Planner:
     if cfg.planner in ("embedded", "vllm") and options.get("seed") is None:
         options["seed"] = cfg.seed
     planner = make_planner(cfg.planner, **options)  # a value out of the planner's range is said first
-    if cfg.planner in ("vllm", "llm"):
-        try:
+    try:
+        if cfg.planner in ("vllm", "llm"):
             check_max_steps_option(cfg.planner_options, cfg.max_steps)
-        except BaseException:
-            close_planner(planner)
-            raise
-    if pool is not None and hasattr(planner, "resolve"):
-        try:
+        if pool is not None and hasattr(planner, "resolve"):
             planner.resolve(pool)
             if hasattr(planner, "check_samples"):
                 planner.check_samples(cfg.queries, planning_pool(pool), cfg.samples)
-        except BaseException:
-            close_planner(planner)
-            raise
+        check_no_replanning(cfg, planner, pool)
+    except BaseException:
+        close_planner(planner)
+        raise
     return planner
 
 
@@ -347,6 +379,25 @@ def check_max_steps_option(options: dict[str, Any], max_steps: int) -> None:
         raise ConductorError(f"--planner-option max_steps={shown_value(given)} differs from --max-steps {max_steps}, "
                              f"against which plans are checked; give the number of steps with --max-steps "
                              f"(and drop the planner option)")
+
+
+def check_no_replanning(cfg: RunConfig, planner: Any, pool: Pool | None) -> None:
+    """Refuse --max-depth 0 with planner options that need a planner worker: a model planner's
+    `kinds` with no llm (planner workers are left out of its plans, top_level_kinds, so no plan
+    could begin), or an embedded `action=` that gives a step to one (the executor would refuse
+    that step after the plan's earlier steps were paid for). Before the run folder is written."""
+    if cfg.max_depth != 0:
+        return
+    kinds = getattr(getattr(planner, "config", None), "kinds", None)
+    if kinds is not None and "llm" not in kinds:
+        raise ConductorError(f"--max-depth 0 allows no re-planning, so plans leave out planner workers, and "
+                             f"--planner-option kinds={','.join(kinds)} leaves no other kind a plan can begin "
+                             f"with; add llm to kinds, or give --max-depth 1")
+    named = planner.action_workers() if pool is not None and hasattr(planner, "action_workers") else ()
+    if replanning := [w for w in named if pool.has(w) and pool.worker(w).kind == "planner"]:
+        raise ConductorError(f"--max-depth 0 allows no re-planning, but --planner-option action gives a step to "
+                             f"the planner worker(s) {', '.join(replanning)}, which re-plan; choose an action "
+                             f"without them, or give --max-depth 1")
 
 
 def planning_dir(run: Run) -> Path:
@@ -384,7 +435,7 @@ def bind_planner(run: Run, planner: Any) -> None:
         cfg = run.config
         planner.bind(work_dir=planning_dir(run), cache_path=_cache_path(cfg) if cfg.cache else None,
              run_id=run.dir.run_id, seed=cfg.seed, refresh=cfg.refresh, budget_usd=cfg.budget_usd,
-             progress=cfg.progress, retry_failed=cfg.retry_failed)
+             progress=cfg.progress, retry_failed=cfg.retry_failed, replans=plans_may_replan(run))
 
 
 def close_planner(planner: Any) -> None:
@@ -831,8 +882,10 @@ class NotReady(ConductorError):
 
 
 def worker_problems(pool: Pool, used: set[str]) -> list[Any]:
-    """What would fail every call of the workers `used`: a provider's key variable unset, then
-    the preflight's (conductor.preflight.Problem, each with what fixes it)."""
+    """What would fail every call of the workers `used`: a provider's key variable unset, and
+    the preflight's (conductor.preflight.Problem, each with what fixes it). Both at once: the
+    variables alone hid an endpoint down or a model not served until the next attempt (an
+    unset key takes nothing from the preflight: a /models that wants one is not judged)."""
     from conductor.preflight import Problem, problems_of
 
     problems = []
@@ -842,7 +895,7 @@ def worker_problems(pool: Pool, used: set[str]) -> list[Any]:
             where = f" (pool file {pool.path})" if pool.path else ""
             problems.append(Problem(f"provider {pid}{where}: environment variable {provider.api_key_env} is not "
                                     f"set (needed by {', '.join(w.id for w in workers)})", "env"))
-    return problems or problems_of(pool, used)
+    return problems + problems_of(pool, used)
 
 
 # What a fix does to the run's id (prepare's fingerprint: the pool's workers, their descriptions, skills and
@@ -1107,9 +1160,10 @@ def run_all(cfg: RunConfig, planner: Planner | None = None, replanner=None) -> d
             # With a store, plan parts and the journal go up as they are written.
             with _uploading(store, run):
                 plan_stage(run, planner, checked=not run.resumed)  # a new run's workers: by planner_ready
-                if own and not any(w.kind == "planner" for w in run.pool.workers):
-                    # Nothing re-plans: free the engine now. Held through execution, a loaded vLLM engine
-                    # outlived a kill -9 of this process in its own process (GPU memory held for good).
+                if own and (cfg.max_depth == 0 or not any(w.kind == "planner" for w in run.pool.workers)):
+                    # Nothing re-plans (at depth 0 the executor refuses a planner step before it asks): free
+                    # the engine now. Held through execution, a loaded vLLM engine outlived a kill -9 of this
+                    # process in its own process (GPU memory held for good).
                     close_planner(planner)
                 execute_stage(run, replanner=replanner, planner=planner)
         finally:

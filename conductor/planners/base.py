@@ -99,7 +99,8 @@ class PlannerBackEnd:
 
     def bind(self, **context: Any) -> None:
         """The run's context for a planner that calls models through the executor: its work
-        folder, cache, run id, seed, refresh setting, budget and progress."""
+        folder, cache, run id, seed, refresh setting, budget and progress; and for every model
+        planner `replans`, whether its plans may give steps to planner workers (top_level_kinds)."""
 
     def replanner(self, pool: Pool, max_steps: int) -> Any:
         """What re-plans a step given to a planner worker (conductor.planners.replan); None: cannot."""
@@ -107,6 +108,13 @@ class PlannerBackEnd:
 
     def close(self) -> None:
         """Free what the planner holds (a loaded engine and its processes)."""
+
+
+def top_level_kinds(kinds: Sequence[str], replans: bool) -> tuple[str, ...]:
+    """The worker kinds a run's own plans may use: no planner workers when the run allows no
+    re-planning (--max-depth 0), as sub-plans at the deepest level (replan.sub_kinds). Offered,
+    their steps were refused by the executor after the plan's earlier steps were paid for."""
+    return tuple(k for k in kinds if replans or k != "planner")
 
 
 class SeededByRun:

@@ -211,16 +211,24 @@ def _not_a_policy_folder(path: Path) -> str | None:
 
 def _warn_unpriced(pool: Pool) -> None:
     """Say which workers planning counts at the dearest known price: a free local model given no
-    price is then no longer preferred, and `price: {input_per_mtok: 0, output_per_mtok: 0}` says so."""
+    price is then no longer preferred, and `price: {input_per_mtok: 0, output_per_mtok: 0}` says so.
+    With no known price at all, price ranks nothing and cost_weight does nothing: said too."""
     from conductor.execute.prices import resolve_price
 
     llm = [w for w in pool.workers if w.kind == "llm"]
     unpriced = [w.id for w in llm if resolve_price(w) is None]
-    if unpriced and len(unpriced) < len(llm):
-        print(f"conductor: warning: {', '.join(unpriced)}: no price in the pool file nor in litellm's cost map; "
-              f"the embedded planner counts {'it' if len(unpriced) == 1 else 'them'} at the dearest known price "
-              f"(a free local model: give it price: {{input_per_mtok: 0, output_per_mtok: 0}})",
-              file=sys.stderr, flush=True)
+    if not unpriced:
+        return
+    if len(unpriced) < len(llm):
+        text = (f"{', '.join(unpriced)}: no price in the pool file nor in litellm's cost map; the embedded "
+                f"planner counts {'it' if len(unpriced) == 1 else 'them'} at the dearest known price "
+                f"(a free local model: give it price: {{input_per_mtok: 0, output_per_mtok: 0}})")
+    else:
+        text = (f"no llm worker ({', '.join(unpriced)}) has a price in the pool file or in litellm's cost map: "
+                f"the embedded planner ranks plans by skills alone (cost_weight has no effect) and the run's "
+                f"cost is unknown; give each a price: {{input_per_mtok: ..., output_per_mtok: ...}} (0 and 0 "
+                f"for a free local model)")
+    print(f"conductor: warning: {text}", file=sys.stderr, flush=True)
 
 
 class EmbeddedPlanner(SeededByRun, PlannerBackEnd):
@@ -262,6 +270,10 @@ class EmbeddedPlanner(SeededByRun, PlannerBackEnd):
         largest = _largest_sweep(pool, rows)  # the count needed is the largest set's, not the first short one's
         if largest is not None and largest[1] > samples:
             raise ConductorError(_sweep_short(largest[0], largest[1], samples))
+
+    def action_workers(self) -> list[str]:
+        """The workers the `action=` option gives steps to (none without it), in order."""
+        return list(dict.fromkeys(w for key in self._action_keys() for w in Action.from_key(key).workers))
 
     def _action_keys(self) -> list[str]:
         action = self.config.action

@@ -41,7 +41,7 @@ from conductor.execute.context import ExecutionContext
 from conductor.execute.engine import ExecOptions, PlanJob, StepFailed
 from conductor.execute.journal import RETRY_TRANSIENT, TRANSIENT_KINDS, load_state, step_failures
 from conductor.planners import prompt as prompts
-from conductor.planners.base import PlanDraft, PlannerBackEnd, PlanningStopped, Query, option_checks
+from conductor.planners.base import PlanDraft, PlannerBackEnd, PlanningStopped, Query, option_checks, top_level_kinds
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS, Step
 from conductor.pool import WORKER_KINDS, Pool, Worker, parse_pool, provider_from_model, unlisted
@@ -178,6 +178,7 @@ class Binding:
     budget_usd: float | None = None
     progress: bool = False
     retry_failed: bool = False  # ask again the queries whose planning failed for good
+    replans: bool = True  # False: the run allows no re-planning, and plans leave planner workers out
 
 
 class LLMPlanner(PlannerBackEnd):
@@ -192,6 +193,10 @@ class LLMPlanner(PlannerBackEnd):
         """Where the planner's journal, run cache and shared cache live, and the
         run's seed, budget and refresh setting (see `Binding`)."""
         self.binding = Binding(**context)
+
+    def plan_kinds(self) -> tuple[str, ...]:
+        """The worker kinds the run's own plans may use (sub-plans: replan.sub_kinds)."""
+        return top_level_kinds(self.config.kinds, self.binding.replans)
 
     def replanner(self, pool: Pool, max_steps: int):
         from conductor.planners.replan import LLMReplanner
@@ -307,12 +312,16 @@ class LLMPlanner(PlannerBackEnd):
                 raise ConductorError(f"LLM planner: no known price for model {worker.model}, so it cannot plan "
                                      f"under a budget; give it a price (pool worker price, or "
                                      f"--planner-option price={{input_per_mtok: ..., output_per_mtok: ...}})")
-        if provider.api_key_env and not os.environ.get(provider.api_key_env):
-            raise ConductorError(f"LLM planner: environment variable {provider.api_key_env} is not set "
-                                 f"(the key of provider {provider.id}, which serves {worker.model})")
-        from conductor.preflight import preflight
+        from conductor.preflight import Given, preflight
 
-        if problems := preflight(exec_pool, [worker.id]):
+        problems = []  # all of them at once: an unset key hid the endpoint's problems until the next try
+        if provider.api_key_env and not os.environ.get(provider.api_key_env):
+            problems.append(f"environment variable {provider.api_key_env} is not set (the key of provider "
+                            f"{provider.id}, which serves {worker.model})")
+        # The worker --planner-model adds is named as the options that made it, not as a pool file's worker.
+        given = {worker.id: Given(f"--planner-model {worker.model}", "--planner-option api_base")} \
+            if self.config.model is not None else None
+        if problems := problems + preflight(exec_pool, [worker.id], given):
             raise ConductorError("LLM planner: cannot plan: " + "; ".join(problems))
         return worker, exec_pool
 
@@ -323,9 +332,9 @@ class LLMPlanner(PlannerBackEnd):
             raise ConductorError(f"LLM planner: samples must be at least 1 (got {samples})")
         if not queries:
             return []
-        c = self.config
-        if not prompts.first_step_workers(pool, c.kinds):
-            err = f"the pool has no workers of kind {', '.join(k for k in c.kinds if k != 'function')} to plan with"
+        kinds = self.plan_kinds()
+        if not prompts.first_step_workers(pool, kinds):
+            err = f"the pool has no workers of kind {', '.join(k for k in kinds if k != 'function')} to plan with"
             return [[_invalid(None, err, {}) for _ in range(samples)] for _ in queries]
         worker, exec_pool = self.ready(pool)  # a resumed run's too: its budget may be new
         return asyncio.run(self._plan_all(queries, pool, exec_pool, worker, samples))
@@ -335,7 +344,8 @@ class LLMPlanner(PlannerBackEnd):
         c, b = self.config, self.binding
         structured = self.structured_for(worker)
         mode = "structured" if structured else "free"
-        params = self.request_params(pool, worker, structured)
+        kinds = self.plan_kinds()
+        params = self.request_params(pool, worker, structured, kinds)
         base_seed = c.seed if c.seed is not None else b.seed
         tmp = tempfile.TemporaryDirectory(prefix="conductor-planner-") if b.work_dir is None else None
         work = Path(tmp.name) if tmp is not None else Path(b.work_dir)
@@ -351,7 +361,7 @@ class LLMPlanner(PlannerBackEnd):
 
         async def one(q: Query, k: int) -> PlanDraft:
             msgs = prompts.messages(q, pool, mode, c.max_steps, instruction_chars=c.instruction_chars,
-                                    kinds=c.kinds)
+                                    kinds=kinds)
             prompt_text = orjson.dumps(msgs).decode()
             job = PlanJob(f"{q.query_id}#{k}", q.query_id, q.index, k, q.task, q.prompt, None)
             step = Step(worker.id, prompts.user_prompt(q), ())

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from conductor.errors import ConductorError
 from conductor.planners import prompt as prompts
-from conductor.planners.base import PlanDraft, PlannerBackEnd, Query, SeededByRun, option_checks
+from conductor.planners.base import PlanDraft, PlannerBackEnd, Query, SeededByRun, option_checks, top_level_kinds
 from conductor.planners.schema import FREE_MAX_TOKENS, max_plan_chars, plan_schema, shape_problem
 from conductor.plans import DEFAULT_MAX_STEPS
 from conductor.pool import WORKER_KINDS, Pool
@@ -134,6 +134,16 @@ class VLLMPlanner(SeededByRun, PlannerBackEnd):
         self._llm: Any = llm
         self.load_seconds: float | None = None
         self.engine_calls = 0  # generate calls made, for the one-call-per-batch promise
+        self.replans = True  # False: the run allows no re-planning, and plans leave planner workers out
+
+    def bind(self, **context: Any) -> None:
+        super().bind(**context)  # the run's seed
+        self.replans = context.get("replans", True)
+
+    def plan_kinds(self) -> tuple[str, ...]:
+        """The worker kinds the run's own plans may use (sub-plans: replan.sub_kinds, on a copy of
+        this planner that is never bound)."""
+        return top_level_kinds(self.config.kinds, self.replans)
 
     def engine(self) -> Any:
         """The vllm.LLM, created on first use."""
@@ -187,8 +197,9 @@ class VLLMPlanner(SeededByRun, PlannerBackEnd):
         if not queries:
             return []
         c = self.config
-        if not prompts.first_step_workers(pool, c.kinds):
-            err = f"the pool has no workers of kind {', '.join(k for k in c.kinds if k != 'function')} to plan with"
+        kinds = self.plan_kinds()
+        if not prompts.first_step_workers(pool, kinds):
+            err = f"the pool has no workers of kind {', '.join(k for k in kinds if k != 'function')} to plan with"
             return [[self._invalid(None, None, err) for _ in range(samples)] for _ in queries]
         llm = self.engine()
         tokenizer = llm.get_tokenizer()
@@ -220,7 +231,7 @@ class VLLMPlanner(SeededByRun, PlannerBackEnd):
         """The chat-templated prompt: what the model actually reads."""
         c = self.config
         msgs = prompts.messages(query, pool, c.mode, c.max_steps,
-                                instruction_chars=c.instruction_chars, kinds=c.kinds)
+                                instruction_chars=c.instruction_chars, kinds=self.plan_kinds())
         if getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         # A base model without a chat template reads the turns as plain text.
@@ -235,11 +246,11 @@ class VLLMPlanner(SeededByRun, PlannerBackEnd):
         if c.mode == "structured":
             from vllm.sampling_params import StructuredOutputsParams
 
-            schema = plan_schema(pool, c.max_steps, c.instruction_chars, kinds=c.kinds)
+            schema = plan_schema(pool, c.max_steps, c.instruction_chars, kinds=self.plan_kinds())
             extra["structured_outputs"] = StructuredOutputsParams(json=schema)
             if max_tokens is None:
                 # +1 for the end-of-sequence token after the closing brace.
-                max_tokens = max_plan_chars(pool, c.max_steps, c.instruction_chars, kinds=c.kinds) + 1
+                max_tokens = max_plan_chars(pool, c.max_steps, c.instruction_chars, kinds=self.plan_kinds()) + 1
         elif max_tokens is None:
             max_tokens = FREE_MAX_TOKENS
         if c.per_request_seed:
