@@ -600,12 +600,7 @@ def _tatqa_keys(doc: Located, spec: dict, rat: tuple, score: str, by_name: dict[
             raise doc.error(rat + ("scale_field",), f"field {sf!r} has values that are not TAT-QA's scales "
                                                     f"({', '.join(map(repr, odd))}): a record giving one would "
                                                     f"count as having no scale; keep its values among {_SCALES}")
-    if (sf is None) != (sc is None):
-        key, other = ("scale_field", "scale_column") if sc is None else ("scale_column", "scale_field")
-        raise doc.error(rat + (key,), f"tatqa writes out the record's answer with its scale (scale_field) and "
-                                      f"the reference with the gold scale (scale_column), so a scale on one side "
-                                      f"only counts a right answer with a scale wrong; add {other}, or remove "
-                                      f"{key} to compare the answers as written")
+    # a scale on one side only is allowed: the other side may be written out in full units already
     if sc is not None:
         try:
             bad = inputs.values_outside(source[sc], sc, tuple(SCALES))
