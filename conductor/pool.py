@@ -487,11 +487,18 @@ _CALL_SETTINGS = ("api_base", "price", "params", "system", "context_tokens", "ma
 
 
 def _no_call_settings(w: dict, at: str) -> None:
-    given = [k for k in _CALL_SETTINGS if w.get(k) is not None and w[k] != {}]  # null, `params: {}`: none
+    given = [k for k in _CALL_SETTINGS if w.get(k) is not None and w[k] != {} and not _free(k, w[k])]
     if given:
         names = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
         raise PoolError(f"{at}.{given[0]}: a worker of kind: function calls no model (its function runs locally, "
                         f"for free), so it ignores {names}; remove {'it' if len(given) == 1 else 'them'}")
+
+
+def _free(key: str, value: Any) -> bool:
+    """A price of all zeros on a function worker says what is so (it costs nothing), as null and
+    `params: {}` say nothing: all three are taken, so pools that wrote them keep loading."""
+    return key == "price" and isinstance(value, dict) and bool(value) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0 for v in value.values())
 
 
 def _skills(raw: Any, at: str) -> dict[str, float | None]:

@@ -114,3 +114,12 @@ def test_a_prefixed_model_is_still_said_to_give_its_prefix():
     with pytest.raises(PoolError) as e:
         parse_pool({"providers": {"sim": {}}, "workers": [{"id": "w", "model": "anthropic/claude"}]})
     assert "would run on provider 'anthropic' (its model's prefix), which is not listed" in str(e.value)
+
+
+@pytest.mark.parametrize("price", [{"input_per_mtok": 0, "output_per_mtok": 0},
+                                   {"input_per_token": 0.0, "output_per_token": 0}])
+def test_a_price_of_zero_on_a_function_worker_is_still_taken(tmp_path, price):
+    """It says what is so (a function costs nothing), and pools that wrote it keep their run ids and
+    policies by loading as before (review43 3); any other price is refused above."""
+    vote = load_pool(write(tmp_path, {"id": "vote", "kind": "function", "price": price})).worker("vote")
+    assert (vote.price.input, vote.price.output) == (0, 0)

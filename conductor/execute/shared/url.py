@@ -167,14 +167,16 @@ def check_cache(value: str, where: str = f"environment variable {CACHE_ENV}") ->
 def refusal(error: BaseException, url: str | None = None) -> str | None:
     """What the Redis server refused in the URL `url` (its password or user, its database number),
     or None when the error is one of reaching it (down, hung, the network)."""
-    from urllib.parse import urlsplit
+    from urllib.parse import parse_qs, urlsplit
 
     from redis.exceptions import (AuthenticationError, AuthenticationWrongNumberOfArgsError,
                                   NoPermissionError, ResponseError)
 
     if isinstance(error, (AuthenticationError, AuthenticationWrongNumberOfArgsError)):
-        if url is not None and not urlsplit(url).password:  # nothing was refused: nothing was given
-            return ("the missing password (the server requires one and the URL has none: "
+        parts = urlsplit(url) if url is not None else None
+        if parts is not None and not parts.password and not parse_qs(parts.query).get("password"):
+            # no password was given, so none was wrong
+            return ("a login without a password (the server requires one and the URL gives none: "
                     "redis://:PASSWORD@HOST:PORT/DB)")
         return "the password or user name"
     if isinstance(error, NoPermissionError):
