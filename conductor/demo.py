@@ -43,11 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     if code not in (0, 3, 4):  # no run summary to query: bad input, a storage error, interrupted
         return code
     print("\nAccuracy and cost per task (conductor sql):")
-    # the run just made or resumed: the demo's query set's most recently updated run
+    # the run just made or resumed: the most recently updated run of the demo's query set and pool
     shown = cli(["sql", "--data-dir", str(args.data_dir),
                  "SELECT task, count(*) AS plans, round(avg(correct::INT), 3) AS accuracy, "
                  "round(sum(cost_usd), 6) AS usd FROM rewards WHERE run_id = (SELECT run_id FROM runs "
-                 f"WHERE inputs->>'queries' = '{_sql_text(args.queries)}' ORDER BY updated_at DESC LIMIT 1) "
+                 f"WHERE (inputs->>'queries') = '{_sql_text(args.queries)}' "
+                 f"AND (inputs->>'pool') = '{_sql_text(args.pool)}' ORDER BY updated_at DESC LIMIT 1) "
                  "GROUP BY ALL ORDER BY task"])
     return code or shown
 

@@ -52,6 +52,8 @@ def test_a_demo_whose_plans_all_fail_exits_4_and_says_why(tmp_path):
     assert "8 of 8 plans failed" in err, err
     assert "failures by worker and kind" in out, out
     assert "404" in out, out
+    table = out.split("Accuracy and cost per task (conductor sql):", 1)[1]  # the SQL still shows the run
+    assert "SQL error" not in err and "math" in table and "0.0" in table, out + err
 
 
 def test_a_demo_terminated_mid_run_exits_143_and_leaves_the_run_resumable(tmp_path):
