@@ -26,12 +26,12 @@ import yaml
 
 from conductor.errors import ConductorError
 from conductor.queries import SCHEMA
+from conductor.replay.datasets import DEFAULT_URL
 from conductor.replay.fingerprint import fingerprint
 from conductor.replay.tables import (COST_COLUMN, MIXED, SPLIT_SALT, SPLITS, TASK_COLUMN, TRAIN_FRACTION, TableSpec,
                                      check_shared_texts, read_prices, read_table, table_columns, with_tasks,
                                      with_tokens)
 
-DEFAULT_URL = "${CONDUCTOR_REPLAY_URL:-http://127.0.0.1:8912/v1}"
 SOURCES = {
     "gsm8k": "GSM8K test, zero-shot, JSON-formatted answers (ZeroEval)",
     "mmlu_pro": "MMLU-Pro test sample, 5-shot chain of thought (TIGER-AI-Lab)",

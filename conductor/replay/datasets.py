@@ -13,6 +13,9 @@ TRAIN_FRACTION = 0.5
 SPLITS = ("all", "train", "test")
 
 
+# Where a replay pool's workers are served unless --api-base says otherwise (`conductor replay serve`).
+DEFAULT_URL = "${CONDUCTOR_REPLAY_URL:-http://127.0.0.1:8912/v1}"
+
 # How --replay-dir's help names the default (`default_replay_dir`), in every command that has it.
 DEFAULT_DIR_HELP = (f"${REPLAY_ENV}, else shared/replay in the folder that holds the repository (../shared/replay "
                     f"from the repository, whatever the working directory)")

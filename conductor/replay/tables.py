@@ -584,7 +584,7 @@ def rewrite_command(pool: Pool, raw: dict, path: Path) -> str:
     --prices and --api-base its replay block and workers show."""
     import shlex
 
-    from conductor.replay.build import DEFAULT_URL
+    from conductor.replay.datasets import DEFAULT_URL
 
     args = ["conductor", "replay", "pool", "--table", str(path), "--out", str(pool.path or "POOL.yaml")]
     if raw.get("dataset") != dataset_name(path):
