@@ -3,8 +3,7 @@
 answer carries them (input_price, output_price, paid_mode), and `policy train` takes them instead
 of reading the price back from costs, which two calls of different token mixes paid at two
 prices always "solve" to some third price. Entries written before (no such fields) are still
-served, and read back as before. Also audit77 F7: `temperature: 0.0` and `temperature: 0` share
-one cache key, and answers cached under the float form's old key are still found.
+served, and read back as before.
 
 Small simulated pools of one worker; runs of one to three queries."""
 
@@ -18,8 +17,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from conductor.execute import cache as cache_mod
-from conductor.execute.cache import Cache, Entry, cache_key, read_entry
+from conductor.execute.cache import Cache, Entry, read_entry
 from conductor.policy import artifact
 from conductor.pool import load_pool
 from conductor.runner import RunConfig, run_all
@@ -246,86 +244,3 @@ def test_entries_read_back_old_new_and_newer():
     # a field a later version may add is dropped, not a TypeError that ends the run
     got = read_entry(orjson.dumps({**full.__dict__, "later_field": 1}))
     assert got == full
-
-
-# ---- audit77 F7: integral floats in sampling params --------------------------------------------
-
-MSGS = [{"role": "user", "content": "2+2?"}]
-
-
-def test_integral_floats_and_ints_make_one_key_and_the_float_form_keeps_its_old_key():
-    base = {"temperature": 0, "max_tokens": 256, "top_p": 1, "stop": ["x"], "extra_body": {"n": 2}}
-    floats = {"temperature": 0.0, "max_tokens": 256.0, "top_p": 1.0, "stop": ["x"], "extra_body": {"n": 2.0}}
-    key = cache_key("openai/m", None, MSGS, base)
-    assert cache_key("openai/m", None, MSGS, floats) == key
-    assert cache_mod.cache_keys("openai/m", None, MSGS, base) == (key, None)  # no legacy key: nothing changed
-    new, legacy = cache_mod.cache_keys("openai/m", None, MSGS, floats)
-    assert new == key and legacy not in (None, key)
-    assert legacy == cache_mod._digest("openai/m", None, MSGS, floats)  # the key versions before gave it
-    # other values keep their keys: fractions, booleans, huge floats, NaN
-    for params in ({"temperature": 0.5}, {"logprobs": True}, {"x": 1e300}, {"x": float("nan")}):
-        assert cache_mod.cache_keys("openai/m", None, MSGS, params)[1] is None
-    assert cache_key("openai/m", None, MSGS, {"logprobs": True}) != cache_key("openai/m", None, MSGS, {"logprobs": 1})
-
-
-@pytest.mark.parametrize("json_each", [True, False])
-def test_an_answer_cached_under_the_old_float_key_is_found_by_one_and_by_many(tmp_path, monkeypatch, json_each):
-    monkeypatch.setattr(cache_mod, "_JSON_EACH", json_each)
-    c = Cache(tmp_path / "c.sqlite")
-    floats = {"temperature": 0.0, "max_tokens": 256}
-    key, legacy = cache_mod.cache_keys("openai/m", None, MSGS, floats)
-    c.put(legacy, "openai/m", Entry("old answer", 1, 1, False, True, 1e-6, 0.1))
-    c.put("other", "openai/m", Entry("other", 1, 1, False, True, 1e-6, 0.1))
-    c.flush()
-    assert c.get(key) is None
-    assert cache_mod.lookup(c, key, legacy).text == "old answer"
-    got = cache_mod.lookup_many(c, [key, "other", "missing"], {key: legacy})
-    assert {k: e.text for k, e in got.items()} == {key: "old answer", "other": "other"}
-    # the key's own answer comes first
-    c.put(key, "openai/m", Entry("new answer", 1, 1, False, True, 1e-6, 0.1))
-    c.flush()
-    assert cache_mod.lookup(c, key, legacy).text == "new answer"
-    assert cache_mod.lookup_many(c, [key], {key: legacy})[key].text == "new answer"
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def float_params(tmp_path_factory):
-    """Pools alike but for `temperature: 0` and `temperature: 0.0`, three queries, and run `int`
-    paying for them under the first."""
-    from conductor.sim import start_sim
-
-    d = tmp_path_factory.mktemp("f7")
-    queries = d / "q.parquet"
-    pq.write_table(pq.read_table(SAMPLE).slice(0, 3), queries)
-    with start_sim(sim_server(d), [queries]) as sim:
-        f = {"queries": queries, "dir": d,
-             "int": write_pool(d / "int.yaml", sim.url, workers=_weak(sim.url, A, temperature=0)),
-             "float": write_pool(d / "float.yaml", sim.url, workers=_weak(sim.url, A, temperature=0.0))}
-        assert _run(queries, f["int"], d / "data", "int")["calls"] == 3
-        yield f
-
-
-def test_a_pool_writing_0_0_is_served_the_answers_cached_under_0(float_params):
-    f = float_params
-    again = _run(f["queries"], f["float"], f["dir"] / "data", "float")
-    assert again["calls"] == 0 and again["cache_hits"] == 3  # not paid again
-
-
-@pytest.mark.parametrize("bulk", [True, False])
-def test_answers_cached_under_the_float_forms_old_key_are_still_served(float_params, monkeypatch, bulk):
-    """Entries an older version cached for `temperature: 0.0` (keyed with the float) are found by the
-    bulk look-up of a rerun and by a step's own look-up; the rows name the request by its new key."""
-    f = float_params
-    data = f["dir"] / f"legacy-{bulk}"
-    with monkeypatch.context() as m:  # keyed as versions before stop 43 keyed it
-        m.setattr(cache_mod, "_ints", lambda v: v)
-        assert _run(f["queries"], f["float"], data, "old")["calls"] == 3
-    old_keys = {r["request_key"] for r in _traces(data, "old")}
-    if not bulk:  # every step through Executor.call_worker
-        monkeypatch.setattr("conductor.execute.engine.serve_cached", lambda ex, jobs, restored: jobs)
-    again = _run(f["queries"], f["float"], data, "new")
-    assert again["calls"] == 0 and again["cache_hits"] == 3
-    rows = _traces(data, "new")
-    assert all(r["cache_hit"] for r in rows) and not {r["request_key"] for r in rows} & old_keys
-    assert {r["request_key"] for r in rows} == {r["request_key"] for r in _traces(f["dir"] / "data", "int")}

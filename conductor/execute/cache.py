@@ -32,71 +32,9 @@ _JSON_EACH = sqlite3.sqlite_version_info >= (3, 38, 0)  # JSON functions built i
 
 
 def cache_key(model: str, api_base: str | None, messages: list[dict], params: dict[str, Any]) -> str:
-    """The request's key, its params' integral floats read as ints: `temperature: 0.0` and
-    `temperature: 0` ask the same, and hashed apart a pool that wrote 0.0 paid again for
-    answers cached under 0. Answers older versions cached under the float form are found
-    through the legacy key `cache_keys` gives."""
-    return _digest(model, api_base, messages, _ints(params))
-
-
-def cache_keys(model: str, api_base: str | None, messages: list[dict],
-               params: dict[str, Any]) -> tuple[str, str | None]:
-    """(`cache_key`, legacy key): the key versions before it read integral floats as ints gave
-    the request, when its params hold one (else None: the keys are the same). Looked up after
-    the key (`lookup`, `lookup_many`), so answers cached under it are served, not paid for again."""
-    normal = _ints(params)
-    key = _digest(model, api_base, messages, normal)
-    return key, None if normal is params else _digest(model, api_base, messages, params)
-
-
-def _digest(model: str, api_base: str | None, messages: list[dict], params: dict[str, Any]) -> str:
     doc = {"v": KEY_VERSION, "model": model, "api_base": (api_base or "").rstrip("/"),
            "messages": messages, "params": params}
     return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _ints(value: Any) -> Any:
-    """`value` with every integral float (in dicts and lists too) as an int; the same object when
-    it holds none, so a caller can tell (and a step's key costs no copy). Floats past 2**53 stay:
-    not every int there is a float, and orjson refuses ints past 64 bits."""
-    kind = type(value)
-    if kind is float:
-        return int(value) if value.is_integer() and -_EXACT < value < _EXACT else value
-    if kind is dict:
-        out = None
-        for k, v in value.items():
-            if type(v) in _NESTED and (n := _ints(v)) is not v:
-                if out is None:
-                    out = dict(value)
-                out[k] = n
-        return value if out is None else out
-    if kind is list or kind is tuple:
-        seq = [_ints(v) for v in value]
-        return value if all(a is b for a, b in zip(seq, value)) else seq
-    return value
-
-
-_EXACT = 2.0 ** 53
-_NESTED = frozenset((float, dict, list, tuple))
-
-
-def lookup(cache: Any, key: str, legacy: str | None = None) -> Entry | None:
-    """`cache.get(key)`, else (when the request has one) the answer cached under its legacy key."""
-    hit = cache.get(key)
-    if hit is None and legacy is not None:
-        hit = cache.get(legacy)
-    return hit
-
-
-def lookup_many(cache: Any, keys: list[str], legacy: dict[str, str]) -> dict[str, Entry]:
-    """`cache.get_many(keys)`, with a key not found looked up under its legacy key (`legacy`: key ->
-    legacy key, for the requests that have one), in one more query; found under the key asked."""
-    found = cache.get_many(keys)
-    missed = {legacy[k]: k for k in keys if k not in found and k in legacy}
-    if missed:
-        for old, entry in cache.get_many(list(missed)).items():
-            found[missed[old]] = entry
-    return found
 
 
 @dataclass

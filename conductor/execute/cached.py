@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from conductor.context import step_messages
-from conductor.execute.cache import Entry, lookup_many
+from conductor.execute.cache import Entry
 
 if TYPE_CHECKING:
     from conductor.execute.engine import Executor, PlanJob
@@ -36,7 +36,6 @@ def serve_cached(ex: "Executor", jobs: list["PlanJob"], restored: dict[str, Any]
         found[n] = {}
     while live:
         asks: list[tuple[int, int, str]] = []  # (job, step, key) of every step whose inputs are known
-        legacy: dict[str, str] = {}  # key -> the key older versions cached its answer under, where it differs
         for n in live:
             steps, got = jobs[n].plan.steps, found[n]  # type: ignore[union-attr]
             outputs = {i: hit[1].text for i, hit in got.items()} if got else {}
@@ -44,15 +43,11 @@ def serve_cached(ex: "Executor", jobs: list["PlanJob"], restored: dict[str, Any]
                 if i in got or (step.access and not all(j in got for j in step.access)):  # no conditions here
                     continue
                 worker = ex.pool.worker(step.worker)
-                _, key, old = ex.request_key(worker, step_messages(step, steps, outputs, worker.system))
-                asks.append((n, i, key))
-                if old is not None:
-                    legacy[key] = old
+                asks.append((n, i, ex.request_key(worker, step_messages(step, steps, outputs, worker.system))[1]))
         keys = [a[2] for a in asks]
-        own = lookup_many(ex.run_cache, keys, legacy) if ex.run_cache is not None else {}
+        own = ex.run_cache.get_many(keys) if ex.run_cache is not None else {}
         rest = [k for k in keys if k not in own]
-        asked = rest and ex.cache is not None and not ex.opt.refresh
-        shared = lookup_many(ex.cache, rest, legacy) if asked else {}
+        shared = ex.cache.get_many(rest) if rest and ex.cache is not None and not ex.opt.refresh else {}
         missed = set()
         for n, i, key in asks:
             if key in own:

@@ -35,7 +35,7 @@ from conductor.context import step_messages
 from conductor.errors import ConductorError, Terminated
 from conductor.execute.batch import ONLINE_NOTE, Batches
 from conductor.execute.budget import BudgetExhausted
-from conductor.execute.cache import Cache, Entry, cache_keys, lookup
+from conductor.execute.cache import Cache, Entry, cache_key
 from conductor.execute.cached import serve_cached
 from conductor.execute.call import (CallFailure, CallRequest, CallResponse, complete,
                                     max_prompt_tokens, maybe_billed)
@@ -612,10 +612,10 @@ class Executor:
         StepFailed, the row is written with that status and error (the paid
         response stays cached) and the failure propagates.
         """
-        params, key, legacy = self.request_key(worker, messages, params)
+        params, key = self.request_key(worker, messages, params)
         t0 = time.time()
         for cache in (self.run_cache, None if self.opt.refresh or job.refresh else self.cache):
-            hit = lookup(cache, key, legacy) if cache is not None else None
+            hit = cache.get(key) if cache is not None else None
             if hit is None:
                 continue
             if cache is self.run_cache and key not in self._paid:
@@ -671,12 +671,11 @@ class Executor:
                                   request_key=key, entry=entry, cost=cost, started=t0, error=resp.warning)
 
     def request_key(self, worker: Worker, messages: list[dict[str, str]],
-                    params: dict[str, Any] | None = None) -> tuple[dict[str, Any], str, str | None]:
-        """The call's sampling parameters (the worker's, then `params`, max_tokens set), its cache
-        key, and the legacy key older versions cached its answer under (None: the same key)."""
+                    params: dict[str, Any] | None = None) -> tuple[dict[str, Any], str]:
+        """The call's sampling parameters (the worker's, then `params`, max_tokens set) and its cache key."""
         params = {**worker.params, **(params or {})}
         params.setdefault("max_tokens", self.opt.default_max_tokens)
-        return (params, *cache_keys(worker.model, worker.api_base, messages, params))
+        return params, cache_key(worker.model, worker.api_base, messages, params)
 
     def _accepted_row(self, job: PlanJob, path: str, depth: int, step: Step, worker: Worker, accept,
                       **row: Any) -> dict[str, Any]:
