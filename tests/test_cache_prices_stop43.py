@@ -244,3 +244,33 @@ def test_entries_read_back_old_new_and_newer():
     # a field a later version may add is dropped, not a TypeError that ends the run
     got = read_entry(orjson.dumps({**full.__dict__, "later_field": 1}))
     assert got == full
+
+
+def test_a_price_read_back_and_the_same_price_recorded_count_as_one(tmp_path, capsys):
+    """Across the upgrade a worker's answers are half recorded at $1/$2, half cached before prices
+    were kept and read back to $1/$2: one price, 4 of 7 calls, which the artifact takes; counted
+    apart (2 and 2), the pool's 3 fresh calls at $100/$200 won (review43b 4)."""
+    import pyarrow as pa
+    import yaml
+
+    from conductor.policy.traininputs import served_prices
+
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump({"providers": {"sim": {}}, "workers": [
+        {"id": "weak", "model": "openai/weak", "provider": "sim", "api_base": "http://127.0.0.1:9/v1",
+         "description": "w", "price": {"input_per_mtok": 100.0, "output_per_mtok": 200.0}}]}))
+    old, dear = (1e-6, 2e-6), (1e-4, 2e-4)
+
+    def row(hit, pt, ct, price, recorded):
+        cost = pt * price[0] + ct * price[1]
+        return {"worker": "weak", "cache_hit": hit, "prompt_tokens": pt, "completion_tokens": ct, "status": "ok",
+                "original_cost_usd": cost, "cost_usd": 0.0 if hit else cost,
+                "input_price": price[0] if recorded else None, "output_price": price[1] if recorded else None,
+                "paid_mode": "online" if recorded else None}
+
+    rows = [row(True, 50, 10, old, True), row(True, 70, 30, old, True),
+            row(True, 40, 5, old, False), row(True, 20, 40, old, False),
+            row(False, 30, 3, dear, True), row(False, 31, 3, dear, True), row(False, 32, 3, dear, True)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "traces.parquet")
+    out = served_prices("r", {"weak": list(dear)}, load_pool(tmp_path / "pool.yaml"), tmp_path / "traces.parquet")
+    assert [round(x * 1e6, 9) for x in out["weak"]] == [1.0, 2.0]
+    assert "4 of its 7 paid calls" in capsys.readouterr().err

@@ -97,8 +97,14 @@ def served_prices(run_id: str, prices: Prices, pool: Pool, traces: Path) -> Pric
         if other:
             paid, why = _read_back(other, p, factor, provider)
             if paid is not None:
-                found.append((paid, len(other), sum(r[2] for r in other), _how(other, paid, factor, provider,
-                                                                               _one_mix(other))))
+                read = (paid, len(other), sum(r[2] for r in other), _how(other, paid, factor, provider,
+                                                                         _one_mix(other)))
+                same = [i for i, f in enumerate(found) if artifacts.same_price(f[0], paid)]
+                if same:  # the price newer answers recorded: one group, counted together (review43b 4)
+                    i = same[0]
+                    found[i] = (found[i][0], found[i][1] + read[1], found[i][2] + read[2], found[i][3])
+                else:
+                    found.append(read)
         if not found:
             said.append(f"{what}, not at {pool_price}; {why}, and the artifact keeps {artifacts.usd_pair(p)}")
             continue
