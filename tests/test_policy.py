@@ -22,7 +22,7 @@ from conductor.policy.actions import Action, action_set
 from conductor.policy.training import TrainConfig, train
 from conductor.pool import load_pool
 from conductor.runner import RunConfig, run_all
-from tests.conftest import SAMPLE, run_cli
+from tests.conftest import SAMPLE, cli, run_cli
 
 # slow: rollouts, training and evaluation of the learned policy
 pytestmark = pytest.mark.slow
@@ -171,10 +171,13 @@ def test_artifacts_are_versioned_and_planning_uses_the_newest(planted):
     assert artifact.find(pool, root) == first
 
 
-def _train(planted, out, *extra) -> tuple:
-    """`policy train` on the planted runs into `out`: (the CLI's result, the artifact's meta or None)."""
-    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
-                "--out", out, *extra)
+def _train(planted, out, *extra, refused: bool = False) -> tuple:
+    """`policy train` on the planted runs into `out`: (the CLI's result, the artifact's meta or None).
+    `refused`: input the command refuses before fitting, run in this process (`cli`): a new
+    interpreter for each of the refusals below cost a second of imports and bought nothing."""
+    run = cli if refused else run_cli
+    r = run("policy", "train", "--pool", planted["pool"], "--runs", "explore", "--data-dir", planted["data"],
+            "--out", out, *extra)
     folder = artifact.find(load_pool(planted["pool"]), out) if r.returncode == 0 else None
     return r, (orjson.loads((folder / "policy.json").read_bytes()) if folder else None)
 
@@ -203,7 +206,7 @@ def test_a_floor_ships_the_cheapest_action_at_the_best_singles_train_accuracy(pl
     for task, w in meta["fixed"]["why"].items():
         assert w["reached"] is False
         assert f"floor    {task}: NOT REACHED on train: no action reaches {w['need_accuracy']:.4f}" in r.stdout
-    r, _ = _train(planted, tmp_path / "p", "--floor", "2")
+    r, _ = _train(planted, tmp_path / "p", "--floor", "2", refused=True)
     assert r.returncode != 0 and "--floor" in r.stderr
 
 
@@ -231,9 +234,9 @@ def test_a_budget_ships_the_most_accurate_action_within_that_share_of_the_best_s
     assert meta["fixed"]["choice"]["math"] == "single:plain"
     for flag, bad in (("--budget", "0"), ("--budget", "inf"), ("--lambda", "nan"), ("--ship-margin", "nan"),
                       ("--ship-margin", "-1"), ("--passes", "-1")):
-        r, _ = _train(planted, tmp_path / "p", flag, bad)
+        r, _ = _train(planted, tmp_path / "p", flag, bad, refused=True)
         assert r.returncode != 0 and flag in r.stderr and "Traceback" not in r.stderr, (flag, bad)
-    r, _ = _train(planted, tmp_path / "p", "--budget", "0.5", "--floor", "0")
+    r, _ = _train(planted, tmp_path / "p", "--budget", "0.5", "--floor", "0", refused=True)
     assert r.returncode != 0 and "--floor and --budget" in r.stderr
 
 
@@ -262,20 +265,21 @@ def test_a_segment_policy_plans_each_query_by_its_metadata_group(planted, tmp_pa
         choice = model["choice"][q["task"]]
         assert draft.info["action"] == choice["groups"].get(draft.info["group"], choice["all"])
 
-    r = run_cli(*train_args, "--learner", "segment", "--group-by", "subject")
+    # Refusals, in this process (`cli`): they come before any fitting, where a new interpreter buys nothing.
+    r = cli(*train_args, "--learner", "segment", "--group-by", "subject")
     assert r.returncode != 0 and "--group-by subject" in r.stderr and "'subject'" in r.stderr
-    r = run_cli(*train_args, "--learner", "segment")
+    r = cli(*train_args, "--learner", "segment")
     assert r.returncode != 0 and "--group-by FIELD" in r.stderr
-    r = run_cli(*train_args, "--group-by", "set")
+    r = cli(*train_args, "--group-by", "set")
     assert r.returncode != 0 and "--group-by FIELD" in r.stderr
 
     # Every query held back once, in 3 parts, to choose between the grouped policy and the fixed action.
     r = run_cli(*train_args, "--learner", "segment", "--group-by", "set", "--folds", "3")
     assert r.returncode == 0, r.stderr
     assert "held-back queries, 3-fold cross-fit" in r.stdout
-    r = run_cli(*train_args, "--folds", "3", "--holdout", "0.3")
+    r = cli(*train_args, "--folds", "3", "--holdout", "0.3")
     assert r.returncode != 0 and "--holdout 0.3 and --folds 3: give one" in r.stderr
-    r = run_cli(*train_args, "--folds", "0")
+    r = cli(*train_args, "--folds", "0")
     assert r.returncode != 0 and "--folds must be 1" in r.stderr
 
     # The weights of the task-wide logs in each group's choice: saved with the artifact, checked.
@@ -285,7 +289,7 @@ def test_a_segment_policy_plans_each_query_by_its_metadata_group(planted, tmp_pa
     assert orjson.loads((folder / "segment.json").read_bytes())["shrinks"] == [0.0, 30.0]
     for bad in (["--learner", "segment", "--group-by", "set", "--shrinks", "-5"],
                 ["--learner", "segment", "--group-by", "set", "--shrinks", "0", "nan"], ["--shrinks", "20"]):
-        r = run_cli(*train_args, *bad)
+        r = cli(*train_args, *bad)
         assert r.returncode != 0 and "--shrinks" in r.stderr and "Traceback" not in r.stderr, bad
 
 
@@ -320,8 +324,8 @@ def test_a_stale_or_foreign_artifact_is_refused_with_a_reason(planted, tmp_path)
     with pytest.raises(ConductorError, match="there is no folder"):
         EmbeddedPlanner(EmbeddedConfig(policy=str(tmp_path / "nothing"))).plan(
             [Query("q", "What is 2 + 2?", "math")], pool, 1)
-    r = run_cli("policy", "train", "--pool", planted["pool"], "--runs", "nope", "--data-dir", planted["data"],
-                "--out", tmp_path / "p")
+    r = cli("policy", "train", "--pool", planted["pool"], "--runs", "nope", "--data-dir", planted["data"],
+            "--out", tmp_path / "p")
     assert r.returncode == 2 and "run nope: not found" in r.stderr
     # Damaged (audit 30): a model file cut short was planned with; valid but incomplete JSON was a KeyError
     cut = tmp_path / "cut"
@@ -333,7 +337,7 @@ def test_a_stale_or_foreign_artifact_is_refused_with_a_reason(planted, tmp_path)
     (old / "policy.json").write_bytes(orjson.dumps({k: v for k, v in meta.items() if k != "training"}))
     with pytest.raises(ConductorError, match="incomplete, no training"):
         artifact.load(old, pool)
-    r = run_cli("policy", "show", "--pool", planted["pool"], "--policy", old)
+    r = cli("policy", "show", "--pool", planted["pool"], "--policy", old)
     assert r.returncode == 2 and "incomplete, no training" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from conductor.policy.actions import Action
 from conductor.policy.features import Context, FeatureSettings, context, group_of
-from conductor.policy.learner import FixedLearner, Logged, SegmentLearner, best_singles, load_learner
+from conductor.policy.learner import (FixedLearner, Logged, SegmentLearner, action_logs, best_singles,
+                                      load_learner)
 
 BIG = Action("single", ("big",))  # right on every group, dear
 ALGEBRA = Action("single", ("algebra",))  # right on algebra only, cheap
@@ -160,9 +161,13 @@ def test_cross_fitted_shrinkage_plans_new_queries_of_many_small_groups_better():
         rng = random.Random(seed)
         draw = {(a.key, g, i): rng.random() < p(a.key, g) for a in actions for g in range(12) for i in range(80)}
         logs = sweep(lambda k, g, i: draw[(k, int(g), i)], {str(g): 80 for g in range(12)}, actions, cost)
+        # One draw's per-action tables, made once for both fits and the reference (as training shares
+        # them with the fixed action): they depend on the logs alone, and took half the test's time.
+        tables = action_logs(logs)
+        reference = best_singles(logs, tables)
         for name, shrinks in (("alone", [0.0]), ("shrunk", None)):
-            seg = SegmentLearner(budget=0.15, reference=best_singles(logs), shrinks=shrinks)
-            seg.fit(logs)
+            seg = SegmentLearner(budget=0.15, reference=reference, shrinks=shrinks)
+            seg.fit(logs, tables)
             assert seg.why["choice"]["shrinks_tried"] == list(shrinks or SegmentLearner.shrinks)
             picks = [actions[seg.greedy(Context("choice", {}, {}, str(g)), actions)] for g in range(12)]
             worth[name].append(sum(p(a.key, g) for g, a in enumerate(picks)) / 12)
