@@ -163,7 +163,6 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
         lease = RunLease(store, run_id).take()  # before the pull: a refused process fetches nothing
     try:
         if lease is not None:
-            _set_aside_if_older(store, run)
             store.pull_run(run)
         if run.exists():
             manifest = run.read_manifest()
@@ -190,37 +189,6 @@ def prepare(cfg: RunConfig, pool: Pool | None = None, before_new: Callable[[], N
         if lease is not None:  # or the same command, rerun, would be refused until it lapses
             lease.release()
         raise
-
-
-SUPERSEDED = "superseded"  # <data dir>/superseded/<run id>-<time>: a run folder older than the store's copy
-
-
-def _set_aside_if_older(store, run: RunDir) -> None:
-    """A run folder older than the store's copy (this machine stopped, another went on with the run and
-    uploaded more) is moved aside and the store's copy fetched: resumed from the folder, the run paid
-    again for what the other machine had paid, and its next upload put the older journal and manifest
-    over the store's. Moved, not deleted: its lines written after its last upload are the only record
-    of those calls. Moved out of runs/, whose every folder the catalog reads as a run."""
-    why = store.newer_copy(run)
-    if why is None:
-        return
-    import logging
-    from datetime import datetime, timezone
-
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    aside = run.data_dir / SUPERSEDED / f"{run.run_id}-{stamp}"
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = aside.with_name(f"{run.run_id}-{stamp}-{n}")
-    aside.parent.mkdir(parents=True, exist_ok=True)
-    with run_lock(run.work, run.run_id):  # a process on this folder (one run without --store) refuses the move
-        os.rename(run.path, aside)
-    logging.getLogger("conductor.store").warning(
-        "store %s: run %s: the store's copy is newer than %s (%s): another machine went on with the run after "
-        "this one stopped; resuming from the store's copy. This folder's copy was moved to %s, and nothing in it "
-        "is used; calls it journaled after its last upload are served from the response cache or paid again. "
-        "Delete it once you no longer need it", store.url, run.run_id, run.path, why, aside)
 
 
 # The manifest's record of whether the run's own plans may give steps to planner workers (plans_may_replan).

@@ -325,37 +325,6 @@ class ObjectStore:
                 self.get(run_dir.work / PLAN_PARTS / info.base_name, "runs", run_dir.run_id, "work", PLAN_PARTS,
                          info.base_name)
 
-    def newer_copy(self, run_dir) -> str | None:
-        """Why the store's copy of a run this folder holds too is newer than this folder's (None: it is
-        not, or the store has none): another machine went on with the run after this folder's last
-        upload. Resumed from this folder, the run paid again for what that machine paid, and its next
-        upload put the older journal and manifest over the store's."""
-        with self._reaching(f"look for run {run_dir.run_id}"):
-            return self._newer_copy(run_dir)
-
-    def _newer_copy(self, run_dir) -> str | None:
-        """Decided by the manifests, not the journals' lengths: a journal shrinks on its own machine (a
-        torn last line cut, a garbage line dropped with the README's sed) while the store keeps the longer
-        upload, so a longer journal there proves nothing. Every manifest a folder uploads is one it wrote,
-        each write stamps updated_at, and every stage writes it as it starts, before anything is paid
-        (and again every few seconds while its spend grows); so a store's manifest updated later than
-        this folder's was written by another folder, given clocks that agree as the lease needs them to.
-        A record of a deleted journal there that this folder lacks is proof without clocks: a record
-        never leaves a manifest."""
-        rid = run_dir.run_id
-        if not run_dir.exists() or not self.exists("runs", rid, "manifest.json"):
-            return None
-        with self.fs.open_input_stream(self.path("runs", rid, "manifest.json")) as f:
-            theirs = _json_object(f.read())
-        ours = _json_object(_read_local(run_dir.manifest_path))
-        if theirs.get(DELETED_WORK_SPEND_KEY) and not ours.get(DELETED_WORK_SPEND_KEY):
-            return (f"the store's manifest records a work folder deleted on another machine "
-                    f"({DELETED_WORK_SPEND_KEY}), this folder's does not")
-        t_theirs, t_ours = _instant(theirs.get("updated_at")), _instant(ours.get("updated_at"))
-        if t_theirs is not None and t_ours is not None and t_theirs > t_ours:
-            return f"the store's manifest was updated at {theirs['updated_at']}, this folder's at {ours['updated_at']}"
-        return None
-
     def pull_run(self, run_dir) -> bool:
         """Fetch a run this folder does not have (a resume on another machine)."""
         with self._reaching(f"look for run {run_dir.run_id}"):
@@ -610,26 +579,6 @@ def _read_local(path: Path) -> bytes | None:
         return Path(path).read_bytes()
     except FileNotFoundError:
         return None
-
-
-def _json_object(raw: bytes | None) -> dict:
-    """A manifest's bytes as a dict ({}: none, or not a JSON object: nothing in it is taken as proof)."""
-    import orjson
-
-    try:
-        doc = orjson.loads(raw) if raw is not None else None
-    except orjson.JSONDecodeError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _instant(value: Any) -> datetime | None:
-    """A manifest's timestamp (store._now: ISO 8601 in UTC) as an aware datetime; None if it is not one."""
-    try:
-        t = datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        return None
-    return t if t.tzinfo is not None else None
 
 
 def _deleted_work_spend(manifest: bytes | None) -> dict | None:
