@@ -121,9 +121,11 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     """Run the CLI's entry function in this process, as `run_cli` would run the command:
-    for input the command refuses before any work starts, where a new interpreter (about
-    a second of imports each) buys nothing. Exit status, stdout and stderr as from a process;
-    an exception the entry function does not turn into a message fails the test."""
+    for input the command refuses before any work starts, and for whole runs whose test
+    asserts nothing of the process itself (a signal, what is said at interpreter exit),
+    where a new interpreter (seconds of imports each) buys nothing. Exit status, stdout and
+    stderr as from a process; an exception the entry function does not turn into a message
+    fails the test."""
     import contextlib
     import io
 

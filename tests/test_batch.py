@@ -14,7 +14,7 @@ import yaml
 
 from conductor.errors import PoolError
 from conductor.pool import load_pool
-from tests.conftest import PRICE_IN, PRICE_OUT, first_queries, kill_when_journaled, run_cli, worker
+from tests.conftest import PRICE_IN, PRICE_OUT, cli, first_queries, kill_when_journaled, worker
 
 @pytest.fixture(scope="module")
 def queries(tmp_path_factory, sample_queries):
@@ -33,7 +33,9 @@ def batch_pool(path, url, **provider):
 
 
 def run(queries, pool, data, *extra, quiet=True):
-    return run_cli("run", queries, "--pool", pool, *(["--quiet"] if quiet else []), "--data-dir", data, *extra)
+    """`conductor run` through the CLI's entry function in this process: a new interpreter
+    per run (seconds of imports on a busy machine) proves nothing these tests assert."""
+    return cli("run", queries, "--pool", pool, *(["--quiet"] if quiet else []), "--data-dir", data, *extra)
 
 
 def tables(data):
@@ -92,7 +94,7 @@ def test_sigkill_after_submission_resumes_by_polling_the_same_batch(tmp_path, fr
         assert [b'"event":"uploaded"' in lines[0], b'"event":"submitted"' in lines[1]] == [True, True]
         journal.write_bytes(lines[0])
 
-    final = run_cli(*args, "--data-dir", tmp_path / "data")
+    final = cli(*args, "--data-dir", tmp_path / "data")
     assert final.returncode == 0, final.stderr
     traces, results = tables(tmp_path / "data")
     assert {r["status"] for r in results} == {"ok"} and len(results) == 20
@@ -341,7 +343,7 @@ def test_a_resumed_batch_under_a_budget_is_counted_once(tmp_path, fresh_sim, que
     pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, budget_usd=1.0)
     args = ["run", str(queries), "--pool", str(pool), "--quiet", "--no-cache"]
     assert kill_when_journaled(args, tmp_path / "data", 2, journal="work/batches.jsonl") is not None
-    final = run_cli(*args, "--data-dir", tmp_path / "data")
+    final = cli(*args, "--data-dir", tmp_path / "data")
     assert final.returncode == 0, final.stderr
     traces, results = tables(tmp_path / "data")
     assert {r["status"] for r in results} == {"ok"}

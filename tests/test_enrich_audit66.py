@@ -19,7 +19,7 @@ from conductor.cli.render import job_summary
 from conductor.enrich import load_job
 from conductor.enrich import run as enrich_run
 from conductor.enrich.run import run_job
-from tests.conftest import cli, kill_when_journaled, run_cli, worker
+from tests.conftest import cli, kill_when_journaled, worker
 
 
 def write_input(folder: Path, n: int, ids: list | None = None) -> None:
@@ -52,7 +52,7 @@ def manifest(data: Path, run_id: str) -> bytes:
 
 
 def runs_view(data: Path) -> dict[str, tuple]:
-    r = run_cli("sql", "--data-dir", data, "--format", "csv",
+    r = cli("sql", "--data-dir", data, "--format", "csv",
                 "SELECT run_id, status, summary->>'cost_usd' FROM runs ORDER BY run_id")
     assert r.returncode == 0, r.stderr
     return {line.split(",")[0]: tuple(line.split(",")[1:]) for line in r.stdout.split()[1:]}
@@ -74,13 +74,13 @@ def test_run_id_of_an_abandoned_run_is_refused_and_what_it_paid_stays_in_the_run
     sim, data = fresh_sim, tmp_path / "data"
     path, killed = _killed_run(sim, tmp_path, data)
     write_input(tmp_path, 30)  # ten rows dropped: the rerun cannot continue the killed run
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 0 and f"interrupted run {killed.name}" in r.stdout, r.stdout + r.stderr
     before = manifest(data, killed.name)
     paid = orjson.loads(before)["summary"]
     assert orjson.loads(before)["status"] == "abandoned" and paid["cost_usd"] > 0
     sim.reset()
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", "--run-id", killed.name)
+    r = cli("job", "run", path, "--data-dir", data, "--quiet", "--run-id", killed.name)
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"run {killed.name} already exists" in r.stderr and "abandoned" in r.stderr, r.stderr
     assert "it is kept as it is: choose another --run-id (or omit it)" in r.stderr
@@ -138,7 +138,7 @@ def test_the_failure_list_of_a_budget_stopped_run_accounts_for_every_stopped_row
     longer = [" Shipped in good order." * (40 + 8 * i) if i % 2 else "" for i in range(16)]
     texts = [f"Invoice {i}: {100 + i} units of part P{i}.{longer[i]}" for i in range(16)]
     pq.write_table(pa.table({"id": [f"d{i}" for i in range(16)], "text": texts}), tmp_path / "input.parquet")
-    r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--quiet")
+    r = cli("job", "run", path, "--data-dir", tmp_path / "data", "--quiet")
     assert r.returncode == 3, r.stdout + r.stderr
     stopped = int(r.stdout.split("stopped by a budget ")[1].split(",")[0])
     listed = r.stdout.split("rows without a valid record (a rerun retries them):\n")[1].splitlines()
@@ -151,7 +151,7 @@ def test_the_failure_list_of_a_budget_stopped_run_accounts_for_every_stopped_row
 def test_a_rerun_after_a_kill_says_it_resumes_the_run_and_what_was_answered_there(fresh_sim, tmp_path):
     sim, data = fresh_sim, tmp_path / "data"
     path, killed = _killed_run(sim, tmp_path, data)
-    r = run_cli("job", "run", path, "--data-dir", data)
+    r = cli("job", "run", path, "--data-dir", data)
     assert r.returncode == 0, r.stderr
     said = next((x for x in r.stderr.splitlines() if "resuming interrupted run" in x), "")
     assert f"resuming interrupted run {killed.name}: " in said and "are kept, not asked again" in said, r.stderr
@@ -161,7 +161,7 @@ def test_a_rerun_after_a_kill_says_it_resumes_the_run_and_what_was_answered_ther
     assert run_line.split()[1] == killed.name and f"(resumed: {calls} call(s) answered before it was " in run_line
     summary = orjson.loads((killed / "summary.json").read_bytes())
     assert summary["resumed"] is True and summary["resumed_kept"]["calls"] == calls and summary["calls"] == 40
-    again = run_cli("job", "run", path, "--data-dir", data)  # a new run, reusing every row: nothing resumed
+    again = cli("job", "run", path, "--data-dir", data)  # a new run, reusing every row: nothing resumed
     assert "resuming" not in again.stderr and "(resumed" not in again.stdout, again.stdout
 
 

@@ -22,7 +22,7 @@ from conductor.enrich import load_job, render_queries
 from conductor.enrich.run import run_job
 from conductor.errors import ConductorError, InputError
 from conductor.store import write_table
-from tests.conftest import REPO, kill_when_journaled, line_count, run_cli
+from tests.conftest import REPO, cli, kill_when_journaled, line_count
 
 FINANCE = Path(os.environ.get("CONDUCTOR_FINANCE_DIR", REPO.parent / "shared" / "finance"))
 QA_JOB = REPO / "jobs" / "finance_qa.yaml"
@@ -283,8 +283,7 @@ def test_rerun_sends_only_new_rows_template_change_and_full_refresh_send_all(sim
 
     # --full-refresh recomputes every row, and asks the workers again (no cache).
     sim.reset()
-    r = run_cli("job", "run", path, "--data-dir", data, "--full-refresh", "--quiet",
-                env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--full-refresh", "--quiet")
     assert r.returncode == 0, r.stderr
     assert re.search(r"rows\s+300\s+\(computed 300, reused 0", r.stdout)
     assert sim.log()["total"] == 300
@@ -295,7 +294,7 @@ def test_a_complete_run_removes_its_journal_unless_asked_to_keep_it(sim, tmp_pat
     rows). The same run id given again still answers from the records, asking nothing."""
     data = tmp_path / "data"
     path = variant(QA_JOB, tmp_path, "qa_tidy", rows=questions(30))
-    r = run_cli("job", "run", path, "--data-dir", data, env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data)
     assert r.returncode == 0, r.stderr
     assert "removed the run's work folder" in r.stderr
     (run_dir,) = (data / "runs").iterdir()
@@ -306,7 +305,7 @@ def test_a_complete_run_removes_its_journal_unless_asked_to_keep_it(sim, tmp_pat
     assert again["cost_usd"] > 0  # what the run paid, as it was
 
     kept = variant(QA_JOB, tmp_path, "qa_kept", rows=questions(30))
-    r = run_cli("job", "run", kept, "--data-dir", data, "--keep-work", "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", kept, "--data-dir", data, "--keep-work", "--quiet")
     assert r.returncode == 0, r.stderr
     (kept_dir,) = data.glob("runs/qa_kept-*")
     assert (kept_dir / "work" / "steps.jsonl").exists()
@@ -321,7 +320,7 @@ def test_a_damaged_manifest_of_an_earlier_run_stops_the_job_clearly(sim, tmp_pat
     manifest = data / "runs" / first["run_id"] / "manifest.json"
     manifest.write_text('{"run_id": "cut sh')
     sim.reset()
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{manifest} is damaged (not JSON" in r.stderr and "move the run folder out of" in r.stderr, r.stderr
     assert sim.log()["total"] == 0  # nothing paid again
@@ -345,7 +344,7 @@ def test_a_second_run_of_the_same_job_is_refused_while_the_first_runs(sim, tmp_p
                               "--quiet"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while sim.log()["total"] < 4 and first.poll() is None:
         time.sleep(0.05)
-    second = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    second = cli("job", "run", path, "--data-dir", data, "--quiet")
     sim.clear_faults()
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, out + err
@@ -365,19 +364,18 @@ def test_the_catalog_view_follows_a_changed_field_type(sim, tmp_path):
     doc["references"]["answer"] = {"column": "answer_json", "score": "f1"}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     assert run_job(load_job(path), data_dir=data, progress=False)["computed"] == 5
-    r = run_cli("sql", "SELECT typeof(answer) AS t, count(*) AS n FROM qa_typed GROUP BY ALL", "--data-dir", data,
+    r = cli("sql", "SELECT typeof(answer) AS t, count(*) AS n FROM qa_typed GROUP BY ALL", "--data-dir", data,
                 "--format", "csv")
     assert r.returncode == 0 and r.stdout.split() == ["t,n", "VARCHAR,5"], r.stdout + r.stderr
 
 
 def test_a_run_id_that_is_a_path_is_refused_before_anything_is_written(sim, tmp_path):
     path = variant(QA_JOB, tmp_path, "qa_path", rows=questions(3))
-    r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--run-id", "../x", "--quiet",
-                env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", tmp_path / "data", "--run-id", "../x", "--quiet")
     assert r.returncode == 2 and "--run-id '../x': use up to 128 letters, digits" in r.stderr
     assert not (tmp_path / "data" / "x").exists() and sim.log()["total"] == 0
-    r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--run-id", ".hidden", "--quiet",
-                env={"CONDUCTOR_SIM_URL": sim.url})  # it was told to use '.', which it does
+    # it was told to use '.', which it does
+    r = cli("job", "run", path, "--data-dir", tmp_path / "data", "--run-id", ".hidden", "--quiet")
     assert r.returncode == 2 and "not starting with '.'" in r.stderr, r.stderr
 
 
@@ -386,18 +384,16 @@ def test_a_run_id_given_again_for_a_changed_job_is_refused(sim, tmp_path):
     this job's, so the run id is refused instead of reused at $0."""
     data = tmp_path / "data"
     path = variant(QA_JOB, tmp_path, "qa_named", rows=questions(5))
-    r = run_cli("job", "run", path, "--data-dir", data, "--run-id", "daily", "--quiet",
-                env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--run-id", "daily", "--quiet")
     assert r.returncode == 0, r.stderr
     doc = yaml.safe_load(path.read_text())
     doc["prompt"] = doc["prompt"].replace("You are a financial analyst.", "You are a careful financial analyst.")
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     sim.reset()
-    r = run_cli("job", "run", path, "--data-dir", data, "--run-id", "daily", "--quiet",
-                env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--run-id", "daily", "--quiet")
     assert r.returncode == 2 and "run daily already exists" in r.stderr and "another definition" in r.stderr
     assert sim.log()["total"] == 0
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 0 and sim.log()["total"] == 5, r.stdout + r.stderr  # a new run asks again
 
 
@@ -451,7 +447,7 @@ def test_a_budget_that_stops_the_judge_exits_3_and_a_rerun_judges_the_rest(sim, 
     budget = free["judge_cost_usd"] / 2
     path = variant(DOCS_JOB, tmp_path, "docs_judged", rows=docs, budget_usd=budget, **job)
     data = tmp_path / "data"
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 3 and "left unjudged by the budget" in r.stderr, r.stdout + r.stderr
     assert "Raise it and rerun" not in r.stdout  # the advice is on stderr; stdout holds the summary only
     first = orjson.loads(next(data.glob("runs/docs_judged-*/summary.json")).read_bytes())
@@ -460,7 +456,7 @@ def test_a_budget_that_stops_the_judge_exits_3_and_a_rerun_judges_the_rest(sim, 
     doc["budget_usd"] = 1.0
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     sim.reset()
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     rec = pq.read_table(max(data.glob("runs/docs_judged-*/records.parquet"), key=lambda p: p.parent.name))
     ok = pc.filter(rec, pc.equal(rec.column("status"), "ok"))
@@ -489,7 +485,7 @@ def test_prompt_mode_asks_for_json_in_the_prompt(sim, tmp_path):
     assert s["valid"] == 40 and sim.log()["total"] == 40
     assert sim.log()["by_kind"] == {"record": 40}  # the sim read the schema from the prompt's block
     # The rows serve the RL export like any run: one rollout per row, rewarded by the row's score.
-    r = run_cli("export", "--run", s["run_id"], "--data-dir", tmp_path / "data", "--format", "trl",
+    r = cli("export", "--run", s["run_id"], "--data-dir", tmp_path / "data", "--format", "trl",
                 "--out", tmp_path / "export")
     assert r.returncode == 0, r.stderr
     rollouts = pq.read_table(tmp_path / "export" / "train.parquet")
@@ -539,7 +535,7 @@ def test_plain_text_job_carries_text(sim, tmp_path):
 
 def test_queries_cli_writes_what_direct_mode_sends(tmp_path):
     out = tmp_path / "q.parquet"
-    r = run_cli("job", "queries", QA_JOB, "--out", out)
+    r = cli("job", "queries", QA_JOB, "--out", out)
     assert r.returncode == 0, r.stderr
     q = pq.read_table(out)
     assert q.num_rows == 1668 and set(q.column("task").to_pylist()) == {"record"}
@@ -550,14 +546,14 @@ def test_queries_cli_writes_what_direct_mode_sends(tmp_path):
 def test_cli_exits_4_when_valid_share_is_below_the_jobs_floor(sim, tmp_path):
     path = variant(QA_JOB, tmp_path, "qa_broken", rows=questions(20))
     sim.set_faults("*", malformed_json=1.0)  # every reply and every repair is broken
-    r = run_cli("job", "run", path, "--data-dir", tmp_path / "data", "--quiet")
+    r = cli("job", "run", path, "--data-dir", tmp_path / "data", "--quiet")
     assert r.returncode == 4, r.stdout + r.stderr
     assert "below the job's quality.min_valid_share 95.0%" in r.stderr
     assert re.search(r"statuses\s+invalid 20", r.stdout)
     assert "rows without a valid record (a rerun retries them):" in r.stdout
     assert re.search(r"\n  \d+ invalid: the repaired reply was still not a valid record: ", r.stdout)
     # The catalog's runs view tells it from a good run: it was `complete` with no exit code (audit47 F4).
-    q = run_cli("sql", "SELECT status, (summary->>'exit_code') AS code, summary->>'failed_share' AS failed "
+    q = cli("sql", "SELECT status, (summary->>'exit_code') AS code, summary->>'failed_share' AS failed "
                 "FROM runs WHERE NOT run_id LIKE '%-judge'", "--data-dir", tmp_path / "data", "--format", "csv")
     assert q.returncode == 0, q.stderr
     assert q.stdout.splitlines()[1:] == ["complete,4,1.0"], q.stdout
@@ -630,7 +626,7 @@ def test_a_killed_run_whose_input_changed_is_closed_as_abandoned_with_what_it_pa
     run_dir = kill_when_journaled(["job", "run", path, "--quiet"], data, lines=40)
     assert run_dir is not None, "the run ended before it could be killed"
     pq.write_table(questions(130), tmp_path / "input.parquet")  # tomorrow's file: ten more rows
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 0, r.stderr
     old = orjson.loads((run_dir / "manifest.json").read_bytes())
     paid = old["summary"]
@@ -645,14 +641,14 @@ def test_a_killed_run_whose_input_changed_is_closed_as_abandoned_with_what_it_pa
                  and (x["id"] not in settled or (settled[x["id"]] and x["key"] not in logged))]
     assert paid["lost_in_flight"]["calls"] == len(in_flight)
     assert paid["lost_in_flight"]["reserved_usd"] == pytest.approx(sum(in_flight))
-    sql = run_cli("sql", f"SELECT status, summary->>'cost_usd' AS usd FROM runs WHERE run_id = '{run_dir.name}'",
+    sql = cli("sql", f"SELECT status, summary->>'cost_usd' AS usd FROM runs WHERE run_id = '{run_dir.name}'",
                   "--data-dir", data, "--format", "csv")
     assert sql.stdout.split()[1].startswith("abandoned,"), sql.stdout + sql.stderr
     again = run_job(load_job(path), data_dir=data, progress=False)  # nothing more to close
     assert again["abandoned_runs"] == [] and again["computed"] == 0
 
 
-def test_a_killed_batch_run_whose_input_changed_hands_its_batch_to_the_new_run(sim, tmp_path):
+def test_a_killed_batch_run_whose_input_changed_hands_its_batch_to_the_new_run(sim, tmp_path, monkeypatch):
     """A job run killed with a batch in flight, then superseded by tomorrow's file, never
     collected that batch: the provider billed it and the new run submitted those rows again
     (audit 28: $0.158 billed for $0.105 of work). The new run polls the old batch instead."""
@@ -670,10 +666,11 @@ def test_a_killed_batch_run_whose_input_changed_hands_its_batch_to_the_new_run(s
     pq.write_table(questions(39), tmp_path / "input.parquet")  # tomorrow's file: one row fewer
     # A rerun refused before any call (a bad setting) handed the batch to a run folder that no
     # later rerun finds, which then submitted those rows again (audit51 N1)
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet",
-                env={"CONDUCTOR_SIM_URL": sim.url, "CONDUCTOR_RESERVE_BYTES": "8MB"})
+    with monkeypatch.context() as m:
+        m.setenv("CONDUCTOR_RESERVE_BYTES", "8MB")
+        r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 2 and "CONDUCTOR_RESERVE_BYTES" in r.stderr, r.stdout + r.stderr
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet", env={"CONDUCTOR_SIM_URL": sim.url})
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 0, r.stderr
     assert re.search(r"valid\s+39 \(100.0%\)", r.stdout), r.stdout
     assert f"interrupted run {run_dir.name}" in r.stdout and "were handed to this run" in r.stdout, r.stdout

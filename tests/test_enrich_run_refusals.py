@@ -18,7 +18,7 @@ from conductor.cli.render import job_summary, run_summary
 from conductor.enrich import load_job
 from conductor.enrich.run import record_failure_groups, run_job
 from conductor.errors import ConductorError
-from tests.conftest import cli, files_under, run_cli, worker
+from tests.conftest import cli, files_under, worker
 
 IDS = [f"r{i}" for i in range(8)]
 TEXTS = [f"Invoice {i}: {100 + 7 * i} units of part {chr(65 + i)} shipped on day {i + 3}." for i in range(8)]
@@ -73,7 +73,7 @@ def test_a_preflight_refusal_leaves_no_run_folder_and_the_fixed_rerun_is_the_onl
     call: the folder it left (manifest and plans, no call) stayed in the catalog for good."""
     data = tmp_path / "data"
     path = write_job(tmp_path, fresh_sim.url, model="openai/nosuch")
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 2 and "does not serve model 'nosuch'" in r.stderr, r.stderr
     assert "plans are saved" not in r.stderr  # they went with the folder (audit51 N8)
     # nor is the deleted run to be resumed, or deleted by hand (its advice is `conductor run`'s)
@@ -84,10 +84,10 @@ def test_a_preflight_refusal_leaves_no_run_folder_and_the_fixed_rerun_is_the_onl
     assert "the same command resumes it with these plans (run " in ran.stderr, ran.stderr
     assert run_folders(data) == [] and fresh_sim.log()["total"] == 0
     write_job(tmp_path, fresh_sim.url)
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 0, r.stderr
     (only,) = run_folders(data)
-    r = run_cli("sql", "--data-dir", data, "select run_id from runs", "--format", "csv")
+    r = cli("sql", "--data-dir", data, "select run_id from runs", "--format", "csv")
     assert r.returncode == 0 and r.stdout.split() == ["run_id", only], r.stdout + r.stderr
 
 
@@ -115,19 +115,19 @@ def test_run_id_of_a_complete_run_executes_and_writes_nothing(fresh_sim, tmp_pat
     folder = data / "runs" / first["run_id"]
     before = {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
     fresh_sim.reset()
-    r = run_cli("job", "run", path, "--data-dir", data, "--run-id", first["run_id"], "--quiet")
+    r = cli("job", "run", path, "--data-dir", data, "--run-id", first["run_id"], "--quiet")
     assert r.returncode == 0, r.stderr
     assert f"{first['run_id']}  (complete already: nothing executed, nothing written)" in r.stdout
     assert f"${first['cost_usd']:.6f}" in r.stdout and fresh_sim.log()["total"] == 0
     assert {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()} == before
-    r = run_cli("sql", "--data-dir", data, "--format", "csv",
+    r = cli("sql", "--data-dir", data, "--format", "csv",
                 f"select summary->>'$.cost_usd' as usd from runs where run_id = '{first['run_id']}'")
     assert r.returncode == 0 and first["cost_usd"] > 0
     assert float(r.stdout.split()[1]) == pytest.approx(first["cost_usd"])
 
     # For another definition it is refused, and still left as it was.
     path.write_text(path.read_text().replace("Note: {{ text }}", "A note: {{ text }}"))
-    r = run_cli("job", "run", path, "--data-dir", data, "--run-id", first["run_id"], "--quiet")
+    r = cli("job", "run", path, "--data-dir", data, "--run-id", first["run_id"], "--quiet")
     assert r.returncode == 2 and f"run {first['run_id']} already exists" in r.stderr, r.stderr
     assert "another definition" in r.stderr and "Traceback" not in r.stderr
     assert {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()} == before
@@ -143,7 +143,7 @@ def test_a_damaged_newest_records_file_is_named_with_what_to_do(fresh_sim, tmp_p
     records = Path(first["records_path"])
     os.truncate(records, 100)
     fresh_sim.reset()
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{records} is damaged (" in r.stderr and "move the run folder out of" in r.stderr
     assert fresh_sim.log()["total"] == 0 and run_folders(data) == [first["run_id"]]
@@ -166,7 +166,7 @@ def test_a_data_dir_that_is_a_file_or_a_pattern_is_refused_before_anything_is_ma
 def test_rows_without_a_known_price_are_said_not_shown_as_zero(fresh_sim, tmp_path):
     data = tmp_path / "data"
     path = write_job(tmp_path, fresh_sim.url, price=False)
-    r = run_cli("job", "run", path, "--data-dir", data, "--quiet")
+    r = cli("job", "run", path, "--data-dir", data, "--quiet")
     assert r.returncode == 0, r.stderr
     cost = next(line for line in r.stdout.splitlines() if line.startswith("cost"))
     assert cost.split(None, 1)[1] == "$0.000000  (8 row(s) with unknown price)"

@@ -188,7 +188,7 @@ def test_planner_model_string_adds_an_implicit_worker(sim, tmp_path, queries):
 
     # Under a budget, a planner without a price is refused before any call.
     sent = sim.log()["total"]
-    r = run_cli(*args[:5], tmp_path / "other", *args[6:], "--budget", "1")
+    r = cli(*args[:5], tmp_path / "other", *args[6:], "--budget", "1")
     assert r.returncode == 2 and "no known price for model openai/sim-planner" in r.stderr
     assert sim.log()["total"] == sent
 
@@ -197,7 +197,7 @@ def test_planner_model_string_adds_an_implicit_worker(sim, tmp_path, queries):
     ([], "model openai/gpt-4o needs OPENAI_API_KEY, which is not set"),
     (["--planner-option", "api_key_env=MY_PLANNER_KEY"], "environment variable MY_PLANNER_KEY is not set"),
     (["--planner-option", "api_base=http://127.0.0.1:9/v1"],
-     "LLM planner: cannot plan: worker conductor-planner: cannot reach http://127.0.0.1:9/v1"),
+     "LLM planner: cannot plan: --planner-model openai/gpt-4o: cannot reach http://127.0.0.1:9/v1"),
 ])
 def test_a_hosted_planner_without_its_key_or_server_stops_before_any_call(tmp_path, queries, monkeypatch, extra,
                                                                           message):
@@ -243,7 +243,7 @@ def test_killed_planning_resumes_without_paying_twice(sim, tmp_path, queries):
     sent_then = sim.log()["by_request_key"]
     assert 12 <= len(finished) < 36
 
-    r = run_cli(*args, "--data-dir", data)
+    r = cli(*args, "--data-dir", data)
     assert r.returncode == 0, r.stderr
     assert "(resumed)" in r.stdout
     sent = sim.log()["by_request_key"]
@@ -269,7 +269,7 @@ def test_a_signal_during_planning_awaits_the_planning_calls_in_flight(sim, tmp_p
     assert "waiting up to 20 s for" in err and "call(s) in flight so their answers are kept" in err, err
     assert "Traceback" not in err and "never retrieved" not in err, err
     sim.clear_faults()
-    r = run_cli(*args)
+    r = cli(*args)
     assert r.returncode == 0, r.stdout + r.stderr
     log = sim.log()
     sent = log["by_request_key"]  # answers delivered, by request

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import cli
 
 PRICE_IN, PRICE_OUT = 1.0e-6, 2.0e-6  # per token: the pool's 1.0 and 2.0 per million
 RECORD = {"vendor": "Acme Corporation", "amount": 1250.5, "currency": "EUR", "units": 12, "paid": True,
@@ -128,7 +128,7 @@ def test_honest_usage_of_a_request_with_a_schema_or_tools_is_recorded_as_reporte
     structured = kind == "response_format"
     url, billing = server(json.dumps(RECORD) if structured else TEXT_ANSWER)
     job = write_job(tmp_path, url, rows=4, fields=structured, params=None if structured else {"tools": TOOLS})
-    r = run_cli("job", "run", job, "--data-dir", tmp_path / "data")
+    r = cli("job", "run", job, "--data-dir", tmp_path / "data")
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(billing.billed) == 4 and all(b[kind] for b in billing.billed)  # the schema or tools went
     # what the provider bills as prompt is mostly the schema or tools, not the short messages
@@ -148,12 +148,12 @@ def test_a_budget_holds_against_what_a_structured_request_is_billed(tmp_path, se
     The schema left out, every call reserved less than it cost and all 8 rows were sent."""
     url, billing = server(json.dumps(RECORD))
     probe = write_job(tmp_path, url, rows=1, max_tokens=64)
-    assert run_cli("job", "run", probe, "--data-dir", tmp_path / "probe").returncode == 0
+    assert cli("job", "run", probe, "--data-dir", tmp_path / "probe").returncode == 0
     one = billing.cost()  # what one call is billed
     billing.billed.clear()
     budget = 3.5 * one
     job = write_job(tmp_path, url, rows=8, budget_usd=round(budget, 9), max_tokens=64)
-    r = run_cli("job", "run", job, "--data-dir", tmp_path / "data")
+    r = cli("job", "run", job, "--data-dir", tmp_path / "data")
     assert r.returncode != 0, r.stdout + r.stderr  # stopped by its budget: rerun with more to finish
     assert "budget" in r.stdout + r.stderr
     assert 1 <= len(billing.billed) < 8

@@ -18,7 +18,7 @@ import yaml
 
 from conductor.errors import PoolError
 from conductor.pool import Provider, parse_pool
-from tests.conftest import REPO, run_cli, worker, write_pool
+from tests.conftest import REPO, cli, worker, write_pool
 from tests.test_executor import FixedPlanner, solve
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
@@ -209,7 +209,7 @@ def test_the_run_summary_shows_the_shared_budget_a_run_drew_on(tmp_path, fresh_s
     doc = yaml.safe_load(pool.read_text())
     doc["governor"] = redis_server.url
     pool.write_text(yaml.safe_dump(doc))
-    r = run_cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--run-id", "shown")
+    r = cli("run", sample_queries, "--pool", pool, "--data-dir", tmp_path / "data", "--run-id", "shown")
     assert r.returncode == 0, r.stderr
     line = next((x for x in r.stdout.splitlines() if x.startswith("budget provider sim")), None)
     assert line is not None, r.stdout
@@ -383,7 +383,7 @@ def test_sigterm_keeps_answers_whose_cost_is_still_being_settled_with_the_govern
     assert p.returncode == 143 and "call(s) in flight so their answers are kept" in err, err
     fresh_sim.clear_faults()
     link.delay_s = 0.0
-    r = run_cli(*args)
+    r = cli(*args)
     assert r.returncode == 0, r.stdout + r.stderr
     log = fresh_sim.log()
     assert max(log["by_request_key"].values()) == 1 and log["by_status"].get("200") == 16, log["by_status"]
@@ -407,7 +407,7 @@ def test_calls_cut_off_by_a_second_signal_while_settling_are_counted_lost_in_fli
     assert p.returncode == 143, err
     fresh_sim.clear_faults()
     link.delay_s = 0.0
-    r = run_cli(*args)
+    r = cli(*args)
     assert r.returncode == 0, r.stdout + r.stderr
     twice = sum(n - 1 for n in fresh_sim.log()["by_request_key"].values() if n > 1)
     lost = re.search(r"lost in flight\s+(\d+) call", r.stdout)
