@@ -35,7 +35,25 @@ def batch_pool(path, url, **provider):
 def run(queries, pool, data, *extra, quiet=True):
     """`conductor run` through the CLI's entry function in this process: a new interpreter
     per run (seconds of imports on a busy machine) proves nothing these tests assert."""
-    return cli("run", queries, "--pool", pool, *(["--quiet"] if quiet else []), "--data-dir", data, *extra)
+    return said(cli, "run", queries, "--pool", pool, *(["--quiet"] if quiet else []), "--data-dir", data, *extra)
+
+
+def said(command, *args):
+    """`command(*args)` with the warnings it logs on its stderr, as a process prints them (logging's
+    last resort); under pytest the root logger's handlers are pytest's, which took them away."""
+    import io
+    import logging
+
+    logged = io.StringIO()
+    handler = logging.StreamHandler(logged)
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    try:
+        r = command(*args)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    r.stderr += logged.getvalue()
+    return r
 
 
 def tables(data):
@@ -94,7 +112,7 @@ def test_sigkill_after_submission_resumes_by_polling_the_same_batch(tmp_path, fr
         assert [b'"event":"uploaded"' in lines[0], b'"event":"submitted"' in lines[1]] == [True, True]
         journal.write_bytes(lines[0])
 
-    final = cli(*args, "--data-dir", tmp_path / "data")
+    final = said(cli, *args, "--data-dir", tmp_path / "data")
     assert final.returncode == 0, final.stderr
     traces, results = tables(tmp_path / "data")
     assert {r["status"] for r in results} == {"ok"} and len(results) == 20
@@ -343,7 +361,7 @@ def test_a_resumed_batch_under_a_budget_is_counted_once(tmp_path, fresh_sim, que
     pool = batch_pool(tmp_path / "pool.yaml", fresh_sim.url, budget_usd=1.0)
     args = ["run", str(queries), "--pool", str(pool), "--quiet", "--no-cache"]
     assert kill_when_journaled(args, tmp_path / "data", 2, journal="work/batches.jsonl") is not None
-    final = cli(*args, "--data-dir", tmp_path / "data")
+    final = said(cli, *args, "--data-dir", tmp_path / "data")
     assert final.returncode == 0, final.stderr
     traces, results = tables(tmp_path / "data")
     assert {r["status"] for r in results} == {"ok"}
