@@ -200,6 +200,10 @@ class Executor:
         self._abort: BaseException | None = None  # the storage error (or Ctrl-C) that stops the run
         self._sending = 0  # online calls sent whose answers have not come back
         self._held_back = 0  # calls waiting for the shared governor now (wait_for_governor)
+        # Per provider, a call's place among its max_concurrency in this process, taken before its budget
+        # reservation: reserved before it, every queued step held a worst case (a kill -9 left 54 on a
+        # provider of 16, charged in full when their leases ended; audit79 F2)
+        self._places = {pid: asyncio.Semaphore(p.max_concurrency) for pid, p in pool.providers.items()}
         # requests cut off by timeout_s: maybe answered and billed, charged at their worst case
         # (as a killed process's calls are); their reservations stay unsettled in the journal
         self.unanswered: dict[str, Any] = {"calls": 0, "reserved_usd": 0.0}
@@ -735,16 +739,27 @@ class Executor:
         sending_counted = False
         billed_usd: Any = None
         kept_back: float | None = None  # when the shared governor first kept this call back (see wait_for_governor)
+        # The reservation is taken once the call has its place among the provider's max_concurrency in this
+        # process, and settled before the place is given up: a process holds at most max_concurrency per
+        # provider. A call keeps its place while it waits for budget room. That cannot deadlock: every
+        # reservation it waits on belongs to a call that has its place already (or to a batch) and waits
+        # for nothing but its rate slot and its answer.
+        place = self._places[provider.id]
+        placed = False
         try:
             while True:
                 attempt += 1
                 sending = False  # this attempt's request may have left: if cut off now, maybe billed
                 if self._abort is not None:
                     raise Aborted()
+                await place.acquire()
+                placed = True
                 if reservation is None and provider.id in self._budgeted:
                     try:
                         reservation = await self._reserve(worker, provider, worst, n_sent)
                     except GovernorUnavailable as f:  # not sent: waited for by time, as the limiter's outages
+                        place.release()  # the wait below holds no place
+                        placed = False
                         if not f.retryable:
                             raise StepFailed("error", self._failure_message(worker, provider, f, attempt),
                                              n_sent, kind=f.kind) from None
@@ -797,6 +812,11 @@ class Executor:
                         reservation = None  # rid stays unsettled: a resume counts it as lost in flight
                     elif rid is not None:  # not billed: settled now, so a kill during the wait below
                         self._durably(self.journal.settled, rid, 0.0)  # counts nothing lost in flight
+                    if reservation is not None:  # not billed: no reservation held through the wait
+                        await self.ledger.settle(reservation, 0.0)
+                        reservation = None
+                    place.release()  # nor a place: the retry takes both again
+                    placed = False
                     rid, billed_usd = None, None
                     if isinstance(f, GovernorUnavailable) and f.retryable:  # no slot: nothing was sent
                         kept_back = await self.wait_for_governor(worker, f, kept_back, n_sent)
@@ -838,8 +858,13 @@ class Executor:
         finally:
             if sending_counted:
                 self._sending -= 1
-            if reservation is not None:
-                await self.ledger.settle(reservation, (worst or 0.0) if billed_usd is _MAYBE else billed_usd or 0.0)
+            try:
+                if reservation is not None:
+                    await self.ledger.settle(reservation,
+                                             (worst or 0.0) if billed_usd is _MAYBE else billed_usd or 0.0)
+            finally:
+                if placed:  # after the settle: a place never has two reservations
+                    place.release()
             if rid is not None and billed_usd is not _MAYBE:  # maybe billed: unsettled, a resume counts it
                 try:
                     self.journal.settled(rid, billed_usd or 0.0)  # None: failed, no answer, nothing billed
