@@ -33,6 +33,13 @@ def s3(monkeypatch):
         yield server
 
 
+def another_holder(run_id: str = "s3run") -> dict:
+    """A lease of the run held by another machine for the next hour, as it would write it."""
+    now = datetime.now(timezone.utc)
+    return {"run_id": run_id, "host": "machine-b", "pid": 4242, "token": "theirs", "started_at": now.isoformat(),
+            "renewed_at": now.isoformat(), "expires_at": (now + timedelta(hours=1)).isoformat()}
+
+
 def run_args(queries, pool, data_dir, store):
     return ["run", queries, "--pool", pool, "--data-dir", data_dir, "--store", store, "--quiet", "--no-cache",
             "--run-id", "s3run"]
@@ -289,10 +296,7 @@ def test_a_run_whose_lapsed_lease_was_taken_over_stops_and_leaves_the_store_to_t
     """A process paused past its lease's expiry (or cut off from the store) found its run
     taken over: going on would pay for it twice and overwrite the new holder's objects."""
     _, _, objects, first = holding_run(tmp_path, fresh_sim, sample_queries, "lapsed")  # held, and running
-    now = datetime.now(timezone.utc)
-    other = {"run_id": "s3run", "host": "machine-b", "pid": 4242, "token": "theirs",
-             "started_at": now.isoformat(), "renewed_at": now.isoformat(),
-             "expires_at": (now + timedelta(hours=1)).isoformat()}
+    other = another_holder()
     with paused(first):
         with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
             out.write(orjson.dumps(other))
@@ -389,10 +393,7 @@ def test_a_holder_that_reads_the_new_holders_lease_cannot_renew_over_it(s3):
     held = RunLease(objects, "s3run", interval=0.5)
     held.take()
     assert held._object is not None, "conditional writes expected against the test server"
-    now = datetime.now(timezone.utc)
-    other = {"run_id": "s3run", "host": "machine-b", "pid": 4242, "token": "theirs",
-             "started_at": now.isoformat(), "renewed_at": now.isoformat(),
-             "expires_at": (now + timedelta(hours=1)).isoformat()}
+    other = another_holder()
     with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
         out.write(orjson.dumps(other))
     assert held._read() == other  # what the uploader's check reads

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
 
 import orjson
 import pyarrow as pa
@@ -20,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO
-from tests.test_s3_store import lease, paused, run_args, s3, slow_pool, visible  # noqa: F401
+from tests.test_s3_store import another_holder, lease, paused, run_args, s3, slow_pool, visible  # noqa: F401
 from tests.test_store_stop42 import counted, journaled, run_dir, work_deleted
 
 SYNC_S = "2"  # the journal uploaded and the lease renewed every 2 s
@@ -76,10 +75,7 @@ def test_an_interrupted_command_whose_lease_was_taken_over_leaves_the_new_holder
     try:
         just_uploaded(first, objects)
         assert lease(objects) is not None
-        now = datetime.now(timezone.utc)
-        other = {"run_id": "s3run", "host": "machine-b", "pid": 4242, "token": "theirs",
-                 "started_at": now.isoformat(), "renewed_at": now.isoformat(),
-                 "expires_at": (now + timedelta(hours=1)).isoformat()}
+        other = another_holder()
         with paused(first):
             with objects.fs.open_output_stream(objects.path("runs", "s3run", "lease.json")) as out:
                 out.write(orjson.dumps(other))
